@@ -1,0 +1,182 @@
+#include "bench_util.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/kernels/reduce.h"
+
+namespace relaxcc::bench {
+
+BenchWorld::BenchWorld() : tunables(Tunables::from_env()) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    owns_mpi_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+}
+
+BenchWorld::~BenchWorld() {
+  keep_alive.clear();
+  if (owns_mpi_) MPI_Finalize();
+}
+
+double BenchWorld::max_over_ranks(double v) const {
+  double out = 0;
+  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+int64_t BenchWorld::sum_over_ranks(int64_t v) const {
+  int64_t out = 0;
+  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+namespace {
+
+template <typename T>
+T from_f64(double v) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <typename T>
+bool same(T a, T b) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return a.bits == b.bits;
+  else return a == b;
+}
+
+// The exact result at index i: the sum/min/max of (r + i) % 4 over ranks,
+// then the division of avg done the way the reduction kernels do it.
+template <typename T>
+T expected(int64_t i, ReduceOp op, int ranks) {
+  int64_t sum = 0, lo = 4, hi = -1;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t v = (r + i) % 4;
+    sum += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  switch (op) {
+    case ReduceOp::sum: return from_f64<T>(static_cast<double>(sum));
+    case ReduceOp::min: return from_f64<T>(static_cast<double>(lo));
+    case ReduceOp::max: return from_f64<T>(static_cast<double>(hi));
+    case ReduceOp::avg: break;
+  }
+  T out = from_f64<T>(static_cast<double>(sum));
+  kernels::finish_average(TensorView{&out, 1, dtype_of<T>()}, ranks, ExecContext::host());
+  return out;
+}
+
+}  // namespace
+
+void fill_encoded(const TensorView& t, int rank) {
+  visit_dtype(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* p = t.as<T>();
+    for (int64_t i = 0; i < t.numel; ++i) p[i] = from_f64<T>(static_cast<double>((rank + i) % 4));
+  });
+}
+
+int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks) {
+  return visit_dtype(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* p = t.as<T>();
+    T want[4];
+    for (int k = 0; k < 4; ++k) want[k] = expected<T>(k, op, ranks);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < t.numel; ++i) wrong += same(p[i], want[i % 4]) ? 0 : 1;
+    return wrong;
+  });
+}
+
+namespace {
+
+template <typename Convert, typename Back>
+void f32_user_op(void* in, void* inout, int* len, Convert to_f32_fn, Back back) {
+  auto* a = static_cast<uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = back(to_f32_fn(a[i]) + to_f32_fn(b[i]));
+}
+void f16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  f32_user_op(in, inout, len, f16_bits_to_f32, f32_to_f16_bits);
+}
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  f32_user_op(in, inout, len, bf16_bits_to_f32, f32_to_bf16_bits);
+}
+template <typename Pick>
+void f32_pick(void* in, void* inout, int* len, bool bf, Pick pick) {
+  auto* a = static_cast<uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = bf ? bf16_bits_to_f32(a[i]) : f16_bits_to_f32(a[i]);
+    const float y = bf ? bf16_bits_to_f32(b[i]) : f16_bits_to_f32(b[i]);
+    if (pick(x, y)) b[i] = a[i];
+  }
+}
+void f16_min(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, false, std::less<float>()); }
+void f16_max(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, false, std::greater<float>()); }
+void bf16_min(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, true, std::less<float>()); }
+void bf16_max(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, true, std::greater<float>()); }
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::f16:
+    case DType::bf16: return MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+struct MpiOps {
+  MPI_Op half[2][3];  // [bf16][sum, min, max]
+  MpiOps() {
+    MPI_User_function* fns[2][3] = {{f16_sum, f16_min, f16_max}, {bf16_sum, bf16_min, bf16_max}};
+    for (int b = 0; b < 2; ++b)
+      for (int k = 0; k < 3; ++k) MPI_Op_create(fns[b][k], 1, &half[b][k]);
+  }
+  ~MpiOps() {
+    for (auto& row : half)
+      for (auto& op : row) MPI_Op_free(&op);
+  }
+  MPI_Op get(DType t, ReduceOp op) const {
+    const int k = op == ReduceOp::min ? 1 : op == ReduceOp::max ? 2 : 0;
+    if (t == DType::f16 || t == DType::bf16) return half[t == DType::bf16][k];
+    return k == 1 ? MPI_MIN : k == 2 ? MPI_MAX : MPI_SUM;
+  }
+};
+
+}  // namespace
+
+AllreduceFn mpi_allreduce_fn(BenchWorld& world) {
+  auto ops = std::make_shared<MpiOps>();
+  world.keep_alive.push_back(ops);
+  const int ranks = world.size;
+  return [ops, ranks](const TensorView& data, ReduceOp op) {
+    RELAXCC_ENFORCE_LE(data.numel, int64_t{INT32_MAX}, InvalidArgument, "MPI_Allreduce count");
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, data.data, static_cast<int>(data.numel),
+                                 mpi_type(data.dtype), ops->get(data.dtype, op), MPI_COMM_WORLD);
+    RELAXCC_ENFORCE_EQ(rc, MPI_SUCCESS, CommunicationError, "MPI_Allreduce");
+    if (op == ReduceOp::avg) kernels::finish_average(data, ranks, ExecContext::host());
+  };
+}
+
+}  // namespace relaxcc::bench

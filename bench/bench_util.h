@@ -1,0 +1,61 @@
+// Shared pieces of relaxcc-bench modes: the MPI world, statistics, test data
+// that encodes rank and index, and the implementations under test.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "relaxcc/reduce_op.h"
+#include "relaxcc/tensor.h"
+#include "relaxcc/tunables.h"
+
+namespace relaxcc::bench {
+
+// Initializes MPI at MPI_THREAD_MULTIPLE if nobody has, and finalizes it on
+// destruction if it did.
+class BenchWorld {
+ public:
+  BenchWorld();
+  ~BenchWorld();
+  BenchWorld(const BenchWorld&) = delete;
+  BenchWorld& operator=(const BenchWorld&) = delete;
+
+  double max_over_ranks(double v) const;
+  int64_t sum_over_ranks(int64_t v) const;
+
+  int rank = 0;
+  int size = 1;
+  Tunables tunables;
+  // Implementations that need per-run state (a communicator) keep it here.
+  std::vector<std::shared_ptr<void>> keep_alive;
+
+ private:
+  bool owns_mpi_ = false;
+};
+
+double median(std::vector<double> v);
+
+// element i on rank r = (r + i) % 4, exactly representable in every dtype.
+void fill_encoded(const TensorView& t, int rank);
+// Elements that differ from the exact allreduce of fill_encoded over `ranks`.
+int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks);
+
+using AllreduceFn = std::function<void(const TensorView& data, ReduceOp op)>;
+// MPI_Allreduce in place on MPI_COMM_WORLD (f16/bf16 through an f32 user op;
+// avg as sum, then a local division).
+AllreduceFn mpi_allreduce_fn(BenchWorld& world);
+
+struct NamedAllreduce {
+  std::string name;
+  std::string algo;
+  AllreduceFn run;
+};
+// relaxcc's allreduce on a communicator over MPI_COMM_WORLD, with `algo`
+// forced ("auto" uses the selection table). Throws InvalidArgument for an
+// unknown implementation name.
+NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
+                                      BenchWorld& world);
+
+}  // namespace relaxcc::bench

@@ -1,0 +1,12 @@
+// relaxcc-bench modes. Each mode adds one CLI11 subcommand and runs when it
+// is chosen. MPI is initialized (MPI_THREAD_MULTIPLE) before a mode runs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace relaxcc::bench {
+
+// `relaxcc-bench allreduce`: nccl-tests style sweep over implementations.
+void add_allreduce_mode(CLI::App& app);
+
+}  // namespace relaxcc::bench

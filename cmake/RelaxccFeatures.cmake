@@ -1,0 +1,65 @@
+# Resolves RELAXCC_WITH_{CUDA,NCCL,TORCH} (AUTO/ON/OFF) into RELAXCC_HAVE_* (0/1).
+# The result goes into the generated config header, never into scattered #ifdefs.
+include(CheckLanguage)
+
+function(relaxcc_resolve_feature opt found)
+  if(${opt} STREQUAL "OFF")
+    set(result 0)
+  elseif(found)
+    set(result 1)
+  elseif(${opt} STREQUAL "ON")
+    message(FATAL_ERROR "${opt}=ON but its toolchain was not found")
+  else()
+    set(result 0)
+  endif()
+  string(REPLACE "RELAXCC_WITH_" "RELAXCC_HAVE_" have ${opt})
+  set(${have} ${result} PARENT_SCOPE)
+endfunction()
+
+# CUDA: nvcc from PATH or /usr/local/cuda.
+set(_cuda_found FALSE)
+if(NOT RELAXCC_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "nvcc")
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_ARCHITECTURES ${RELAXCC_CUDA_ARCHITECTURES})
+    enable_language(CUDA)
+    # CMake 3.25 knows no C++20 flag for nvcc 13: pass it ourselves, so that
+    # CUDA sources compile as C++20 like the rest of relaxcc.
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    find_package(CUDAToolkit)
+    if(CUDAToolkit_FOUND)
+      set(_cuda_found TRUE)
+    endif()
+  endif()
+endif()
+relaxcc_resolve_feature(RELAXCC_WITH_CUDA ${_cuda_found})
+
+# NCCL: nccl.h and libnccl beside the CUDA toolkit (needs CUDA).
+set(_nccl_found FALSE)
+if(RELAXCC_HAVE_CUDA AND NOT RELAXCC_WITH_NCCL STREQUAL "OFF")
+  find_path(RELAXCC_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(RELAXCC_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(RELAXCC_NCCL_INCLUDE_DIR AND RELAXCC_NCCL_LIBRARY)
+    set(_nccl_found TRUE)
+  endif()
+endif()
+relaxcc_resolve_feature(RELAXCC_WITH_NCCL ${_nccl_found})
+
+# libtorch: Debian's libtorch-dev ships TorchConfig.cmake. Only its presence is
+# probed here: loading it sets CMAKE_CUDA_STANDARD and other globals, so the
+# libtorch frontend loads it in its own directory scope.
+set(_torch_found FALSE)
+if(NOT RELAXCC_WITH_TORCH STREQUAL "OFF")
+  find_path(RELAXCC_TORCH_CONFIG_DIR TorchConfig.cmake
+            PATH_SUFFIXES lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/Torch share/cmake/Torch)
+  if(RELAXCC_TORCH_CONFIG_DIR)
+    set(_torch_found TRUE)
+  endif()
+endif()
+relaxcc_resolve_feature(RELAXCC_WITH_TORCH ${_torch_found})

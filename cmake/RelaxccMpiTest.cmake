@@ -1,0 +1,28 @@
+# relaxcc_add_mpi_test(<target> SOURCES ... RANKS 1 2 3 4 [TIMEOUT s] [LIBS ...] [ENV ...])
+#
+# Builds one GoogleTest program with the MPI-aware main and registers one CTest
+# entry per rank count, "<target>.np<N>", run as
+#   mpiexec --oversubscribe -n N <program>
+# Each entry reserves N processors; entries with 4 or more ranks run serially.
+# The gtest cases run inside one mpiexec: they are not discovered one by one.
+function(relaxcc_add_mpi_test target)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;RANKS;LIBS;ENV" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_executable(${target} ${ARG_SOURCES})
+  relaxcc_target_defaults(${target})
+  target_link_libraries(${target} PRIVATE relaxcc_mpi_test_main ${ARG_LIBS})
+  foreach(n IN LISTS ARG_RANKS)
+    set(name ${target}.np${n})
+    add_test(NAME ${name}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
+                     --bind-to none $<TARGET_FILE:${target}>)
+    set_tests_properties(${name} PROPERTIES
+      PROCESSORS ${n} TIMEOUT ${ARG_TIMEOUT} LABELS "mpi;np${n}"
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${ARG_ENV}")
+    if(n GREATER_EQUAL 4)
+      set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+    endif()
+  endforeach()
+endfunction()

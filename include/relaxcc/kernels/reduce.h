@@ -1,0 +1,21 @@
+// Element-wise reduction kernels used by the collectives.
+#pragma once
+
+#include "relaxcc/exec_context.h"
+#include "relaxcc/reduce_op.h"
+#include "relaxcc/tensor.h"
+
+namespace relaxcc::kernels {
+
+// dst[i] = dst[i] op src[i] for sum, min and max; avg accumulates as sum
+// (divide once at the end with finish_average). f16/bf16 are computed in f32
+// and rounded to nearest-even. Throws InvalidArgument when the views differ
+// in numel or dtype.
+void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op,
+                 const ExecContext& ctx);
+
+// dst[i] /= divisor, in f32 for f16/bf16 and truncating toward zero for
+// integers.
+void finish_average(const TensorView& dst, int64_t divisor, const ExecContext& ctx);
+
+}  // namespace relaxcc::kernels

@@ -1,0 +1,132 @@
+#include "relaxcc/kernels/reduce.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cpu/cpu_kernels.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/thread_pool.h"
+
+namespace relaxcc::kernels {
+
+namespace {
+
+constexpr int64_t kGrain = int64_t{1} << 16;
+constexpr int64_t kBlock = 1024;  // f16/bf16 are widened to f32 in blocks of this size
+
+template <typename T>
+void combine(T* dst, const T* src, int64_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
+      return;
+    case ReduceOp::min:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      return;
+    case ReduceOp::max:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      return;
+  }
+}
+
+// f16/bf16: widen a block of both sides, combine in f32, round back.
+void combine_16(uint16_t* dst, const uint16_t* src, int64_t n, ReduceOp op, bool is_bf16) {
+  float a[kBlock], b[kBlock];
+  for (int64_t off = 0; off < n; off += kBlock) {
+    const int64_t m = std::min(kBlock, n - off);
+    if (is_bf16) {
+      cpu::bf16_to_f32(dst + off, a, m);
+      cpu::bf16_to_f32(src + off, b, m);
+    } else {
+      cpu::f16_to_f32(dst + off, a, m);
+      cpu::f16_to_f32(src + off, b, m);
+    }
+    combine(a, b, m, op);
+    if (is_bf16) cpu::f32_to_bf16(a, dst + off, m);
+    else cpu::f32_to_f16(a, dst + off, m);
+  }
+}
+
+template <typename T>
+void divide(T* dst, int64_t n, int64_t divisor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T d = static_cast<T>(divisor);
+    for (int64_t i = 0; i < n; ++i) dst[i] /= d;
+  } else {
+    const T d = static_cast<T>(divisor);
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] / d);
+  }
+}
+
+void divide_16(uint16_t* dst, int64_t n, int64_t divisor, bool is_bf16) {
+  float a[kBlock];
+  for (int64_t off = 0; off < n; off += kBlock) {
+    const int64_t m = std::min(kBlock, n - off);
+    if (is_bf16) cpu::bf16_to_f32(dst + off, a, m);
+    else cpu::f16_to_f32(dst + off, a, m);
+    divide(a, m, divisor);
+    if (is_bf16) cpu::f32_to_bf16(a, dst + off, m);
+    else cpu::f32_to_f16(a, dst + off, m);
+  }
+}
+
+// Runs fn(begin, end) over [0, n), on the pool when there is one.
+template <typename Fn>
+void for_range(const ExecContext& ctx, int64_t n, Fn&& fn) {
+  if (ctx.pool == nullptr || n < 2 * kGrain) return fn(int64_t{0}, n);
+  ctx.pool->parallel_for(n, kGrain, fn);
+}
+
+void check_host(const TensorView& t, const ExecContext& ctx, const char* what) {
+  t.check_valid(what);
+  RELAXCC_ENFORCE(t.device.is_host() && ctx.device.is_host(), Unsupported, what, " on ", t.device,
+                  ": host reduction kernels only (device reductions run inside NCCL)");
+}
+
+}  // namespace
+
+void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op,
+                 const ExecContext& ctx) {
+  check_host(dst, ctx, "reduce destination");
+  check_host(src, ctx, "reduce source");
+  RELAXCC_ENFORCE_EQ(dst.numel, src.numel, InvalidArgument, "reduce_into: element counts");
+  RELAXCC_ENFORCE_EQ(dst.dtype, src.dtype, InvalidArgument, "reduce_into: dtypes");
+  const bool is_16 = dst.dtype == DType::f16 || dst.dtype == DType::bf16;
+  if (is_16) {
+    auto* d = dst.as<uint16_t>();
+    const auto* s = src.as<const uint16_t>();
+    const bool bf = dst.dtype == DType::bf16;
+    return for_range(ctx, dst.numel,
+                     [&](int64_t b, int64_t e) { combine_16(d + b, s + b, e - b, op, bf); });
+  }
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_arithmetic_v<T>) {
+      auto* d = dst.as<T>();
+      const auto* s = src.as<const T>();
+      for_range(ctx, dst.numel, [&](int64_t b, int64_t e) { combine(d + b, s + b, e - b, op); });
+    }
+  });
+}
+
+void finish_average(const TensorView& dst, int64_t divisor, const ExecContext& ctx) {
+  check_host(dst, ctx, "average destination");
+  RELAXCC_ENFORCE_GT(divisor, 0, InvalidArgument, "finish_average: divisor");
+  if (divisor == 1) return;
+  if (dst.dtype == DType::f16 || dst.dtype == DType::bf16) {
+    auto* d = dst.as<uint16_t>();
+    const bool bf = dst.dtype == DType::bf16;
+    return for_range(ctx, dst.numel,
+                     [&](int64_t b, int64_t e) { divide_16(d + b, e - b, divisor, bf); });
+  }
+  visit_dtype(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_arithmetic_v<T>) {
+      auto* d = dst.as<T>();
+      for_range(ctx, dst.numel, [&](int64_t b, int64_t e) { divide(d + b, e - b, divisor); });
+    }
+  });
+}
+
+}  // namespace relaxcc::kernels

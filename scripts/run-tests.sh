@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine: installs the packages,
+# configures and builds with the CI preset (-Werror on relaxcc's targets),
+# then runs every CTest entry. Prints the time of each stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage() {
+  local name=$1
+  shift
+  local t0=$SECONDS
+  echo "=== stage ${name}"
+  "$@"
+  echo "=== stage ${name}: $((SECONDS - t0)) s"
+}
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+stage install-deps bash scripts/install-deps.sh
+stage configure cmake --preset ci
+stage build cmake --build --preset ci
+stage test ctest --preset ci -j "$(nproc)"
