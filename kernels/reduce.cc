@@ -14,37 +14,39 @@ namespace {
 constexpr int64_t kGrain = int64_t{1} << 16;
 constexpr int64_t kBlock = 1024;  // f16/bf16 are widened to f32 in blocks of this size
 
+// Plain loops that GCC vectorizes at -O3; `out` may alias a or b exactly.
 template <typename T>
-void combine(T* dst, const T* src, int64_t n, ReduceOp op) {
+void combine_n(T* out, const T* a, const T* b, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(dst[i] + src[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] + b[i]);
       return;
     case ReduceOp::min:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
       return;
     case ReduceOp::max:
-      for (int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
       return;
   }
 }
 
 // f16/bf16: widen a block of both sides, combine in f32, round back.
-void combine_16(uint16_t* dst, const uint16_t* src, int64_t n, ReduceOp op, bool is_bf16) {
-  float a[kBlock], b[kBlock];
+void combine_16(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, ReduceOp op,
+                bool is_bf16) {
+  float x[kBlock], y[kBlock];
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t m = std::min(kBlock, n - off);
     if (is_bf16) {
-      cpu::bf16_to_f32(dst + off, a, m);
-      cpu::bf16_to_f32(src + off, b, m);
+      cpu::bf16_to_f32(a + off, x, m);
+      cpu::bf16_to_f32(b + off, y, m);
     } else {
-      cpu::f16_to_f32(dst + off, a, m);
-      cpu::f16_to_f32(src + off, b, m);
+      cpu::f16_to_f32(a + off, x, m);
+      cpu::f16_to_f32(b + off, y, m);
     }
-    combine(a, b, m, op);
-    if (is_bf16) cpu::f32_to_bf16(a, dst + off, m);
-    else cpu::f32_to_f16(a, dst + off, m);
+    combine_n(x, x, y, m, op);
+    if (is_bf16) cpu::f32_to_bf16(x, out + off, m);
+    else cpu::f32_to_f16(x, out + off, m);
   }
 }
 
@@ -86,28 +88,37 @@ void check_host(const TensorView& t, const ExecContext& ctx, const char* what) {
 
 }  // namespace
 
-void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op,
-                 const ExecContext& ctx) {
-  check_host(dst, ctx, "reduce destination");
-  check_host(src, ctx, "reduce source");
-  RELAXCC_ENFORCE_EQ(dst.numel, src.numel, InvalidArgument, "reduce_into: element counts");
-  RELAXCC_ENFORCE_EQ(dst.dtype, src.dtype, InvalidArgument, "reduce_into: dtypes");
-  const bool is_16 = dst.dtype == DType::f16 || dst.dtype == DType::bf16;
-  if (is_16) {
-    auto* d = dst.as<uint16_t>();
-    const auto* s = src.as<const uint16_t>();
-    const bool bf = dst.dtype == DType::bf16;
-    return for_range(ctx, dst.numel,
-                     [&](int64_t b, int64_t e) { combine_16(d + b, s + b, e - b, op, bf); });
+void combine(const TensorView& out, const TensorView& a, const TensorView& b, ReduceOp op,
+             const ExecContext& ctx) {
+  check_host(out, ctx, "combine output");
+  check_host(a, ctx, "combine input");
+  check_host(b, ctx, "combine input");
+  RELAXCC_ENFORCE(a.numel == out.numel && b.numel == out.numel, InvalidArgument,
+                  "combine: element counts ", out.numel, ", ", a.numel, ", ", b.numel);
+  RELAXCC_ENFORCE(a.dtype == out.dtype && b.dtype == out.dtype, InvalidArgument, "combine: dtypes ",
+                  out.dtype, ", ", a.dtype, ", ", b.dtype);
+  if (out.dtype == DType::f16 || out.dtype == DType::bf16) {
+    auto* o = out.as<uint16_t>();
+    const auto* x = a.as<const uint16_t>();
+    const auto* y = b.as<const uint16_t>();
+    const bool bf = out.dtype == DType::bf16;
+    return for_range(ctx, out.numel, [&](int64_t lo, int64_t hi) {
+      combine_16(o + lo, x + lo, y + lo, hi - lo, op, bf);
+    });
   }
-  visit_dtype(dst.dtype, [&](auto tag) {
+  visit_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_arithmetic_v<T>) {
-      auto* d = dst.as<T>();
-      const auto* s = src.as<const T>();
-      for_range(ctx, dst.numel, [&](int64_t b, int64_t e) { combine(d + b, s + b, e - b, op); });
+      auto* o = out.as<T>();
+      const auto* x = a.as<const T>();
+      const auto* y = b.as<const T>();
+      for_range(ctx, out.numel, [&](int64_t lo, int64_t hi) { combine_n(o + lo, x + lo, y + lo, hi - lo, op); });
     }
   });
+}
+
+void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op, const ExecContext& ctx) {
+  combine(dst, dst, src, op, ctx);
 }
 
 void finish_average(const TensorView& dst, int64_t divisor, const ExecContext& ctx) {

@@ -7,10 +7,14 @@
 
 namespace relaxcc::kernels {
 
-// dst[i] = dst[i] op src[i] for sum, min and max; avg accumulates as sum
-// (divide once at the end with finish_average). f16/bf16 are computed in f32
-// and rounded to nearest-even. Throws InvalidArgument when the views differ
-// in numel or dtype.
+// out[i] = a[i] op b[i] in one pass, for sum, min and max; avg combines as
+// sum (divide once at the end with finish_average). `out` may alias `a` or
+// `b`. f16/bf16 are computed in f32 and rounded to nearest-even. Throws
+// InvalidArgument when the views differ in numel or dtype.
+void combine(const TensorView& out, const TensorView& a, const TensorView& b, ReduceOp op,
+             const ExecContext& ctx);
+
+// dst[i] = dst[i] op src[i]: combine(dst, dst, src, op, ctx).
 void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op,
                  const ExecContext& ctx);
 

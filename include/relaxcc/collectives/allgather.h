@@ -1,0 +1,17 @@
+// Allgather and allgatherv: every rank ends with every rank's input,
+// concatenated in rank order. allgather: output.numel == size() * input.numel.
+// allgatherv: counts[r] elements from rank r; every rank passes the same
+// counts, and output.numel == sum(counts). Runs the pipelined ring (the
+// allgather half of the ring allreduce). `input` may alias its slot in output.
+#pragma once
+
+#include <string>
+
+namespace relaxcc {
+
+struct AllgatherOptions {
+  int priority = 0;
+  std::string label;
+};
+
+}  // namespace relaxcc

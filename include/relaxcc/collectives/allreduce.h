@@ -1,0 +1,57 @@
+// Allreduce: every rank ends with the element-wise reduction of every rank's
+// tensor, in place.
+//
+// Algorithms:
+//   ring                pipelined reduce-scatter then allgather over the ring
+//                       r -> r+1, in segments of RELAXCC_SEGMENT_BYTES;
+//                       bandwidth-optimal (each rank sends 2(n-1)/n of the data)
+//   recursive_doubling  log2(n) rounds exchanging the whole tensor with rank
+//                       r xor 2^k (non-powers of two fold the extra ranks in
+//                       first); latency-optimal for small messages
+// `auto` looks the message size up in the selection table
+// (RELAXCC_ALLREDUCE_ALGO, "recursive_doubling:0-32767;ring:32768-" by
+// default); a single algorithm name there, or AllreduceOptions::algo, forces it.
+// Every rank gets bitwise identical results.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "relaxcc/reduce_op.h"
+
+namespace relaxcc {
+
+enum class AllreduceAlgo : uint8_t { automatic = 0, ring = 1, recursive_doubling = 2 };
+
+std::string_view allreduce_algo_name(AllreduceAlgo algo) noexcept;
+// "auto", "ring" or "recursive_doubling". Throws InvalidArgument.
+AllreduceAlgo parse_allreduce_algo(std::string_view name);
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::sum;
+  AllreduceAlgo algo = AllreduceAlgo::automatic;  // automatic: the selection table
+  int priority = 0;   // higher runs first when operations compete for the network
+  std::string label;  // names the tensor in errors ("bucket 3")
+};
+
+// Algorithm selection kept as data: size ranges in bytes mapped to algorithms.
+class AllreduceSelection {
+ public:
+  struct Range {
+    int64_t lo = 0;
+    int64_t hi = INT64_MAX;  // inclusive
+    AllreduceAlgo algo = AllreduceAlgo::ring;
+  };
+  // "recursive_doubling:0-32767;ring:32768-", or one algorithm name for all
+  // sizes. Throws InvalidArgument on malformed text, gaps are allowed (ring).
+  static AllreduceSelection parse(std::string_view text);
+  AllreduceAlgo pick(int64_t bytes) const noexcept;
+  const std::vector<Range>& ranges() const noexcept { return ranges_; }
+
+ private:
+  std::vector<Range> ranges_;
+};
+
+}  // namespace relaxcc

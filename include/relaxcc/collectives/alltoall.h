@@ -1,0 +1,19 @@
+// Alltoall and alltoallv: rank r sends block p of its input to rank p and
+// receives rank p's block r into block p of its output.
+//   alltoall:  input and output hold size() equal blocks.
+//   alltoallv: send_counts[p] elements go to p (blocks packed in rank order);
+//              recv_counts[p] come from p. recv_counts[p] on rank r must equal
+//              send_counts[r] on rank p: otherwise PeerMismatch on every rank.
+// Wraps MPI_Ialltoallv behind a header agreement.
+#pragma once
+
+#include <string>
+
+namespace relaxcc {
+
+struct AlltoallOptions {
+  int priority = 0;
+  std::string label;
+};
+
+}  // namespace relaxcc

@@ -1,0 +1,19 @@
+// Reduce-scatter: rank r ends with chunk r of the element-wise reduction.
+// input holds size() * output.numel elements; chunk r is
+// input[r * output.numel, (r + 1) * output.numel). Runs the pipelined ring
+// (the reduce-scatter half of the ring allreduce). The input is not modified.
+#pragma once
+
+#include <string>
+
+#include "relaxcc/reduce_op.h"
+
+namespace relaxcc {
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::sum;
+  int priority = 0;
+  std::string label;
+};
+
+}  // namespace relaxcc

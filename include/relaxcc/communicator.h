@@ -1,0 +1,95 @@
+// Communicator: the interface every transport (MPI today, NCCL next)
+// implements, and that relaxed primitives and algorithms are written against.
+//
+// Every data operation is asynchronous and returns a Work. Operations that
+// involve several ranks must be called in the same order on every rank (as
+// with MPI and NCCL). Each takes an ExecContext (device, stream, thread pool)
+// and an options struct from relaxcc/collectives/<name>.h.
+//
+// Errors. Bad arguments throw InvalidArgument or Unsupported from the call
+// itself. Disagreements between ranks (counts, dtypes, ops) complete the Work
+// with PeerMismatch on every rank; the communicator stays usable. A Work that
+// times out throws Timeout from wait() and POISONS the communicator:
+//   - every later call throws CommunicatorPoisoned;
+//   - operations in flight complete with CommunicatorPoisoned (the timed-out
+//     one with Timeout), and peers they owe data are told to abort, so they
+//     fail fast instead of timing out in turn;
+//   - requests already posted to the transport are parked until they drain;
+//     the buffers they use stay alive through the operation's keep-alives
+//     (TensorView::owner) until then.
+// A poisoned communicator cannot be repaired: create a new one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "relaxcc/collectives/allgather.h"
+#include "relaxcc/collectives/allreduce.h"
+#include "relaxcc/collectives/alltoall.h"
+#include "relaxcc/collectives/barrier.h"
+#include "relaxcc/collectives/broadcast.h"
+#include "relaxcc/collectives/point_to_point.h"
+#include "relaxcc/collectives/reduce_scatter.h"
+#include "relaxcc/exec_context.h"
+#include "relaxcc/tensor.h"
+#include "relaxcc/work.h"
+
+namespace relaxcc {
+
+struct SplitOptions {
+  // The timed barrier before the split gives Timeout, not a hang, when a
+  // rank never arrives. Negative: the communicator's default timeout.
+  std::chrono::milliseconds timeout{-1};
+};
+
+// Bytes moved by a communicator's transport since creation.
+struct CommStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  std::vector<uint64_t> sent_to;        // per peer rank
+  std::vector<uint64_t> received_from;  // per peer rank
+  uint64_t operations = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual bool poisoned() const = 0;
+  virtual CommStats stats() const = 0;
+  virtual int max_p2p_tag() const = 0;
+
+  // Collective over this communicator: ranks with equal color form a new
+  // communicator, ordered by key then rank. A negative color returns null.
+  virtual std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options = {}) = 0;
+  // The ranks that share this rank's node (memory domain).
+  virtual std::shared_ptr<Communicator> split_node_local(const SplitOptions& options = {}) = 0;
+
+  virtual WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
+                                 const P2POptions& options = {}) = 0;
+  virtual WorkPtr allreduce(const TensorView& data, const ExecContext& ctx,
+                            const AllreduceOptions& options = {}) = 0;
+  virtual WorkPtr reduce_scatter(const TensorView& input, const TensorView& output,
+                                 const ExecContext& ctx, const ReduceScatterOptions& options = {}) = 0;
+  virtual WorkPtr allgather(const TensorView& input, const TensorView& output,
+                            const ExecContext& ctx, const AllgatherOptions& options = {}) = 0;
+  virtual WorkPtr allgatherv(const TensorView& input, const TensorView& output,
+                             const std::vector<int64_t>& counts, const ExecContext& ctx,
+                             const AllgatherOptions& options = {}) = 0;
+  virtual WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
+                            const BroadcastOptions& options = {}) = 0;
+  virtual WorkPtr alltoall(const TensorView& input, const TensorView& output,
+                           const ExecContext& ctx, const AlltoallOptions& options = {}) = 0;
+  virtual WorkPtr alltoallv(const TensorView& input, const std::vector<int64_t>& send_counts,
+                            const TensorView& output, const std::vector<int64_t>& recv_counts,
+                            const ExecContext& ctx, const AlltoallOptions& options = {}) = 0;
+  virtual WorkPtr barrier(const BarrierOptions& options = {}) = 0;
+};
+
+using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+}  // namespace relaxcc

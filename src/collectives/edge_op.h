@@ -1,0 +1,98 @@
+// EdgeOp: the base of relaxcc's point-to-point collectives (the ring).
+//
+// Protocol on every edge (a pair of ranks that exchange data):
+//   1. Both ends send their OpHeader and receive the other's. Data flows on
+//      an edge only after both headers matched, and both ends compare the
+//      same two headers, so they agree whether the edge is live.
+//   2. A rank that fails (mismatched header, an abort record from a peer, a
+//      local error) stops posting data. To every peer it still owes data
+//      messages it sends an AbortRecord with the number it did post. It keeps
+//      receiving on live edges until it has every message the peer posted
+//      (the full schedule, or the count in the peer's AbortRecord).
+//   Because every rank's output depends on every other rank, a failure
+//   anywhere reaches every rank, and no message is left unmatched.
+// A poisoned communicator aborts hard instead: cancel receives, tell peers,
+// finish at once; sends that never complete stay parked in the engine.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../mpi/engine.h"
+#include "../mpi/op_header.h"
+#include "relaxcc/exec_context.h"
+
+namespace relaxcc::mpi {
+
+class EdgeOp : public Operation {
+ public:
+  EdgeOp(std::string name, int priority, std::string label);
+
+  void start(Transport& t) final;
+  void progress(Transport& t) final;
+  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) final;
+  void abort(Transport& t, std::exception_ptr error) final;
+  bool done() const final { return finished_; }
+  std::string waiting_for() const override;
+
+ protected:
+  // Setup, before start: this rank's header and its edges. `msgs_from` and
+  // `msgs_to` are the data messages the schedule exchanges with the peer;
+  // `max_from_bytes` the largest message from it.
+  void set_header(const OpHeader& h) { header_ = h; }
+  int add_peer(int rank, int64_t msgs_from, size_t max_from_bytes, int64_t msgs_to);
+
+  // Posts data; called while the operation runs and is not aborted.
+  virtual void run(Transport& t) = 0;
+  virtual void on_sent(Transport& t, int peer_index, int64_t msg) = 0;
+  virtual void on_received(Transport& t, int peer_index, int64_t msg) = 0;
+  // The data schedule finished on this rank.
+  virtual bool data_done() const = 0;
+
+  bool edge_live(int pi) const { return peers_[pi].live; }
+  void send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes);
+  void recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes);
+  bool aborted() const { return aborted_; }
+  const std::string& label() const { return label_; }
+  uint64_t header_seq() const { return header_.seq; }
+
+ private:
+  struct Peer {
+    int rank = -1;
+    int64_t msgs_from = 0, msgs_to = 0;
+    size_t max_from_bytes = 0;
+    OpHeader header_in;
+    bool header_received = false;
+    bool live = false;
+    bool mismatch = false;
+    int64_t posted_in = 0, completed_in = 0, posted_out = 0, completed_out = 0;
+    AbortRecord abort_in, abort_out;
+    bool abort_received = false;
+    bool abort_sent = false;
+    int64_t limit_in = 0;  // messages to receive: the schedule, or the peer's abort count
+    std::vector<unsigned char> drain;
+  };
+  enum SlotKind : int64_t { kHeaderSend = 1, kHeaderRecv, kAbortSend, kAbortRecv, kDataSend, kDataRecv, kDrainRecv };
+  static int64_t slot(SlotKind kind, int pi, int64_t index) {
+    return (static_cast<int64_t>(kind) << 56) | (static_cast<int64_t>(pi) << 40) | index;
+  }
+
+  void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
+  void drain(Transport& t);
+  void check_finished(Transport& t);
+  int tag(Channel c, const Transport& t) const { return collective_tag(header_.seq, c, t.max_tag()); }
+
+  std::string label_;
+  OpHeader header_;
+  std::vector<Peer> peers_;
+  bool started_ = false;
+  bool aborted_ = false;
+  bool hard_abort_ = false;
+  bool finished_ = false;
+  std::string abort_reason_;
+  AbortKind abort_kind_ = AbortKind::error;
+  int abort_origin_ = -1;
+};
+
+}  // namespace relaxcc::mpi

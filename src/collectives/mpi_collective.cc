@@ -1,0 +1,113 @@
+#include "mpi_collective.h"
+
+#include "relaxcc/errors.h"
+
+namespace relaxcc::mpi {
+
+MpiCollectiveOp::MpiCollectiveOp(std::string name, std::string label, std::vector<OpHeader> headers,
+                                 Launch launch, After after)
+    : Operation(std::move(name), 0),
+      label_(std::move(label)),
+      out_(std::move(headers)),
+      in_(out_.size()),
+      launch_(std::move(launch)),
+      after_(std::move(after)) {}
+
+void MpiCollectiveOp::start(Transport& t) {
+  for (auto& h : out_) h.seq = seq();
+  t.lane_join(*this);
+  progress(t);
+}
+
+void MpiCollectiveOp::progress(Transport& t) {
+  if (stage_ != kWaitLane || !t.lane_front(*this)) return;
+  stage_ = kHeaders;
+  MPI_Request req;
+  check_mpi(MPI_Ialltoall(out_.data(), sizeof(OpHeader), MPI_BYTE, in_.data(), sizeof(OpHeader),
+                          MPI_BYTE, t.coll_comm(), &req),
+            "MPI_Ialltoall (headers)");
+  t.track(*this, kHeaders, req);
+}
+
+void MpiCollectiveOp::on_complete(Transport& t, int64_t slot, const MPI_Status&, int error) {
+  if (done_) return;
+  if (error != MPI_SUCCESS)
+    RELAXCC_THROW(CommunicationError, name(), " #", seq(), ": ", mpi_error_string(error));
+  switch (static_cast<Stage>(slot)) {
+    case kHeaders: {
+      const int me = t.rank();
+      for (int p = 0; p < static_cast<int>(in_.size()) && local_verdict_ == 0; ++p) {
+        if (!same_call(out_[p], in_[p])) {
+          local_verdict_ = 1;
+          mismatch_ = detail::concat("rank ", me, " calls ", describe(out_[p]), ", rank ", p,
+                                     " calls ", describe(in_[p]));
+        }
+      }
+      stage_ = kVerdict;
+      MPI_Request req;
+      check_mpi(MPI_Iallreduce(&local_verdict_, &global_verdict_, 1, MPI_INT, MPI_MAX, t.coll_comm(), &req),
+                "MPI_Iallreduce (verdict)");
+      t.track(*this, kVerdict, req);
+      return;
+    }
+    case kVerdict: {
+      if (global_verdict_ != 0) {
+        const std::string where = detail::concat(name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'");
+        const std::string what = local_verdict_
+            ? detail::concat(where, ": ranks disagree: ", mismatch_)
+            : detail::concat(where, ": ranks disagree: another rank's call differs from its peer's "
+                                    "(this rank calls ", describe(out_[t.rank()]), ")");
+        set_error(std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)));
+        finish(t);
+        return;
+      }
+      stage_ = kData;
+      const MPI_Request req = launch_ ? launch_(t.coll_comm()) : MPI_REQUEST_NULL;
+      if (req == MPI_REQUEST_NULL) {
+        finish(t);
+        return;
+      }
+      t.track(*this, kData, req);
+      return;
+    }
+    case kData:
+      finish(t);
+      return;
+    default:
+      RELAXCC_THROW(InternalError, name(), ": unexpected completion ", slot);
+  }
+}
+
+void MpiCollectiveOp::finish(Transport& t) {
+  if (!error() && after_) {
+    try {
+      after_(t.coll_comm());
+    } catch (...) {
+      set_error(std::current_exception());
+    }
+  }
+  stage_ = kDone;
+  done_ = true;
+  t.lane_leave(*this);
+}
+
+void MpiCollectiveOp::abort(Transport& t, std::exception_ptr error) {
+  // MPI cannot cancel a collective: whatever is posted stays parked.
+  set_error(std::move(error));
+  if (!done_) {
+    done_ = true;
+    t.lane_leave(*this);
+  }
+}
+
+std::string MpiCollectiveOp::waiting_for() const {
+  switch (stage_) {
+    case kWaitLane: return "earlier collectives on this communicator";
+    case kHeaders: return "every rank to enter (header exchange)";
+    case kVerdict: return "every rank's verdict";
+    case kData: return "the MPI collective";
+    default: return {};
+  }
+}
+
+}  // namespace relaxcc::mpi

@@ -1,0 +1,56 @@
+// MpiCollectiveOp: collectives that wrap MPI's own non-blocking collectives
+// (broadcast, alltoall(v), barrier, and the communicator handshake and split).
+//
+// Stages, all in the engine's collective lane so every rank starts MPI
+// collectives in the same order:
+//   1. MPI_Ialltoall of per-peer OpHeaders: every rank checks every peer's
+//      header against its own (counts, dtypes, and per-edge counts);
+//   2. MPI_Iallreduce(MAX) of the verdicts, so a disagreement anywhere raises
+//      PeerMismatch on every rank;
+//   3. the data collective (if any), then an optional engine-thread action
+//      (the split itself).
+// Stages 1 and 2 complete only once every rank has entered, which makes the
+// whole operation a timed barrier as well.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "../mpi/engine.h"
+#include "../mpi/op_header.h"
+
+namespace relaxcc::mpi {
+
+class MpiCollectiveOp final : public Operation {
+ public:
+  // Starts the data collective; returns MPI_REQUEST_NULL when there is none.
+  using Launch = std::function<MPI_Request(MPI_Comm)>;
+  // Runs on the engine thread after everything else succeeded.
+  using After = std::function<void(MPI_Comm)>;
+
+  // `headers[p]` is what this rank tells rank p (per-edge fields set).
+  MpiCollectiveOp(std::string name, std::string label, std::vector<OpHeader> headers, Launch launch,
+                  After after = {});
+
+  void start(Transport& t) override;
+  void progress(Transport& t) override;
+  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
+  void abort(Transport& t, std::exception_ptr error) override;
+  bool done() const override { return done_; }
+  std::string waiting_for() const override;
+
+ private:
+  enum Stage { kWaitLane, kHeaders, kVerdict, kData, kDone };
+  void finish(Transport& t);
+
+  std::string label_;
+  std::vector<OpHeader> out_, in_;
+  Launch launch_;
+  After after_;
+  Stage stage_ = kWaitLane;
+  int local_verdict_ = 0, global_verdict_ = 0;
+  std::string mismatch_;
+  bool done_ = false;
+};
+
+}  // namespace relaxcc::mpi

@@ -1,0 +1,84 @@
+#include "point_to_point.h"
+
+#include <sstream>
+
+#include "../mpi/op_header.h"
+#include "relaxcc/errors.h"
+
+namespace relaxcc::mpi {
+
+P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label)
+    : Operation("point_to_point", priority), ops_(std::move(ops)), headers_(ops_.size()),
+      label_(std::move(label)), header_ok_(ops_.size(), 0) {}
+
+void P2PBatchOp::start(Transport& t) {
+  started_ = true;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const P2POp& op = ops_[i];
+    const auto index = static_cast<int64_t>(i);
+    if (op.kind == P2POp::Kind::send) {
+      headers_[i] = Wire{kHeaderMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel};
+      t.isend(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
+      t.isend(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+    } else {
+      t.irecv(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
+      t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+    }
+    outstanding_ += 2;
+  }
+}
+
+void P2PBatchOp::on_complete(Transport&, int64_t slot, const MPI_Status& status, int error) {
+  --outstanding_;
+  const auto i = static_cast<size_t>(slot / 2);
+  const bool is_header = slot % 2 == 0;
+  const P2POp& op = ops_[i];
+  int cancelled = 0;
+  MPI_Test_cancelled(&status, &cancelled);
+  if (cancelled) return;
+  const std::string where = detail::concat(
+      "point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
+      op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ", op.peer, " (tag ",
+      op.tag, ")");
+  int error_class = MPI_SUCCESS;
+  if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
+  if (op.kind == P2POp::Kind::recv && is_header && error == MPI_SUCCESS) {
+    const Wire& h = headers_[i];
+    if (h.magic != kHeaderMagic || h.dtype >= kNumDTypes)
+      set_error(std::make_exception_ptr(CorruptPayload(where + ": corrupt message header", __FILE__, __LINE__)));
+    else if (static_cast<DType>(h.dtype) != op.tensor.dtype || h.count != op.tensor.numel)
+      set_error(std::make_exception_ptr(PeerMismatch(
+          detail::concat(where, ": expected ", op.tensor.numel, " elements of ", op.tensor.dtype,
+                         ", the sender sent ", h.count, " elements of ", static_cast<DType>(h.dtype)),
+          __FILE__, __LINE__)));
+    return;
+  }
+  if (error_class == MPI_ERR_TRUNCATE) {
+    set_error(std::make_exception_ptr(PeerMismatch(
+        detail::concat(where, ": the message is larger than the ", op.tensor.nbytes(),
+                       "-byte buffer (nothing was written past its end)"),
+        __FILE__, __LINE__)));
+  } else if (error != MPI_SUCCESS) {
+    set_error(std::make_exception_ptr(
+        CommunicationError(detail::concat(where, ": ", mpi_error_string(error)), __FILE__, __LINE__)));
+  }
+}
+
+void P2PBatchOp::abort(Transport& t, std::exception_ptr error) {
+  set_error(std::move(error));
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].kind != P2POp::Kind::recv) continue;
+    t.cancel_receives(*this, static_cast<int64_t>(i) * 2);
+    t.cancel_receives(*this, static_cast<int64_t>(i) * 2 + 1);
+  }
+  // Sends cannot be cancelled: their requests stay parked in the engine.
+  aborted_ = true;
+}
+
+std::string P2PBatchOp::waiting_for() const {
+  std::ostringstream os;
+  for (const auto& op : ops_) os << (op.kind == P2POp::Kind::send ? "send to " : "recv from ") << op.peer << " ";
+  return os.str();
+}
+
+}  // namespace relaxcc::mpi

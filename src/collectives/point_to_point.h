@@ -1,0 +1,40 @@
+// A batch of sends and receives completed as one Work. Each send posts a
+// small header (dtype, count) and then the data; each receive checks the
+// header against what it expects. Tags: header 2*tag, data 2*tag+1 on the
+// point-to-point communicator.
+#pragma once
+
+#include <vector>
+
+#include "../mpi/engine.h"
+#include "relaxcc/collectives/point_to_point.h"
+
+namespace relaxcc::mpi {
+
+class P2PBatchOp final : public Operation {
+ public:
+  P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label);
+
+  void start(Transport& t) override;
+  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
+  void abort(Transport& t, std::exception_ptr error) override;
+  bool done() const override { return started_ && (outstanding_ == 0 || aborted_); }
+  std::string waiting_for() const override;
+
+ private:
+  struct Wire {
+    uint32_t magic;
+    uint8_t dtype;
+    uint8_t pad[3];
+    int64_t count;
+  };
+  std::vector<P2POp> ops_;
+  std::vector<Wire> headers_;
+  std::string label_;
+  bool started_ = false;
+  int outstanding_ = 0;
+  bool aborted_ = false;
+  std::vector<char> header_ok_;
+};
+
+}  // namespace relaxcc::mpi

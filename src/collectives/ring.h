@@ -1,0 +1,82 @@
+// The pipelined ring: reduce-scatter and allgather over r -> r+1, written
+// once and parameterised by a ChunkCodec. Allreduce runs both phases.
+//
+// The tensor is split into size() chunks (chunk c belongs to rank c) and each
+// chunk into segments of at most segment_bytes. Reduce-scatter step s sends
+// chunk (r-s-1) and receives chunk (r-s-2), which it combines with its own
+// contribution; after size()-1 steps rank r holds the reduction of chunk r.
+// Allgather step s sends chunk (r-s) and receives chunk (r-s-1). Each segment
+// moves as soon as the segment it depends on arrived, with up to
+// pipeline_depth segments in flight per direction (one while a
+// higher-priority operation is active).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "chunk_codec.h"
+#include "edge_op.h"
+
+namespace relaxcc::mpi {
+
+struct RingSpec {
+  OpType type = OpType::allreduce;  // allreduce, reduce_scatter or allgather
+  bool reduce_phase = true;
+  bool gather_phase = true;
+  ReduceOp op = ReduceOp::sum;
+  DType dtype = DType::f32;
+  // Elements of chunk c; chunk offsets follow in rank order.
+  std::vector<int64_t> chunk_counts;
+  // Reduce-scatter contributions, in the full chunk layout (read only).
+  TensorView local;
+  // Where rank r's reduced chunk goes (reduce_phase), chunk r's elements only.
+  TensorView result;
+  // The full chunk layout that allgather fills (gather_phase).
+  TensorView gathered;
+  int64_t segment_bytes = 262144;
+  int pipeline_depth = 4;
+  int algo_id = 1;
+};
+
+class RingOp final : public EdgeOp {
+ public:
+  RingOp(std::string name, int priority, std::string label, RingSpec spec, int rank, int size,
+         const ExecContext& ctx, std::unique_ptr<ChunkCodec> codec);
+
+ private:
+  struct Msg {
+    bool reduce = false;  // reduce-scatter phase (else allgather)
+    int step = 0;
+    int chunk = 0;
+    int64_t offset = 0;  // element offset in the full layout
+    int64_t count = 0;
+    int64_t dep = -1;    // outgoing: the incoming message it forwards
+    int slot = -1;       // incoming reduce-scatter: the scratch slot it landed in
+  };
+
+  void run(Transport& t) override;
+  void on_sent(Transport& t, int pi, int64_t msg) override;
+  void on_received(Transport& t, int pi, int64_t msg) override;
+  bool data_done() const override;
+
+  void build_schedule();
+  int take_slot();
+  TensorView view(const TensorView& base, int64_t offset, int64_t count) const;
+  TensorView scratch_view(int slot, int64_t count) const;
+
+  RingSpec spec_;
+  int rank_, size_;
+  ExecContext ctx_;
+  std::unique_ptr<ChunkCodec> codec_;
+  int left_ = 0, right_ = 0;  // peer indices
+  std::vector<int64_t> chunk_offset_;
+  int64_t segment_elems_ = 1;
+  size_t wire_bytes_ = 0;
+  std::vector<Msg> in_, out_;
+  std::vector<char> in_done_;
+  int64_t next_in_ = 0, processed_in_ = 0, next_out_ = 0, completed_out_ = 0;
+  std::vector<std::vector<unsigned char>> slots_;  // wire buffers (+ acc when not in place)
+  std::vector<int> free_slots_;
+};
+
+}  // namespace relaxcc::mpi

@@ -1,0 +1,460 @@
+#include "engine.h"
+
+#include "op_header.h"
+
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
+
+namespace relaxcc::mpi {
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(text, len);
+}
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) [[unlikely]]
+    RELAXCC_THROW(CommunicationError, what, " failed: ", mpi_error_string(rc));
+}
+
+// ---- Transport -------------------------------------------------------------
+
+namespace {
+void require_engine_thread(const Engine& e) {
+  RELAXCC_ENFORCE(e.on_engine_thread(), InternalError,
+                  "MPI call outside the engine thread: only the engine may call MPI");
+}
+int byte_count(size_t bytes) {
+  RELAXCC_ENFORCE_LE(bytes, static_cast<size_t>(INT32_MAX), InvalidArgument,
+                     "one message carries at most 2^31-1 bytes");
+  return static_cast<int>(bytes);
+}
+}  // namespace
+
+void Transport::isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer, int tag,
+                      bool coll) {
+  require_engine_thread(engine_);
+  MPI_Request req;
+  check_mpi(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, peer, tag,
+                      coll ? engine_.coll_comm_ : engine_.p2p_comm_, &req),
+            "MPI_Isend");
+  engine_.add_request(op, slot, req, bytes, peer, true, false);
+}
+
+void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
+                      bool coll) {
+  require_engine_thread(engine_);
+  MPI_Request req;
+  check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, peer, tag,
+                      coll ? engine_.coll_comm_ : engine_.p2p_comm_, &req),
+            "MPI_Irecv");
+  engine_.add_request(op, slot, req, bytes, peer, false, true);
+}
+
+void Transport::track(Operation& op, int64_t slot, MPI_Request request) {
+  require_engine_thread(engine_);
+  engine_.add_request(op, slot, request, 0, -1, false, false);
+}
+
+void Transport::cancel_receives(Operation& op, int64_t slot) {
+  require_engine_thread(engine_);
+  for (size_t i = 0; i < engine_.pending_.size(); ++i) {
+    const auto& p = engine_.pending_[i];
+    if (p.op == &op && p.slot == slot && p.recv && engine_.requests_[i] != MPI_REQUEST_NULL)
+      MPI_Cancel(&engine_.requests_[i]);
+  }
+}
+
+void Transport::lane_join(const Operation& op) { engine_.lane_.push_back(&op); }
+bool Transport::lane_front(const Operation& op) const {
+  return !engine_.lane_.empty() && engine_.lane_.front() == &op;
+}
+void Transport::lane_leave(const Operation& op) {
+  auto& lane = engine_.lane_;
+  lane.erase(std::remove(lane.begin(), lane.end(), &op), lane.end());
+}
+
+bool Transport::throttled(const Operation& op) const {
+  for (const auto& other : engine_.active_)
+    if (other->priority() > op.priority() && !other->done()) return true;
+  return false;
+}
+
+MPI_Comm Transport::coll_comm() const { return engine_.coll_comm_; }
+MPI_Comm Transport::p2p_comm() const { return engine_.p2p_comm_; }
+int Transport::rank() const { return engine_.rank_; }
+int Transport::size() const { return engine_.size_; }
+const Tunables& Transport::tunables() const { return engine_.tunables_; }
+int Transport::max_tag() const { return engine_.max_tag_; }
+
+// ---- Engine ----------------------------------------------------------------
+
+Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables)
+    : coll_comm_(coll_comm), p2p_comm_(p2p_comm), tunables_(std::move(tunables)), transport_(*this) {
+  MPI_Comm_rank(coll_comm_, &rank_);
+  MPI_Comm_size(coll_comm_, &size_);
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(coll_comm_, MPI_TAG_UB, &ub, &flag);
+  if (flag && ub != nullptr) max_tag_ = *ub;
+  stats_.sent_to.assign(size_, 0);
+  stats_.received_from.assign(size_, 0);
+  if (!tunables_.trace_file.empty()) {
+    const std::string path = tunables_.trace_file + "." + std::to_string(process_rank() >= 0 ? process_rank() : rank_) + ".json";
+    trace_.open(path);
+    if (trace_.good()) trace_ << "[\n";
+    else RELAXCC_LOG(warn, "cannot open trace file ", path);
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  if (trace_.is_open()) trace_ << "\n]\n";
+}
+
+std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::string& details) {
+  std::shared_ptr<EngineWork> work;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (poisoned_.load())
+      RELAXCC_THROW(CommunicatorPoisoned, op->name(), ": the communicator is poisoned (",
+                    poison_reason_, ") and accepts no more operations");
+    RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(), ": the communicator is shutting down");
+    op->seq_ = next_seq_++;
+    work = std::make_shared<EngineWork>(
+        detail::concat(op->name(), " #", op->seq_, " (tag ", collective_tag(op->seq_, Channel::header, max_tag_),
+                       ", ", details, ")"),
+        std::chrono::milliseconds(tunables_.timeout_ms),
+        [this](const std::string& reason) { poison(reason); });
+    op->work_ = work;
+    queue_.push_back(std::move(op));
+
+  }
+  cv_.notify_all();
+  return work;
+}
+
+uint64_t Engine::next_seq() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_seq_;
+}
+
+void Engine::poison(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (poisoned_.load()) return;
+    poison_reason_ = reason;
+    poisoned_.store(true);
+  }
+  RELAXCC_LOG(warn, "communicator poisoned: ", reason);
+  cv_.notify_all();
+}
+
+CommStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer,
+                        bool send, bool recv) {
+  int index;
+  if (!free_slots_.empty()) {
+    index = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    index = static_cast<int>(requests_.size());
+    requests_.push_back(MPI_REQUEST_NULL);
+    pending_.emplace_back();
+    indices_.resize(requests_.size());
+    statuses_.resize(requests_.size());
+  }
+  requests_[index] = req;
+  pending_[index] = Pending{&op, slot, bytes, peer, send, recv, trace_.is_open() ? Clock::now() : Clock::time_point{}};
+  ++num_pending_;
+  ++op.pending_;
+  if (send) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.bytes_sent += bytes;
+    stats_.sent_to[peer] += bytes;
+  }
+  return index;
+}
+
+namespace {
+int64_t micros(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+}  // namespace
+
+void Engine::test_requests(bool& progressed) {
+  if (num_pending_ == 0) return;
+  int outcount = 0;
+  const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &outcount,
+                              indices_.data(), statuses_.data());
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+    const std::string reason = "MPI_Testsome failed: " + mpi_error_string(rc);
+    poison(reason);
+    abort_all(reason, false);
+    return;
+  }
+  if (outcount == MPI_UNDEFINED || outcount == 0) return;
+  progressed = true;
+  for (int k = 0; k < outcount; ++k) {
+    const int index = indices_[k];
+    const Pending p = pending_[index];
+    const MPI_Status& status = statuses_[k];
+    const int err = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+    requests_[index] = MPI_REQUEST_NULL;
+    pending_[index] = Pending{};
+    free_slots_.push_back(index);
+    --num_pending_;
+    --p.op->pending_;
+    if (p.recv && err == MPI_SUCCESS) {
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      int got = 0;
+      if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.bytes_received += static_cast<uint64_t>(got);
+      stats_.received_from[p.peer] += static_cast<uint64_t>(got);
+    }
+    if (trace_.is_open() && (p.send || p.recv)) {
+      const auto now = Clock::now();
+      trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << (p.send ? "send" : "recv")
+             << "\",\"cat\":\"transport\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":"
+             << (p.send ? 1 : 2) << ",\"ts\":" << micros(p.posted)
+             << ",\"dur\":" << micros(now) - micros(p.posted) << ",\"args\":{\"peer\":" << p.peer
+             << ",\"bytes\":" << p.bytes << ",\"op\":\"" << p.op->name() << "\",\"seq\":"
+             << p.op->seq() << "}}";
+      trace_first_ = false;
+    }
+    try {
+      p.op->on_complete(transport_, p.slot, status, err);
+    } catch (...) {
+      p.op->abort(transport_, std::current_exception());
+    }
+  }
+}
+
+void Engine::retire_finished() {
+  // A finished protocol completes its Work at once; the operation itself (and
+  // the buffers it holds) stays until the transport released every request,
+  // which after a poisoning may be never ("parked").
+  for (const auto& op : active_) {
+    if (op->work_completed_ || !op->done()) continue;
+    op->work_completed_ = true;
+    trace(*op, "op");
+    if (op->work_) op->work_->complete(op->error());
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.operations;
+  }
+  auto it = std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
+    return op->work_completed_ && op->pending_ == 0;
+  });
+  active_.erase(it, active_.end());
+}
+
+void Engine::trace(const Operation& op, const char* cat) {
+  if (!trace_.is_open()) return;
+  const auto now = Clock::now();
+  trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << op.name() << "\",\"cat\":\"" << cat
+         << "\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":0,\"ts\":" << micros(op.started_)
+         << ",\"dur\":" << micros(now) - micros(op.started_) << ",\"args\":{\"seq\":" << op.seq()
+         << ",\"priority\":" << op.priority() << ",\"ok\":" << (op.error() ? "false" : "true") << "}}";
+  trace_first_ = false;
+}
+
+void Engine::abort_all(const std::string& reason, bool) {
+  for (const auto& op : active_) {
+    if (op->done() && op->pending_ == 0) continue;
+    auto err = std::make_exception_ptr(CommunicatorPoisoned(
+        detail::concat(op->name(), " #", op->seq(), " aborted: the communicator is poisoned (", reason, ")"),
+        __FILE__, __LINE__));
+    try {
+      op->abort(transport_, err);
+    } catch (...) {
+      RELAXCC_LOG(error, "abort of ", op->name(), " #", op->seq(), " failed");
+    }
+  }
+}
+
+void Engine::inspect_stalls() {
+  const auto now = Clock::now();
+  if (log_enabled(LogLevel::debug) && !active_.empty()) {
+    for (const auto& op : active_)
+      RELAXCC_LOG(debug, "engine: ", op->name(), " #", op->seq(), " active, done=", op->done(),
+                  " pending requests=", op->pending_, " waiting for: ", op->waiting_for());
+  }
+  const auto limit = std::chrono::milliseconds(tunables_.stall_warning_ms);
+  for (const auto& op : active_) {
+    if (op->stall_reported_ || op->done() || now - op->started_ < limit) continue;
+    op->stall_reported_ = true;
+    RELAXCC_LOG(warn, "stall: ", op->name(), " #", op->seq(), " pending for ",
+                std::chrono::duration_cast<std::chrono::seconds>(now - op->started_).count(),
+                " s; waiting for: ", op->waiting_for());
+  }
+}
+
+void Engine::loop() {
+  // Short back-off sleeps must stay short: the default 50 us timer slack
+  // would stretch every one of them.
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  auto last_progress = Clock::now();
+  auto last_inspection = last_progress;
+  int64_t sleep_us = 0;
+  const auto spin = std::chrono::microseconds(tunables_.spin_us);
+  Clock::time_point shutdown_deadline{};
+  for (;;) {
+    std::deque<std::shared_ptr<Operation>> incoming;
+    bool apply_poison = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (active_.empty() && queue_.empty()) {
+        if (stop_) break;
+        cv_.wait(lock, [&] {
+          return stop_ || !queue_.empty() || (poisoned_.load() && !poison_applied_);
+        });
+        if (stop_ && queue_.empty() && active_.empty()) break;
+      }
+      incoming.swap(queue_);
+
+      if (poisoned_.load() && !poison_applied_) {
+        poison_applied_ = true;
+        apply_poison = true;
+      }
+      if (stop_ && shutdown_deadline == Clock::time_point{})
+        shutdown_deadline = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000));
+    }
+    if (apply_poison) abort_all(poison_reason_, true);
+    for (auto& op : incoming) {
+      op->started_ = Clock::now();
+      if (poisoned_.load()) {
+        op->set_error(std::make_exception_ptr(CommunicatorPoisoned(
+            detail::concat(op->name(), " #", op->seq(), ": the communicator is poisoned (", poison_reason_, ")"),
+            __FILE__, __LINE__)));
+        op->work_->complete(op->error());
+        continue;
+      }
+      auto pos = std::find_if(active_.begin(), active_.end(), [&](const auto& other) {
+        return other->priority() < op->priority();
+      });
+      Operation& ref = **active_.insert(pos, op);
+      try {
+        ref.start(transport_);
+      } catch (...) {
+        ref.abort(transport_, std::current_exception());
+      }
+    }
+    for (size_t i = 0; i < active_.size(); ++i) {
+      Operation& op = *active_[i];
+      try {
+        op.progress(transport_);
+      } catch (...) {
+        op.abort(transport_, std::current_exception());
+      }
+    }
+    bool progressed = !incoming.empty();
+    test_requests(progressed);
+    retire_finished();
+
+    const auto now = Clock::now();
+    if (now - last_inspection > std::chrono::seconds(1)) {
+      last_inspection = now;
+      inspect_stalls();
+    }
+    if (shutdown_deadline != Clock::time_point{} && now > shutdown_deadline) {
+      drain_on_shutdown();
+      break;
+    }
+    if (progressed) {
+      last_progress = now;
+      sleep_us = 0;
+      continue;
+    }
+    if (now - last_progress < spin) continue;
+    sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
+      return !queue_.empty() || (poisoned_.load() && !poison_applied_);
+    });
+  }
+  if (num_pending_ == 0) {
+    MPI_Comm_free(&coll_comm_);
+    MPI_Comm_free(&p2p_comm_);
+  }
+}
+
+void Engine::drain_on_shutdown() {
+  abort_all("the communicator was destroyed with operations in flight", false);
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (num_pending_ > 0 && Clock::now() < deadline) {
+    bool progressed = false;
+    test_requests(progressed);
+    if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  retire_finished();
+  if (!active_.empty()) {
+    RELAXCC_LOG(error, active_.size(), " operation(s) still hold posted requests at shutdown; "
+                "their buffers are kept alive (leaked) so the transport never writes freed memory");
+    new std::vector<std::shared_ptr<Operation>>(std::move(active_));  // intentional leak
+  }
+}
+
+// ---- EngineWork --------------------------------------------------------------
+
+bool EngineWork::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+std::exception_ptr EngineWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void EngineWork::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+void EngineWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) timeout = default_timeout_;
+
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+    lock.unlock();
+    const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
+    const std::string reason = detail::concat("timeout of ", description_);
+    on_timeout_(reason);
+    RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
+                  " ms (elapsed ", elapsed.count(), " ms since it was posted); the communicator "
+                  "is now poisoned");
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void EngineWork::block_stream(void* stream) {
+  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description_,
+                  ": block_stream on a host operation (call wait())");
+}
+
+}  // namespace relaxcc::mpi

@@ -1,0 +1,238 @@
+// The communication engine of one MPI communicator.
+//
+// One engine thread owns every MPI call on the communicator. Operations are
+// resumable state machines: the engine starts them in submission order,
+// lets them post requests (in priority order, so that a large low-priority
+// operation yields the network to a high-priority one), tests every pending
+// request with MPI_Testsome, and hands completions back to their operation.
+// When nothing is pending the thread sleeps on a condition variable; while
+// requests are pending it spins for tunables.spin_us, then backs off with
+// sleeps up to tunables.max_sleep_us.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "relaxcc/communicator.h"
+#include "relaxcc/tunables.h"
+
+namespace relaxcc::mpi {
+
+class Engine;
+class Operation;
+class EngineWork;
+
+using Clock = std::chrono::steady_clock;
+
+// Posts MPI requests for operations. Valid on the engine thread only.
+class Transport {
+ public:
+  explicit Transport(Engine& engine) : engine_(engine) {}
+
+  // Non-blocking send/receive on the collective (coll == true) or the
+  // point-to-point communicator. `slot` comes back in on_complete.
+  void isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer, int tag,
+             bool coll = true);
+  void irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
+             bool coll = true);
+  // Tracks a request the operation started itself (a non-blocking collective).
+  void track(Operation& op, int64_t slot, MPI_Request request);
+  // Cancels every pending receive of `op` posted with `slot`.
+  void cancel_receives(Operation& op, int64_t slot);
+
+  // The collective lane: operations that start MPI's own non-blocking
+  // collectives take it one at a time, in submission order, so every rank
+  // starts those collectives in the same order.
+  void lane_join(const Operation& op);
+  bool lane_front(const Operation& op) const;
+  void lane_leave(const Operation& op);
+
+  // A higher-priority operation is active: post one segment at a time.
+  bool throttled(const Operation& op) const;
+  MPI_Comm coll_comm() const;
+  MPI_Comm p2p_comm() const;
+  int rank() const;
+  int size() const;
+  const Tunables& tunables() const;
+  int max_tag() const;
+
+ private:
+  Engine& engine_;
+};
+
+// A resumable operation. Every method runs on the engine thread.
+class Operation {
+ public:
+  Operation(std::string name, int priority) : name_(std::move(name)), priority_(priority) {}
+  virtual ~Operation() = default;
+
+  // Posts the first requests. Called once, in submission order.
+  virtual void start(Transport& t) = 0;
+  // Posts whatever can be posted now. Called every engine iteration.
+  virtual void progress(Transport&) {}
+  // Request `slot` completed. `error` is the MPI error code (MPI_SUCCESS).
+  virtual void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) = 0;
+  // Stop: post nothing new, tell peers that wait on this rank, drain.
+  // The first error wins; later ones are ignored.
+  virtual void abort(Transport& t, std::exception_ptr error) = 0;
+  // The operation finished its protocol (pending requests aside).
+  virtual bool done() const = 0;
+  // Which peers it still waits for ("rank 3: data 2/8"), for the stall
+  // inspector and timeout messages.
+  virtual std::string waiting_for() const { return {}; }
+
+  const std::string& name() const { return name_; }
+  int priority() const { return priority_; }
+  uint64_t seq() const { return seq_; }
+  int pending() const { return pending_; }
+  std::exception_ptr error() const { return error_; }
+
+ protected:
+  // Records the first error. Returns true if this call recorded it.
+  bool set_error(std::exception_ptr e) {
+    if (error_) return false;
+    error_ = std::move(e);
+    return true;
+  }
+  std::string name_;
+
+ private:
+  friend class Engine;
+  friend class Transport;
+  int priority_;
+  uint64_t seq_ = 0;
+  int pending_ = 0;
+  std::exception_ptr error_;
+  Clock::time_point started_;
+  bool stall_reported_ = false;
+  bool work_completed_ = false;
+  std::shared_ptr<EngineWork> work_;
+};
+
+class Engine {
+ public:
+  // Takes ownership of both communicators (freed on destruction).
+  Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Enqueues `op` with the next sequence number and returns its Work, whose
+  // description reads "<name> #<seq> <details>".
+  // Throws CommunicatorPoisoned when the engine is poisoned.
+  std::shared_ptr<Work> submit(std::shared_ptr<Operation> op, const std::string& details);
+  // The sequence number the next submitted operation gets.
+  uint64_t next_seq() const;
+
+  void poison(const std::string& reason);
+  bool poisoned() const { return poisoned_.load(); }
+  bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  CommStats stats() const;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Tunables& tunables() const { return tunables_; }
+  MPI_Comm coll_comm() const { return coll_comm_; }
+
+ private:
+  friend class Transport;
+  struct Pending {
+    Operation* op = nullptr;
+    int64_t slot = 0;
+    size_t bytes = 0;
+    int peer = -1;
+    bool send = false;
+    bool recv = false;
+    Clock::time_point posted;
+  };
+
+  void loop();
+  int add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer, bool send,
+                  bool recv);
+  void test_requests(bool& progressed);
+  void retire_finished();
+  void abort_all(const std::string& reason, bool from_timeout);
+  void inspect_stalls();
+  void trace(const Operation& op, const char* phase);
+  void drain_on_shutdown();
+
+  MPI_Comm coll_comm_;
+  MPI_Comm p2p_comm_;
+  Tunables tunables_;
+  int rank_ = 0;
+  int size_ = 1;
+  int max_tag_ = 32767;
+  Transport transport_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Operation>> queue_;
+  bool stop_ = false;
+  uint64_t next_seq_ = 1;
+  std::atomic<bool> poisoned_{false};
+  std::string poison_reason_;
+  bool poison_applied_ = false;
+
+  // Engine-thread state.
+  std::vector<std::shared_ptr<Operation>> active_;  // sorted by priority, then seq
+  std::vector<MPI_Request> requests_;
+  std::vector<Pending> pending_;
+  std::vector<int> free_slots_;
+  int num_pending_ = 0;
+  std::vector<int> indices_;
+  std::vector<MPI_Status> statuses_;
+  std::deque<const Operation*> lane_;
+
+  // Counters (written by the engine thread, read under mutex_).
+  CommStats stats_;
+  std::ofstream trace_;
+  bool trace_first_ = true;
+
+  std::thread thread_;
+};
+
+// The Work of an engine operation.
+class EngineWork : public Work {
+ public:
+  EngineWork(std::string description, std::chrono::milliseconds default_timeout,
+             std::function<void(const std::string&)> on_timeout)
+      : description_(std::move(description)),
+        default_timeout_(default_timeout),
+        on_timeout_(std::move(on_timeout)),
+        created_(Clock::now()) {}
+
+  bool is_completed() const override;
+  void wait(std::chrono::milliseconds timeout) override;
+  std::exception_ptr exception() const override;
+  void block_stream(void* stream) override;
+  std::string description() const override { return description_; }
+
+  void complete(std::exception_ptr error);
+
+ private:
+  const std::string description_;
+  const std::chrono::milliseconds default_timeout_;
+  const std::function<void(const std::string&)> on_timeout_;
+  const Clock::time_point created_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+std::string mpi_error_string(int rc);
+
+}  // namespace relaxcc::mpi

@@ -1,0 +1,87 @@
+// The small records that travel with relaxcc's own collectives, so that
+// ranks that disagree find out instead of hanging or corrupting memory.
+//
+//   OpHeader     what a rank is calling: op type, dtype, reduce op, algorithm,
+//                sequence number, element count and a hash of the layout;
+//                per edge, what it sends to and expects from that peer.
+//   AbortRecord  "I stopped this operation": the origin rank, the reason, and
+//                how many data messages the sender had posted to the receiver,
+//                so the receiver drains exactly those and no message is left
+//                behind in MPI's queues.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "relaxcc/dtype.h"
+#include "relaxcc/reduce_op.h"
+
+namespace relaxcc::mpi {
+
+enum class OpType : uint8_t {
+  allreduce = 1,
+  reduce_scatter = 2,
+  allgather = 3,
+  broadcast = 4,
+  alltoall = 5,
+  barrier = 6,
+  handshake = 7,
+};
+const char* op_type_name(OpType t) noexcept;
+
+inline constexpr uint32_t kHeaderMagic = 0x43435852;  // "RXCC"
+inline constexpr uint8_t kHeaderVersion = 1;
+
+struct OpHeader {
+  uint32_t magic = kHeaderMagic;
+  uint8_t version = kHeaderVersion;
+  OpType type = OpType::allreduce;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  uint8_t algo = 0;
+  uint8_t pad[3] = {0, 0, 0};
+  int32_t root = 0;
+  uint64_t seq = 0;
+  int64_t count = 0;
+  uint64_t layout = 0;          // hash of per-rank counts and segment size
+  int64_t to_peer = 0;          // elements this rank sends the peer
+  int64_t from_peer = 0;        // elements this rank expects from the peer
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(OpHeader) == 64);
+
+// Whether `mine` and `theirs` (received from the peer) describe the same call.
+// Symmetric: both ends of an edge reach the same verdict.
+bool same_call(const OpHeader& mine, const OpHeader& theirs) noexcept;
+// "allreduce #7 count=1024 dtype=f32 op=sum algo=1"
+std::string describe(const OpHeader& h);
+
+enum class AbortKind : int32_t { error = 0, mismatch = 1, poisoned = 2 };
+
+struct AbortRecord {
+  uint32_t magic = kHeaderMagic;
+  AbortKind kind = AbortKind::error;
+  int32_t origin = -1;  // the rank where the failure started
+  int32_t pad = 0;
+  int64_t sent = 0;     // data messages the sender posted to the receiver
+  char reason[232] = {};
+
+  void set_reason(const std::string& text) {
+    const size_t n = std::min(text.size(), sizeof(reason) - 1);
+    std::memcpy(reason, text.data(), n);
+    reason[n] = '\0';
+  }
+};
+static_assert(sizeof(AbortRecord) == 256);
+
+// Tags of the collective communicator: one set of channels per sequence
+// number, wrapping far beyond any number of operations in flight.
+enum class Channel : int { header = 0, abort = 1, data = 2 };
+inline int collective_tag(uint64_t seq, Channel channel, int max_tag) {
+  constexpr int kChannels = 3;
+  const uint64_t span = static_cast<uint64_t>((max_tag - 1) / kChannels);
+  return 1 + static_cast<int>((seq % span) * kChannels + static_cast<int>(channel));
+}
+
+}  // namespace relaxcc::mpi
