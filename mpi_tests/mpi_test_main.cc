@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 namespace {
 
 class AbortOnFailure : public testing::EmptyTestEventListener {
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
   listeners.Append(new AbortOnFailure(rank));
 
   int local = RUN_ALL_TESTS();
+  relaxcc::test::world_slot().reset();  // its engine frees MPI objects: before MPI_Finalize
   int global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

@@ -1,13 +1,22 @@
-// Helpers shared by relaxcc's MPI tests: world rank/size, and test data that
-// encodes the rank and the index of every element (as Gloo's assignValues).
+// Helpers shared by relaxcc's MPI tests: world rank/size, a communicator
+// over MPI_COMM_WORLD, and test data that encodes the rank and the index of
+// every element (as Gloo's assignValues), with the exact expected results.
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "relaxcc/dtype.h"
+#include "relaxcc/exec_context.h"
+#include "relaxcc/kernels/reduce.h"
+#include "relaxcc/mpi_communicator.h"
+#include "relaxcc/reduce_op.h"
+#include "relaxcc/tensor.h"
 
 namespace relaxcc::test {
 
@@ -22,8 +31,76 @@ inline int world_size() {
   return n;
 }
 
-// A small integer that encodes (rank, index): exact in every dtype, sums of
-// up to 4 ranks included (u8 sums wrap mod 256, as u8 arithmetic does).
-inline int64_t encode(int rank, int64_t index) { return (rank + 1) * 3 + (index % 11) * 5; }
+// One communicator over MPI_COMM_WORLD shared by the tests of a program;
+// the test main releases it before MPI_Finalize.
+inline CommunicatorPtr& world_slot() {
+  static CommunicatorPtr comm;
+  return comm;
+}
+inline CommunicatorPtr world() {
+  if (!world_slot()) world_slot() = create_mpi_communicator();
+  return world_slot();
+}
+
+// A small integer that encodes (rank, index): exact in every dtype, sums
+// over 4 ranks included (at most 4 * 17 = 68 < 256, exact in bf16 and u8).
+inline int64_t encode(int rank, int64_t index) { return (rank + 1) + (index % 7) * 2; }
+
+template <typename T>
+T from_i64(int64_t v) {
+  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <typename T>
+bool same_bits(T a, T b) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return a.bits == b.bits;
+  else return a == b;
+}
+
+template <typename T>
+double as_double(T v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return to_f32(v);
+  else return static_cast<double>(v);
+}
+
+// A typed host buffer viewed as a TensorView.
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  DType dtype = DType::f32;
+  int64_t numel = 0;
+  Buffer(DType t, int64_t n) : bytes(std::max<size_t>(1, n * dtype_size(t))), dtype(t), numel(n) {}
+  TensorView view() { return TensorView(bytes.data(), numel, dtype); }
+  template <typename T>
+  T* as() { return reinterpret_cast<T*>(bytes.data()); }
+};
+
+// element i = encode(rank, i + index_offset)
+inline void fill(Buffer& b, int rank, int64_t index_offset = 0) {
+  visit_dtype(b.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t i = 0; i < b.numel; ++i) b.as<T>()[i] = from_i64<T>(encode(rank, i + index_offset));
+  });
+}
+
+// The exact reduction over `ranks` of encode(r, index), with avg divided the
+// way the kernels do it.
+template <typename T>
+T expected_reduction(int64_t index, ReduceOp op, int ranks) {
+  int64_t sum = 0, lo = INT64_MAX, hi = INT64_MIN;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t v = encode(r, index);
+    sum += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  if (op == ReduceOp::min) return from_i64<T>(lo);
+  if (op == ReduceOp::max) return from_i64<T>(hi);
+  T out = from_i64<T>(sum);
+  if (op == ReduceOp::avg)
+    kernels::finish_average(TensorView(&out, 1, dtype_of<T>()), ranks, ExecContext::host());
+  return out;
+}
 
 }  // namespace relaxcc::test

@@ -34,7 +34,7 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
   RELAXCC_ENFORCE(size_ >= 2, InternalError, "ring needs 2 or more ranks");
   RELAXCC_ENFORCE_EQ(static_cast<int>(spec_.chunk_counts.size()), size_, InternalError, "ring chunks");
   // The ring keeps partial sums in the received wire buffer. Codecs that
-  // decode into a separate accumulator need an acc buffer per slot as well.
+  // decode into a separate accumulator need an accumulator buffer as well.
   RELAXCC_ENFORCE(codec_->in_place(), Unsupported, "ring with codec '", codec_->name(),
                   "': only in-place codecs are supported by this ring");
   const int64_t esize = static_cast<int64_t>(dtype_size(spec_.dtype));
@@ -66,24 +66,20 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
     right_ = add_peer(right_rank, 0, 0, n_out);
   }
   in_done_.assign(in_.size(), 0);
-  // Each slot holds one received reduce-scatter segment from its arrival
-  // until the send that forwards it completed: depth receives plus depth
-  // sends in flight, and one spare. Allocated on first use.
-  const int slots = 2 * std::max(1, spec_.pipeline_depth) + 1;
-  slots_.assign(slots, {});
-  for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
+  out_done_.assign(out_.size(), 0);
 }
 
 void RingOp::build_schedule() {
   const int n = size_, r = rank_;
   auto mod = [n](int x) { return ((x % n) + n) % n; };
   // Index of the first incoming message of each (phase, step).
-  std::vector<int64_t> in_start_rs(n, 0), in_start_ag(n, 0);
+  std::vector<int64_t> in_start_rs(n, 0), in_start_ag(n, 0), out_start_rs(n, 0);
   auto add_chunk = [&](std::vector<Msg>& list, bool reduce, int step, int chunk) {
     const int64_t count = spec_.chunk_counts[chunk];
-    for (int64_t off = 0; off < count; off += segment_elems_)
+    for (int64_t off = 0, seg = 0; off < count; off += segment_elems_, ++seg)
       list.push_back(Msg{reduce, step, chunk, chunk_offset_[chunk] + off,
-                         std::min(segment_elems_, count - off), -1, -1});
+                         std::min(segment_elems_, count - off), seg, -1, -1});
+    max_segments_ = std::max(max_segments_, (count + segment_elems_ - 1) / segment_elems_);
   };
   if (spec_.reduce_phase) {
     for (int s = 0; s < n - 1; ++s) {
@@ -100,10 +96,20 @@ void RingOp::build_schedule() {
   if (spec_.reduce_phase) {
     for (int s = 0; s < n - 1; ++s) {
       const size_t first = out_.size();
+      out_start_rs[s] = static_cast<int64_t>(first);
       add_chunk(out_, true, s, mod(r - s - 1));
       if (s > 0)
         for (size_t k = first; k < out_.size(); ++k) out_[k].dep = in_start_rs[s - 1] + static_cast<int64_t>(k - first);
     }
+    // Segment j of step s reuses the buffer half of step s-2, forwarded by
+    // the send of step s-1.
+    // (Segment j of step s-2 exists only if its chunk has that many segments.)
+    std::vector<int64_t> in_segments(n, 0);
+    for (const Msg& m : in_)
+      if (m.reduce) ++in_segments[m.step];
+    for (Msg& m : in_)
+      if (m.reduce && m.step >= 2 && m.seg < in_segments[m.step - 2])
+        m.reuse = out_start_rs[m.step - 1] + m.seg;
   }
   if (spec_.gather_phase) {
     for (int s = 0; s < n - 1; ++s) {
@@ -123,16 +129,9 @@ TensorView RingOp::view(const TensorView& base, int64_t offset, int64_t count) c
                     count, spec_.dtype, base.device);
 }
 
-TensorView RingOp::scratch_view(int slot, int64_t count) const {
-  return TensorView(const_cast<unsigned char*>(slots_[slot].data()), count, spec_.dtype);
-}
-
-int RingOp::take_slot() {
-  if (free_slots_.empty()) return -1;
-  const int s = free_slots_.back();
-  free_slots_.pop_back();
-  if (slots_[s].size() < wire_bytes_) slots_[s].resize(wire_bytes_);
-  return s;
+unsigned char* RingOp::wire_slot(const Msg& m) {
+  const int64_t half = m.step % 2;
+  return rs_buffer_.data() + (half * max_segments_ + m.seg) * static_cast<int64_t>(wire_bytes_);
 }
 
 void RingOp::run(Transport& t) {
@@ -143,10 +142,12 @@ void RingOp::run(Transport& t) {
     Msg& m = in_[next_in_];
     void* target;
     if (m.reduce) {
-      const int s = take_slot();
-      if (s < 0) break;
-      m.slot = s;
-      target = slots_[s].data();
+      if (m.reuse >= 0 && !out_done_[m.reuse]) break;
+      if (rs_buffer_.size() == 0) {
+        const int64_t halves = std::min(2, size_ - 1);
+        rs_buffer_ = t.scratch(static_cast<size_t>(halves * max_segments_) * wire_bytes_);
+      }
+      target = wire_slot(m);
     } else {
       target = view(spec_.gathered, m.offset, m.count).data;
     }
@@ -160,7 +161,7 @@ void RingOp::run(Transport& t) {
     const void* wire;
     if (m.reduce) {
       wire = m.dep < 0 ? codec_->encode(view(spec_.local, m.offset, m.count), nullptr, ctx_)
-                       : codec_->encode(scratch_view(in_[m.dep].slot, m.count), nullptr, ctx_);
+                       : codec_->encode(TensorView(wire_slot(in_[m.dep]), m.count, spec_.dtype), nullptr, ctx_);
     } else {
       wire = codec_->encode(view(spec_.gathered, m.offset, m.count), nullptr, ctx_);
     }
@@ -173,14 +174,13 @@ void RingOp::on_received(Transport& t, int, int64_t index) {
   Msg& m = in_[index];
   if (m.reduce) {
     const TensorView local = view(spec_.local, m.offset, m.count);
+    unsigned char* wire = wire_slot(m);
     if (m.step == size_ - 2) {  // chunk r is complete: combine straight into the result
       const TensorView dst = view(spec_.result, m.offset - chunk_offset_[rank_], m.count);
-      codec_->combine(slots_[m.slot].data(), local, spec_.op, dst, ctx_);
+      codec_->combine(wire, local, spec_.op, dst, ctx_);
       if (spec_.op == ReduceOp::avg) kernels::finish_average(dst, size_, ctx_);
-      free_slots_.push_back(m.slot);
-      m.slot = -1;
     } else {
-      codec_->combine(slots_[m.slot].data(), local, spec_.op, scratch_view(m.slot, m.count), ctx_);
+      codec_->combine(wire, local, spec_.op, TensorView(wire, m.count, spec_.dtype), ctx_);
     }
   } else {
     const TensorView dst = view(spec_.gathered, m.offset, m.count);
@@ -192,11 +192,7 @@ void RingOp::on_received(Transport& t, int, int64_t index) {
 }
 
 void RingOp::on_sent(Transport& t, int, int64_t index) {
-  const Msg& m = out_[index];
-  if (m.reduce && m.dep >= 0) {
-    free_slots_.push_back(in_[m.dep].slot);
-    in_[m.dep].slot = -1;
-  }
+  out_done_[index] = 1;
   ++completed_out_;
   run(t);
 }

@@ -9,6 +9,12 @@
 // moves as soon as the segment it depends on arrived, with up to
 // pipeline_depth segments in flight per direction (one while a
 // higher-priority operation is active).
+//
+// Reduce-scatter segments land in a double buffer of two chunks, by step
+// parity: segment j of step s may be received only once the send that
+// forwarded segment j of step s-2 (same half of the buffer) completed. This
+// bounds scratch memory to two chunks and cannot deadlock: every wait points
+// to an earlier step. Allgather receives straight into the output.
 #pragma once
 
 #include <memory>
@@ -50,8 +56,10 @@ class RingOp final : public EdgeOp {
     int chunk = 0;
     int64_t offset = 0;  // element offset in the full layout
     int64_t count = 0;
+    int64_t seg = 0;     // segment index within the chunk
     int64_t dep = -1;    // outgoing: the incoming message it forwards
-    int slot = -1;       // incoming reduce-scatter: the scratch slot it landed in
+    int64_t reuse = -1;  // incoming reduce-scatter: the outgoing message that must
+                         // complete before this one may land in its buffer half
   };
 
   void run(Transport& t) override;
@@ -60,9 +68,8 @@ class RingOp final : public EdgeOp {
   bool data_done() const override;
 
   void build_schedule();
-  int take_slot();
   TensorView view(const TensorView& base, int64_t offset, int64_t count) const;
-  TensorView scratch_view(int slot, int64_t count) const;
+  unsigned char* wire_slot(const Msg& m);
 
   RingSpec spec_;
   int rank_, size_;
@@ -73,10 +80,10 @@ class RingOp final : public EdgeOp {
   int64_t segment_elems_ = 1;
   size_t wire_bytes_ = 0;
   std::vector<Msg> in_, out_;
-  std::vector<char> in_done_;
+  std::vector<char> in_done_, out_done_;
   int64_t next_in_ = 0, processed_in_ = 0, next_out_ = 0, completed_out_ = 0;
-  std::vector<std::vector<unsigned char>> slots_;  // wire buffers (+ acc when not in place)
-  std::vector<int> free_slots_;
+  int64_t max_segments_ = 0;           // segments of the largest chunk
+  ScratchPool::Buffer rs_buffer_;      // the reduce-scatter double buffer
 };
 
 }  // namespace relaxcc::mpi

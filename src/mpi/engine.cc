@@ -94,11 +94,16 @@ int Transport::rank() const { return engine_.rank_; }
 int Transport::size() const { return engine_.size_; }
 const Tunables& Transport::tunables() const { return engine_.tunables_; }
 int Transport::max_tag() const { return engine_.max_tag_; }
+ScratchPool::Buffer Transport::scratch(size_t bytes) { return engine_.scratch_->acquire(bytes); }
 
 // ---- Engine ----------------------------------------------------------------
 
 Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables)
-    : coll_comm_(coll_comm), p2p_comm_(p2p_comm), tunables_(std::move(tunables)), transport_(*this) {
+    : coll_comm_(coll_comm),
+      p2p_comm_(p2p_comm),
+      tunables_(std::move(tunables)),
+      transport_(*this),
+      scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)) {
   MPI_Comm_rank(coll_comm_, &rank_);
   MPI_Comm_size(coll_comm_, &size_);
   int* ub = nullptr;
@@ -258,9 +263,11 @@ void Engine::retire_finished() {
     if (op->work_completed_ || !op->done()) continue;
     op->work_completed_ = true;
     trace(*op, "op");
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.operations;
+    }
     if (op->work_) op->work_->complete(op->error());
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.operations;
   }
   auto it = std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
     return op->work_completed_ && op->pending_ == 0;
@@ -392,7 +399,9 @@ void Engine::loop() {
       return !queue_.empty() || (poisoned_.load() && !poison_applied_);
     });
   }
-  if (num_pending_ == 0) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (num_pending_ == 0 && !finalized) {
     MPI_Comm_free(&coll_comm_);
     MPI_Comm_free(&p2p_comm_);
   }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "relaxcc/communicator.h"
+#include "scratch_pool.h"
 #include "relaxcc/tunables.h"
 
 namespace relaxcc::mpi {
@@ -67,6 +68,8 @@ class Transport {
   int size() const;
   const Tunables& tunables() const;
   int max_tag() const;
+  // Scratch memory reused across operations (not zeroed).
+  ScratchPool::Buffer scratch(size_t bytes);
 
  private:
   Engine& engine_;
@@ -174,6 +177,7 @@ class Engine {
   int size_ = 1;
   int max_tag_ = 32767;
   Transport transport_;
+  std::shared_ptr<ScratchPool> scratch_;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

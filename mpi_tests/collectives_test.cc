@@ -1,0 +1,263 @@
+// relaxcc's collectives over MPI: every collective x dtype x op x count,
+// checked exactly on data that encodes rank and index.
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "relaxcc/errors.h"
+#include "test_util.h"
+
+namespace relaxcc {
+namespace {
+
+using test::Buffer;
+using test::world;
+
+const int64_t kCounts[] = {0, 1, 1001, (1 << 19) + 3};
+
+template <typename Fn>
+void for_each_dtype(DType t, Fn&& fn) {
+  visit_dtype(t, [&](auto tag) { fn(tag); });
+}
+
+// Counts the elements of `b` that differ from want(i).
+template <typename T, typename Want>
+int64_t count_wrong(Buffer& b, Want want) {
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < b.numel; ++i) wrong += test::same_bits(b.as<T>()[i], want(i)) ? 0 : 1;
+  return wrong;
+}
+
+class AllreduceTest : public ::testing::TestWithParam<AllreduceAlgo> {};
+
+TEST_P(AllreduceTest, EveryDtypeOpAndCountIsExact) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (DType t : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      for (int64_t count : kCounts) {
+        Buffer b(t, count);
+        test::fill(b, r);
+        AllreduceOptions o;
+        o.op = op;
+        o.algo = GetParam();
+        comm->allreduce(b.view(), ExecContext::host(), o)->wait();
+        for_each_dtype(t, [&](auto tag) {
+          using T = decltype(tag);
+          const int64_t wrong =
+              count_wrong<T>(b, [&](int64_t i) { return test::expected_reduction<T>(i, op, n); });
+          ASSERT_EQ(wrong, 0) << "dtype " << t << " op " << op << " count " << count << " algo "
+                              << allreduce_algo_name(GetParam());
+        });
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Algos, AllreduceTest,
+                         ::testing::Values(AllreduceAlgo::ring, AllreduceAlgo::recursive_doubling,
+                                           AllreduceAlgo::automatic),
+                         [](const auto& p) { return std::string(allreduce_algo_name(p.param)); });
+
+TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (DType t : kAllDTypes) {
+    for (ReduceOp op : kAllReduceOps) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{777}, int64_t{1 << 17}}) {
+        Buffer in(t, count * n), out(t, count);
+        test::fill(in, r);
+        ReduceScatterOptions o;
+        o.op = op;
+        comm->reduce_scatter(in.view(), out.view(), ExecContext::host(), o)->wait();
+        for_each_dtype(t, [&](auto tag) {
+          using T = decltype(tag);
+          const int64_t wrong = count_wrong<T>(
+              out, [&](int64_t i) { return test::expected_reduction<T>(r * count + i, op, n); });
+          ASSERT_EQ(wrong, 0) << "dtype " << t << " op " << op << " count " << count;
+        });
+        // The input is left as it was.
+        for_each_dtype(t, [&](auto tag) {
+          using T = decltype(tag);
+          ASSERT_EQ(count_wrong<T>(in, [&](int64_t i) { return test::from_i64<T>(test::encode(r, i)); }), 0);
+        });
+      }
+    }
+  }
+}
+
+TEST(Allgather, EqualAndVariableCounts) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (DType t : kAllDTypes) {
+    for (int64_t count : kCounts) {
+      Buffer in(t, count), out(t, count * n);
+      test::fill(in, r, r * count);
+      comm->allgather(in.view(), out.view(), ExecContext::host())->wait();
+      for_each_dtype(t, [&](auto tag) {
+        using T = decltype(tag);
+        ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
+                    return test::from_i64<T>(test::encode(static_cast<int>(i / std::max<int64_t>(count, 1)), i));
+                  }), 0) << "dtype " << t << " count " << count;
+      });
+    }
+    // allgatherv: rank p contributes p * 1000 + 1 elements (rank 1 none when n > 2).
+    std::vector<int64_t> counts(n);
+    for (int p = 0; p < n; ++p) counts[p] = (n > 2 && p == 1) ? 0 : p * 1000 + 1;
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    std::vector<int64_t> offsets(n, 0);
+    for (int p = 1; p < n; ++p) offsets[p] = offsets[p - 1] + counts[p - 1];
+    Buffer in(t, counts[r]), out(t, total);
+    test::fill(in, r, offsets[r]);
+    comm->allgatherv(in.view(), out.view(), counts, ExecContext::host())->wait();
+    for_each_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
+                  const int owner = static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), i) - offsets.begin()) - 1;
+                  int p = owner;
+                  while (counts[p] == 0 || i >= offsets[p] + counts[p]) --p;
+                  return test::from_i64<T>(test::encode(p, i));
+                }), 0) << "allgatherv dtype " << t;
+    });
+  }
+}
+
+TEST(Broadcast, FromEveryRoot) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (DType t : {DType::f32, DType::bf16, DType::i64, DType::u8}) {
+    for (int64_t count : kCounts) {
+      for (int root = 0; root < n; ++root) {
+        Buffer b(t, count);
+        test::fill(b, r);
+        BroadcastOptions o;
+        o.root = root;
+        comm->broadcast(b.view(), ExecContext::host(), o)->wait();
+        for_each_dtype(t, [&](auto tag) {
+          using T = decltype(tag);
+          ASSERT_EQ(count_wrong<T>(b, [&](int64_t i) { return test::from_i64<T>(test::encode(root, i)); }), 0);
+        });
+      }
+    }
+  }
+}
+
+TEST(Alltoall, EqualAndVariableBlocks) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (DType t : {DType::f32, DType::f16, DType::i32, DType::u8}) {
+    const int64_t block = 333;
+    Buffer in(t, block * n), out(t, block * n);
+    test::fill(in, r);  // block p holds encode(r, p * block + j)
+    comm->alltoall(in.view(), out.view(), ExecContext::host())->wait();
+    for_each_dtype(t, [&](auto tag) {
+      using T = decltype(tag);
+      // Block p of the output came from rank p's block r.
+      ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
+                  return test::from_i64<T>(test::encode(static_cast<int>(i / block), r * block + i % block));
+                }), 0) << t;
+    });
+  }
+  // alltoallv: rank r sends (r + p + 1) elements to rank p.
+  std::vector<int64_t> send(n), recv(n);
+  for (int p = 0; p < n; ++p) {
+    send[p] = r + p + 1;
+    recv[p] = p + r + 1;
+  }
+  const int64_t s_total = std::accumulate(send.begin(), send.end(), int64_t{0});
+  const int64_t r_total = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+  Buffer in(DType::i64, s_total), out(DType::i64, r_total);
+  int64_t k = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < send[p]; ++j) in.as<int64_t>()[k++] = r * 1000000 + p * 1000 + j;
+  comm->alltoallv(in.view(), send, out.view(), recv, ExecContext::host())->wait();
+  k = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < recv[p]; ++j) ASSERT_EQ(out.as<int64_t>()[k++], p * 1000000 + r * 1000 + j);
+}
+
+TEST(PointToPoint, RingExchangeInOneBatch) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  for (int64_t count : kCounts) {
+    Buffer out(DType::i32, count), in(DType::i32, count);
+    test::fill(out, r);
+    comm->point_to_point({P2POp::send(right, out.view(), 5), P2POp::recv(left, in.view(), 5)},
+                         ExecContext::host())
+        ->wait();
+    ASSERT_EQ(count_wrong<int32_t>(in, [&](int64_t i) { return static_cast<int32_t>(test::encode(left, i)); }), 0);
+  }
+}
+
+TEST(Barrier, Completes) {
+  auto comm = world();
+  for (int i = 0; i < 5; ++i) comm->barrier()->wait();
+}
+
+TEST(Async, LargeAllreduceReturnsBeforeItCompletes) {
+  auto comm = world();
+  if (comm->size() == 1) GTEST_SKIP() << "a single rank completes at once";
+  Buffer b(DType::f32, int64_t{16} << 20);  // 64 MiB
+  test::fill(b, comm->rank());
+  const auto t0 = std::chrono::steady_clock::now();
+  WorkPtr work = comm->allreduce(b.view(), ExecContext::host());
+  const auto t_call = std::chrono::steady_clock::now() - t0;
+  const bool completed_at_return = work->is_completed();
+  work->wait();
+  const auto t_all = std::chrono::steady_clock::now() - t0;
+  EXPECT_FALSE(completed_at_return);
+  EXPECT_LT(t_call * 10, t_all) << "the call took a tenth of the whole operation or more";
+  EXPECT_EQ(work->exception(), nullptr);
+  EXPECT_NE(work->description().find("allreduce #"), std::string::npos) << work->description();
+}
+
+TEST(Async, ConcurrentPrioritiesCompleteCorrectly) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  Buffer big(DType::f32, int64_t{4} << 20);
+  test::fill(big, r);
+  AllreduceOptions low;
+  low.priority = -1;
+  WorkPtr big_work = comm->allreduce(big.view(), ExecContext::host(), low);
+  std::vector<Buffer> small;
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 8; ++k) {
+    small.emplace_back(DType::i64, 50000 + k);
+    test::fill(small.back(), r, k);
+  }
+  AllreduceOptions high;
+  high.priority = 10;
+  for (auto& s : small) works.push_back(comm->allreduce(s.view(), ExecContext::host(), high));
+  for (auto& w : works) w->wait();
+  big_work->wait();
+  for (int k = 0; k < 8; ++k)
+    ASSERT_EQ(count_wrong<int64_t>(small[k], [&](int64_t i) {
+                return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n);
+              }), 0);
+  ASSERT_EQ(count_wrong<float>(big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }), 0);
+}
+
+TEST(Stats, CountBytesPerPeer) {
+  auto comm = world();
+  if (comm->size() == 1) GTEST_SKIP() << "no peers";
+  const CommStats before = comm->stats();
+  Buffer b(DType::f32, 1 << 16);
+  AllreduceOptions o;
+  o.algo = AllreduceAlgo::ring;
+  comm->allreduce(b.view(), ExecContext::host(), o)->wait();
+  const CommStats after = comm->stats();
+  const int right = (comm->rank() + 1) % comm->size();
+  // The ring sends 2(n-1)/n of the data to the right neighbour, plus headers.
+  const uint64_t data = 2ull * (comm->size() - 1) * (b.view().nbytes() / comm->size());
+  EXPECT_GE(after.sent_to[right] - before.sent_to[right], data);
+  EXPECT_LT(after.sent_to[right] - before.sent_to[right], data + 4096);
+  EXPECT_GT(after.operations, before.operations);
+}
+
+}  // namespace
+}  // namespace relaxcc
