@@ -1,4 +1,6 @@
 # relaxcc_add_mpi_test(<target> SOURCES ... RANKS 1 2 3 4 [TIMEOUT s] [LIBS ...] [ENV ...])
+# relaxcc_add_mpi_test(<target> REUSE SUFFIX <s> RANKS ... ENV ...)
+#   registers more entries "<target>.<s>.np<N>" for a program built already.
 #
 # Builds one GoogleTest program with the MPI-aware main and registers one CTest
 # entry per rank count, "<target>.np<N>", run as
@@ -6,15 +8,21 @@
 # Each entry reserves N processors; entries with 4 or more ranks run serially.
 # The gtest cases run inside one mpiexec: they are not discovered one by one.
 function(relaxcc_add_mpi_test target)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;RANKS;LIBS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "REUSE" "TIMEOUT;SUFFIX" "SOURCES;RANKS;LIBS;ENV" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
-  add_executable(${target} ${ARG_SOURCES})
-  relaxcc_target_defaults(${target})
-  target_link_libraries(${target} PRIVATE relaxcc_mpi_test_main ${ARG_LIBS})
+  if(NOT ARG_REUSE)
+    add_executable(${target} ${ARG_SOURCES})
+    relaxcc_target_defaults(${target})
+    target_link_libraries(${target} PRIVATE relaxcc_mpi_test_main ${ARG_LIBS})
+  endif()
+  set(prefix ${target})
+  if(ARG_SUFFIX)
+    set(prefix ${target}.${ARG_SUFFIX})
+  endif()
   foreach(n IN LISTS ARG_RANKS)
-    set(name ${target}.np${n})
+    set(name ${prefix}.np${n})
     add_test(NAME ${name}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
                      --bind-to none $<TARGET_FILE:${target}>)

@@ -9,3 +9,7 @@ function(relaxcc_target_defaults target)
     $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 endfunction()
+
+# Installed libraries find their siblings, and programs find the libraries,
+# without LD_LIBRARY_PATH.
+set(CMAKE_INSTALL_RPATH "$ORIGIN;$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")

@@ -9,7 +9,7 @@ namespace relaxcc::mpi {
 
 P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label)
     : Operation("point_to_point", priority), ops_(std::move(ops)), headers_(ops_.size()),
-      label_(std::move(label)), header_ok_(ops_.size(), 0) {}
+      label_(std::move(label)), drain_(ops_.size()) {}
 
 void P2PBatchOp::start(Transport& t) {
   started_ = true;
@@ -20,15 +20,15 @@ void P2PBatchOp::start(Transport& t) {
       headers_[i] = Wire{kHeaderMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel};
       t.isend(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
       t.isend(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+      outstanding_ += 2;
     } else {
       t.irecv(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
-      t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+      outstanding_ += 1;
     }
-    outstanding_ += 2;
   }
 }
 
-void P2PBatchOp::on_complete(Transport&, int64_t slot, const MPI_Status& status, int error) {
+void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) {
   --outstanding_;
   const auto i = static_cast<size_t>(slot / 2);
   const bool is_header = slot % 2 == 0;
@@ -40,25 +40,30 @@ void P2PBatchOp::on_complete(Transport&, int64_t slot, const MPI_Status& status,
       "point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
       op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ", op.peer, " (tag ",
       op.tag, ")");
-  int error_class = MPI_SUCCESS;
-  if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
-  if (op.kind == P2POp::Kind::recv && is_header && error == MPI_SUCCESS) {
+  if (op.kind == P2POp::Kind::recv && is_header && error == MPI_SUCCESS && !aborted_) {
     const Wire& h = headers_[i];
-    if (h.magic != kHeaderMagic || h.dtype >= kNumDTypes)
+    const auto index = static_cast<int64_t>(i);
+    if (h.magic != kHeaderMagic || h.dtype >= kNumDTypes || h.count < 0) {
+      // The data message's size is unknown: leave it; report the corruption.
       set_error(std::make_exception_ptr(CorruptPayload(where + ": corrupt message header", __FILE__, __LINE__)));
-    else if (static_cast<DType>(h.dtype) != op.tensor.dtype || h.count != op.tensor.numel)
+      return;
+    }
+    const auto dtype = static_cast<DType>(h.dtype);
+    if (dtype == op.tensor.dtype && h.count == op.tensor.numel) {
+      t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+    } else {
       set_error(std::make_exception_ptr(PeerMismatch(
           detail::concat(where, ": expected ", op.tensor.numel, " elements of ", op.tensor.dtype,
-                         ", the sender sent ", h.count, " elements of ", static_cast<DType>(h.dtype)),
+                         ", the sender sent ", h.count, " elements of ", dtype),
           __FILE__, __LINE__)));
+      const size_t bytes = static_cast<size_t>(h.count) * dtype_size(dtype);
+      drain_[i] = t.scratch(bytes);
+      t.irecv(*this, index * 2 + 1, drain_[i].data(), bytes, op.peer, 2 * op.tag + 1, false);
+    }
+    ++outstanding_;
     return;
   }
-  if (error_class == MPI_ERR_TRUNCATE) {
-    set_error(std::make_exception_ptr(PeerMismatch(
-        detail::concat(where, ": the message is larger than the ", op.tensor.nbytes(),
-                       "-byte buffer (nothing was written past its end)"),
-        __FILE__, __LINE__)));
-  } else if (error != MPI_SUCCESS) {
+  if (error != MPI_SUCCESS) {
     set_error(std::make_exception_ptr(
         CommunicationError(detail::concat(where, ": ", mpi_error_string(error)), __FILE__, __LINE__)));
   }

@@ -1,6 +1,9 @@
 // A batch of sends and receives completed as one Work. Each send posts a
-// small header (dtype, count) and then the data; each receive checks the
-// header against what it expects. Tags: header 2*tag, data 2*tag+1 on the
+// small header (dtype, count) and then the data. Each receive takes the
+// header first and only then posts the data receive: into the caller's
+// tensor when dtype and count match, otherwise into scratch of the sender's
+// size (then PeerMismatch), so the tensor is never written past its end and
+// no message is left unmatched. Tags: header 2*tag, data 2*tag+1 on the
 // point-to-point communicator.
 #pragma once
 
@@ -18,6 +21,7 @@ class P2PBatchOp final : public Operation {
   void start(Transport& t) override;
   void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
   void abort(Transport& t, std::exception_ptr error) override;
+  bool collective() const override { return false; }
   bool done() const override { return started_ && (outstanding_ == 0 || aborted_); }
   std::string waiting_for() const override;
 
@@ -34,7 +38,7 @@ class P2PBatchOp final : public Operation {
   bool started_ = false;
   int outstanding_ = 0;
   bool aborted_ = false;
-  std::vector<char> header_ok_;
+  std::vector<ScratchPool::Buffer> drain_;
 };
 
 }  // namespace relaxcc::mpi

@@ -58,7 +58,17 @@ void RecursiveDoublingOp::start(Transport& t) {
   post_step(t);
 }
 
-void RecursiveDoublingOp::progress(Transport&) {}
+void RecursiveDoublingOp::progress(Transport& t) {
+  if (!probing_ || done_) return;
+  const Step& s = steps_[step_];
+  MPI_Message message;
+  size_t bytes = 0;
+  if (!t.improbe(s.peer, collective_tag(header_.seq, Channel::data, t.max_tag()), &message, &bytes)) return;
+  probing_ = false;
+  received_bytes_ = bytes;
+  if (recv_buf_.size() < bytes) recv_buf_.resize(bytes);
+  t.imrecv(*this, 1, recv_buf_.data(), bytes, &message, s.peer);
+}
 
 void RecursiveDoublingOp::post_step(Transport& t) {
   // The last round leaves the final result: divide once, before handing it on.
@@ -69,7 +79,7 @@ void RecursiveDoublingOp::post_step(Transport& t) {
   outstanding_ = 0;
   recv_ok_ = false;
   if (s.recv) {
-    t.irecv(*this, 1, recv_buf_.data(), recv_buf_.size(), s.peer, tag);
+    probing_ = true;  // progress() receives the message once it is there
     ++outstanding_;
   }
   if (s.send) {
@@ -106,22 +116,13 @@ void RecursiveDoublingOp::on_complete(Transport& t, int64_t slot, const MPI_Stat
   if (slot == 1 && !cancelled) {
     const std::string where = detail::concat("allreduce #", header_.seq,
                                              label_.empty() ? "" : " of '" + label_ + "'");
-    int got = 0;
-    MPI_Get_count(&status, MPI_BYTE, &got);
-    int error_class = MPI_SUCCESS;
-    if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
-    if (error_class == MPI_ERR_TRUNCATE) {
-      const std::string what = detail::concat(where, ": ranks disagree: rank ", s.peer,
-                                              " sent more than this rank's ", data_.numel, " elements of ",
-                                              data_.dtype, " (message truncated)");
-      record_failure(std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what,
-                     AbortKind::mismatch, rank_);
-    } else if (error != MPI_SUCCESS) {
+    const size_t got = received_bytes_;
+    if (error != MPI_SUCCESS) {
       const std::string what = detail::concat(where, ": transport error with rank ", s.peer, ": ",
                                               mpi_error_string(error));
       record_failure(std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__)), what,
                      AbortKind::error, rank_);
-    } else if (static_cast<size_t>(got) < sizeof(Prefix)) {
+    } else if (got < sizeof(Prefix)) {
       const std::string what = detail::concat(where, ": short message from rank ", s.peer);
       record_failure(std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what,
                      AbortKind::mismatch, rank_);
@@ -136,8 +137,7 @@ void RecursiveDoublingOp::on_complete(Transport& t, int64_t slot, const MPI_Stat
                        ? std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__))
                        : std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__));
         record_failure(err, prefix.abort.reason, prefix.abort.kind, prefix.abort.origin);
-      } else if (!same_call(header_, prefix.header) ||
-                 static_cast<size_t>(got) != message_bytes()) {
+      } else if (!same_call(header_, prefix.header) || got != message_bytes()) {
         const std::string what = detail::concat(where, ": ranks disagree: rank ", rank_, " calls ",
                                                 describe(header_), ", rank ", s.peer, " calls ",
                                                 describe(prefix.header));
@@ -199,6 +199,7 @@ void RecursiveDoublingOp::abort(Transport& t, std::exception_ptr error) {
   record_failure(error, reason, poisoned ? AbortKind::poisoned : AbortKind::error, rank_);
   if (poisoned) {
     t.cancel_receives(*this, 1);
+    probing_ = false;
     done_ = true;
   }
 }

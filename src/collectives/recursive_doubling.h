@@ -7,7 +7,9 @@
 // lower rank first, so every rank computes bitwise identical results.
 //
 // Every message carries the sender's OpHeader (and an AbortRecord), so no
-// separate header exchange costs a round trip. Each edge carries exactly one
+// separate header exchange costs a round trip. Receives are sized from a
+// matched probe (MPI_Improbe), so a peer that sends more than expected is
+// reported, never written past the buffer. Each edge carries exactly one
 // message per direction; a rank that failed still runs the schedule, sending
 // abort headers instead of data, so no rank waits forever and no message is
 // left unmatched.
@@ -27,7 +29,7 @@ class RecursiveDoublingOp final : public Operation {
                       ReduceOp op, int rank, int size, const ExecContext& ctx, int algo_id);
 
   void start(Transport& t) override;
-  void progress(Transport& t) override;
+  void progress(Transport& t) override;  // probes for the step's message
   void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
   void abort(Transport& t, std::exception_ptr error) override;
   bool done() const override { return done_; }
@@ -61,7 +63,9 @@ class RecursiveDoublingOp final : public Operation {
   std::vector<Step> steps_;
   size_t step_ = 0;
   bool posted_ = false;
+  bool probing_ = false;
   int outstanding_ = 0;
+  size_t received_bytes_ = 0;
   bool recv_ok_ = false;
   bool done_ = false;
   bool failed_ = false;

@@ -59,6 +59,26 @@ void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int 
   engine_.add_request(op, slot, req, bytes, peer, false, true);
 }
 
+bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes) {
+  require_engine_thread(engine_);
+  int flag = 0;
+  MPI_Status status;
+  check_mpi(MPI_Improbe(peer, tag, engine_.coll_comm_, &flag, message, &status), "MPI_Improbe");
+  if (!flag) return false;
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  *bytes = static_cast<size_t>(count);
+  return true;
+}
+
+void Transport::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message,
+                       int peer) {
+  require_engine_thread(engine_);
+  MPI_Request req;
+  check_mpi(MPI_Imrecv(buf, byte_count(bytes), MPI_BYTE, message, &req), "MPI_Imrecv");
+  engine_.add_request(op, slot, req, bytes, peer, false, true);
+}
+
 void Transport::track(Operation& op, int64_t slot, MPI_Request request) {
   require_engine_thread(engine_);
   engine_.add_request(op, slot, request, 0, -1, false, false);
@@ -139,7 +159,7 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
       RELAXCC_THROW(CommunicatorPoisoned, op->name(), ": the communicator is poisoned (",
                     poison_reason_, ") and accepts no more operations");
     RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(), ": the communicator is shutting down");
-    op->seq_ = next_seq_++;
+    op->seq_ = op->collective() ? next_seq_++ : next_p2p_seq_++;
     work = std::make_shared<EngineWork>(
         detail::concat(op->name(), " #", op->seq_, " (tag ", collective_tag(op->seq_, Channel::header, max_tag_),
                        ", ", details, ")"),
@@ -343,8 +363,14 @@ void Engine::loop() {
         poison_applied_ = true;
         apply_poison = true;
       }
-      if (stop_ && shutdown_deadline == Clock::time_point{})
-        shutdown_deadline = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000));
+      if (stop_ && shutdown_deadline == Clock::time_point{}) {
+        // Operations still running get time to finish; requests parked by a
+        // poisoning (their operations already done) only a short grace.
+        const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) { return !op->done(); });
+        shutdown_deadline = Clock::now() + (running && !poisoned_.load()
+                                                ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
+                                                : std::chrono::milliseconds(200));
+      }
     }
     if (apply_poison) abort_all(poison_reason_, true);
     for (auto& op : incoming) {
@@ -409,7 +435,7 @@ void Engine::loop() {
 
 void Engine::drain_on_shutdown() {
   abort_all("the communicator was destroyed with operations in flight", false);
-  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
   while (num_pending_ > 0 && Clock::now() < deadline) {
     bool progressed = false;
     test_requests(progressed);

@@ -48,6 +48,12 @@ class Transport {
              bool coll = true);
   void irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
              bool coll = true);
+  // Matched probe on the collective communicator: when a message from `peer`
+  // with `tag` is waiting, returns true with its handle and size, so the
+  // receive can be sized to the message and nothing is ever truncated.
+  bool improbe(int peer, int tag, MPI_Message* message, size_t* bytes);
+  // Receives a probed message into `buf` (at least `bytes` long).
+  void imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message, int peer);
   // Tracks a request the operation started itself (a non-blocking collective).
   void track(Operation& op, int64_t slot, MPI_Request request);
   // Cancels every pending receive of `op` posted with `slot`.
@@ -92,6 +98,10 @@ class Operation {
   virtual void abort(Transport& t, std::exception_ptr error) = 0;
   // The operation finished its protocol (pending requests aside).
   virtual bool done() const = 0;
+  // Collective operations take the communicator's next sequence number
+  // (their tags derive from it), so every rank numbers them alike.
+  // Point-to-point operations involve only some ranks and count separately.
+  virtual bool collective() const { return true; }
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
@@ -184,6 +194,7 @@ class Engine {
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
   uint64_t next_seq_ = 1;
+  uint64_t next_p2p_seq_ = 1;
   std::atomic<bool> poisoned_{false};
   std::string poison_reason_;
   bool poison_applied_ = false;

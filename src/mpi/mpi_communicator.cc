@@ -59,8 +59,15 @@ void timed_barrier(MPI_Comm comm, std::chrono::milliseconds timeout, const char*
 
 void check_host(const TensorView& t, const ExecContext& ctx, const char* what) {
   t.check_valid(what);
+  RELAXCC_ENFORCE(static_cast<int>(t.dtype) < kNumDTypes, InvalidArgument, what, ": unknown dtype ",
+                  static_cast<int>(t.dtype));
   RELAXCC_ENFORCE(t.device.is_host() && ctx.device.is_host(), Unsupported, what, " on ", t.device,
                   ": the MPI communicator moves host memory (device tensors go through NCCL)");
+}
+
+void check_op(ReduceOp op, const char* what) {
+  RELAXCC_ENFORCE(static_cast<int>(op) <= static_cast<int>(ReduceOp::max), InvalidArgument, what,
+                  ": unknown reduce op ", static_cast<int>(op));
 }
 
 std::vector<int64_t> balanced_chunks(int64_t numel, int n) {
@@ -130,6 +137,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr allreduce(const TensorView& data, const ExecContext& ctx,
                     const AllreduceOptions& options) override {
     check_host(data, ctx, "allreduce tensor");
+    check_op(options.op, "allreduce");
     const int n = size();
     AllreduceAlgo algo = options.algo;
     if (algo == AllreduceAlgo::automatic) algo = selection_.pick(static_cast<int64_t>(data.nbytes()));
@@ -153,6 +161,7 @@ class MpiCommunicator final : public Communicator {
                          const ReduceScatterOptions& options) override {
     check_host(input, ctx, "reduce_scatter input");
     check_host(output, ctx, "reduce_scatter output");
+    check_op(options.op, "reduce_scatter");
     const int n = size();
     RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument, "reduce_scatter: input and output dtypes");
     RELAXCC_ENFORCE_EQ(input.numel, output.numel * n, InvalidArgument,
