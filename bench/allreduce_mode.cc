@@ -40,7 +40,7 @@ struct AllreduceArgs {
 using Impl = NamedAllreduce;
 
 Impl make_impl(const std::string& name, const AllreduceArgs& args, BenchWorld& world) {
-  if (name == "mpi") return {"mpi", "MPI_Allreduce", mpi_allreduce_fn(world)};
+  if (name == "mpi") return {"mpi", [](int64_t) { return std::string("MPI_Allreduce"); }, mpi_allreduce_fn(world)};
   return make_relaxcc_allreduce(name, args.algo, world);
 }
 
@@ -98,14 +98,14 @@ void run_allreduce(const AllreduceArgs& args) {
       std::snprintf(line, sizeof line, "%12lld %12lld %6s %6s %10s %20s %12.1f %10.3f %10.3f %8lld",
                     static_cast<long long>(count * esize), static_cast<long long>(count),
                     std::string(dtype_name(dtype)).c_str(), std::string(reduce_op_name(op)).c_str(),
-                    impl.name.c_str(), impl.algo.c_str(), time_us, algbw, busbw,
+                    impl.name.c_str(), impl.algo(count * static_cast<int64_t>(esize)).c_str(), time_us, algbw, busbw,
                     static_cast<long long>(wrong));
       report.print(line);
       report.add(Row()
                      .set("mode", "allreduce")
                      .set("op", std::string(reduce_op_name(op)))
                      .set("impl", impl.name)
-                     .set("algo", impl.algo)
+                     .set("algo", impl.algo(count * static_cast<int64_t>(esize)))
                      .set("dtype", std::string(dtype_name(dtype)))
                      .set("ranks", world.size)
                      .set("bytes", count * static_cast<int64_t>(esize))

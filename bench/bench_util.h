@@ -49,7 +49,7 @@ AllreduceFn mpi_allreduce_fn(BenchWorld& world);
 
 struct NamedAllreduce {
   std::string name;
-  std::string algo;
+  std::function<std::string(int64_t bytes)> algo;  // the algorithm used at a size
   AllreduceFn run;
 };
 // relaxcc's allreduce on a communicator over MPI_COMM_WORLD, with `algo`

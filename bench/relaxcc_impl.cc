@@ -17,10 +17,11 @@ NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string
   world.keep_alive.push_back(comm);
   AllreduceOptions ar;
   ar.algo = parse_allreduce_algo(algo);
-  const std::string shown =
-      ar.algo == AllreduceAlgo::automatic ? "auto:" + world.tunables.allreduce_algo
-                                          : std::string(allreduce_algo_name(ar.algo));
-  return {"relaxcc", shown, [comm, ar](const TensorView& data, ReduceOp op) {
+  const auto table = AllreduceSelection::parse(world.tunables.allreduce_algo);
+  auto algo_at = [ar, table](int64_t bytes) {
+    return std::string(allreduce_algo_name(ar.algo == AllreduceAlgo::automatic ? table.pick(bytes) : ar.algo));
+  };
+  return {"relaxcc", algo_at, [comm, ar](const TensorView& data, ReduceOp op) {
             AllreduceOptions o = ar;
             o.op = op;
             comm->allreduce(data, ExecContext::host(), o)->wait();

@@ -188,7 +188,7 @@ TEST(Errors, HierarchyLocationAndRank) {
 
 TEST(Tunables, DefaultsEnvironmentAndHash) {
   const Tunables defaults;
-  EXPECT_EQ(defaults.segment_bytes, 262144);
+  EXPECT_EQ(defaults.segment_bytes, 1 << 20);
   EXPECT_EQ(defaults.stall_warning_ms, 60000);
   const auto infos = defaults.describe();
   ASSERT_FALSE(infos.empty());
@@ -198,10 +198,10 @@ TEST(Tunables, DefaultsEnvironmentAndHash) {
     EXPECT_EQ(info.value, info.default_value) << info.env_name;
   }
 
-  ::setenv("RELAXCC_SEGMENT_BYTES", "1M", 1);
+  ::setenv("RELAXCC_SEGMENT_BYTES", "256K", 1);
   ::setenv("RELAXCC_TIMEOUT_MS", "1500", 1);
   const Tunables t = Tunables::from_env();
-  EXPECT_EQ(t.segment_bytes, 1 << 20);
+  EXPECT_EQ(t.segment_bytes, 256 << 10);
   EXPECT_EQ(t.timeout_ms, 1500);
   // Agree-scoped values enter the hash; Local ones do not.
   EXPECT_NE(t.agreement_hash(), defaults.agreement_hash());

@@ -137,6 +137,23 @@ unsigned char* RingOp::wire_slot(const Msg& m) {
 void RingOp::run(Transport& t) {
   const int64_t depth = t.throttled(*this) ? 1 : std::max(1, spec_.pipeline_depth);
   if (!edge_live(left_) || !edge_live(right_)) return;
+  // Sends first: posting one only announces it, while posting a receive for
+  // a message that already arrived copies it on the spot (shared-memory
+  // single copy), which would hold back this rank's own sends. Both in
+  // schedule order; a send waits for the segment it forwards.
+  while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < depth) {
+    const Msg& m = out_[next_out_];
+    if (m.dep >= 0 && !in_done_[m.dep]) break;
+    const void* wire;
+    if (m.reduce) {
+      wire = m.dep < 0 ? codec_->encode(view(spec_.local, m.offset, m.count), nullptr, ctx_)
+                       : codec_->encode(TensorView(wire_slot(in_[m.dep]), m.count, spec_.dtype), nullptr, ctx_);
+    } else {
+      wire = codec_->encode(view(spec_.gathered, m.offset, m.count), nullptr, ctx_);
+    }
+    send_data(t, right_, next_out_, wire, codec_->wire_bytes(m.count, spec_.dtype));
+    ++next_out_;
+  }
   // Receives, in schedule order.
   while (next_in_ < static_cast<int64_t>(in_.size()) && next_in_ - processed_in_ < depth) {
     Msg& m = in_[next_in_];
@@ -153,20 +170,6 @@ void RingOp::run(Transport& t) {
     }
     recv_data(t, left_, next_in_, target, codec_->wire_bytes(m.count, spec_.dtype));
     ++next_in_;
-  }
-  // Sends, in schedule order, each once the segment it forwards arrived.
-  while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < depth) {
-    const Msg& m = out_[next_out_];
-    if (m.dep >= 0 && !in_done_[m.dep]) break;
-    const void* wire;
-    if (m.reduce) {
-      wire = m.dep < 0 ? codec_->encode(view(spec_.local, m.offset, m.count), nullptr, ctx_)
-                       : codec_->encode(TensorView(wire_slot(in_[m.dep]), m.count, spec_.dtype), nullptr, ctx_);
-    } else {
-      wire = codec_->encode(view(spec_.gathered, m.offset, m.count), nullptr, ctx_);
-    }
-    send_data(t, right_, next_out_, wire, codec_->wire_bytes(m.count, spec_.dtype));
-    ++next_out_;
   }
 }
 

@@ -39,7 +39,7 @@ struct RingSpec {
   TensorView result;
   // The full chunk layout that allgather fills (gather_phase).
   TensorView gathered;
-  int64_t segment_bytes = 262144;
+  int64_t segment_bytes = 1 << 20;
   int pipeline_depth = 4;
   int algo_id = 1;
 };

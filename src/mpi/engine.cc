@@ -2,6 +2,7 @@
 
 #include "op_header.h"
 
+#include <sched.h>
 #include <sys/prctl.h>
 
 #include <algorithm>
@@ -118,10 +119,11 @@ ScratchPool::Buffer Transport::scratch(size_t bytes) { return engine_.scratch_->
 
 // ---- Engine ----------------------------------------------------------------
 
-Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables)
+Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Backoff backoff)
     : coll_comm_(coll_comm),
       p2p_comm_(p2p_comm),
       tunables_(std::move(tunables)),
+      backoff_(backoff),
       transport_(*this),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)) {
   MPI_Comm_rank(coll_comm_, &rank_);
@@ -160,6 +162,7 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
                     poison_reason_, ") and accepts no more operations");
     RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(), ": the communicator is shutting down");
     op->seq_ = op->collective() ? next_seq_++ : next_p2p_seq_++;
+    op->submitted_ = Clock::now();
     work = std::make_shared<EngineWork>(
         detail::concat(op->name(), " #", op->seq_, " (tag ", collective_tag(op->seq_, Channel::header, max_tag_),
                        ", ", details, ")"),
@@ -301,7 +304,8 @@ void Engine::trace(const Operation& op, const char* cat) {
   trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << op.name() << "\",\"cat\":\"" << cat
          << "\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":0,\"ts\":" << micros(op.started_)
          << ",\"dur\":" << micros(now) - micros(op.started_) << ",\"args\":{\"seq\":" << op.seq()
-         << ",\"priority\":" << op.priority() << ",\"ok\":" << (op.error() ? "false" : "true") << "}}";
+         << ",\"priority\":" << op.priority() << ",\"queued_us\":" << micros(op.started_) - micros(op.submitted_)
+         << ",\"ok\":" << (op.error() ? "false" : "true") << "}}";
   trace_first_ = false;
 }
 
@@ -419,11 +423,21 @@ void Engine::loop() {
       continue;
     }
     if (now - last_progress < spin) continue;
+    if (backoff_ == Backoff::yield) {
+      sched_yield();
+      continue;
+    }
     sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
       return !queue_.empty() || (poisoned_.load() && !poison_applied_);
     });
+    if (trace_.is_open()) {
+      trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"sleep\",\"cat\":\"engine\",\"ph\":\"X\",\"pid\":"
+             << rank_ << ",\"tid\":3,\"ts\":" << micros(now) << ",\"dur\":" << micros(Clock::now()) - micros(now)
+             << ",\"args\":{\"requested_us\":" << sleep_us << "}}";
+      trace_first_ = false;
+    }
   }
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -5,9 +5,14 @@
 // lets them post requests (in priority order, so that a large low-priority
 // operation yields the network to a high-priority one), tests every pending
 // request with MPI_Testsome, and hands completions back to their operation.
-// When nothing is pending the thread sleeps on a condition variable; while
-// requests are pending it spins for tunables.spin_us, then backs off with
-// sleeps up to tunables.max_sleep_us.
+// When nothing is pending the thread sleeps on a condition variable. While
+// requests are pending it polls for tunables.spin_us, then backs off:
+//   sleep  sleeps of 4 us doubling to tunables.max_sleep_us. For ranks that
+//          share cores: a polling thread would starve the others.
+//   yield  keeps polling with sched_yield() between polls: no sleep latency,
+//          and any other runnable thread on the core goes first. For ranks
+//          with a core each; MPI only moves data (TCP, shared-memory copies)
+//          while someone polls, so sleeping mid-transfer stalls the link.
 #pragma once
 
 #include <mpi.h>
@@ -128,6 +133,7 @@ class Operation {
   uint64_t seq_ = 0;
   int pending_ = 0;
   std::exception_ptr error_;
+  Clock::time_point submitted_;
   Clock::time_point started_;
   bool stall_reported_ = false;
   bool work_completed_ = false;
@@ -136,8 +142,9 @@ class Operation {
 
 class Engine {
  public:
+  enum class Backoff { sleep, yield };
   // Takes ownership of both communicators (freed on destruction).
-  Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables);
+  Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Backoff backoff);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -183,6 +190,7 @@ class Engine {
   MPI_Comm coll_comm_;
   MPI_Comm p2p_comm_;
   Tunables tunables_;
+  Backoff backoff_;
   int rank_ = 0;
   int size_ = 1;
   int max_tag_ = 32767;

@@ -84,9 +84,10 @@ uint64_t handshake_hash(const Tunables& t) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables)
+  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Backoff backoff)
       : selection_(AllreduceSelection::parse(tunables.allreduce_algo)),
-        engine_(std::make_unique<Engine>(coll, p2p, std::move(tunables))) {}
+        backoff_(backoff),
+        engine_(std::make_unique<Engine>(coll, p2p, std::move(tunables), backoff)) {}
 
   int rank() const override { return engine_->rank(); }
   int size() const override { return engine_->size(); }
@@ -363,12 +364,31 @@ class MpiCommunicator final : public Communicator {
                            });
     work->wait(options.timeout);
     if (result->coll == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables());
+    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(), backoff_);
   }
 
   AllreduceSelection selection_;
+  Engine::Backoff backoff_;
   std::unique_ptr<Engine> engine_;
 };
+
+// RELAXCC_ENGINE_POLL: sleep, yield, or auto (yield when the ranks that share
+// this node fit its hardware threads). Collective over `comm`.
+Engine::Backoff choose_backoff(MPI_Comm comm, const std::string& policy) {
+  if (policy == "sleep") return Engine::Backoff::sleep;
+  if (policy == "yield") return Engine::Backoff::yield;
+  RELAXCC_ENFORCE(policy == "auto", InvalidArgument, "RELAXCC_ENGINE_POLL='", policy,
+                  "': expected auto, sleep or yield");
+  MPI_Comm local = MPI_COMM_NULL;
+  int rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type");
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(local_size) <= threads ? Engine::Backoff::yield : Engine::Backoff::sleep;
+}
 
 }  // namespace
 }  // namespace mpi
@@ -384,7 +404,8 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   mpi::check_mpi(MPI_Comm_dup(options.comm, &coll), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(coll, MPI_ERRORS_RETURN);
   mpi::check_mpi(MPI_Comm_dup(coll, &p2p), "MPI_Comm_dup");
-  auto comm = std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables);
+  const auto backoff = mpi::choose_backoff(coll, options.tunables.engine_poll);
+  auto comm = std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff);
   comm->handshake(timeout);
   return comm;
 }
