@@ -17,12 +17,10 @@ namespace {
 void print_config() {
   const auto infos = relaxcc::Tunables::from_env().describe();
   std::printf("relaxcc %s\n", relaxcc::build_description().c_str());
-  std::printf("%-26s %-12s %-40s %s\n", "variable", "value", "default", "description");
   for (const auto& t : infos) {
-    std::printf("%-26s %-12s %-40s %s%s\n", t.env_name.c_str(),
-                (t.value.empty() ? "\"\"" : t.value).c_str(),
-                (t.default_value.empty() ? "\"\"" : t.default_value).c_str(), t.doc.c_str(),
-                t.from_env ? " [set]" : "");
+    std::printf("%s=%s%s\n    %s (%s, default '%s', %s)\n", t.env_name.c_str(), t.value.c_str(),
+                t.from_env ? "   [from the environment]" : "", t.doc.c_str(), t.type.c_str(),
+                t.default_value.c_str(), t.agree ? "must agree across ranks" : "per rank");
   }
 }
 
