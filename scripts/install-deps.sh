@@ -14,7 +14,7 @@ packages=(
   # fuzzing the kernel decoders (clang + libFuzzer runtime)
   clang-14 libclang-rt-14-dev
   # emulated hosts on shaped links, and plots
-  iproute2 iputils-ping gnuplot-nox
+  iproute2 iputils-ping iperf3 gnuplot-nox
   # libtorch frontend, PyTorch DDP baseline and the training demo
   libtorch-dev python3-torch libopenblas0-pthread dataset-fashion-mnist
 )
