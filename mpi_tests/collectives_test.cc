@@ -128,7 +128,7 @@ TEST(Allgather, EqualAndVariableCounts) {
 TEST(Broadcast, FromEveryRoot) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
-  for (DType t : {DType::f32, DType::bf16, DType::i64, DType::u8}) {
+  for (DType t : kAllDTypes) {
     for (int64_t count : kCounts) {
       for (int root = 0; root < n; ++root) {
         Buffer b(t, count);
@@ -148,7 +148,7 @@ TEST(Broadcast, FromEveryRoot) {
 TEST(Alltoall, EqualAndVariableBlocks) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
-  for (DType t : {DType::f32, DType::f16, DType::i32, DType::u8}) {
+  for (DType t : kAllDTypes) {
     const int64_t block = 333;
     Buffer in(t, block * n), out(t, block * n);
     test::fill(in, r);  // block p holds encode(r, p * block + j)

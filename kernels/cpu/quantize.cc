@@ -1,0 +1,151 @@
+#include "quantize.h"
+
+#include <immintrin.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "relaxcc/kernels/philox.h"
+
+namespace relaxcc::kernels::cpu {
+
+bool has_avx2() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+namespace {
+
+ChunkRange chunk_range_scalar(const float* x, int64_t len, int64_t start, float lo, float hi) {
+  ChunkRange r{lo, hi, -1};
+  for (int64_t i = start; i < len; ++i) {
+    if (!std::isfinite(x[i])) {
+      r.first_non_finite = i;
+      return r;
+    }
+    r.min = std::min(r.min, x[i]);
+    r.max = std::max(r.max, x[i]);
+  }
+  return r;
+}
+
+__attribute__((target("avx2"))) ChunkRange chunk_range_avx2(const float* x, int64_t len) {
+  __m256 lo = _mm256_set1_ps(x[0]), hi = lo;
+  __m256 bad = _mm256_setzero_ps();
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    lo = _mm256_min_ps(lo, v);
+    hi = _mm256_max_ps(hi, v);
+    // NaN compares unordered, Inf equal to inf: both are "not < inf".
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_NLT_UQ));
+  }
+  if (_mm256_movemask_ps(bad) != 0) return chunk_range_scalar(x, len, 0, x[0], x[0]);
+  alignas(32) float l[8], h[8];
+  _mm256_store_ps(l, lo);
+  _mm256_store_ps(h, hi);
+  float mn = l[0], mx = h[0];
+  for (int k = 1; k < 8; ++k) {
+    mn = std::min(mn, l[k]);
+    mx = std::max(mx, h[k]);
+  }
+  return chunk_range_scalar(x, len, i, mn, mx);
+}
+
+// 8-bit round-to-nearest codes: 32 elements per iteration.
+__attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t len, float min, float scale,
+                                                       unsigned char* out) {
+  const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
+  const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(255);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs);
+      q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo), hi);  // rint: MXCSR nearest-even
+    }
+    const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
+    const __m256i b = _mm256_packus_epi32(q[2], q[3]);
+    const __m256i c = _mm256_packus_epi16(a, b);       // 8-bit, in 32-bit groups per lane
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(c, perm));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* codes, int64_t len, float min,
+                                                         float inv, float* out, bool accumulate) {
+  const __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    __m256 v = _mm256_add_ps(vmin, _mm256_mul_ps(q, vinv));
+    if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+    _mm256_storeu_ps(out + i, v);
+  }
+  return i;
+}
+
+inline uint32_t code_of(float x, float min, float scale, uint32_t levels) {
+  const float v = std::nearbyint((x - min) * scale);
+  return v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
+}
+
+}  // namespace
+
+ChunkRange chunk_range(const float* x, int64_t len) {
+  if (len == 0) return {};
+  if (has_avx2() && len >= 8) return chunk_range_avx2(x, len);
+  return chunk_range_scalar(x, len, 0, x[0], x[0]);
+}
+
+float minmax_scale(float min, float max, int bits) {
+  if (!(max > min)) return 0.0f;
+  const float levels = static_cast<float>((1u << bits) - 1u);
+  const float s = levels / (max - min);
+  return std::isfinite(s) ? s : FLT_MAX;
+}
+
+void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
+                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* codes) {
+  const uint32_t levels = (1u << bits) - 1u;
+  const int64_t bytes = (len * bits + 7) / 8;
+  if (bits == 8 && rounding == Rounding::nearest) {
+    const int64_t done = has_avx2() ? quantize8_avx2(x, len, min, scale, codes) : 0;
+    for (int64_t i = done; i < len; ++i) codes[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
+    return;
+  }
+  std::memset(codes, 0, static_cast<size_t>(bytes));
+  const int per_byte = 8 / bits;
+  for (int64_t i = 0; i < len; ++i) {
+    uint32_t q;
+    if (rounding == Rounding::nearest) {
+      q = code_of(x[i], min, scale, levels);
+    } else {
+      const float u = philox_uniform(seed, offset, static_cast<uint64_t>(index0 + i));
+      const float v = std::floor((x[i] - min) * scale + u);
+      q = v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
+    }
+    codes[i / per_byte] |= static_cast<unsigned char>(q << ((i % per_byte) * bits));
+  }
+}
+
+void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
+                      bool accumulate) {
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  int64_t i = 0;
+  if (bits == 8 && has_avx2()) i = dequantize8_avx2(codes, len, min, inv, out, accumulate);
+  const int per_byte = 8 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  for (; i < len; ++i) {
+    const uint32_t q = (codes[i / per_byte] >> ((i % per_byte) * bits)) & mask;
+    const float v = min + static_cast<float>(q) * inv;
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+}  // namespace relaxcc::kernels::cpu

@@ -1,0 +1,34 @@
+// CPU min-max quantization and sign compression of one chunk. The AVX2 and
+// scalar paths run the same IEEE operations in the same order (no FMA:
+// kernels build with -ffp-contract=off), so they agree bit for bit with each
+// other and with the CUDA kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "relaxcc/kernels/compressor.h"
+
+namespace relaxcc::kernels::cpu {
+
+struct ChunkRange {
+  float min = 0, max = 0;
+  int64_t first_non_finite = -1;  // index within the chunk, or -1
+};
+ChunkRange chunk_range(const float* x, int64_t len);
+
+// The scale s = (2^bits - 1) / (max - min), capped to FLT_MAX; 0 for a
+// constant chunk.
+float minmax_scale(float min, float max, int bits);
+
+// Codes of one chunk, packed little-endian, `bits` per element; writes
+// ceil(len * bits / 8) bytes. `index0` is the chunk's first element index in
+// the tensor (the stochastic-rounding counter).
+void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
+                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* codes);
+// out[i] = min + q[i] * (1 / scale), or out[i] += that when `accumulate`.
+void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
+                      bool accumulate);
+
+bool has_avx2() noexcept;
+
+}  // namespace relaxcc::kernels::cpu

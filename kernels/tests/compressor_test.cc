@@ -1,0 +1,539 @@
+// Compressors: sizes, error bounds, rounding, selections, error feedback and
+// hardened decoders. GPU cases compare with the CPU bit for bit.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu_buffer.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/kernels/compressor.h"
+#include "relaxcc/kernels/cuda_runtime.h"
+#include "relaxcc/kernels/error_feedback.h"
+#include "relaxcc/kernels/philox.h"
+#include "relaxcc/thread_pool.h"
+
+namespace relaxcc::kernels {
+namespace {
+
+std::vector<float> gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct Encoded {
+  std::vector<std::byte> bytes;
+  std::span<const std::byte> span() const { return bytes; }
+};
+
+Encoded encode_vec(const std::vector<float>& x, const CompressorConfig& c, const ExecContext& ctx = ExecContext::host()) {
+  Encoded e;
+  e.bytes.resize(encoded_size(static_cast<int64_t>(x.size()), c));
+  const size_t written = encode(TensorView::host(const_cast<float*>(x.data()), static_cast<int64_t>(x.size())),
+                                e.bytes, c, ctx);
+  EXPECT_EQ(written, e.bytes.size());
+  return e;
+}
+
+std::vector<float> decode_vec(const Encoded& e, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n), -7.0f);
+  decode(e.span(), TensorView::host(out.data(), n), ExecContext::host());
+  return out;
+}
+
+CompressorConfig make(CompressorKind kind, int bits = 8, int64_t chunk = 2048) {
+  CompressorConfig c;
+  c.kind = kind;
+  c.bits = bits;
+  c.chunk = chunk;
+  return c;
+}
+
+const CompressorKind kKinds[] = {CompressorKind::f16, CompressorKind::bf16, CompressorKind::minmax, CompressorKind::sign,
+                                 CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail};
+
+TEST(Philox, KnownAnswers) {
+  // Random123's known-answer vectors for philox4x32-10.
+  auto r = philox4x32(0, 0, 0);
+  EXPECT_EQ(r.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r.v[1], 0xe169c58du);
+  EXPECT_EQ(r.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r.v[3], 0x9b00dbd8u);
+  r = philox4x32(~0ull, ~0ull, ~0ull);
+  EXPECT_EQ(r.v[0], 0x408f276du);
+  EXPECT_EQ(r.v[1], 0x41c83b0eu);
+  EXPECT_EQ(r.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(r.v[3], 0x6d5451fdu);
+  r = philox4x32(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull);
+  EXPECT_EQ(r.v[0], 0xd16cfe09u);
+  EXPECT_EQ(r.v[1], 0x94fdccebu);
+  EXPECT_EQ(r.v[2], 0x5001e420u);
+  EXPECT_EQ(r.v[3], 0x24126ea1u);
+}
+
+TEST(Compressor, EncodedSizeEqualsBytesWritten) {
+  for (CompressorKind kind : kKinds) {
+    for (int bits : {8, 4, 2, 1}) {
+      for (int64_t n : {0, 1, 7, 127, 2047, 2048, 2049, 100003}) {
+        CompressorConfig c = make(kind, bits, kind == CompressorKind::cocktail ? 128 : 2048);
+        c.ratio = kind == CompressorKind::cocktail ? 0.1 : 0.05;
+        const auto x = gaussian(n, 3);
+        const Encoded e = encode_vec(x, c);  // checks written == encoded_size
+        const PayloadHeader h = read_header(e.span());
+        EXPECT_EQ(h.n, n);
+        EXPECT_EQ(h.k, kept_elements(n, c)) << compressor_name(kind) << " n " << n;
+        const bool sparse = kind == CompressorKind::topk || kind == CompressorKind::randomk ||
+                            kind == CompressorKind::cocktail;
+        if (sparse && n > 0) {
+          EXPECT_GE(h.k, 1);
+        }
+        const auto y = decode_vec(e, n);
+        EXPECT_EQ(y.size(), static_cast<size_t>(n));
+      }
+    }
+  }
+  // The reported ratio counts everything that travels.
+  CompressorConfig c = make(CompressorKind::minmax, 8, 2048);
+  EXPECT_NEAR(compression_ratio(1 << 20, c), 4.0 * (1 << 20) / (48 + 512 * (8 + 2048)), 1e-9);
+  CompressorConfig cocktail = make(CompressorKind::cocktail, 4, 128);
+  cocktail.ratio = 0.1;
+  cocktail.topk_ratio = 0.2;
+  const int64_t k = kept_elements(1 << 20, cocktail);
+  EXPECT_EQ(k, static_cast<int64_t>(std::ceil(0.2 * std::ceil(0.1 * (1 << 20)))));
+  EXPECT_NEAR(compression_ratio(1 << 20, cocktail),
+              4.0 * (1 << 20) / (48 + 4.0 * k + ((k + 127) / 128) * 8 + (k * 4 + 7) / 8), 1e-6);
+}
+
+TEST(MinMax, RoundToNearestErrorBound) {
+  for (int bits : {8, 4, 2, 1}) {
+    for (int64_t chunk : {1, 100, 2048}) {
+      const int64_t n = 10007;
+      auto x = gaussian(n, 11 + bits, 3.0f);
+      const auto y = decode_vec(encode_vec(x, make(CompressorKind::minmax, bits, chunk)), n);
+      for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+        const int64_t len = std::min(chunk, n - c0);
+        const float mn = *std::min_element(x.begin() + c0, x.begin() + c0 + len);
+        const float mx = *std::max_element(x.begin() + c0, x.begin() + c0 + len);
+        const double bound = (static_cast<double>(mx) - mn) / ((1 << bits) - 1) / 2;
+        for (int64_t i = c0; i < c0 + len; ++i) {
+          const double ulp = std::nextafter(std::fabs(x[i]), INFINITY) - std::fabs(x[i]);
+          ASSERT_LE(std::fabs(static_cast<double>(x[i]) - y[i]), bound + 2 * std::max(ulp, 1e-30))
+              << "bits " << bits << " chunk " << chunk << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(MinMax, EdgeCases) {
+  // A constant chunk encodes exactly; n not a multiple of the chunk; n = 0.
+  std::vector<float> x(5000, 3.25f);
+  for (int64_t i = 4096; i < 5000; ++i) x[i] = -1.5f;
+  for (int bits : {8, 1}) {
+    const auto y = decode_vec(encode_vec(x, make(CompressorKind::minmax, bits, 2048)), 5000);
+    EXPECT_EQ(y, x);
+  }
+  EXPECT_TRUE(decode_vec(encode_vec({}, make(CompressorKind::minmax)), 0).empty());
+  // Non-finite input is refused with the element's index.
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    auto z = gaussian(3000, 5);
+    z[2500] = bad;
+    for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::f16, CompressorKind::sign, CompressorKind::topk}) {
+      try {
+        encode_vec(z, make(kind));
+        ADD_FAILURE() << compressor_name(kind) << " accepted " << bad;
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("2500"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+TEST(MinMax, CodesMatchTheScalarReference) {
+  // Whatever path the CPU takes (AVX2 or scalar), codes equal the formula.
+  const int64_t n = 4099;
+  const auto x = gaussian(n, 21);
+  const Encoded e = encode_vec(x, make(CompressorKind::minmax, 8, 4099));
+  float mn, s;
+  std::memcpy(&mn, e.bytes.data() + 48, 4);
+  std::memcpy(&s, e.bytes.data() + 52, 4);
+  EXPECT_EQ(mn, *std::min_element(x.begin(), x.end()));
+  EXPECT_EQ(s, 255.0f / (*std::max_element(x.begin(), x.end()) - mn));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::nearbyint((x[i] - mn) * s);
+    const auto want = static_cast<unsigned char>(std::clamp(v, 0.0f, 255.0f));
+    ASSERT_EQ(static_cast<unsigned char>(e.bytes[56 + i]), want) << i;
+  }
+}
+
+TEST(MinMax, StochasticRoundingIsUnbiasedAndReproducible) {
+  const int64_t n = 512;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 37) / 36.0f + 0.0123f * static_cast<float>(i % 5);
+  CompressorConfig c = make(CompressorKind::minmax, 2, 512);
+  c.rounding = Rounding::stochastic;
+  const int trials = 4000;
+  std::vector<double> mean(n, 0.0);
+  for (int t = 0; t < trials; ++t) {
+    ExecContext ctx = ExecContext::host();
+    ctx.rng = {42, static_cast<uint64_t>(t) * 1000};
+    const auto y = [&] {
+      Encoded e;
+      e.bytes.resize(encoded_size(n, c));
+      encode(TensorView::host(x.data(), n), e.bytes, c, ctx);
+      return decode_vec(e, n);
+    }();
+    for (int64_t i = 0; i < n; ++i) mean[i] += y[i] / trials;
+  }
+  // Step = (max - min) / 3; the rounding error of one trial is at most a step,
+  // so the mean's standard error is at most step / (2 sqrt(trials)).
+  const double step = (1.0 + 0.0123 * 4 - 0.0) / 3.0;
+  const double tolerance = 6 * step / (2 * std::sqrt(trials));
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(mean[i], x[i], tolerance) << i;
+  // Same (seed, offset): same payload, on every rank and device.
+  ExecContext ctx = ExecContext::host();
+  ctx.rng = {7, 99};
+  Encoded a, b;
+  a.bytes.resize(encoded_size(n, c));
+  b.bytes.resize(encoded_size(n, c));
+  encode(TensorView::host(x.data(), n), a.bytes, c, ctx);
+  encode(TensorView::host(x.data(), n), b.bytes, c, ctx);
+  EXPECT_EQ(a.bytes, b.bytes);
+}
+
+TEST(Sign, DecodesToScaledSigns) {
+  const auto x = gaussian(3000, 8);
+  const auto y = decode_vec(encode_vec(x, make(CompressorKind::sign, 1, 1000)), 3000);
+  for (int64_t c0 = 0; c0 < 3000; c0 += 1000) {
+    double sum = 0;
+    for (int64_t i = c0; i < c0 + 1000; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const float scale = static_cast<float>(std::sqrt(sum / 1000));
+    for (int64_t i = c0; i < c0 + 1000; ++i) ASSERT_EQ(y[i], std::signbit(x[i]) ? -scale : scale);
+  }
+}
+
+TEST(TopK, ExactlyKLargestMagnitudes) {
+  ThreadPool pool(2);
+  for (int64_t n : {int64_t{10}, int64_t{5000}, int64_t{1} << 18}) {
+    auto x = gaussian(n, 31);
+    for (int64_t i = 0; i < n; i += 97) x[i] = 0.5f;  // ties
+    for (bool approximate : {false, true}) {
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        CompressorConfig c = make(CompressorKind::topk);
+        c.ratio = 0.01;
+        c.approximate = approximate;
+        const Encoded e = encode_vec(x, c, ExecContext::host(p));
+        const PayloadHeader h = read_header(e.span());
+        const int64_t k = h.k;
+        ASSERT_EQ(k, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(0.01 * n))));
+        std::vector<uint32_t> idx(k);
+        std::memcpy(idx.data(), e.bytes.data() + 48, k * 4);
+        ASSERT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+        ASSERT_EQ(std::set<uint32_t>(idx.begin(), idx.end()).size(), static_cast<size_t>(k));
+        // Every kept magnitude is >= every dropped one.
+        std::vector<char> kept(n, 0);
+        float min_kept = INFINITY, max_dropped = 0;
+        for (uint32_t i : idx) kept[i] = 1, min_kept = std::min(min_kept, std::fabs(x[i]));
+        for (int64_t i = 0; i < n; ++i)
+          if (!kept[i]) max_dropped = std::max(max_dropped, std::fabs(x[i]));
+        ASSERT_GE(min_kept, max_dropped) << "n " << n << " approximate " << approximate;
+        const auto y = decode_vec(e, n);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], kept[i] ? x[i] : 0.0f);
+      }
+    }
+  }
+}
+
+TEST(RandomK, SharedSeedSelectsTheSameIndicesWithoutSendingThem) {
+  const int64_t n = 100000;
+  const auto x = gaussian(n, 41);
+  CompressorConfig c = make(CompressorKind::randomk);
+  c.ratio = 0.01;
+  c.seed = 1234;
+  c.step = 5;
+  const Encoded e = encode_vec(x, c);
+  EXPECT_EQ(e.bytes.size(), 48u + 1000u * 4);  // values only
+  const auto y = decode_vec(e, n);
+  int64_t nonzero = 0;
+  for (int64_t b = 0; b < 1000; ++b) {
+    int64_t in_block = 0;
+    for (int64_t i = b * 100; i < (b + 1) * 100; ++i)
+      if (y[i] != 0.0f) {
+        ++in_block;
+        EXPECT_EQ(y[i], x[i]);
+      }
+    EXPECT_EQ(in_block, 1) << "block " << b;  // stratified: one per block
+    nonzero += in_block;
+  }
+  EXPECT_EQ(nonzero, 1000);
+  EXPECT_EQ(encode_vec(x, c).bytes, e.bytes);  // reproducible
+  c.step = 6;
+  EXPECT_NE(encode_vec(x, c).bytes, e.bytes);  // a new step draws anew
+
+  // Rolling stride (CocktailSGD): every 10th element from step mod 10.
+  CompressorConfig r = make(CompressorKind::randomk);
+  r.random_mode = RandomKMode::rolling;
+  r.ratio = 0.1;
+  for (uint64_t step : {0, 3, 13}) {
+    r.step = step;
+    const auto z = decode_vec(encode_vec(x, r), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(z[i], (i % 10 == static_cast<int64_t>(step % 10)) ? x[i] : 0.0f) << i;
+  }
+}
+
+TEST(Cocktail, RandomThenTopkThenQuantize) {
+  const int64_t n = 200000;
+  const auto x = gaussian(n, 51);
+  CompressorConfig c = make(CompressorKind::cocktail, 4, 128);
+  c.ratio = 0.1;
+  c.topk_ratio = 0.2;
+  c.random_mode = RandomKMode::rolling;
+  c.step = 3;
+  const Encoded e = encode_vec(x, c);
+  const int64_t k = read_header(e.span()).k;
+  EXPECT_EQ(k, 4000);
+  std::vector<uint32_t> idx(k);
+  std::memcpy(idx.data(), e.bytes.data() + 48, k * 4);
+  for (uint32_t i : idx) ASSERT_EQ(i % 10, 3u);  // from the rolling selection
+  const auto y = decode_vec(e, n);
+  // The kept values are the 4-bit quantization of the originals.
+  for (uint32_t i : idx) ASSERT_NEAR(y[i], x[i], 0.5);
+  EXPECT_GT(compression_ratio(n, c), 40.0);
+}
+
+TEST(Compressor, DecodeAccumulateAndRequantize) {
+  const int64_t n = 5000;
+  const auto x = gaussian(n, 61), local = gaussian(n, 62);
+  for (CompressorKind kind : kKinds) {
+    CompressorConfig c = make(kind, 8, 256);
+    c.ratio = 0.05;
+    const Encoded e = encode_vec(x, c);
+    const auto d = decode_vec(e, n);
+    std::vector<float> acc(local);
+    decode_accumulate(e.span(), TensorView::host(acc.data(), n), ExecContext::host());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(acc[i], local[i] + d[i]) << compressor_name(kind);
+    // requantize_sum: encode(decode(in) + local) with the payload's own configuration.
+    std::vector<float> sum(n);
+    std::vector<std::byte> out(encoded_size(n, config_of(read_header(e.span()))) + 64);
+    const size_t bytes = requantize_sum(e.span(), TensorView::host(const_cast<float*>(local.data()), n),
+                                        TensorView::host(sum.data(), n), out, ExecContext::host());
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = d[i] + local[i];
+    EXPECT_EQ(sum, want);
+    const PayloadHeader h = read_header(std::span<const std::byte>(out.data(), bytes));
+    EXPECT_EQ(h.kind, kind);
+    EXPECT_EQ(h.k, read_header(e.span()).k);
+  }
+}
+
+TEST(ErrorFeedback, RunningSumsTrackWithBoundedResidual) {
+  const int64_t n = 4096;
+  for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::sign, CompressorKind::topk, CompressorKind::randomk}) {
+    CompressorConfig c = make(kind, 2, 512);
+    c.ratio = 0.1;
+    ErrorFeedback ef(n);
+    std::vector<double> sum_in(n, 0.0), sum_out(n, 0.0);
+    std::vector<std::byte> payload(encoded_size(n, c));
+    for (int step = 0; step < 200; ++step) {
+      c.step = static_cast<uint64_t>(step);
+      const auto x = gaussian(n, 1000 + step);
+      const size_t bytes = ef.compress(TensorView::host(const_cast<float*>(x.data()), n), payload, c, ExecContext::host());
+      std::vector<float> y(n);
+      decode(std::span<const std::byte>(payload.data(), bytes), TensorView::host(y.data(), n), ExecContext::host());
+      for (int64_t i = 0; i < n; ++i) {
+        sum_in[i] += x[i];
+        sum_out[i] += y[i];
+      }
+    }
+    // sum(decoded) = sum(inputs) - residual, and the residual stays bounded.
+    double max_residual = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(sum_out[i], sum_in[i] - ef.residual()[i], 1e-2) << compressor_name(kind);
+      max_residual = std::max(max_residual, std::fabs(static_cast<double>(ef.residual()[i])));
+    }
+    EXPECT_LT(max_residual, kind == CompressorKind::topk || kind == CompressorKind::randomk ? 60.0 : 10.0)
+        << compressor_name(kind);
+  }
+}
+
+// ---- hardened decoders -------------------------------------------------------
+
+void expect_corrupt(std::vector<std::byte> bytes, int64_t n, const char* what) {
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 1)));
+  try {
+    decode(bytes, TensorView::host(out.data(), n), ExecContext::host());
+    ADD_FAILURE() << what << ": accepted";
+  } catch (const CorruptPayload&) {
+  } catch (const InvalidArgument&) {
+  }
+}
+
+template <typename T>
+void poke(std::vector<std::byte>& b, size_t offset, T value) {
+  std::memcpy(b.data() + offset, &value, sizeof(T));
+}
+
+TEST(HardenedDecoders, RejectHostilePayloads) {
+  const int64_t n = 1000;
+  const auto x = gaussian(n, 71);
+  const Encoded mm = encode_vec(x, make(CompressorKind::minmax, 8, 256));
+  auto b = mm.bytes;
+  b.pop_back();
+  expect_corrupt(b, n, "truncated");
+  b = mm.bytes;
+  b.push_back(std::byte{0});
+  expect_corrupt(b, n, "too long");
+  expect_corrupt(std::vector<std::byte>(mm.bytes.begin(), mm.bytes.begin() + 20), n, "header cut");
+  b = mm.bytes;
+  poke<uint32_t>(b, 0, 0xdeadbeef);
+  expect_corrupt(b, n, "magic");
+  b = mm.bytes;
+  poke<uint16_t>(b, 4, 99);
+  expect_corrupt(b, n, "version");
+  b = mm.bytes;
+  poke<uint8_t>(b, 6, 42);
+  expect_corrupt(b, n, "kind");
+  b = mm.bytes;
+  poke<uint8_t>(b, 7, 3);
+  expect_corrupt(b, n, "bits");
+  b = mm.bytes;
+  poke<int64_t>(b, 16, -5);
+  expect_corrupt(b, n, "negative n");
+  b = mm.bytes;
+  poke<int64_t>(b, 16, int64_t{1} << 40);
+  expect_corrupt(b, n, "huge n");
+  b = mm.bytes;
+  poke<uint32_t>(b, 12, 0);
+  expect_corrupt(b, n, "zero chunk");
+  for (float bad : {NAN, INFINITY, -1.0f}) {
+    b = mm.bytes;
+    poke<float>(b, 48 + 4, bad);
+    expect_corrupt(b, n, "scale");
+  }
+  b = mm.bytes;
+  poke<float>(b, 48, NAN);
+  expect_corrupt(b, n, "min");
+
+  CompressorConfig tc = make(CompressorKind::topk);
+  tc.ratio = 0.01;
+  const Encoded tk = encode_vec(x, tc);
+  b = tk.bytes;
+  poke<uint32_t>(b, 48, 5000);
+  expect_corrupt(b, n, "index out of range");
+  b = tk.bytes;
+  uint32_t first;
+  std::memcpy(&first, b.data() + 48, 4);
+  poke<uint32_t>(b, 52, first);
+  expect_corrupt(b, n, "duplicate index");
+  b = tk.bytes;
+  poke<int64_t>(b, 24, 11);
+  expect_corrupt(b, n, "k vs length");
+  b = tk.bytes;
+  poke<float>(b, 48 + 10 * 4, INFINITY);
+  expect_corrupt(b, n, "non-finite value");
+
+  CompressorConfig rk = make(CompressorKind::randomk);
+  rk.random_mode = RandomKMode::rolling;
+  rk.ratio = 0.1;
+  b = encode_vec(x, rk).bytes;
+  poke<uint32_t>(b, 12, 7);
+  expect_corrupt(b, n, "rolling stride vs k");
+}
+
+TEST(HardenedDecoders, RandomCorruptionNeverEscapes) {
+  // Flip bytes of valid payloads of every kind: the decoder either succeeds
+  // or throws a relaxcc error; libFuzzer (fuzz/) explores far more.
+  std::mt19937 rng(99);
+  const int64_t n = 700;
+  const auto x = gaussian(n, 81);
+  for (CompressorKind kind : kKinds) {
+    CompressorConfig c = make(kind, 4, 64);
+    c.ratio = 0.05;
+    const Encoded e = encode_vec(x, c);
+    for (int trial = 0; trial < 2000; ++trial) {
+      auto b = e.bytes;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) b[rng() % b.size()] = static_cast<std::byte>(rng());
+      if (rng() % 8 == 0) b.resize(rng() % (b.size() + 1));
+      std::vector<float> out(n);
+      try {
+        decode(b, TensorView::host(out.data(), n), ExecContext::host());
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
+// ---- GPU --------------------------------------------------------------------
+
+TEST(CompressorGpu, MatchesCpuBitForBit) {
+  const auto cuda = cuda_availability();
+  if (cuda.device_count == 0) GTEST_SKIP() << "no GPU: " << cuda.reason;
+  ExecContext gpu;
+  gpu.device = Device::cuda(0);
+  gpu.rng = {77, 1000};
+  ExecContext cpu = ExecContext::host();
+  cpu.rng = gpu.rng;
+  const int64_t n = 100003;
+  const auto x = gaussian(n, 91, 2.0f);
+  test::GpuBuffer dx(x.data(), n * 4);
+  for (CompressorKind kind : {CompressorKind::f16, CompressorKind::bf16, CompressorKind::minmax, CompressorKind::randomk}) {
+    for (int bits : {8, 4, 2, 1}) {
+      for (Rounding rounding : {Rounding::nearest, Rounding::stochastic}) {
+        CompressorConfig c = make(kind, bits, 1000);
+        c.rounding = rounding;
+        c.ratio = 0.02;
+        c.seed = 5;
+        c.step = 9;
+        const size_t size = encoded_size(n, c);
+        std::vector<std::byte> want(size), got(size);
+        encode(TensorView::host(const_cast<float*>(x.data()), n), want, c, cpu);
+        test::GpuBuffer payload(nullptr, size);
+        encode(TensorView(dx.get(), n, DType::f32, gpu.device),
+               std::span<std::byte>(static_cast<std::byte*>(payload.get()), size), c, gpu);
+        payload.copy_to_host(got.data());
+        ASSERT_EQ(got, want) << compressor_name(kind) << " bits " << bits << " sr " << int(rounding);
+        // Device decode of the payload equals host decode.
+        test::GpuBuffer dy(nullptr, n * 4);
+        decode(std::span<const std::byte>(static_cast<const std::byte*>(payload.get()), size),
+               TensorView(dy.get(), n, DType::f32, gpu.device), gpu);
+        std::vector<float> y_gpu(n), y_cpu(n);
+        dy.copy_to_host(y_gpu.data());
+        decode(want, TensorView::host(y_cpu.data(), n), cpu);
+        ASSERT_EQ(std::memcmp(y_gpu.data(), y_cpu.data(), n * 4), 0) << compressor_name(kind);
+        if (kind != CompressorKind::minmax) break;
+      }
+      if (kind != CompressorKind::minmax) break;
+    }
+  }
+  // Scatter of host-selected top-k, validated on the device.
+  CompressorConfig tc = make(CompressorKind::topk);
+  tc.ratio = 0.01;
+  std::vector<std::byte> tk(encoded_size(n, tc));
+  encode(TensorView::host(const_cast<float*>(x.data()), n), tk, tc, cpu);
+  test::GpuBuffer dp(tk.data(), tk.size()), dy(nullptr, n * 4);
+  decode(std::span<const std::byte>(static_cast<const std::byte*>(dp.get()), tk.size()),
+         TensorView(dy.get(), n, DType::f32, gpu.device), gpu);
+  std::vector<float> y_gpu(n), y_cpu(n);
+  dy.copy_to_host(y_gpu.data());
+  decode(tk, TensorView::host(y_cpu.data(), n), cpu);
+  EXPECT_EQ(std::memcmp(y_gpu.data(), y_cpu.data(), n * 4), 0);
+  // A hostile index is caught on the device.
+  poke<uint32_t>(tk, 48, static_cast<uint32_t>(n + 5));
+  test::GpuBuffer bad(tk.data(), tk.size());
+  EXPECT_THROW(decode(std::span<const std::byte>(static_cast<const std::byte*>(bad.get()), tk.size()),
+                      TensorView(dy.get(), n, DType::f32, gpu.device), gpu),
+               CorruptPayload);
+}
+
+}  // namespace
+}  // namespace relaxcc::kernels
