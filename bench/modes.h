@@ -8,5 +8,7 @@ namespace relaxcc::bench {
 
 // `relaxcc-bench allreduce`: nccl-tests style sweep over implementations.
 void add_allreduce_mode(CLI::App& app);
+// `relaxcc-bench kernels`: compression kernels against memcpy and nth_element.
+void add_kernels_mode(CLI::App& app);
 
 }  // namespace relaxcc::bench

@@ -135,11 +135,12 @@ void check_f32(const TensorView& t, const char* what) {
   RELAXCC_ENFORCE_EQ(t.dtype, DType::f32, InvalidArgument, what, ": compressors take f32 tensors");
 }
 
-void require_finite(const float* x, int64_t n, const char* what, int64_t index_base = 0) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i]))
-      RELAXCC_THROW(InvalidArgument, what, ": element ", index_base + i, " is ", x[i],
-                    "; compressors take finite values (check for overflow first)");
+void require_finite(const float* x, int64_t n, const char* what, int64_t index_base = 0,
+                    const ExecContext& ctx = ExecContext::host()) {
+  const int64_t i = cpu::first_non_finite(x, n, ctx);
+  if (i >= 0)
+    RELAXCC_THROW(InvalidArgument, what, ": element ", index_base + i, " is ", x[i],
+                  "; compressors take finite values (check for overflow first)");
 }
 
 template <typename Fn>
@@ -437,20 +438,18 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
   switch (c.kind) {
     case CompressorKind::f16:
     case CompressorKind::bf16:
-      require_finite(x, n, compressor_name(c.kind));
+      require_finite(x, n, compressor_name(c.kind), 0, ctx);
       (c.kind == CompressorKind::f16 ? cpu::f32_to_f16 : cpu::f32_to_bf16)(x, reinterpret_cast<uint16_t*>(body), n);
       break;
     case CompressorKind::minmax: encode_minmax(x, n, c, ctx, 0, body); break;
     case CompressorKind::sign:
-      require_finite(x, n, "sign");
+      require_finite(x, n, "sign", 0, ctx);
       encode_sign(x, n, c.chunk, body);
       break;
     case CompressorKind::topk: {
-      require_finite(x, n, "topk");
-      const std::vector<uint32_t> idx = cpu::topk_indices(x, n, h.k, c.approximate, ctx);
-      auto* vals = reinterpret_cast<float*>(body + idx.size() * 4);
-      std::memcpy(body, idx.data(), idx.size() * 4);
-      for (size_t j = 0; j < idx.size(); ++j) std::memcpy(vals + j, x + idx[j], 4);
+      const cpu::Selection sel = cpu::topk(x, n, h.k, c.approximate, ctx);
+      std::memcpy(body, sel.indices.data(), sel.indices.size() * 4);
+      std::memcpy(body + sel.indices.size() * 4, sel.values.data(), sel.values.size() * 4);
       break;
     }
     case CompressorKind::randomk: {
@@ -466,15 +465,13 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       std::vector<float> picked(r.size());
       for (size_t j = 0; j < r.size(); ++j) picked[j] = x[r[j]];
       require_finite(picked.data(), static_cast<int64_t>(picked.size()), "cocktail");
-      const std::vector<uint32_t> top =
-          cpu::topk_indices(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx);
-      std::vector<float> kept(top.size());
-      for (size_t j = 0; j < top.size(); ++j) {
-        const uint32_t absolute = r[top[j]];
+      const cpu::Selection top = cpu::topk(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx);
+      for (size_t j = 0; j < top.indices.size(); ++j) {
+        const uint32_t absolute = r[top.indices[j]];
         std::memcpy(body + j * 4, &absolute, 4);
-        kept[j] = picked[top[j]];
       }
-      encode_minmax(kept.data(), static_cast<int64_t>(kept.size()), c, ctx, 0, body + top.size() * 4);
+      encode_minmax(top.values.data(), static_cast<int64_t>(top.values.size()), c, ctx, 0,
+                    body + top.indices.size() * 4);
       break;
     }
   }

@@ -31,28 +31,40 @@ ChunkRange chunk_range_scalar(const float* x, int64_t len, int64_t start, float 
 }
 
 __attribute__((target("avx2"))) ChunkRange chunk_range_avx2(const float* x, int64_t len) {
-  __m256 lo = _mm256_set1_ps(x[0]), hi = lo;
-  __m256 bad = _mm256_setzero_ps();
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // Four accumulators each, so min/max latency does not serialize the loop.
+  __m256 lo[4], hi[4], bad = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) lo[k] = hi[k] = _mm256_set1_ps(x[0]);
   int64_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
+      lo[k] = _mm256_min_ps(lo[k], v);
+      hi[k] = _mm256_max_ps(hi[k], v);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // NaN
+    }
+  }
   for (; i + 8 <= len; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
-    lo = _mm256_min_ps(lo, v);
-    hi = _mm256_max_ps(hi, v);
-    // NaN compares unordered, Inf equal to inf: both are "not < inf".
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_NLT_UQ));
+    lo[0] = _mm256_min_ps(lo[0], v);
+    hi[0] = _mm256_max_ps(hi[0], v);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
   if (_mm256_movemask_ps(bad) != 0) return chunk_range_scalar(x, len, 0, x[0], x[0]);
-  alignas(32) float l[8], h[8];
-  _mm256_store_ps(l, lo);
-  _mm256_store_ps(h, hi);
-  float mn = l[0], mx = h[0];
+  const __m256 l = _mm256_min_ps(_mm256_min_ps(lo[0], lo[1]), _mm256_min_ps(lo[2], lo[3]));
+  const __m256 h = _mm256_max_ps(_mm256_max_ps(hi[0], hi[1]), _mm256_max_ps(hi[2], hi[3]));
+  alignas(32) float ls[8], hs[8];
+  _mm256_store_ps(ls, l);
+  _mm256_store_ps(hs, h);
+  float mn = ls[0], mx = hs[0];
   for (int k = 1; k < 8; ++k) {
-    mn = std::min(mn, l[k]);
-    mx = std::max(mx, h[k]);
+    mn = std::min(mn, ls[k]);
+    mx = std::max(mx, hs[k]);
   }
-  return chunk_range_scalar(x, len, i, mn, mx);
+  ChunkRange r = chunk_range_scalar(x, len, i, mn, mx);
+  // An infinity shows up in the range itself.
+  if (r.first_non_finite < 0 && !(std::isfinite(r.min) && std::isfinite(r.max)))
+    return chunk_range_scalar(x, len, 0, x[0], x[0]);
+  return r;
 }
 
 // 8-bit round-to-nearest codes: 32 elements per iteration.
