@@ -48,6 +48,11 @@ namespace {
 
 constexpr size_t kHeader = sizeof(PayloadHeader);
 
+// memcpy that accepts empty ranges with null pointers (empty vectors).
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
 int64_t fraction_of(int64_t n, double ratio) {
   if (n <= 0) return 0;
   return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(ratio * static_cast<double>(n))), 1, n);
@@ -299,8 +304,8 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
     case CompressorKind::topk: {
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
       std::vector<float> vals(static_cast<size_t>(h.k));
-      std::memcpy(idx.data(), body, idx.size() * 4);
-      std::memcpy(vals.data(), body + idx.size() * 4, vals.size() * 4);
+      copy_bytes(idx.data(), body, idx.size() * 4);
+      copy_bytes(vals.data(), body + idx.size() * 4, vals.size() * 4);
       check_indices(idx.data(), h.k, h.n, "topk");
       if (!accumulate) std::fill(o, o + h.n, 0.0f);
       return scatter(idx.data(), vals.data(), h.k, o, accumulate);
@@ -308,13 +313,13 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
     case CompressorKind::randomk: {
       const std::vector<uint32_t> idx = random_indices(h.n, h.k, h.random_mode, h.chunk, h.seed, h.step);
       std::vector<float> vals(static_cast<size_t>(h.k));
-      std::memcpy(vals.data(), body, vals.size() * 4);
+      copy_bytes(vals.data(), body, vals.size() * 4);
       if (!accumulate) std::fill(o, o + h.n, 0.0f);
       return scatter(idx.data(), vals.data(), h.k, o, accumulate);
     }
     case CompressorKind::cocktail: {
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
-      std::memcpy(idx.data(), body, idx.size() * 4);
+      copy_bytes(idx.data(), body, idx.size() * 4);
       check_indices(idx.data(), h.k, h.n, "cocktail");
       std::vector<float> vals(static_cast<size_t>(h.k));
       decode_minmax(body + idx.size() * 4, h.k, h.bits, h.chunk, vals.data(), false, ctx);
@@ -448,8 +453,8 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       break;
     case CompressorKind::topk: {
       const cpu::Selection sel = cpu::topk(x, n, h.k, c.approximate, ctx);
-      std::memcpy(body, sel.indices.data(), sel.indices.size() * 4);
-      std::memcpy(body + sel.indices.size() * 4, sel.values.data(), sel.values.size() * 4);
+      copy_bytes(body, sel.indices.data(), sel.indices.size() * 4);
+      copy_bytes(body + sel.indices.size() * 4, sel.values.data(), sel.values.size() * 4);
       break;
     }
     case CompressorKind::randomk: {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs the packages,
 # configures and builds with the CI preset (-Werror on relaxcc's targets),
-# then runs every CTest entry. Prints the time of each stage.
+# runs every CTest entry, then the decoder fuzzers for a bounded time.
+# Prints the time of each stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +20,4 @@ stage install-deps bash scripts/install-deps.sh
 stage configure cmake --preset ci
 stage build cmake --build --preset ci
 stage test ctest --preset ci -j "$(nproc)"
+stage fuzz bash scripts/run-fuzz.sh

@@ -1,6 +1,7 @@
 // f32 <-> f16/bf16 on the CPU. f16 uses F16C (round-to-nearest-even in
 // hardware) when the processor has it, chosen at run time; bf16 is a scalar
 // loop that the compiler vectorizes.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include "cpu_kernels.h"
@@ -8,7 +9,12 @@
 namespace relaxcc::kernels::cpu {
 
 bool has_f16c() noexcept {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    const bool f16c = (ecx & (1u << 29)) != 0;  // CPUID.1:ECX.F16C
+    return f16c && __builtin_cpu_supports("avx2");
+  }();
   return yes;
 }
 

@@ -1,0 +1,50 @@
+// Writes the seed corpus of the decoder fuzzers: valid payloads of each kind
+// at a few sizes and settings, one file each, into <dir>/<kind>/.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "relaxcc/kernels/compressor.h"
+
+using namespace relaxcc;
+using namespace relaxcc::kernels;
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_corpus DIR\n");
+    return 2;
+  }
+  const std::filesystem::path root = argv[1];
+  int written = 0;
+  for (int kind = 1; kind <= 7; ++kind) {
+    const auto k = static_cast<CompressorKind>(kind);
+    const auto dir = root / compressor_name(k);
+    std::filesystem::create_directories(dir);
+    int seed = 0;
+    for (int64_t n : {0, 1, 5, 64, 300}) {
+      for (int bits : {8, 4, 1}) {
+        for (auto mode : {RandomKMode::stratified, RandomKMode::rolling}) {
+          CompressorConfig c;
+          c.kind = k;
+          c.bits = bits;
+          c.chunk = 32;
+          c.ratio = 0.25;
+          c.random_mode = mode;
+          c.step = static_cast<uint64_t>(seed);
+          std::vector<float> x(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.7f * static_cast<float>(i + seed)) * (1 + i % 5);
+          std::vector<std::byte> out(encoded_size(n, c));
+          encode(TensorView::host(x.data(), n), out, c, ExecContext::host());
+          std::ofstream f(dir / ("seed_" + std::to_string(seed++)), std::ios::binary);
+          f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+          ++written;
+        }
+      }
+    }
+  }
+  std::printf("wrote %d seeds under %s\n", written, root.c_str());
+  return 0;
+}
