@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "relaxcc/kernels/philox.h"
 
@@ -67,11 +68,12 @@ __attribute__((target("avx2"))) ChunkRange chunk_range_avx2(const float* x, int6
   return r;
 }
 
-// 8-bit round-to-nearest codes: 32 elements per iteration.
+// Round-to-nearest codes, one byte each, clamped to [0, levels]: 32
+// elements per iteration.
 __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t len, float min, float scale,
-                                                       unsigned char* out) {
+                                                       uint32_t levels, unsigned char* out) {
   const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
-  const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(255);
+  const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(static_cast<int>(levels));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int64_t i = 0;
   for (; i + 32 <= len; i += 32) {
@@ -122,40 +124,82 @@ float minmax_scale(float min, float max, int bits) {
   return std::isfinite(s) ? s : FLT_MAX;
 }
 
-void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
-                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* codes) {
+namespace {
+
+// One byte per code; packed afterwards for fewer bits.
+void codes_bytewise(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
+                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* out) {
   const uint32_t levels = (1u << bits) - 1u;
-  const int64_t bytes = (len * bits + 7) / 8;
-  if (bits == 8 && rounding == Rounding::nearest) {
-    const int64_t done = has_avx2() ? quantize8_avx2(x, len, min, scale, codes) : 0;
-    for (int64_t i = done; i < len; ++i) codes[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
+  if (rounding == Rounding::nearest) {
+    const int64_t done = has_avx2() ? quantize8_avx2(x, len, min, scale, levels, out) : 0;
+    for (int64_t i = done; i < len; ++i) out[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
     return;
   }
-  std::memset(codes, 0, static_cast<size_t>(bytes));
-  const int per_byte = 8 / bits;
-  for (int64_t i = 0; i < len; ++i) {
-    uint32_t q;
-    if (rounding == Rounding::nearest) {
-      q = code_of(x[i], min, scale, levels);
-    } else {
-      const float u = philox_uniform(seed, offset, static_cast<uint64_t>(index0 + i));
+  // Stochastic: one Philox block gives the uniforms of 4 consecutive indices.
+  for (int64_t i = 0; i < len;) {
+    const uint64_t index = static_cast<uint64_t>(index0 + i);
+    const Philox4x32 r = philox4x32(seed, 0, offset + (index >> 2));
+    for (uint64_t lane = index & 3; lane < 4 && i < len; ++lane, ++i) {
+      const float u = static_cast<float>(r.v[lane] >> 8) * (1.0f / 16777216.0f);
       const float v = std::floor((x[i] - min) * scale + u);
-      q = v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
+      out[i] = static_cast<unsigned char>(v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v));
     }
-    codes[i / per_byte] |= static_cast<unsigned char>(q << ((i % per_byte) * bits));
+  }
+}
+
+// Codes of BITS bits, little-endian within each byte, to one byte each.
+template <int BITS>
+void unpack(const unsigned char* codes, int64_t len, unsigned char* out) {
+  constexpr int kPer = 8 / BITS;
+  constexpr unsigned kMask = (1u << BITS) - 1u;
+  const int64_t whole = len / kPer;
+  for (int64_t b = 0; b < whole; ++b)
+    for (int j = 0; j < kPer; ++j) out[b * kPer + j] = static_cast<unsigned char>((codes[b] >> (j * BITS)) & kMask);
+  for (int64_t i = whole * kPer; i < len; ++i)
+    out[i] = static_cast<unsigned char>((codes[i / kPer] >> ((i % kPer) * BITS)) & kMask);
+}
+
+std::vector<unsigned char>& scratch_codes(int64_t len) {
+  thread_local std::vector<unsigned char> codes;
+  if (codes.size() < static_cast<size_t>(len)) codes.resize(static_cast<size_t>(len));
+  return codes;
+}
+
+}  // namespace
+
+void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
+                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* codes) {
+  if (bits == 8) return codes_bytewise(x, len, min, scale, 8, rounding, seed, offset, index0, codes);
+  unsigned char* q = scratch_codes(len).data();
+  codes_bytewise(x, len, min, scale, bits, rounding, seed, offset, index0, q);
+  const int per_byte = 8 / bits;
+  const int64_t bytes = (len * bits + 7) / 8;
+  for (int64_t b = 0; b < bytes; ++b) {
+    unsigned packed = 0;
+    for (int j = 0; j < per_byte; ++j) {
+      const int64_t i = b * per_byte + j;
+      if (i < len) packed |= static_cast<unsigned>(q[i]) << (j * bits);
+    }
+    codes[b] = static_cast<unsigned char>(packed);
   }
 }
 
 void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
                       bool accumulate) {
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  int64_t i = 0;
-  if (bits == 8 && has_avx2()) i = dequantize8_avx2(codes, len, min, inv, out, accumulate);
-  const int per_byte = 8 / bits;
-  const uint32_t mask = (1u << bits) - 1u;
-  for (; i < len; ++i) {
-    const uint32_t q = (codes[i / per_byte] >> ((i % per_byte) * bits)) & mask;
-    const float v = min + static_cast<float>(q) * inv;
+  const unsigned char* q = codes;
+  if (bits != 8) {  // unpack to one byte per code, then the 8-bit path
+    unsigned char* unpacked = scratch_codes(len).data();
+    switch (bits) {
+      case 4: unpack<4>(codes, len, unpacked); break;
+      case 2: unpack<2>(codes, len, unpacked); break;
+      default: unpack<1>(codes, len, unpacked); break;
+    }
+    q = unpacked;
+  }
+  const int64_t done = has_avx2() ? dequantize8_avx2(q, len, min, inv, out, accumulate) : 0;
+  for (int64_t i = done; i < len; ++i) {
+    const float v = min + static_cast<float>(q[i]) * inv;
     out[i] = accumulate ? out[i] + v : v;
   }
 }
