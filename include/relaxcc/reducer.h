@@ -1,0 +1,119 @@
+// Reducer: buckets and the overlap scheduler that make relaxcc a
+// DistributedDataParallel.
+//
+// During backward, gradients become ready one at a time; mark_ready() (any
+// thread) copies each into its bucket (or, with gradient_as_bucket_view, the
+// frontend writes straight into bucket memory) and a complete bucket is
+// handed to the Algorithm at once, in bucket order on every rank, so its
+// communication overlaps the rest of backward. synchronize() at the end of
+// backward settles unused tensors, waits for every bucket with a timeout,
+// copies results back and rethrows any error.
+//
+// Unused tensors: a tensor that gets no gradient in a step is settled by
+// agreement, never by a hang. At synchronize() ranks OR a bitmap of the
+// tensors they marked (on a communicator of the Reducer's own, so the
+// agreement never interleaves with bucket traffic). A tensor used somewhere
+// contributes zeros where it was not used; a tensor unused everywhere is left
+// untouched, as in DDP.
+//
+// The plan is verified across ranks at construction (PeerMismatch names the
+// first tensor that differs) and, with rebuild_after_first_step, rebuilt once
+// from the order in which gradients became ready in the first step (rank 0's
+// order, broadcast), as PyTorch DDP does; on_plan_changed callbacks fire so
+// frontends re-fetch bucket views.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "relaxcc/algorithm.h"
+
+namespace relaxcc {
+
+struct ReducerOptions {
+  BucketPlanOptions plan;
+  bool gradient_as_bucket_view = false;
+  bool rebuild_after_first_step = true;
+  std::chrono::milliseconds timeout{-1};  // negative: RELAXCC_TIMEOUT_MS
+};
+
+class Reducer {
+ public:
+  // Collective over comm. Throws PeerMismatch when ranks registered different
+  // tensors.
+  Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, AlgorithmPtr algorithm,
+          const ExecContext& exec, ReducerOptions options = {}, Tunables tunables = Tunables::from_env());
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Starts a step: resets readiness and calls Algorithm::on_step_begin.
+  void begin_step();
+  // Tensor `index` (registration order) has its gradient. Throws
+  // InvalidArgument for an unknown tensor or one marked twice in a step.
+  void mark_ready(int index);
+  void mark_ready(const std::string& name);
+  // End of backward; see above. Throws what the communication threw.
+  void synchronize();
+  // Gradient accumulation: while set, steps communicate nothing.
+  void set_no_sync(bool no_sync);
+  // The optimizer step and its hooks: `optimizer` updates each gradient's
+  // partner parameter (TensorSpec::partner) from the reduced gradient,
+  // unless the algorithm owns the step.
+  void optimizer_step(Optimizer& optimizer);
+
+  // With gradient_as_bucket_view: the bucket memory that is tensor
+  // `index`'s gradient (re-fetch after a plan change).
+  TensorView gradient_view(int index) const;
+  void on_plan_changed(std::function<void()> callback);
+  const BucketPlan& plan() const { return plan_; }
+  uint64_t plan_version() const { return plan_version_; }
+  int64_t step() const { return step_; }
+  Algorithm& algorithm() { return *algorithm_; }
+  // Seconds since construction at which each bucket of the last step was
+  // handed to the algorithm (for overlap measurements and tests).
+  const std::vector<double>& dispatch_times() const { return dispatch_times_; }
+
+ private:
+  void install_plan(BucketPlan plan);
+  void verify_plan_across_ranks();
+  void dispatch_ready_buckets_locked();
+  void settle_unused();
+  void rebuild_from_ready_order();
+  std::chrono::milliseconds timeout() const;
+
+  CommunicatorPtr comm_;
+  CommunicatorPtr side_;  // agreement traffic, never interleaved with buckets
+  std::vector<TensorSpec> tensors_;
+  AlgorithmPtr algorithm_;
+  ExecContext exec_;
+  ReducerOptions options_;
+  Tunables tunables_;
+  AlgorithmContext context_;
+
+  BucketPlan plan_;
+  uint64_t plan_version_ = 0;
+  std::vector<std::vector<std::byte>> storage_;  // one buffer per bucket
+  std::vector<int> pending_;                     // tensors still to mark, per bucket
+  std::vector<WorkPtr> works_;
+  int next_dispatch_ = 0;
+  std::vector<char> marked_;
+  std::vector<int> ready_order_;
+  std::vector<std::function<void()>> plan_callbacks_;
+  std::vector<double> dispatch_times_;
+  std::vector<char> untouched_;  // unused on every rank in this step
+  std::vector<WorkPtr> step_works_;  // from on_step_begin
+  std::chrono::steady_clock::time_point created_;
+
+  mutable std::mutex mutex_;
+  int64_t step_ = 0;
+  bool in_step_ = false;
+  bool no_sync_ = false;
+  bool rebuilt_ = false;
+};
+
+}  // namespace relaxcc

@@ -1,0 +1,401 @@
+// Buckets, the overlap scheduler, the Algorithm interface, gradient_allreduce,
+// local_sgd, optimizers and state dicts.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "gradient_allreduce/gradient_allreduce.h"
+#include "local_sgd/local_sgd.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/reducer.h"
+#include "test_util.h"
+
+namespace relaxcc {
+namespace {
+
+using algorithms::GradientAllreduce;
+using algorithms::GradientAllreduceOptions;
+using algorithms::LocalSgd;
+using algorithms::LocalSgdOptions;
+using namespace std::chrono_literals;
+
+// A model of `sizes` parameters: gradient i at index 2i, its parameter at 2i+1.
+struct Model {
+  std::vector<std::vector<float>> grads, params;
+  std::vector<TensorSpec> specs;
+  explicit Model(const std::vector<int64_t>& sizes) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      grads.emplace_back(sizes[i]);
+      params.emplace_back(sizes[i]);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      specs.push_back({"g" + std::to_string(i), TensorView::host(grads[i].data(), sizes[i]), TensorRole::gradient,
+                       static_cast<int>(2 * i + 1)});
+      specs.push_back({"p" + std::to_string(i), TensorView::host(params[i].data(), sizes[i]), TensorRole::parameter});
+    }
+  }
+  // gradient i, element j on rank r: a small integer that encodes all three
+  void fill(int rank, int step = 0) {
+    for (size_t i = 0; i < grads.size(); ++i)
+      for (size_t j = 0; j < grads[i].size(); ++j) grads[i][j] = static_cast<float>(test::encode(rank, j + 7 * i + step));
+  }
+  float expected_sum(int ranks, size_t i, size_t j, int step = 0, int skip_rank = -1) const {
+    float s = 0;
+    for (int r = 0; r < ranks; ++r)
+      if (r != skip_rank) s += static_cast<float>(test::encode(r, j + 7 * i + step));
+    return s;
+  }
+  static int grad_index(int i) { return 2 * i; }
+};
+
+// Records the Work of every bucket.
+class RecordingAllreduce final : public Algorithm {
+ public:
+  std::string name() const override { return "recording"; }
+  AlgorithmCapabilities capabilities() const override { return {}; }
+  void init(const AlgorithmContext& ctx) override {
+    inner_.init(ctx);
+    ++inits;
+  }
+  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
+    auto w = inner_.on_bucket_ready(s, bucket, data);
+    std::lock_guard<std::mutex> lock(mutex);
+    works.push_back(w);
+    return w;
+  }
+  std::mutex mutex;
+  std::vector<WorkPtr> works;
+  int inits = 0;
+
+ private:
+  GradientAllreduce inner_{GradientAllreduceOptions{false, false}};
+};
+
+TEST(BucketPlan, SizesAlignmentOrderAndDtypes) {
+  std::vector<float> a(100), b(300), c(0), d(50);
+  std::vector<double> e(40);
+  std::vector<TensorSpec> t{{"a", TensorView::host(a.data(), 100)}, {"b", TensorView::host(b.data(), 300)},
+                            {"c", TensorView::host(c.data(), 0)},   {"d", TensorView::host(d.data(), 50)},
+                            {"e", TensorView::host(e.data(), 40)}};
+  BucketPlanOptions o;
+  o.first_cap_bytes = 256;
+  o.cap_bytes = 1600;
+  o.alignment_bytes = 64;
+  const BucketPlan plan = BucketPlan::build(t, {}, o);
+  // Reverse order: e (f64) opens its own bucket; d fits the small first f32 bucket? 50*4=200 <= 256.
+  ASSERT_EQ(plan.order(), (std::vector<int>{4, 3, 2, 1, 0}));
+  const auto& bs = plan.buckets();
+  ASSERT_EQ(bs.size(), 3u);
+  EXPECT_EQ(bs[0].dtype, DType::f64);  // e: first bucket
+  EXPECT_EQ(bs[0].numel, 40);
+  EXPECT_EQ(bs[1].dtype, DType::f32);  // d, c (empty), b
+  ASSERT_EQ(bs[1].entries.size(), 3u);
+  EXPECT_EQ(bs[1].entries[0].tensor, 3);
+  EXPECT_EQ(bs[1].entries[0].offset, 0);
+  EXPECT_EQ(bs[1].entries[1].tensor, 2);
+  EXPECT_EQ(bs[1].entries[1].offset, 64);  // aligned to 64 bytes = 16 floats
+  EXPECT_EQ(bs[1].entries[2].tensor, 1);
+  EXPECT_EQ(bs[1].entries[2].offset, 64);
+  EXPECT_EQ(bs[1].numel, 364);
+  EXPECT_EQ(bs[2].entries.size(), 1u);  // a: would exceed the cap
+  EXPECT_EQ(bs[2].entries[0].tensor, 0);
+  for (const auto& bucket : bs)
+    for (const auto& en : bucket.entries) EXPECT_EQ(en.offset % (64 / dtype_size(bucket.dtype)), 0);
+  EXPECT_EQ(plan.locate(3), (std::pair<int, int>{1, 0}));
+  EXPECT_NE(plan.hash(t), BucketPlan::build(t, {0, 1, 2, 3, 4}, o).hash(t));
+  EXPECT_THROW(BucketPlan::build(t, {0, 0, 1, 2, 3}, o), InvalidArgument);
+}
+
+TEST(Reducer, GradientAllreduceEqualsMpiAllreduce) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  for (bool view : {false, true}) {
+    Model m({1000, 33, 70000, 1, 4096});
+    ReducerOptions o;
+    o.plan.first_cap_bytes = 4096;
+    o.plan.cap_bytes = 100000;
+    o.gradient_as_bucket_view = view;
+    Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                    ExecContext::host(), o);
+    for (int step = 0; step < 3; ++step) {
+      m.fill(r, step);
+      reducer.begin_step();
+      for (int i = 4; i >= 0; --i) {
+        if (view) {
+          const TensorView g = reducer.gradient_view(Model::grad_index(i));
+          std::memcpy(g.data, m.grads[i].data(), g.nbytes());
+        }
+        reducer.mark_ready(Model::grad_index(i));
+      }
+      reducer.synchronize();
+      // MPI_Allreduce of the same data is the reference.
+      for (size_t i = 0; i < m.grads.size(); ++i) {
+        std::vector<float> want(m.grads[i].size());
+        for (size_t j = 0; j < want.size(); ++j) want[j] = static_cast<float>(test::encode(r, j + 7 * i + step));
+        MPI_Allreduce(MPI_IN_PLACE, want.data(), static_cast<int>(want.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        const TensorView got = reducer.gradient_view(Model::grad_index(static_cast<int>(i)));
+        ASSERT_EQ(std::memcmp(got.data, want.data(), got.nbytes()), 0) << "view " << view << " tensor " << i;
+      }
+    }
+    EXPECT_EQ(n, comm->size());
+  }
+}
+
+TEST(Reducer, ReadinessOutOfOrderAndFromSeveralThreads) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  std::vector<int64_t> sizes(24, 513);
+  Model m(sizes);
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 4096;
+  o.plan.cap_bytes = 8192;
+  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                  ExecContext::host(), o);
+  m.fill(r);
+  reducer.begin_step();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = t; i < 24; i += 4) reducer.mark_ready(Model::grad_index((i * 7 + r) % 24));
+    });
+  for (auto& th : threads) th.join();
+  reducer.synchronize();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    for (size_t j = 0; j < m.grads[i].size(); ++j) ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j));
+}
+
+TEST(Reducer, CommunicationOverlapsTheRestOfBackward) {
+  auto comm = test::world();
+  if (comm->size() == 1) GTEST_SKIP() << "a single rank has nothing to overlap";
+  Model m({200000, 200000});
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 800000;
+  o.plan.cap_bytes = 800000;
+  o.rebuild_after_first_step = false;
+  auto algo = std::make_shared<RecordingAllreduce>();
+  Reducer reducer(comm, m.specs, algo, ExecContext::host(), o);
+  ASSERT_EQ(reducer.plan().buckets().size(), 2u);
+  m.fill(comm->rank());
+  reducer.begin_step();
+  reducer.mark_ready(Model::grad_index(1));  // fills bucket 0 (reverse order)
+  // Bucket 0 is on the wire and completes while bucket 1 is still being produced.
+  WorkPtr first;
+  {
+    std::lock_guard<std::mutex> lock(algo->mutex);
+    ASSERT_EQ(algo->works.size(), 1u);
+    first = algo->works[0];
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!first->is_completed() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(first->is_completed());
+  reducer.mark_ready(Model::grad_index(0));
+  reducer.synchronize();
+  EXPECT_EQ(reducer.dispatch_times().size(), 2u);
+  EXPECT_EQ(m.grads[1][5], m.expected_sum(comm->size(), 1, 5));
+}
+
+TEST(Reducer, UnusedTensorsAreSettledByAgreement) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({100, 100, 100});
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 1 << 20;
+  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                  ExecContext::host(), o);
+  m.fill(r);
+  std::fill(m.grads[2].begin(), m.grads[2].end(), 42.0f);
+  reducer.begin_step();
+  reducer.mark_ready(Model::grad_index(0));
+  if (r != 0) reducer.mark_ready(Model::grad_index(1));  // unused on rank 0 only
+  // tensor 2: unused on every rank
+  reducer.synchronize();
+  for (size_t j = 0; j < 100; ++j) {
+    ASSERT_EQ(m.grads[0][j], m.expected_sum(n, 0, j));
+    // Rank 0 contributed zeros and receives the others' sum; with one rank
+    // the tensor is unused everywhere and keeps its value.
+    const float want1 = n > 1 ? m.expected_sum(n, 1, j, 0, 0) : static_cast<float>(test::encode(0, j + 7));
+    ASSERT_EQ(m.grads[1][j], want1);
+    ASSERT_EQ(m.grads[2][j], 42.0f);  // untouched
+  }
+}
+
+TEST(Reducer, NoSyncSkipsCommunication) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({1000});
+  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                  ExecContext::host());
+  const uint64_t ops_before = comm->stats().operations;
+  reducer.set_no_sync(true);
+  for (int k = 0; k < 3; ++k) {
+    reducer.begin_step();
+    reducer.mark_ready(0);
+    reducer.synchronize();
+  }
+  EXPECT_EQ(comm->stats().operations, ops_before);  // nothing moved
+  reducer.set_no_sync(false);
+  m.fill(r);
+  reducer.begin_step();
+  reducer.mark_ready(0);
+  reducer.synchronize();
+  if (n > 1) {
+    EXPECT_GT(comm->stats().operations, ops_before);  // a single rank moves nothing
+  }
+  for (size_t j = 0; j < 1000; ++j) ASSERT_EQ(m.grads[0][j], m.expected_sum(n, 0, j));
+}
+
+TEST(Reducer, PlanRebuildKeepsStateAndResults) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({300, 300, 300, 300});
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 1200;
+  o.plan.cap_bytes = 2400;
+  o.gradient_as_bucket_view = true;
+  auto algo = std::make_shared<LocalSgd>(LocalSgdOptions{1, 100});  // warmup: gradients allreduced
+  Reducer reducer(comm, m.specs, algo, ExecContext::host(), o);
+  int changes = 0;
+  reducer.on_plan_changed([&] { ++changes; });
+  const uint64_t before = reducer.plan().hash(m.specs);
+  for (int step = 0; step < 2; ++step) {
+    m.fill(r, step);
+    reducer.begin_step();
+    for (int i : {0, 2, 1, 3}) {  // not the registration order
+      const TensorView g = reducer.gradient_view(Model::grad_index(i));
+      std::memcpy(g.data, m.grads[i].data(), g.nbytes());
+      reducer.mark_ready(Model::grad_index(i));
+    }
+    reducer.synchronize();
+    for (int i = 0; i < 4; ++i) {
+      const TensorView g = reducer.gradient_view(Model::grad_index(i));
+      for (int64_t j = 0; j < g.numel; ++j)
+        ASSERT_EQ(g.as<float>()[j], m.expected_sum(n, i, j, step) / static_cast<float>(n)) << "step " << step;
+    }
+  }
+  EXPECT_EQ(changes, 1);
+  EXPECT_EQ(reducer.plan_version(), 1u);
+  EXPECT_NE(reducer.plan().hash(m.specs), before);
+  EXPECT_EQ(reducer.plan().order(), (std::vector<int>{0, 4, 2, 6, 7, 5, 3, 1}));
+}
+
+TEST(LocalSgd, AveragesExactlyEveryPeriod) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({64});
+  auto algo = std::make_shared<LocalSgd>(LocalSgdOptions{3, 2});
+  Reducer reducer(comm, m.specs, algo, ExecContext::host());
+  Sgd sgd(SgdOptions{1.0f});
+  std::fill(m.params[0].begin(), m.params[0].end(), 0.0f);
+  for (int step = 0; step < 9; ++step) {
+    // Gradient = -(rank + 1): every rank drifts by its own amount per step.
+    std::fill(m.grads[0].begin(), m.grads[0].end(), -static_cast<float>(r + 1));
+    reducer.begin_step();
+    reducer.mark_ready(0);
+    reducer.synchronize();
+    reducer.optimizer_step(sgd);
+    const float mean_drift = static_cast<float>(n + 1) / 2.0f;
+    // Warmup (steps 0, 1): gradients averaged, every rank moves by the mean.
+    // Then local steps, averaged after local steps 3 and 6 (steps 4 and 7).
+    float want;
+    if (step < 2) {
+      want = mean_drift * (step + 1);
+    } else {
+      const int local = step - 1;  // local steps done
+      const int synced = (local / 3) * 3;
+      want = mean_drift * 2 + mean_drift * synced + static_cast<float>(r + 1) * (local - synced);
+    }
+    for (float p : m.params[0]) ASSERT_EQ(p, want) << "step " << step;
+    EXPECT_EQ(reducer.algorithm().need_reset(StepInfo{reducer.step()}), reducer.step() == 2);
+  }
+  EXPECT_EQ(algo->averages(), 2);
+}
+
+TEST(Hierarchical, EqualsFlatUnderEmulatedNodes) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model flat({5000, 17}), hier({5000, 17});
+  Reducer a(comm, flat.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{true, false}),
+            ExecContext::host());
+  Reducer b(comm, hier.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{true, true}),
+            ExecContext::host(), {}, Tunables::from_env());
+  flat.fill(r);
+  hier.fill(r);
+  for (Reducer* red : {&a, &b}) {
+    red->begin_step();
+    red->mark_ready(0);
+    red->mark_ready(2);
+    red->synchronize();
+  }
+  for (size_t i = 0; i < 2; ++i)
+    for (size_t j = 0; j < flat.grads[i].size(); ++j) {
+      ASSERT_EQ(hier.grads[i][j], flat.grads[i][j]);
+      ASSERT_EQ(flat.grads[i][j], flat.expected_sum(n, i, j) / static_cast<float>(n));
+    }
+}
+
+TEST(Reducer, BadInputRaisesClearErrors) {
+  auto comm = test::world();
+  Model m({10, 10});
+  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+  reducer.begin_step();
+  EXPECT_THROW(reducer.mark_ready(99), InvalidArgument);
+  EXPECT_THROW(reducer.mark_ready("nope"), InvalidArgument);
+  EXPECT_THROW(reducer.mark_ready(1), InvalidArgument);  // a parameter
+  reducer.mark_ready(0);
+  try {
+    reducer.mark_ready(0);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'g0' marked ready twice"), std::string::npos) << e.what();
+  }
+  reducer.mark_ready(2);
+  reducer.synchronize();
+  if (comm->size() > 1) {
+    // Ranks that register different tensors fail at construction, everywhere.
+    Model other({10, comm->rank() == 1 ? 11 : 10});
+    try {
+      Reducer bad(comm, other.specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+      FAIL() << "no throw";
+    } catch (const PeerMismatch& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor #2"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(StateDicts, SaveLoadRoundTrip) {
+  Adam adam(AdamOptions{0.1f});
+  std::vector<float> p(100, 1.0f), g(100, 0.5f);
+  adam.update(TensorView::host(p.data(), 100), TensorView::host(g.data(), 100), 7);
+  adam.finish_step();
+  const auto bytes = adam.state_dict().serialize();
+  Adam restored(AdamOptions{0.1f});
+  restored.load_state_dict(StateDict::deserialize(bytes));
+  std::vector<float> p2 = p;
+  adam.update(TensorView::host(p.data(), 100), TensorView::host(g.data(), 100), 7);
+  restored.update(TensorView::host(p2.data(), 100), TensorView::host(g.data(), 100), 7);
+  EXPECT_EQ(p, p2);
+  EXPECT_EQ(restored.steps(), 1);
+  auto corrupt = bytes;
+  corrupt.resize(corrupt.size() - 3);
+  EXPECT_THROW(StateDict::deserialize(corrupt), CorruptPayload);
+  LocalSgd a(LocalSgdOptions{2, 0}), b;
+  StateDict sd = a.state_dict();
+  sd.put_int("local_sgd/averages", 5);
+  b.load_state_dict(StateDict::deserialize(sd.serialize()));
+  EXPECT_EQ(b.averages(), 5);
+  // SGD with Nesterov momentum follows PyTorch's update.
+  Sgd sgd(SgdOptions{0.1f, 0.9f, 0.0f, 0.0f, true});
+  std::vector<float> q{1.0f}, gq{1.0f};
+  sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1), 0);  // b = 1; d = 1 + 0.9
+  EXPECT_FLOAT_EQ(q[0], 1.0f - 0.1f * 1.9f);
+  sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1), 0);  // b = 1.9; d = 1 + 1.71
+  EXPECT_FLOAT_EQ(q[0], 1.0f - 0.1f * 1.9f - 0.1f * 2.71f);
+}
+
+}  // namespace
+}  // namespace relaxcc
