@@ -10,5 +10,7 @@ namespace relaxcc::bench {
 void add_allreduce_mode(CLI::App& app);
 // `relaxcc-bench kernels`: compression kernels against memcpy and nth_element.
 void add_kernels_mode(CLI::App& app);
+// `relaxcc-bench overlap`: the Reducer's overlap of communication and backward.
+void add_overlap_mode(CLI::App& app);
 
 }  // namespace relaxcc::bench

@@ -31,11 +31,16 @@
 #include <vector>
 
 #include "relaxcc/algorithm.h"
+#include "relaxcc/bucket_tuner.h"
 
 namespace relaxcc {
 
 struct ReducerOptions {
   BucketPlanOptions plan;
+  // The automatic bucketing optimizer (bucket_tuner.h): tunes plan.cap_bytes
+  // from measured step times (begin_step to begin_step) during the first
+  // steps. Ignored for algorithms whose math depends on bucket boundaries.
+  bool auto_tune_buckets = false;
   bool gradient_as_bucket_view = false;
   bool rebuild_after_first_step = true;
   std::chrono::milliseconds timeout{-1};  // negative: RELAXCC_TIMEOUT_MS
@@ -77,6 +82,8 @@ class Reducer {
   // Seconds since construction at which each bucket of the last step was
   // handed to the algorithm (for overlap measurements and tests).
   const std::vector<double>& dispatch_times() const { return dispatch_times_; }
+  // The tuner, while or after it tunes (null when not enabled).
+  const BucketTuner* tuner() const { return tuner_.get(); }
 
  private:
   void install_plan(BucketPlan plan);
@@ -84,6 +91,7 @@ class Reducer {
   void dispatch_ready_buckets_locked();
   void settle_unused();
   void rebuild_from_ready_order();
+  void tune_at_step_boundary();
   std::chrono::milliseconds timeout() const;
 
   CommunicatorPtr comm_;
@@ -108,6 +116,8 @@ class Reducer {
   std::vector<char> untouched_;  // unused on every rank in this step
   std::vector<WorkPtr> step_works_;  // from on_step_begin
   std::chrono::steady_clock::time_point created_;
+  std::unique_ptr<BucketTuner> tuner_;
+  std::chrono::steady_clock::time_point last_begin_{};
 
   mutable std::mutex mutex_;
   int64_t step_ = 0;

@@ -74,6 +74,39 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   install_plan(BucketPlan::build(tensors_, {}, options_.plan));
   verify_plan_across_ranks();
   algorithm_->init(context_);
+  if (options_.auto_tune_buckets) {
+    if (algorithm_->capabilities().depends_on_bucket_boundaries) {
+      RELAXCC_LOG(info, "Reducer: ", algorithm_->name(), " depends on bucket boundaries: no bucket tuning");
+    } else {
+      int64_t total = 0;
+      for (const TensorSpec& t : tensors_)
+        if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
+      tuner_ = std::make_unique<BucketTuner>(BucketTunerOptions{3, std::max<int64_t>(total, 1)});
+      options_.plan.cap_bytes = tuner_->current_cap();
+      options_.plan.first_cap_bytes = std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
+      install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
+      algorithm_->init(context_);
+    }
+  }
+}
+
+void Reducer::tune_at_step_boundary() {
+  const auto now = std::chrono::steady_clock::now();
+  const bool first = last_begin_ == std::chrono::steady_clock::time_point{};
+  const double local = std::chrono::duration<double>(now - last_begin_).count();
+  last_begin_ = now;
+  if (first) return;
+  double step_seconds = local;  // the slowest rank's step
+  AllreduceOptions o;
+  o.op = ReduceOp::max;
+  side_->allreduce(TensorView::host(&step_seconds, 1), ExecContext::host(), o)->wait(timeout());
+  if (!tuner_->record(step_seconds)) return;
+  options_.plan.cap_bytes = tuner_->current_cap();
+  options_.plan.first_cap_bytes = std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
+  install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
+  ++plan_version_;
+  algorithm_->init(context_);
+  for (auto& cb : plan_callbacks_) cb();
 }
 
 Reducer::~Reducer() {
@@ -150,8 +183,12 @@ void Reducer::verify_plan_across_ranks() {
 }
 
 void Reducer::begin_step() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    RELAXCC_ENFORCE(!in_step_, InvalidArgument, "Reducer: begin_step while step ", step_, " is not synchronized");
+  }
+  if (tuner_ && !tuner_->done() && !no_sync_) tune_at_step_boundary();
   std::lock_guard<std::mutex> lock(mutex_);
-  RELAXCC_ENFORCE(!in_step_, InvalidArgument, "Reducer: begin_step while step ", step_, " is not synchronized");
   in_step_ = true;
   std::fill(marked_.begin(), marked_.end(), 0);
   std::fill(untouched_.begin(), untouched_.end(), 0);
