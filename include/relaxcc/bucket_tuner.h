@@ -25,7 +25,7 @@
 namespace relaxcc {
 
 struct BucketTunerOptions {
-  int steps_per_cap = 3;
+  int steps_per_cap = 5;
   int64_t total_bytes = 0;  // bytes of all gradients (for bucket counts)
 };
 

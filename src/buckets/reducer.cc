@@ -81,7 +81,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       int64_t total = 0;
       for (const TensorSpec& t : tensors_)
         if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
-      tuner_ = std::make_unique<BucketTuner>(BucketTunerOptions{3, std::max<int64_t>(total, 1)});
+      tuner_ = std::make_unique<BucketTuner>(BucketTunerOptions{5, std::max<int64_t>(total, 1)});
       options_.plan.cap_bytes = tuner_->current_cap();
       options_.plan.first_cap_bytes = std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
       install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));

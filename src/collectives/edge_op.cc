@@ -131,20 +131,9 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
 }
 
 void EdgeOp::abort(Transport& t, std::exception_ptr error) {
-  bool poisoned = false;
-  std::string reason = "local error";
-  try {
-    std::rethrow_exception(error);
-  } catch (const CommunicatorPoisoned& e) {
-    poisoned = true;
-    reason = e.message();
-  } catch (const Error& e) {
-    reason = e.message();
-  } catch (const std::exception& e) {
-    reason = e.what();
-  } catch (...) {
-  }
-  if (poisoned && !hard_abort_) {
+  const AbortCause cause = abort_cause(error);
+  const std::string& reason = cause.reason;
+  if (cause.kind == AbortKind::poisoned && !hard_abort_) {
     hard_abort_ = true;
     set_error(error);
     // Tell peers owed data, cancel every receive, finish now.

@@ -185,19 +185,9 @@ void RecursiveDoublingOp::finish_step(Transport& t) {
 }
 
 void RecursiveDoublingOp::abort(Transport& t, std::exception_ptr error) {
-  std::string reason = "local error";
-  bool poisoned = false;
-  try {
-    std::rethrow_exception(error);
-  } catch (const CommunicatorPoisoned& e) {
-    poisoned = true;
-    reason = e.message();
-  } catch (const Error& e) {
-    reason = e.message();
-  } catch (...) {
-  }
-  record_failure(error, reason, poisoned ? AbortKind::poisoned : AbortKind::error, rank_);
-  if (poisoned) {
+  const AbortCause cause = abort_cause(error);
+  record_failure(error, cause.reason, cause.kind, rank_);
+  if (cause.kind == AbortKind::poisoned) {
     t.cancel_receives(*this, 1);
     probing_ = false;
     done_ = true;

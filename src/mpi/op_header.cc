@@ -24,6 +24,21 @@ bool same_call(const OpHeader& a, const OpHeader& b) noexcept {
          a.from_peer == b.to_peer;
 }
 
+AbortCause abort_cause(const std::exception_ptr& error) {
+  AbortCause cause;
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommunicatorPoisoned& e) {
+    cause = {AbortKind::poisoned, e.message()};
+  } catch (const Error& e) {
+    cause.reason = e.message();
+  } catch (const std::exception& e) {
+    cause.reason = e.what();
+  } catch (...) {
+  }
+  return cause;
+}
+
 std::string describe(const OpHeader& h) {
   if (h.magic != kHeaderMagic || h.version != kHeaderVersion)
     return detail::concat("a corrupt header (magic ", h.magic, ", version ", int(h.version), ")");

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "relaxcc/dtype.h"
@@ -58,6 +59,14 @@ bool same_call(const OpHeader& mine, const OpHeader& theirs) noexcept;
 std::string describe(const OpHeader& h);
 
 enum class AbortKind : int32_t { error = 0, mismatch = 1, poisoned = 2 };
+
+// Why an operation is being aborted: `poisoned` for CommunicatorPoisoned
+// (abort hard), `error` otherwise; the message goes to the peers.
+struct AbortCause {
+  AbortKind kind = AbortKind::error;
+  std::string reason = "local error";
+};
+AbortCause abort_cause(const std::exception_ptr& error);
 
 struct AbortRecord {
   uint32_t magic = kHeaderMagic;
