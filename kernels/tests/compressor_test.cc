@@ -515,11 +515,19 @@ TEST(CompressorGpu, MatchesCpuBitForBit) {
       if (kind != CompressorKind::minmax) break;
     }
   }
-  // Scatter of host-selected top-k, validated on the device.
+  // Top-k: host selection, device gather; then the device scatter,
+  // validated on the device.
   CompressorConfig tc = make(CompressorKind::topk);
   tc.ratio = 0.01;
-  std::vector<std::byte> tk(encoded_size(n, tc));
+  std::vector<std::byte> tk(encoded_size(n, tc)), tk_gpu(tk.size());
   encode(TensorView::host(const_cast<float*>(x.data()), n), tk, tc, cpu);
+  {
+    test::GpuBuffer payload(nullptr, tk.size());
+    encode(TensorView(dx.get(), n, DType::f32, gpu.device),
+           std::span<std::byte>(static_cast<std::byte*>(payload.get()), tk.size()), tc, gpu);
+    payload.copy_to_host(tk_gpu.data());
+    EXPECT_EQ(tk_gpu, tk);
+  }
   test::GpuBuffer dp(tk.data(), tk.size()), dy(nullptr, n * 4);
   decode(std::span<const std::byte>(static_cast<const std::byte*>(dp.get()), tk.size()),
          TensorView(dy.get(), n, DType::f32, gpu.device), gpu);
