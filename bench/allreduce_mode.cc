@@ -143,6 +143,9 @@ void add_allreduce_mode(CLI::App& app) {
                   "relaxcc algorithm: auto (selection table), ring, recursive_doubling")
       ->capture_default_str();
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
+  // A later flag overrides an earlier one (scripts pass defaults, users append).
+  for (CLI::Option* opt : sub->get_options())
+    if (opt->get_name() != "--impl") opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sub->callback([args] { run_allreduce(*args); });
 }
 

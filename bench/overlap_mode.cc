@@ -37,6 +37,7 @@ struct OverlapArgs {
   std::vector<std::string> compute{"sleep", "busy"};
   double compute_ms = 0;  // 0: equal to the measured communication time
   std::string cap = "25M";  // bucket cap of the a/b/c rows (PyTorch DDP's default)
+  bool bucket_view = false;  // gradient_as_bucket_view
   int iters = 8, warmup = 2;
   bool tune = false;
   std::string json;
@@ -122,6 +123,7 @@ void run_overlap(const OverlapArgs& args) {
     ReducerOptions plain;
     plain.plan.cap_bytes = parse_size(args.cap);
     plain.plan.first_cap_bytes = std::min(plain.plan.first_cap_bytes, plain.plan.cap_bytes);
+    plain.gradient_as_bucket_view = args.bucket_view;
     auto reducer = make_reducer(comm, job, plain);
     const double comm_ms = step_ms(world, args.warmup, args.iters, [&] {
       reducer->begin_step();
@@ -150,7 +152,7 @@ void run_overlap(const OverlapArgs& args) {
                     static_cast<long long>(job.total), a, comm_part, b, c, efficiency);
       report.print(line);
       report.add(Row().set("mode", "overlap").set("model", model).set("compute_kind", kind).set("ranks", world.size)
-                     .set("cap_bytes", parse_size(args.cap))
+                     .set("cap_bytes", parse_size(args.cap)).set("bucket_view", args.bucket_view ? 1 : 0)
                      .set("params", job.total).set("compute_ms", a).set("comm_ms", comm_part).set("serial_ms", b)
                      .set("overlapped_ms", c).set("overlap_efficiency", efficiency));
     }
@@ -201,6 +203,7 @@ void add_overlap_mode(CLI::App& app) {
   sub->add_option("--compute-ms", args->compute_ms, "Backward compute per step; 0 = the measured communication time")
       ->capture_default_str();
   sub->add_option("--cap", args->cap, "Bucket cap of the compute/serial/overlapped rows")->capture_default_str();
+  sub->add_flag("--bucket-view", args->bucket_view, "Gradients live in bucket memory (no copies)");
   sub->add_option("-n,--iters", args->iters, "Timed steps")->capture_default_str();
   sub->add_option("-w,--warmup_iters", args->warmup, "Untimed steps first")->capture_default_str();
   // Not "--tune": mpirun takes that for its own option even after the program.

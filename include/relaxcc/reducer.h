@@ -92,6 +92,7 @@ class Reducer {
   void settle_unused();
   void rebuild_from_ready_order();
   void tune_at_step_boundary();
+  void copy_out(int bucket);
   std::chrono::milliseconds timeout() const;
 
   CommunicatorPtr comm_;

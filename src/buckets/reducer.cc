@@ -305,19 +305,32 @@ void Reducer::synchronize() {
     std::lock_guard<std::mutex> lock(mutex_);
     works = works_;
   }
-  wait_all(works, timeout());
-  if (WorkPtr w = algorithm_->on_backward_end(StepInfo{step_})) w->wait(timeout());
-  if (!options_.gradient_as_bucket_view) {
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      if (tensors_[i].role != TensorRole::gradient || untouched_[i]) continue;
-      const auto [b, e] = plan_.locate(static_cast<int>(i));
-      const Bucket& bucket = plan_.buckets()[b];
-      if (bucket.entries[e].numel > 0)
-        std::memcpy(tensors_[i].view.data, slot_ptr(storage_[b], bucket.entries[e], bucket.dtype),
-                    tensors_[i].view.nbytes());
+  // Each bucket is copied back as soon as its Work completed, while later
+  // buckets are still on the wire.
+  std::exception_ptr first_error;
+  for (size_t b = 0; b < works.size(); ++b) {
+    try {
+      if (works[b]) works[b]->wait(timeout());
+      if (!first_error) copy_out(static_cast<int>(b));
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
     }
   }
+  if (first_error) std::rethrow_exception(first_error);
+  if (WorkPtr w = algorithm_->on_backward_end(StepInfo{step_})) {
+    w->wait(timeout());
+    for (size_t b = 0; b < works.size(); ++b) copy_out(static_cast<int>(b));  // it may have changed buckets
+  }
   if (options_.rebuild_after_first_step && !rebuilt_) rebuild_from_ready_order();
+}
+
+void Reducer::copy_out(int b) {
+  if (options_.gradient_as_bucket_view) return;
+  const Bucket& bucket = plan_.buckets()[b];
+  for (const BucketEntry& e : bucket.entries) {
+    if (untouched_[e.tensor] || e.numel == 0) continue;
+    std::memcpy(tensors_[e.tensor].view.data, slot_ptr(storage_[b], e, bucket.dtype), tensors_[e.tensor].view.nbytes());
+  }
 }
 
 void Reducer::rebuild_from_ready_order() {
