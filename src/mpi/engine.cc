@@ -110,7 +110,6 @@ bool Transport::throttled(const Operation& op) const {
 }
 
 MPI_Comm Transport::coll_comm() const { return engine_.coll_comm_; }
-MPI_Comm Transport::p2p_comm() const { return engine_.p2p_comm_; }
 int Transport::rank() const { return engine_.rank_; }
 int Transport::size() const { return engine_.size_; }
 const Tunables& Transport::tunables() const { return engine_.tunables_; }
@@ -174,11 +173,6 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
   }
   cv_.notify_all();
   return work;
-}
-
-uint64_t Engine::next_seq() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return next_seq_;
 }
 
 void Engine::poison(const std::string& reason) {

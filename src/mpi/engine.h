@@ -74,7 +74,6 @@ class Transport {
   // A higher-priority operation is active: post one segment at a time.
   bool throttled(const Operation& op) const;
   MPI_Comm coll_comm() const;
-  MPI_Comm p2p_comm() const;
   int rank() const;
   int size() const;
   const Tunables& tunables() const;
@@ -153,8 +152,6 @@ class Engine {
   // description reads "<name> #<seq> <details>".
   // Throws CommunicatorPoisoned when the engine is poisoned.
   std::shared_ptr<Work> submit(std::shared_ptr<Operation> op, const std::string& details);
-  // The sequence number the next submitted operation gets.
-  uint64_t next_seq() const;
 
   void poison(const std::string& reason);
   bool poisoned() const { return poisoned_.load(); }
@@ -163,7 +160,7 @@ class Engine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Tunables& tunables() const { return tunables_; }
-  MPI_Comm coll_comm() const { return coll_comm_; }
+  int max_tag() const { return max_tag_; }
 
  private:
   friend class Transport;

@@ -93,7 +93,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return engine_->size(); }
   bool poisoned() const override { return engine_->poisoned(); }
   CommStats stats() const override { return engine_->stats(); }
-  int max_p2p_tag() const override { return (engine_tag_ub() - 1) / 2; }
+  int max_p2p_tag() const override { return (engine_->max_tag() - 1) / 2; }
 
   void handshake(std::chrono::milliseconds timeout) {
     OpHeader h;
@@ -284,13 +284,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  int engine_tag_ub() const {
-    int* ub = nullptr;
-    int flag = 0;
-    MPI_Comm_get_attr(engine_->coll_comm(), MPI_TAG_UB, &ub, &flag);
-    return flag && ub ? *ub : 32767;
-  }
-
   static int checked_int(int64_t v, const char* what) {
     RELAXCC_ENFORCE(v >= 0 && v <= INT32_MAX, InvalidArgument, what, ": ", v,
                     " bytes exceed what one MPI call can describe (2^31-1)");
