@@ -200,7 +200,7 @@ TEST(Timeout, MissingRankTimesOutAndPoisons) {
     const std::string what = expect_throw<Timeout>([&] { first->wait(1500ms); });
     const auto elapsed = std::chrono::steady_clock::now() - t0;
     EXPECT_GE(elapsed, 1500ms);
-    EXPECT_LT(elapsed, 5000ms);
+    EXPECT_LT(elapsed, 10000ms);  // generous: CI machines run tests side by side
     EXPECT_NE(what.find("allreduce #"), std::string::npos) << what;
     EXPECT_NE(what.find("peers"), std::string::npos) << what;
     EXPECT_NE(what.find("poisoned"), std::string::npos) << what;
