@@ -86,6 +86,8 @@ class Reducer {
   const BucketTuner* tuner() const { return tuner_.get(); }
 
  private:
+  // Starts a step; `implicit` (mark_ready, synchronize) is a no-op inside one.
+  void start_step(bool implicit);
   void install_plan(BucketPlan plan);
   void verify_plan_across_ranks();
   void dispatch_ready_buckets_locked();
@@ -121,6 +123,7 @@ class Reducer {
   std::chrono::steady_clock::time_point last_begin_{};
 
   mutable std::mutex mutex_;
+  std::mutex start_mutex_;
   int64_t step_ = 0;
   bool in_step_ = false;
   bool no_sync_ = false;

@@ -182,9 +182,14 @@ void Reducer::verify_plan_across_ranks() {
                 "; rank ", comm_->rank(), " has ", here, " (", count, " tensors), rank 0 has ", root_count, " tensors");
 }
 
-void Reducer::begin_step() {
+void Reducer::begin_step() { start_step(false); }
+
+void Reducer::start_step(bool implicit) {
+  // Serializes starts: mark_ready may start a step from several threads.
+  std::lock_guard<std::mutex> start_lock(start_mutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (in_step_ && implicit) return;
     RELAXCC_ENFORCE(!in_step_, InvalidArgument, "Reducer: begin_step while step ", step_, " is not synchronized");
   }
   if (tuner_ && !tuner_->done() && !no_sync_) tune_at_step_boundary();
@@ -211,19 +216,11 @@ void Reducer::mark_ready(const std::string& name) {
 }
 
 void Reducer::mark_ready(int index) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    RELAXCC_ENFORCE(index >= 0 && index < static_cast<int>(tensors_.size()), InvalidArgument,
-                    "Reducer: mark_ready of unknown tensor #", index, " (", tensors_.size(), " registered)");
-    RELAXCC_ENFORCE(tensors_[index].role == TensorRole::gradient, InvalidArgument, "Reducer: mark_ready of '",
-                    tensors_[index].name, "', which is not a gradient");
-  }
-  bool start = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    start = !in_step_;
-  }
-  if (start) begin_step();
+  RELAXCC_ENFORCE(index >= 0 && index < static_cast<int>(tensors_.size()), InvalidArgument,
+                  "Reducer: mark_ready of unknown tensor #", index, " (", tensors_.size(), " registered)");
+  RELAXCC_ENFORCE(tensors_[index].role == TensorRole::gradient, InvalidArgument, "Reducer: mark_ready of '",
+                  tensors_[index].name, "', which is not a gradient");
+  start_step(true);
   std::lock_guard<std::mutex> lock(mutex_);
   RELAXCC_ENFORCE(!marked_[index], InvalidArgument, "Reducer: tensor '", tensors_[index].name,
                   "' marked ready twice in step ", step_);
@@ -276,16 +273,9 @@ void Reducer::settle_unused() {
 }
 
 void Reducer::synchronize() {
+  start_step(true);  // a step with no gradient at all on this rank starts here
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!in_step_) {  // a step with no gradient at all on this rank
-      in_step_ = true;
-      std::fill(marked_.begin(), marked_.end(), 0);
-      std::fill(untouched_.begin(), untouched_.end(), 0);
-      for (size_t b = 0; b < plan_.buckets().size(); ++b)
-        pending_[b] = static_cast<int>(plan_.buckets()[b].entries.size());
-      next_dispatch_ = 0;
-    }
     if (no_sync_) {
       in_step_ = false;
       return;

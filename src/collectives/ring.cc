@@ -124,11 +124,6 @@ void RingOp::build_schedule() {
   }
 }
 
-TensorView RingOp::view(const TensorView& base, int64_t offset, int64_t count) const {
-  return TensorView(static_cast<char*>(base.data) + offset * static_cast<int64_t>(dtype_size(spec_.dtype)),
-                    count, spec_.dtype, base.device);
-}
-
 unsigned char* RingOp::wire_slot(const Msg& m) {
   const int64_t half = m.step % 2;
   return rs_buffer_.data() + (half * max_segments_ + m.seg) * static_cast<int64_t>(wire_bytes_);
@@ -146,10 +141,10 @@ void RingOp::run(Transport& t) {
     if (m.dep >= 0 && !in_done_[m.dep]) break;
     const void* wire;
     if (m.reduce) {
-      wire = m.dep < 0 ? codec_->encode(view(spec_.local, m.offset, m.count), nullptr, ctx_)
+      wire = m.dep < 0 ? codec_->encode(spec_.local.slice(m.offset, m.count), nullptr, ctx_)
                        : codec_->encode(TensorView(wire_slot(in_[m.dep]), m.count, spec_.dtype), nullptr, ctx_);
     } else {
-      wire = codec_->encode(view(spec_.gathered, m.offset, m.count), nullptr, ctx_);
+      wire = codec_->encode(spec_.gathered.slice(m.offset, m.count), nullptr, ctx_);
     }
     send_data(t, right_, next_out_, wire, codec_->wire_bytes(m.count, spec_.dtype));
     ++next_out_;
@@ -166,7 +161,7 @@ void RingOp::run(Transport& t) {
       }
       target = wire_slot(m);
     } else {
-      target = view(spec_.gathered, m.offset, m.count).data;
+      target = spec_.gathered.slice(m.offset, m.count).data;
     }
     recv_data(t, left_, next_in_, target, codec_->wire_bytes(m.count, spec_.dtype));
     ++next_in_;
@@ -176,17 +171,17 @@ void RingOp::run(Transport& t) {
 void RingOp::on_received(Transport& t, int, int64_t index) {
   Msg& m = in_[index];
   if (m.reduce) {
-    const TensorView local = view(spec_.local, m.offset, m.count);
+    const TensorView local = spec_.local.slice(m.offset, m.count);
     unsigned char* wire = wire_slot(m);
     if (m.step == size_ - 2) {  // chunk r is complete: combine straight into the result
-      const TensorView dst = view(spec_.result, m.offset - chunk_offset_[rank_], m.count);
+      const TensorView dst = spec_.result.slice(m.offset - chunk_offset_[rank_], m.count);
       codec_->combine(wire, local, spec_.op, dst, ctx_);
       if (spec_.op == ReduceOp::avg) kernels::finish_average(dst, size_, ctx_);
     } else {
       codec_->combine(wire, local, spec_.op, TensorView(wire, m.count, spec_.dtype), ctx_);
     }
   } else {
-    const TensorView dst = view(spec_.gathered, m.offset, m.count);
+    const TensorView dst = spec_.gathered.slice(m.offset, m.count);
     codec_->decode(dst.data, dst, ctx_);
   }
   in_done_[index] = 1;

@@ -68,7 +68,6 @@ class RingOp final : public EdgeOp {
   bool data_done() const override;
 
   void build_schedule();
-  TensorView view(const TensorView& base, int64_t offset, int64_t count) const;
   unsigned char* wire_slot(const Msg& m);
 
   RingSpec spec_;

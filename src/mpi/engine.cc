@@ -254,16 +254,10 @@ void Engine::test_requests(bool& progressed) {
       stats_.bytes_received += static_cast<uint64_t>(got);
       stats_.received_from[p.peer] += static_cast<uint64_t>(got);
     }
-    if (trace_.is_open() && (p.send || p.recv)) {
-      const auto now = Clock::now();
-      trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << (p.send ? "send" : "recv")
-             << "\",\"cat\":\"transport\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":"
-             << (p.send ? 1 : 2) << ",\"ts\":" << micros(p.posted)
-             << ",\"dur\":" << micros(now) - micros(p.posted) << ",\"args\":{\"peer\":" << p.peer
-             << ",\"bytes\":" << p.bytes << ",\"op\":\"" << p.op->name() << "\",\"seq\":"
-             << p.op->seq() << "}}";
-      trace_first_ = false;
-    }
+    if (trace_.is_open() && (p.send || p.recv))
+      trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
+                  detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"", p.op->name(),
+                                 "\",\"seq\":", p.op->seq()));
     try {
       p.op->on_complete(transport_, p.slot, status, err);
     } catch (...) {
@@ -279,7 +273,11 @@ void Engine::retire_finished() {
   for (const auto& op : active_) {
     if (op->work_completed_ || !op->done()) continue;
     op->work_completed_ = true;
-    trace(*op, "op");
+    if (trace_.is_open())
+      trace_event(op->name(), "op", 0, op->started_,
+                  detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(), ",\"queued_us\":",
+                                 micros(op->started_) - micros(op->submitted_),
+                                 ",\"ok\":", op->error() ? "false" : "true"));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.operations;
@@ -292,14 +290,12 @@ void Engine::retire_finished() {
   active_.erase(it, active_.end());
 }
 
-void Engine::trace(const Operation& op, const char* cat) {
+void Engine::trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,
+                         const std::string& args) {
   if (!trace_.is_open()) return;
-  const auto now = Clock::now();
-  trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << op.name() << "\",\"cat\":\"" << cat
-         << "\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":0,\"ts\":" << micros(op.started_)
-         << ",\"dur\":" << micros(now) - micros(op.started_) << ",\"args\":{\"seq\":" << op.seq()
-         << ",\"priority\":" << op.priority() << ",\"queued_us\":" << micros(op.started_) - micros(op.submitted_)
-         << ",\"ok\":" << (op.error() ? "false" : "true") << "}}";
+  trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << name << "\",\"cat\":\"" << cat
+         << "\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":" << tid << ",\"ts\":" << micros(start)
+         << ",\"dur\":" << micros(Clock::now()) - micros(start) << ",\"args\":{" << args << "}}";
   trace_first_ = false;
 }
 
@@ -426,12 +422,7 @@ void Engine::loop() {
     cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
       return !queue_.empty() || (poisoned_.load() && !poison_applied_);
     });
-    if (trace_.is_open()) {
-      trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"sleep\",\"cat\":\"engine\",\"ph\":\"X\",\"pid\":"
-             << rank_ << ",\"tid\":3,\"ts\":" << micros(now) << ",\"dur\":" << micros(Clock::now()) - micros(now)
-             << ",\"args\":{\"requested_us\":" << sleep_us << "}}";
-      trace_first_ = false;
-    }
+    if (trace_.is_open()) trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
   }
   int finalized = 0;
   MPI_Finalized(&finalized);

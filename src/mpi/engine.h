@@ -181,7 +181,10 @@ class Engine {
   void retire_finished();
   void abort_all(const std::string& reason, bool from_timeout);
   void inspect_stalls();
-  void trace(const Operation& op, const char* phase);
+  // One Chrome-trace "complete" event from `start` to now; `args` is the
+  // inside of its JSON args object.
+  void trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,
+                   const std::string& args);
   void drain_on_shutdown();
 
   MPI_Comm coll_comm_;
