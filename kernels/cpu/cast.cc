@@ -8,6 +8,11 @@
 
 namespace relaxcc::kernels::cpu {
 
+bool has_avx2() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
 bool has_f16c() noexcept {
   static const bool yes = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;

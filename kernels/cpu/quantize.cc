@@ -7,14 +7,10 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "relaxcc/kernels/philox.h"
 
 namespace relaxcc::kernels::cpu {
-
-bool has_avx2() noexcept {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
 
 namespace {
 

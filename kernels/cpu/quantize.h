@@ -29,6 +29,4 @@ void quantize_chunk(const float* x, int64_t len, float min, float scale, int bit
 void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
                       bool accumulate);
 
-bool has_avx2() noexcept;
-
 }  // namespace relaxcc::kernels::cpu

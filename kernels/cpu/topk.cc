@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu_kernels.h"
 #include "quantize.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/thread_pool.h"

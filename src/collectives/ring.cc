@@ -107,9 +107,16 @@ void RingOp::build_schedule() {
     std::vector<int64_t> in_segments(n, 0);
     for (const Msg& m : in_)
       if (m.reduce) ++in_segments[m.step];
-    for (Msg& m : in_)
-      if (m.reduce && m.step >= 2 && m.seg < in_segments[m.step - 2])
+    last_slots_ = std::min<int64_t>(std::max(1, spec_.pipeline_depth), in_segments[n - 2]);
+    for (int64_t k = 0; k < static_cast<int64_t>(in_.size()); ++k) {
+      Msg& m = in_[k];
+      if (!m.reduce) continue;
+      if (m.step == n - 2) {
+        if (m.seg >= last_slots_) m.reuse_in = k - last_slots_;
+      } else if (m.step >= 2 && m.seg < in_segments[m.step - 2]) {
         m.reuse = out_start_rs[m.step - 1] + m.seg;
+      }
+    }
   }
   if (spec_.gather_phase) {
     for (int s = 0; s < n - 1; ++s) {
@@ -125,18 +132,21 @@ void RingOp::build_schedule() {
 }
 
 unsigned char* RingOp::wire_slot(const Msg& m) {
-  const int64_t half = m.step % 2;
-  return rs_buffer_.data() + (half * max_segments_ + m.seg) * static_cast<int64_t>(wire_bytes_);
+  const int64_t slot = m.step == size_ - 2 ? m.seg % last_slots_
+                                           : last_slots_ + (m.step % 2) * max_segments_ + m.seg;
+  return rs_buffer_.data() + slot * static_cast<int64_t>(wire_bytes_);
 }
 
 void RingOp::run(Transport& t) {
-  const int64_t depth = t.throttled(*this) ? 1 : std::max(1, spec_.pipeline_depth);
+  const bool throttled = t.throttled(*this);
+  const int64_t depth = throttled ? 1 : std::max(1, spec_.pipeline_depth);
+  const int64_t send_window = throttled ? 1 : static_cast<int64_t>(out_.size());
   if (!edge_live(left_) || !edge_live(right_)) return;
   // Sends first: posting one only announces it, while posting a receive for
   // a message that already arrived copies it on the spot (shared-memory
   // single copy), which would hold back this rank's own sends. Both in
   // schedule order; a send waits for the segment it forwards.
-  while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < depth) {
+  while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < send_window) {
     const Msg& m = out_[next_out_];
     if (m.dep >= 0 && !in_done_[m.dep]) break;
     const void* wire;
@@ -155,9 +165,10 @@ void RingOp::run(Transport& t) {
     void* target;
     if (m.reduce) {
       if (m.reuse >= 0 && !out_done_[m.reuse]) break;
+      if (m.reuse_in >= 0 && !in_done_[m.reuse_in]) break;
       if (rs_buffer_.size() == 0) {
-        const int64_t halves = std::min(2, size_ - 1);
-        rs_buffer_ = t.scratch(static_cast<size_t>(halves * max_segments_) * wire_bytes_);
+        const int64_t halves = std::min(2, size_ - 2);  // steps before the last
+        rs_buffer_ = t.scratch(static_cast<size_t>(last_slots_ + halves * max_segments_) * wire_bytes_);
       }
       target = wire_slot(m);
     } else {

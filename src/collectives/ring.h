@@ -10,11 +10,21 @@
 // pipeline_depth segments in flight per direction (one while a
 // higher-priority operation is active).
 //
-// Reduce-scatter segments land in a double buffer of two chunks, by step
-// parity: segment j of step s may be received only once the send that
-// forwarded segment j of step s-2 (same half of the buffer) completed. This
-// bounds scratch memory to two chunks and cannot deadlock: every wait points
-// to an earlier step. Allgather receives straight into the output.
+// Reduce-scatter segments land in scratch. Segments of the last step are
+// combined straight into the result, so their slot is free once combined:
+// they cycle through pipeline_depth slots. Segments of earlier steps wait in
+// a double buffer of two chunks, by step parity, until forwarded: segment j
+// of step s may be received only once the send that forwarded segment j of
+// step s-2 (same half of the buffer) completed. This cannot deadlock: every
+// wait points to an earlier step. Allgather receives straight into the
+// output.
+//
+// Receives are limited to pipeline_depth in flight (they bound the data in
+// flight: MPI moves a large message once its receive is posted). Sends are
+// posted as soon as their data is ready: posting costs no memory, and on
+// shared memory a send completes only when the receiver pulled it and this
+// rank next polls, so a send window would stall the pipeline. An operation
+// throttled by a higher-priority one posts one segment at a time.
 #pragma once
 
 #include <memory>
@@ -58,8 +68,10 @@ class RingOp final : public EdgeOp {
     int64_t count = 0;
     int64_t seg = 0;     // segment index within the chunk
     int64_t dep = -1;    // outgoing: the incoming message it forwards
-    int64_t reuse = -1;  // incoming reduce-scatter: the outgoing message that must
-                         // complete before this one may land in its buffer half
+    int64_t reuse = -1;     // incoming reduce-scatter: the outgoing message that must
+                            // complete before this one may land in its buffer half
+    int64_t reuse_in = -1;  // incoming last-step segment: the incoming message that
+                            // must be combined before this one takes its slot
   };
 
   void run(Transport& t) override;
@@ -82,7 +94,8 @@ class RingOp final : public EdgeOp {
   std::vector<char> in_done_, out_done_;
   int64_t next_in_ = 0, processed_in_ = 0, next_out_ = 0, completed_out_ = 0;
   int64_t max_segments_ = 0;           // segments of the largest chunk
-  ScratchPool::Buffer rs_buffer_;      // the reduce-scatter double buffer
+  int64_t last_slots_ = 0;             // slots of the last reduce-scatter step
+  ScratchPool::Buffer rs_buffer_;      // last-step slots, then the double buffer
 };
 
 }  // namespace relaxcc::mpi

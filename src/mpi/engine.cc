@@ -146,6 +146,7 @@ Engine::~Engine() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
+    signalled_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
   thread_.join();
@@ -169,7 +170,7 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
         [this](const std::string& reason) { poison(reason); });
     op->work_ = work;
     queue_.push_back(std::move(op));
-
+    signalled_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
   return work;
@@ -181,6 +182,7 @@ void Engine::poison(const std::string& reason) {
     if (poisoned_.load()) return;
     poison_reason_ = reason;
     poisoned_.store(true);
+    signalled_.store(true, std::memory_order_release);
   }
   RELAXCC_LOG(warn, "communicator poisoned: ", reason);
   cv_.notify_all();
@@ -339,10 +341,19 @@ void Engine::loop() {
   int64_t sleep_us = 0;
   const auto spin = std::chrono::microseconds(tunables_.spin_us);
   Clock::time_point shutdown_deadline{};
+  std::deque<std::shared_ptr<Operation>> incoming;
   for (;;) {
-    std::deque<std::shared_ptr<Operation>> incoming;
+    // Idle: poll for new operations for spin_us before blocking (only with
+    // a core to spare), so back-to-back calls skip the condition-variable
+    // wake-up.
+    if (active_.empty() && backoff_ == Backoff::yield && !signalled_.load(std::memory_order_acquire)) {
+      const auto idle_since = Clock::now();
+      while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin) sched_yield();
+    }
     bool apply_poison = false;
-    {
+    // signalled_ is set under mutex_ whenever the queue, stop_ or the poison
+    // flag changes, so a clear flag means there is nothing to pick up.
+    if (active_.empty() || signalled_.load(std::memory_order_acquire)) {
       std::unique_lock<std::mutex> lock(mutex_);
       if (active_.empty() && queue_.empty()) {
         if (stop_) break;
@@ -352,18 +363,23 @@ void Engine::loop() {
         if (stop_ && queue_.empty() && active_.empty()) break;
       }
       incoming.swap(queue_);
+      signalled_.store(false, std::memory_order_relaxed);
 
       if (poisoned_.load() && !poison_applied_) {
         poison_applied_ = true;
         apply_poison = true;
       }
-      if (stop_ && shutdown_deadline == Clock::time_point{}) {
-        // Operations still running get time to finish; requests parked by a
-        // poisoning (their operations already done) only a short grace.
-        const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) { return !op->done(); });
-        shutdown_deadline = Clock::now() + (running && !poisoned_.load()
-                                                ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
-                                                : std::chrono::milliseconds(200));
+      if (stop_) {
+        signalled_.store(true, std::memory_order_relaxed);  // keep checking the deadline under the lock
+        if (shutdown_deadline == Clock::time_point{}) {
+          // Operations still running get time to finish; requests parked by a
+          // poisoning (their operations already done) only a short grace.
+          const bool running =
+              std::any_of(active_.begin(), active_.end(), [](const auto& op) { return !op->done(); });
+          shutdown_deadline = Clock::now() + (running && !poisoned_.load()
+                                                  ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
+                                                  : std::chrono::milliseconds(200));
+        }
       }
     }
     if (apply_poison) abort_all(poison_reason_, true);
@@ -395,6 +411,7 @@ void Engine::loop() {
       }
     }
     bool progressed = !incoming.empty();
+    incoming.clear();
     test_requests(progressed);
     retire_finished();
 
@@ -466,12 +483,15 @@ void EngineWork::complete(std::exception_ptr error) {
     if (done_) return;
     done_ = true;
     error_ = std::move(error);
+    completed_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
 void EngineWork::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0) timeout = default_timeout_;
+  const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+  while (!completed_.load(std::memory_order_acquire) && Clock::now() < spin_until) sched_yield();
 
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {

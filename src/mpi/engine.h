@@ -204,6 +204,9 @@ class Engine {
   uint64_t next_seq_ = 1;
   uint64_t next_p2p_seq_ = 1;
   std::atomic<bool> poisoned_{false};
+  // Set (under mutex_) when queue_, stop_ or poisoned_ changed; cleared by
+  // the engine thread when it picks them up. Lets the loop skip the mutex.
+  std::atomic<bool> signalled_{false};
   std::string poison_reason_;
   bool poison_applied_ = false;
 
@@ -251,6 +254,7 @@ class EngineWork : public Work {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<bool> completed_{false};  // done_, readable without the mutex
   std::exception_ptr error_;
 };
 
