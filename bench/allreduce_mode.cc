@@ -41,6 +41,8 @@ using Impl = NamedAllreduce;
 
 Impl make_impl(const std::string& name, const AllreduceArgs& args, BenchWorld& world) {
   if (name == "mpi") return {"mpi", [](int64_t) { return std::string("MPI_Allreduce"); }, mpi_allreduce_fn(world)};
+  if (name == "p2p-ring") return {"p2p-ring", [](int64_t) { return std::string("isend/irecv ring"); },
+                                  p2p_ring_allreduce_fn(world)};
   return make_relaxcc_allreduce(name, args.algo, world);
 }
 
@@ -136,7 +138,7 @@ void add_allreduce_mode(CLI::App& app) {
   sub->add_option("-d,--datatype", args->dtype, "f32, f16, bf16, f64, i32, i64, u8")
       ->capture_default_str();
   sub->add_option("-o,--op", args->op, "sum, avg, min, max")->capture_default_str();
-  sub->add_option("--impl", args->impls, "Implementations to compare: relaxcc, mpi")
+  sub->add_option("--impl", args->impls, "Implementations to compare: relaxcc, mpi (MPI_Allreduce), p2p-ring (a plain isend/irecv ring in the calling thread)")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--algo", args->algo,

@@ -179,4 +179,51 @@ AllreduceFn mpi_allreduce_fn(BenchWorld& world) {
   };
 }
 
+AllreduceFn p2p_ring_allreduce_fn(BenchWorld& world) {
+  const int rank = world.rank, n = world.size;
+  const int64_t segment_bytes = std::max<int64_t>(world.tunables.segment_bytes, 1);
+  auto scratch = std::make_shared<std::vector<unsigned char>>();
+  world.keep_alive.push_back(scratch);
+  return [rank, n, segment_bytes, scratch](const TensorView& data, ReduceOp op) {
+    if (n == 1) return;
+    const auto esize = static_cast<int64_t>(dtype_size(data.dtype));
+    const int64_t seg = std::max<int64_t>(1, segment_bytes / esize);
+    const int right = (rank + 1) % n, left = (rank + n - 1) % n;
+    auto chunk_lo = [&](int c) { return data.numel * c / n; };
+    auto chunk = [&](int c) { return data.slice(chunk_lo(c), chunk_lo(c + 1) - chunk_lo(c)); };
+    scratch->resize(static_cast<size_t>((data.numel / n + 1) * esize));
+    auto mod = [n](int x) { return ((x % n) + n) % n; };
+    // One step: send chunk `out`, receive chunk `in` segment by segment,
+    // combining each segment as it lands (reduce) or in place (gather).
+    auto step = [&](int out, int in, bool reduce, int tag) {
+      const TensorView src = chunk(out), dst = chunk(in);
+      std::vector<MPI_Request> recvs, sends;
+      for (int64_t off = 0; off < dst.numel; off += seg) {
+        const int64_t len = std::min(seg, dst.numel - off);
+        void* target = reduce ? scratch->data() + off * esize : dst.slice(off, len).data;
+        recvs.emplace_back();
+        MPI_Irecv(target, static_cast<int>(len * esize), MPI_BYTE, left, tag, MPI_COMM_WORLD, &recvs.back());
+      }
+      for (int64_t off = 0; off < src.numel; off += seg) {
+        const int64_t len = std::min(seg, src.numel - off);
+        sends.emplace_back();
+        MPI_Isend(src.slice(off, len).data, static_cast<int>(len * esize), MPI_BYTE, right, tag, MPI_COMM_WORLD,
+                  &sends.back());
+      }
+      for (size_t k = 0; k < recvs.size(); ++k) {
+        MPI_Wait(&recvs[k], MPI_STATUS_IGNORE);
+        if (!reduce) continue;
+        const int64_t off = static_cast<int64_t>(k) * seg, len = std::min(seg, dst.numel - off);
+        const TensorView part = dst.slice(off, len);
+        kernels::combine(part, part, TensorView(scratch->data() + off * esize, len, data.dtype), op,
+                         ExecContext::host());
+      }
+      MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
+    };
+    for (int s = 0; s < n - 1; ++s) step(mod(rank - s), mod(rank - s - 1), true, 1);
+    for (int s = 0; s < n - 1; ++s) step(mod(rank - s + 1), mod(rank - s), false, 2);
+    if (op == ReduceOp::avg) kernels::finish_average(data, n, ExecContext::host());
+  };
+}
+
 }  // namespace relaxcc::bench

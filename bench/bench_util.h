@@ -46,6 +46,11 @@ using AllreduceFn = std::function<void(const TensorView& data, ReduceOp op)>;
 // MPI_Allreduce in place on MPI_COMM_WORLD (f16/bf16 through an f32 user op;
 // avg as sum, then a local division).
 AllreduceFn mpi_allreduce_fn(BenchWorld& world);
+// The reference point for relaxcc's engine overhead: a plain pipelined ring
+// (reduce-scatter, then allgather) over MPI_Isend/MPI_Irecv in the calling
+// thread, segments of tunables.segment_bytes, on MPI_COMM_WORLD. No header,
+// no mismatch detection, no timeout.
+AllreduceFn p2p_ring_allreduce_fn(BenchWorld& world);
 
 struct NamedAllreduce {
   std::string name;

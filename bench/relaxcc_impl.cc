@@ -9,7 +9,7 @@ namespace relaxcc::bench {
 NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
                                       BenchWorld& world) {
   RELAXCC_ENFORCE(impl == "relaxcc", InvalidArgument, "unknown --impl '", impl,
-                  "': expected relaxcc or mpi");
+                  "': expected relaxcc, mpi or p2p-ring");
   MpiCommunicatorOptions options;
   options.comm = MPI_COMM_WORLD;
   options.tunables = world.tunables;

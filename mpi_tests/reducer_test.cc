@@ -183,14 +183,19 @@ TEST(Reducer, CommunicationOverlapsTheRestOfBackward) {
   m.fill(comm->rank());
   reducer.begin_step();
   reducer.mark_ready(Model::grad_index(1));  // fills bucket 0 (reverse order)
-  // Bucket 0 is on the wire and completes while bucket 1 is still being produced.
-  WorkPtr first;
-  {
-    std::lock_guard<std::mutex> lock(algo->mutex);
-    ASSERT_EQ(algo->works.size(), 1u);
-    first = algo->works[0];
-  }
+  // Bucket 0 goes on the wire (dispatched by the copy thread once its
+  // gradient is in) and completes while bucket 1 is still being produced.
   const auto deadline = std::chrono::steady_clock::now() + 20s;
+  WorkPtr first;
+  while (!first && std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(algo->mutex);
+      ASSERT_LE(algo->works.size(), 1u);
+      if (!algo->works.empty()) first = algo->works[0];
+    }
+    if (!first) std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(first) << "bucket 0 was not dispatched";
   while (!first->is_completed() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
   EXPECT_TRUE(first->is_completed());
   reducer.mark_ready(Model::grad_index(0));

@@ -2,12 +2,24 @@
 // DistributedDataParallel.
 //
 // During backward, gradients become ready one at a time; mark_ready() (any
-// thread) copies each into its bucket (or, with gradient_as_bucket_view, the
-// frontend writes straight into bucket memory) and a complete bucket is
-// handed to the Algorithm at once, in bucket order on every rank, so its
-// communication overlaps the rest of backward. synchronize() at the end of
-// backward settles unused tensors, waits for every bucket with a timeout,
-// copies results back and rethrows any error.
+// thread) hands each to the Reducer and a complete bucket is handed to the
+// Algorithm at once, in bucket order on every rank, so its communication
+// overlaps the rest of backward. synchronize() at the end of backward settles
+// unused tensors, waits for every bucket with a timeout and rethrows any
+// error.
+//
+// Gradients reach bucket memory in one of two ways:
+//   gradient_as_bucket_view  the frontend writes gradients straight into
+//                            bucket memory (gradient_view): no copies.
+//   copied (the default)     the Reducer's copy thread copies each marked
+//                            gradient into its bucket, and copies each
+//                            bucket's result back into the gradients as soon
+//                            as its communication completed, so neither copy
+//                            runs on the thread that runs backward. A
+//                            gradient may thus change before synchronize()
+//                            returns, once its bucket completed (as with
+//                            bucket views); after synchronize() every
+//                            gradient holds its result.
 //
 // Unused tensors: a tensor that gets no gradient in a step is settled by
 // agreement, never by a hang. At synchronize() ranks OR a bitmap of the
@@ -24,10 +36,14 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "relaxcc/algorithm.h"
@@ -95,6 +111,16 @@ class Reducer {
   void rebuild_from_ready_order();
   void tune_at_step_boundary();
   void copy_out(int bucket);
+  // The copy thread (copied gradients only) and its hand-offs, under mutex_.
+  void copier_loop();
+  // Copies the oldest marked gradient into its bucket and dispatches the
+  // buckets that became complete.
+  void copy_in_next(std::unique_lock<std::mutex>& lock);
+  // Copies out the buckets whose communication completed, in order, while
+  // the next one is done; returns when it reaches one still running.
+  void copy_out_completed(std::unique_lock<std::mutex>& lock);
+  // Waits until the copy thread has no copy in or out in progress.
+  void wait_copier_idle(std::unique_lock<std::mutex>& lock);
   std::chrono::milliseconds timeout() const;
 
   CommunicatorPtr comm_;
@@ -128,6 +154,15 @@ class Reducer {
   bool in_step_ = false;
   bool no_sync_ = false;
   bool rebuilt_ = false;
+
+  std::condition_variable copier_cv_;       // work for the copy thread
+  std::condition_variable copier_idle_cv_;  // a copy finished
+  std::deque<int> copy_in_queue_;           // marked tensors not yet in their bucket
+  int copies_running_ = 0;                  // batches or buckets being copied
+  int next_copy_out_ = 0;                   // first bucket not yet copied back
+  bool copier_stop_ = false;
+  std::exception_ptr copier_error_;         // from a dispatch on the copy thread
+  std::thread copier_;
 };
 
 }  // namespace relaxcc

@@ -5,6 +5,7 @@
 #include <exception>
 #include <limits>
 #include <set>
+#include <utility>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
@@ -88,6 +89,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       algorithm_->init(context_);
     }
   }
+  if (!options_.gradient_as_bucket_view) copier_ = std::thread([this] { copier_loop(); });
 }
 
 void Reducer::tune_at_step_boundary() {
@@ -110,6 +112,12 @@ void Reducer::tune_at_step_boundary() {
 }
 
 Reducer::~Reducer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    copier_stop_ = true;
+  }
+  copier_cv_.notify_all();
+  if (copier_.joinable()) copier_.join();
   try {
     algorithm_->shutdown(timeout());
   } catch (const std::exception& e) {
@@ -201,6 +209,7 @@ void Reducer::start_step(bool implicit) {
     pending_[b] = static_cast<int>(plan_.buckets()[b].entries.size());
   std::fill(works_.begin(), works_.end(), nullptr);
   next_dispatch_ = 0;
+  next_copy_out_ = 0;
   ready_order_.clear();
   dispatch_times_.clear();
   if (!no_sync_) {
@@ -227,13 +236,77 @@ void Reducer::mark_ready(int index) {
   marked_[index] = 1;
   ready_order_.push_back(index);
   if (no_sync_) return;
+  if (!options_.gradient_as_bucket_view) {
+    if (copier_error_) std::rethrow_exception(copier_error_);
+    copy_in_queue_.push_back(index);
+    copier_cv_.notify_one();
+    return;
+  }
+  --pending_[plan_.locate(index).first];
+  dispatch_ready_buckets_locked();
+}
+
+void Reducer::copier_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!copier_stop_) {
+    if (!copy_in_queue_.empty()) {
+      copy_in_next(lock);
+      continue;
+    }
+    copy_out_completed(lock);
+    if (next_copy_out_ < next_dispatch_) {
+      // A bucket is on the wire: poll its Work (it has no completion callback).
+      copier_cv_.wait_for(lock, std::chrono::microseconds(200));
+    } else {
+      copier_cv_.wait(lock, [this] {
+        return copier_stop_ || !copy_in_queue_.empty() || next_copy_out_ < next_dispatch_;
+      });
+    }
+  }
+}
+
+void Reducer::copy_in_next(std::unique_lock<std::mutex>& lock) {
+  const int index = copy_in_queue_.front();
+  copy_in_queue_.pop_front();
+  ++copies_running_;
+  // The plan and bucket memory change only between steps, when this thread
+  // is idle; each gradient is marked once, so nobody else writes its slot.
   const auto [b, e] = plan_.locate(index);
   const Bucket& bucket = plan_.buckets()[b];
-  if (!options_.gradient_as_bucket_view && bucket.entries[e].numel > 0)
+  lock.unlock();
+  if (bucket.entries[e].numel > 0)
     std::memcpy(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), tensors_[index].view.data,
                 tensors_[index].view.nbytes());
+  lock.lock();
+  --copies_running_;
   --pending_[b];
-  dispatch_ready_buckets_locked();
+  try {
+    dispatch_ready_buckets_locked();
+  } catch (...) {
+    if (!copier_error_) copier_error_ = std::current_exception();
+  }
+  copier_idle_cv_.notify_all();
+}
+
+void Reducer::copy_out_completed(std::unique_lock<std::mutex>& lock) {
+  while (next_copy_out_ < next_dispatch_) {
+    const WorkPtr& w = works_[next_copy_out_];
+    if (w && (!w->is_completed() || w->exception())) return;
+    const int b = next_copy_out_++;
+    ++copies_running_;
+    lock.unlock();
+    copy_out(b);
+    lock.lock();
+    --copies_running_;
+    copier_idle_cv_.notify_all();
+  }
+}
+
+void Reducer::wait_copier_idle(std::unique_lock<std::mutex>& lock) {
+  // Local copies only: bounded, but waited for with the Reducer's timeout.
+  if (!copier_idle_cv_.wait_for(lock, timeout(), [this] { return copy_in_queue_.empty() && copies_running_ == 0; }))
+    RELAXCC_THROW(InternalError, "Reducer: the copy thread did not finish its copies within ", timeout().count(),
+                  " ms");
 }
 
 void Reducer::dispatch_ready_buckets_locked() {
@@ -284,10 +357,18 @@ void Reducer::synchronize() {
   struct EndStep {
     Reducer* r;
     ~EndStep() {
-      std::lock_guard<std::mutex> lock(r->mutex_);
+      std::unique_lock<std::mutex> lock(r->mutex_);
+      // A copy still running (after an error) finishes before the step ends.
+      r->copier_idle_cv_.wait(lock, [this] { return r->copy_in_queue_.empty() && r->copies_running_ == 0; });
+      r->next_copy_out_ = r->next_dispatch_;
       r->in_step_ = false;
     }
   } end_step{this};
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_copier_idle(lock);  // every marked gradient is in its bucket
+    if (copier_error_) std::rethrow_exception(std::exchange(copier_error_, nullptr));
+  }
   settle_unused();
   wait_all(step_works_, timeout());
   std::vector<WorkPtr> works;
@@ -295,16 +376,23 @@ void Reducer::synchronize() {
     std::lock_guard<std::mutex> lock(mutex_);
     works = works_;
   }
-  // Each bucket is copied back as soon as its Work completed, while later
-  // buckets are still on the wire.
+  // Copied gradients: buckets whose Work completed are copied back in order,
+  // by the copy thread or here, while later buckets are still on the wire.
   std::exception_ptr first_error;
   for (size_t b = 0; b < works.size(); ++b) {
     try {
       if (works[b]) works[b]->wait(timeout());
-      if (!first_error) copy_out(static_cast<int>(b));
+      if (!first_error) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        copy_out_completed(lock);
+      }
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_copier_idle(lock);
   }
   if (first_error) std::rethrow_exception(first_error);
   if (WorkPtr w = algorithm_->on_backward_end(StepInfo{step_})) {
