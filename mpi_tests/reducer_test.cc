@@ -372,6 +372,53 @@ TEST(Reducer, BadInputRaisesClearErrors) {
   }
 }
 
+// Rejects bucket 1 while `reject` is set (on every rank alike).
+class RejectingAllreduce final : public Algorithm {
+ public:
+  std::string name() const override { return "rejecting"; }
+  AlgorithmCapabilities capabilities() const override { return {}; }
+  void init(const AlgorithmContext& ctx) override { inner_.init(ctx); }
+  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
+    if (reject && bucket == 1) RELAXCC_THROW(InvalidArgument, "bucket 1 rejected");
+    return inner_.on_bucket_ready(s, bucket, data);
+  }
+  bool reject = true;
+
+ private:
+  GradientAllreduce inner_{GradientAllreduceOptions{false, false}};
+};
+
+TEST(Reducer, CopyThreadErrorsReachSynchronize) {
+  // Copied gradients: buckets are dispatched by the copy thread, so an error
+  // there surfaces in synchronize(), and the next step runs normally.
+  auto comm = test::world();
+  const int n = comm->size();
+  Model m({1000, 1000, 1000});
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 4000;
+  o.plan.cap_bytes = 4000;
+  o.rebuild_after_first_step = false;
+  auto algo = std::make_shared<RejectingAllreduce>();
+  Reducer reducer(comm, m.specs, algo, ExecContext::host(), o);
+  ASSERT_EQ(reducer.plan().buckets().size(), 3u);
+  m.fill(comm->rank());
+  reducer.begin_step();
+  for (int i = 2; i >= 0; --i) reducer.mark_ready(Model::grad_index(i));
+  try {
+    reducer.synchronize();
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("bucket 1 rejected"), std::string::npos) << e.what();
+  }
+  algo->reject = false;
+  m.fill(comm->rank(), 1);
+  reducer.begin_step();
+  for (int i = 2; i >= 0; --i) reducer.mark_ready(Model::grad_index(i));
+  reducer.synchronize();
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t j = 0; j < 1000; j += 97) ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j, 1)) << i << "," << j;
+}
+
 TEST(StateDicts, SaveLoadRoundTrip) {
   Adam adam(AdamOptions{0.1f});
   std::vector<float> p(100, 1.0f), g(100, 0.5f);

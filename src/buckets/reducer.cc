@@ -367,7 +367,19 @@ void Reducer::synchronize() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     wait_copier_idle(lock);  // every marked gradient is in its bucket
-    if (copier_error_) std::rethrow_exception(std::exchange(copier_error_, nullptr));
+    if (copier_error_) {
+      // A dispatch failed: let the buckets already on the wire finish (they
+      // use bucket memory), then report the failure.
+      const std::exception_ptr error = std::exchange(copier_error_, nullptr);
+      std::vector<WorkPtr> works = works_;
+      lock.unlock();
+      try {
+        wait_all(works, timeout());
+      } catch (const std::exception& e) {
+        RELAXCC_LOG(warn, "Reducer: after a failed dispatch, a bucket in flight failed too: ", e.what());
+      }
+      std::rethrow_exception(error);
+    }
   }
   settle_unused();
   wait_all(step_works_, timeout());

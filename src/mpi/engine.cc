@@ -167,6 +167,7 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
         detail::concat(op->name(), " #", op->seq_, " (tag ", collective_tag(op->seq_, Channel::header, max_tag_),
                        ", ", details, ")"),
         std::chrono::milliseconds(tunables_.timeout_ms),
+        std::chrono::microseconds(backoff_ == Backoff::yield ? tunables_.spin_us : 0),
         [this](const std::string& reason) { poison(reason); });
     op->work_ = work;
     queue_.push_back(std::move(op));
@@ -490,8 +491,10 @@ void EngineWork::complete(std::exception_ptr error) {
 
 void EngineWork::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0) timeout = default_timeout_;
-  const auto spin_until = Clock::now() + std::chrono::microseconds(20);
-  while (!completed_.load(std::memory_order_acquire) && Clock::now() < spin_until) sched_yield();
+  if (spin_.count() > 0) {
+    const auto spin_until = Clock::now() + spin_;
+    while (!completed_.load(std::memory_order_acquire) && Clock::now() < spin_until) sched_yield();
+  }
 
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {

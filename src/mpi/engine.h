@@ -5,8 +5,11 @@
 // lets them post requests (in priority order, so that a large low-priority
 // operation yields the network to a high-priority one), tests every pending
 // request with MPI_Testsome, and hands completions back to their operation.
-// When nothing is pending the thread sleeps on a condition variable. While
-// requests are pending it polls for tunables.spin_us, then backs off:
+// When nothing is pending the thread sleeps on a condition variable (in
+// yield mode after polling for new operations for tunables.spin_us, so that
+// back-to-back calls skip the wake-up; a caller's Work::wait polls as long
+// before it blocks). While requests are pending it polls for
+// tunables.spin_us, then backs off:
 //   sleep  sleeps of 4 us doubling to tunables.max_sleep_us. For ranks that
 //          share cores: a polling thread would starve the others.
 //   yield  keeps polling with sched_yield() between polls: no sleep latency,
@@ -231,10 +234,12 @@ class Engine {
 // The Work of an engine operation.
 class EngineWork : public Work {
  public:
-  EngineWork(std::string description, std::chrono::milliseconds default_timeout,
+  // wait() polls for `spin` before blocking (zero when ranks share cores).
+  EngineWork(std::string description, std::chrono::milliseconds default_timeout, std::chrono::microseconds spin,
              std::function<void(const std::string&)> on_timeout)
       : description_(std::move(description)),
         default_timeout_(default_timeout),
+        spin_(spin),
         on_timeout_(std::move(on_timeout)),
         created_(Clock::now()) {}
 
@@ -249,6 +254,7 @@ class EngineWork : public Work {
  private:
   const std::string description_;
   const std::chrono::milliseconds default_timeout_;
+  const std::chrono::microseconds spin_;
   const std::function<void(const std::string&)> on_timeout_;
   const Clock::time_point created_;
   mutable std::mutex mutex_;

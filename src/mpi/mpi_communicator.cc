@@ -334,7 +334,8 @@ class MpiCommunicator final : public Communicator {
   WorkPtr completed(const char* name) {
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, name, ": the communicator is poisoned");
     auto work = std::make_shared<EngineWork>(detail::concat(name, " (single rank)"),
-                                             std::chrono::milliseconds(0), [](const std::string&) {});
+                                             std::chrono::milliseconds(0), std::chrono::microseconds(0),
+                                             [](const std::string&) {});
     work->complete(nullptr);
     return work;
   }
