@@ -76,6 +76,8 @@ class Reducer {
   void begin_step();
   // Tensor `index` (registration order) has its gradient. Throws
   // InvalidArgument for an unknown tensor or one marked twice in a step.
+  // With copied gradients a failure to dispatch a bucket is raised by
+  // synchronize(); with bucket views, by the mark_ready that completed it.
   void mark_ready(int index);
   void mark_ready(const std::string& name);
   // End of backward; see above. Throws what the communication threw.

@@ -237,7 +237,6 @@ void Reducer::mark_ready(int index) {
   ready_order_.push_back(index);
   if (no_sync_) return;
   if (!options_.gradient_as_bucket_view) {
-    if (copier_error_) std::rethrow_exception(copier_error_);
     copy_in_queue_.push_back(index);
     copier_cv_.notify_one();
     return;
