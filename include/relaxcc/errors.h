@@ -11,10 +11,12 @@
 //       got 12 vs 16 (src/x.cc:42)"
 #pragma once
 
+#include <charconv>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace relaxcc {
 
@@ -73,11 +75,31 @@ RELAXCC_DEFINE_ERROR(CommunicatorPoisoned, CommunicationError);
 #undef RELAXCC_DEFINE_ERROR
 
 namespace detail {
+// Appends `v` as `std::ostream << v` would print it. Strings and integers
+// (other than the character types) take a fast path: work descriptions are
+// built on every call.
+template <typename T>
+void append(std::string& out, const T& v) {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out.append(std::string_view(v));
+  } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> && !std::is_same_v<U, char> &&
+                       !std::is_same_v<U, signed char> && !std::is_same_v<U, unsigned char>) {
+    char buf[24];
+    const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    out.append(buf, end);
+  } else {
+    std::ostringstream os;
+    os << v;
+    out.append(os.str());
+  }
+}
+
 template <typename... Args>
 std::string concat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  std::string out;
+  (append(out, args), ...);
+  return out;
 }
 }  // namespace detail
 

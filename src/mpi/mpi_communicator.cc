@@ -147,7 +147,7 @@ class MpiCommunicator final : public Communicator {
       return engine_->submit(
           std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label, data,
                                                 options.op, rank(), n, ctx, static_cast<int>(algo)),
-          detail::concat("recursive_doubling, ", data.numel, " x ", data.dtype, ", all ranks"));
+          detail::concat("recursive_doubling, ", data.numel, " x ", dtype_name(data.dtype), ", all ranks"));
     }
     RingSpec spec = ring_spec(OpType::allreduce, data.dtype, balanced_chunks(data.numel, n));
     spec.op = options.op;
@@ -222,7 +222,7 @@ class MpiCommunicator final : public Communicator {
                         check_mpi(MPI_Ibcast(keep.data, bytes, MPI_BYTE, root, comm, &req), "MPI_Ibcast");
                         return req;
                       },
-                      detail::concat("root ", root, ", ", data.numel, " x ", data.dtype));
+                      detail::concat("root ", root, ", ", data.numel, " x ", dtype_name(data.dtype)));
   }
 
   WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -274,7 +274,7 @@ class MpiCommunicator final : public Communicator {
                                   "MPI_Ialltoallv");
                         return req;
                       },
-                      detail::concat(input.numel, " x ", input.dtype, " out"));
+                      detail::concat(input.numel, " x ", dtype_name(input.dtype), " out"));
   }
 
   WorkPtr barrier(const BarrierOptions& options) override {
@@ -319,7 +319,7 @@ class MpiCommunicator final : public Communicator {
     return engine_->submit(
         std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n, ctx,
                                  std::make_unique<IdentityCodec>()),
-        detail::concat("ring, ", shown.numel, " x ", shown.dtype, ", peers ", (r - 1 + n) % n, ",",
+        detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype), ", peers ", (r - 1 + n) % n, ",",
                        (r + 1) % n));
   }
 
