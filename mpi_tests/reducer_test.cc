@@ -53,6 +53,15 @@ struct Model {
   static int grad_index(int i) { return 2 * i; }
 };
 
+// Buckets of exactly `cap` bytes, kept as built (no rebuild after step 1).
+ReducerOptions fixed_buckets(int64_t cap) {
+  ReducerOptions o;
+  o.plan.first_cap_bytes = cap;
+  o.plan.cap_bytes = cap;
+  o.rebuild_after_first_step = false;
+  return o;
+}
+
 // Records the Work of every bucket.
 class RecordingAllreduce final : public Algorithm {
  public:
@@ -173,12 +182,8 @@ TEST(Reducer, CommunicationOverlapsTheRestOfBackward) {
   auto comm = test::world();
   if (comm->size() == 1) GTEST_SKIP() << "a single rank has nothing to overlap";
   Model m({200000, 200000});
-  ReducerOptions o;
-  o.plan.first_cap_bytes = 800000;
-  o.plan.cap_bytes = 800000;
-  o.rebuild_after_first_step = false;
   auto algo = std::make_shared<RecordingAllreduce>();
-  Reducer reducer(comm, m.specs, algo, ExecContext::host(), o);
+  Reducer reducer(comm, m.specs, algo, ExecContext::host(), fixed_buckets(800000));
   ASSERT_EQ(reducer.plan().buckets().size(), 2u);
   m.fill(comm->rank());
   reducer.begin_step();
@@ -394,12 +399,8 @@ TEST(Reducer, CopyThreadErrorsReachSynchronize) {
   auto comm = test::world();
   const int n = comm->size();
   Model m({1000, 1000, 1000});
-  ReducerOptions o;
-  o.plan.first_cap_bytes = 4000;
-  o.plan.cap_bytes = 4000;
-  o.rebuild_after_first_step = false;
   auto algo = std::make_shared<RejectingAllreduce>();
-  Reducer reducer(comm, m.specs, algo, ExecContext::host(), o);
+  Reducer reducer(comm, m.specs, algo, ExecContext::host(), fixed_buckets(4000));
   ASSERT_EQ(reducer.plan().buckets().size(), 3u);
   m.fill(comm->rank());
   reducer.begin_step();
