@@ -9,7 +9,7 @@
 //                       r xor 2^k (non-powers of two fold the extra ranks in
 //                       first); latency-optimal for small messages
 // `auto` looks the message size up in the selection table
-// (RELAXCC_ALLREDUCE_ALGO, "recursive_doubling:0-32767;ring:32768-" by
+// (RELAXCC_ALLREDUCE_ALGO, "recursive_doubling:0-65536;ring:65537-" by
 // default); a single algorithm name there, or AllreduceOptions::algo, forces it.
 // Every rank gets bitwise identical results.
 #pragma once
@@ -44,7 +44,7 @@ class AllreduceSelection {
     int64_t hi = INT64_MAX;  // inclusive
     AllreduceAlgo algo = AllreduceAlgo::ring;
   };
-  // "recursive_doubling:0-32767;ring:32768-", or one algorithm name for all
+  // "recursive_doubling:0-65536;ring:65537-", or one algorithm name for all
   // sizes. Throws InvalidArgument on malformed text, gaps are allowed (ring).
   static AllreduceSelection parse(std::string_view text);
   AllreduceAlgo pick(int64_t bytes) const noexcept;
