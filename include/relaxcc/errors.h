@@ -81,7 +81,9 @@ namespace detail {
 template <typename T>
 void append(std::string& out, const T& v) {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+  if constexpr (std::is_same_v<U, const char*> || std::is_same_v<U, char*>) {
+    out.append(v != nullptr ? std::string_view(v) : std::string_view("(null)"));
+  } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
     out.append(std::string_view(v));
   } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> && !std::is_same_v<U, char> &&
                        !std::is_same_v<U, signed char> && !std::is_same_v<U, unsigned char>) {
