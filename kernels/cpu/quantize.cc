@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -100,6 +101,56 @@ __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* co
   return i;
 }
 
+// Stochastic rounding of elements [i, i + 16 * groups), where index0 + i is a
+// multiple of 4: Philox4x32-10 on four counters at once (64-bit lanes holding
+// 32-bit words, as _mm256_mul_epu32 wants), then the same IEEE operations as
+// the scalar loop. Returns the number of elements done.
+__attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t len, float min, float scale,
+                                                         uint32_t levels, uint64_t seed, uint64_t offset,
+                                                         int64_t index0, unsigned char* out) {
+  const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
+  const __m256 vzero = _mm256_setzero_ps(), vlevels = _mm256_set1_ps(static_cast<float>(levels));
+  const __m256 inv24 = _mm256_set1_ps(1.0f / 16777216.0f);
+  const __m256i m0 = _mm256_set1_epi64x(0xD2511F53), m1 = _mm256_set1_epi64x(0xCD9E8D57);
+  const __m256i low32 = _mm256_set1_epi64x(0xFFFFFFFF);
+  const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const uint64_t counter = offset + (static_cast<uint64_t>(index0 + i) >> 2);
+    const __m256i ctr = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(counter)), lane);
+    __m256i c0 = _mm256_and_si256(ctr, low32), c1 = _mm256_srli_epi64(ctr, 32);
+    __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      const __m256i p0 = _mm256_mul_epu32(c0, m0), p1 = _mm256_mul_epu32(c2, m1);
+      const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), _mm256_set1_epi64x(k0));
+      const __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), _mm256_set1_epi64x(k1));
+      c1 = _mm256_and_si256(p1, low32);
+      c3 = _mm256_and_si256(p0, low32);
+      c0 = n0;
+      c2 = n2;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    // 32-bit lanes in element order: blocks 0 and 1, then blocks 2 and 3.
+    const __m256i c01 = _mm256_or_si256(c0, _mm256_slli_epi64(c1, 32));
+    const __m256i c23 = _mm256_or_si256(c2, _mm256_slli_epi64(c3, 32));
+    const __m256i lo = _mm256_unpacklo_epi64(c01, c23), hi = _mm256_unpackhi_epi64(c01, c23);
+    const __m256i words[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+    __m256i q[2];
+    for (int k = 0; k < 2; ++k) {
+      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), inv24);
+      const __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs), u);
+      const __m256 v = _mm256_floor_ps(t);
+      q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, vzero), vlevels));
+    }
+    const __m256i packed16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(q[0], q[1]), 0xD8);
+    const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(packed16), _mm256_extracti128_si256(packed16, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), bytes);
+  }
+  return i;
+}
+
 inline uint32_t code_of(float x, float min, float scale, uint32_t levels) {
   const float v = std::nearbyint((x - min) * scale);
   return v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
@@ -132,15 +183,25 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
     return;
   }
   // Stochastic: one Philox block gives the uniforms of 4 consecutive indices.
-  for (int64_t i = 0; i < len;) {
-    const uint64_t index = static_cast<uint64_t>(index0 + i);
-    const Philox4x32 r = philox4x32(seed, 0, offset + (index >> 2));
-    for (uint64_t lane = index & 3; lane < 4 && i < len; ++lane, ++i) {
-      const float u = static_cast<float>(r.v[lane] >> 8) * (1.0f / 16777216.0f);
-      const float v = std::floor((x[i] - min) * scale + u);
-      out[i] = static_cast<unsigned char>(v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v));
+  // The scalar loop takes the elements before the first multiple of 4 and
+  // after the last whole group of 16; AVX2 the groups between.
+  const int64_t head = std::min<int64_t>(len, (4 - index0 % 4) % 4);
+  const int64_t body = has_avx2() ? head + stochastic8_avx2(x + head, len - head, min, scale, levels, seed, offset,
+                                                            index0 + head, out + head)
+                                  : head;
+  auto scalar = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end;) {
+      const uint64_t index = static_cast<uint64_t>(index0 + i);
+      const Philox4x32 r = philox4x32(seed, 0, offset + (index >> 2));
+      for (uint64_t lane = index & 3; lane < 4 && i < end; ++lane, ++i) {
+        const float u = static_cast<float>(r.v[lane] >> 8) * (1.0f / 16777216.0f);
+        const float v = std::floor((x[i] - min) * scale + u);
+        out[i] = static_cast<unsigned char>(v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v));
+      }
     }
-  }
+  };
+  scalar(0, head);
+  scalar(body, len);
 }
 
 // Codes of BITS bits, little-endian within each byte, to one byte each.

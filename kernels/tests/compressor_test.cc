@@ -210,6 +210,34 @@ TEST(MinMax, StochasticRoundingIsUnbiasedAndReproducible) {
   EXPECT_EQ(a.bytes, b.bytes);
 }
 
+TEST(MinMax, StochasticCodesMatchTheScalarReference) {
+  // Whatever path the CPU takes (AVX2 Philox on four counters or scalar), each
+  // code is floor((x - min) * scale + u) clamped, with u = philox_uniform of
+  // the element's index. Chunks of 1001 start at indices 1 and 2 mod 4, so
+  // the vector path's head, body and tail all run.
+  const int64_t n = 4099, chunk = 1001;
+  auto x = gaussian(n, 23);
+  CompressorConfig c = make(CompressorKind::minmax, 8, chunk);
+  c.rounding = Rounding::stochastic;
+  ExecContext ctx = ExecContext::host();
+  ctx.rng = {0x1234567890abcdefull, 77};
+  Encoded e;
+  e.bytes.resize(encoded_size(n, c));
+  encode(TensorView::host(x.data(), n), e.bytes, c, ctx);
+  const int64_t stride = 8 + chunk;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t ch = i / chunk;
+    const std::byte* p = e.bytes.data() + 48 + ch * stride;
+    float mn, s;
+    std::memcpy(&mn, p, 4);
+    std::memcpy(&s, p + 4, 4);
+    const float u = kernels::philox_uniform(ctx.rng.seed, ctx.rng.offset, static_cast<uint64_t>(i));
+    const float v = std::floor((x[i] - mn) * s + u);
+    const auto want = static_cast<unsigned char>(std::clamp(v, 0.0f, 255.0f));
+    ASSERT_EQ(static_cast<unsigned char>(p[8 + i - ch * chunk]), want) << i;
+  }
+}
+
 TEST(Sign, DecodesToScaledSigns) {
   const auto x = gaussian(3000, 8);
   const auto y = decode_vec(encode_vec(x, make(CompressorKind::sign, 1, 1000)), 3000);
