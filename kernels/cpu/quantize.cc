@@ -186,9 +186,9 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
   // The scalar loop takes the elements before the first multiple of 4 and
   // after the last whole group of 16; AVX2 the groups between.
   const int64_t head = std::min<int64_t>(len, (4 - index0 % 4) % 4);
-  const int64_t body = has_avx2() ? head + stochastic8_avx2(x + head, len - head, min, scale, levels, seed, offset,
-                                                            index0 + head, out + head)
-                                  : head;
+  const int64_t vector_end = has_avx2() ? head + stochastic8_avx2(x + head, len - head, min, scale, levels, seed,
+                                                                  offset, index0 + head, out + head)
+                                        : head;
   auto scalar = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end;) {
       const uint64_t index = static_cast<uint64_t>(index0 + i);
@@ -201,7 +201,7 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
     }
   };
   scalar(0, head);
-  scalar(body, len);
+  scalar(vector_end, len);
 }
 
 // Codes of BITS bits, little-endian within each byte, to one byte each.
