@@ -162,16 +162,16 @@ TEST_F(MismatchTest, PointToPointSizesDiffer) {
   // Larger than the buffer: nothing is written past its end.
   Buffer big(DType::u8, 4096);
   Buffer guarded(DType::u8, 64 + 16);
-  std::memset(guarded.bytes.data(), 0xab, guarded.bytes.size());
+  std::memset(guarded.bytes().data(), 0xab, guarded.bytes().size());
   if (r == 0) {
     comm_->point_to_point({P2POp::send(1, big.view(), 3)}, ExecContext::host())->wait(10s);
   } else {
     expect_throw<PeerMismatch>([&] {
-      comm_->point_to_point({P2POp::recv(0, TensorView(guarded.bytes.data(), 64, DType::u8), 3)},
+      comm_->point_to_point({P2POp::recv(0, TensorView(guarded.bytes().data(), 64, DType::u8), 3)},
                             ExecContext::host())
           ->wait(10s);
     });
-    for (int i = 64; i < 80; ++i) ASSERT_EQ(guarded.bytes[i], 0xab) << "byte " << i << " overwritten";
+    for (int i = 64; i < 80; ++i) ASSERT_EQ(guarded.bytes()[i], 0xab) << "byte " << i << " overwritten";
   }
   expect_usable(*comm_);
 }

@@ -66,14 +66,20 @@ double as_double(T v) {
 }
 
 // A typed host buffer viewed as a TensorView.
+// Test data whose views carry it as their owner, as the library's contract
+// asks: a Work (and a request parked after a timeout) keeps it alive.
 struct Buffer {
-  std::vector<unsigned char> bytes;
+  std::shared_ptr<std::vector<unsigned char>> storage;
   DType dtype = DType::f32;
   int64_t numel = 0;
-  Buffer(DType t, int64_t n) : bytes(std::max<size_t>(1, n * dtype_size(t))), dtype(t), numel(n) {}
-  TensorView view() { return TensorView(bytes.data(), numel, dtype); }
+  Buffer(DType t, int64_t n)
+      : storage(std::make_shared<std::vector<unsigned char>>(std::max<size_t>(1, n * dtype_size(t)))),
+        dtype(t),
+        numel(n) {}
+  std::vector<unsigned char>& bytes() { return *storage; }
+  TensorView view() { return TensorView(storage->data(), numel, dtype, Device::host(), storage); }
   template <typename T>
-  T* as() { return reinterpret_cast<T*>(bytes.data()); }
+  T* as() { return reinterpret_cast<T*>(storage->data()); }
 };
 
 // element i = encode(rank, i + index_offset)
