@@ -16,7 +16,8 @@
 //     fail fast instead of timing out in turn;
 //   - requests already posted to the transport are parked until they drain;
 //     the buffers they use stay alive through the operation's keep-alives
-//     (TensorView::owner) until then.
+//     (TensorView::owner) until then. A view without an owner gets no such
+//     protection: its memory must outlive the communicator.
 // A poisoned communicator cannot be repaired: create a new one.
 #pragma once
 
