@@ -213,10 +213,7 @@ void encode_sign(const float* x, int64_t n, int64_t chunk, std::byte* out) {
     const float scale = static_cast<float>(std::sqrt(sum / static_cast<double>(len)));
     std::byte* p = out + ch * stride;
     std::memcpy(p, &scale, 4);
-    auto* bits = reinterpret_cast<unsigned char*>(p + 4);
-    std::memset(bits, 0, static_cast<size_t>((len + 7) / 8));
-    for (int64_t i = 0; i < len; ++i)
-      if (std::signbit(x[first + i])) bits[i / 8] |= static_cast<unsigned char>(1u << (i % 8));
+    cpu::sign_pack(x + first, len, reinterpret_cast<unsigned char*>(p + 4));
   }
 }
 
@@ -233,11 +230,8 @@ void decode_sign(const std::byte* body, int64_t n, int64_t chunk, float* out, bo
     const int64_t first = ch * chunk, len = std::min(chunk, n - first);
     float scale;
     std::memcpy(&scale, body + ch * stride, 4);
-    const auto* bits = reinterpret_cast<const unsigned char*>(body + ch * stride + 4);
-    for (int64_t i = 0; i < len; ++i) {
-      const float v = (bits[i / 8] >> (i % 8)) & 1 ? -scale : scale;
-      out[first + i] = accumulate ? out[first + i] + v : v;
-    }
+    cpu::sign_unpack(reinterpret_cast<const unsigned char*>(body + ch * stride + 4), len, scale, out + first,
+                     accumulate);
   }
 }
 

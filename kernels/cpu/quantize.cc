@@ -151,6 +151,27 @@ __attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t
   return i;
 }
 
+__attribute__((target("avx2"))) int64_t sign_pack_avx2(const float* x, int64_t len, unsigned char* bits) {
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) bits[i / 8] = static_cast<unsigned char>(_mm256_movemask_ps(_mm256_loadu_ps(x + i)));
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t sign_unpack_avx2(const unsigned char* bits, int64_t len, float scale,
+                                                         float* out, bool accumulate) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits[i / 8]), lane_bit), lane_bit);
+    __m256 v = _mm256_xor_ps(vscale, _mm256_castsi256_ps(_mm256_and_si256(set, sign)));
+    if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
+    _mm256_storeu_ps(out + i, v);
+  }
+  return i;
+}
+
 inline uint32_t code_of(float x, float min, float scale, uint32_t levels) {
   const float v = std::nearbyint((x - min) * scale);
   return v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
@@ -257,6 +278,21 @@ void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float 
   const int64_t done = has_avx2() ? dequantize8_avx2(q, len, min, inv, out, accumulate) : 0;
   for (int64_t i = done; i < len; ++i) {
     const float v = min + static_cast<float>(q[i]) * inv;
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+void sign_pack(const float* x, int64_t len, unsigned char* bits) {
+  const int64_t done = has_avx2() ? sign_pack_avx2(x, len, bits) : 0;
+  if (done < len) std::memset(bits + done / 8, 0, static_cast<size_t>((len - done + 7) / 8));
+  for (int64_t i = done; i < len; ++i)
+    if (std::signbit(x[i])) bits[i / 8] |= static_cast<unsigned char>(1u << (i % 8));
+}
+
+void sign_unpack(const unsigned char* bits, int64_t len, float scale, float* out, bool accumulate) {
+  const int64_t done = has_avx2() ? sign_unpack_avx2(bits, len, scale, out, accumulate) : 0;
+  for (int64_t i = done; i < len; ++i) {
+    const float v = (bits[i / 8] >> (i % 8)) & 1 ? -scale : scale;
     out[i] = accumulate ? out[i] + v : v;
   }
 }

@@ -29,4 +29,10 @@ void quantize_chunk(const float* x, int64_t len, float min, float scale, int bit
 void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
                       bool accumulate);
 
+// Sign bits of x (bit i of byte i / 8 set when x[i] has its sign bit set),
+// (len + 7) / 8 bytes.
+void sign_pack(const float* x, int64_t len, unsigned char* bits);
+// out[i] = bit i set ? -scale : scale, or out[i] += that when `accumulate`.
+void sign_unpack(const unsigned char* bits, int64_t len, float scale, float* out, bool accumulate);
+
 }  // namespace relaxcc::kernels::cpu

@@ -239,13 +239,27 @@ TEST(MinMax, StochasticCodesMatchTheScalarReference) {
 }
 
 TEST(Sign, DecodesToScaledSigns) {
-  const auto x = gaussian(3000, 8);
-  const auto y = decode_vec(encode_vec(x, make(CompressorKind::sign, 1, 1000)), 3000);
-  for (int64_t c0 = 0; c0 < 3000; c0 += 1000) {
-    double sum = 0;
-    for (int64_t i = c0; i < c0 + 1000; ++i) sum += static_cast<double>(x[i]) * x[i];
-    const float scale = static_cast<float>(std::sqrt(sum / 1000));
-    for (int64_t i = c0; i < c0 + 1000; ++i) ASSERT_EQ(y[i], std::signbit(x[i]) ? -scale : scale);
+  // Chunks of 1000 (whole bytes of sign bits) and of 1001 (a partial last
+  // byte per chunk), with zeros of both signs; plain and accumulating decode.
+  for (const auto& [n, chunk] : {std::pair<int64_t, int64_t>{3000, 1000}, {2503, 1001}}) {
+    auto x = gaussian(n, 8);
+    x[3] = 0.0f;
+    x[5] = -0.0f;
+    const Encoded e = encode_vec(x, make(CompressorKind::sign, 1, chunk));
+    const auto y = decode_vec(e, n);
+    std::vector<float> acc(static_cast<size_t>(n), 1.5f);
+    decode_accumulate(e.span(), TensorView::host(acc.data(), n), ExecContext::host());
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      const int64_t c1 = std::min(n, c0 + chunk);
+      double sum = 0;
+      for (int64_t i = c0; i < c1; ++i) sum += static_cast<double>(x[i]) * x[i];
+      const float scale = static_cast<float>(std::sqrt(sum / static_cast<double>(c1 - c0)));
+      for (int64_t i = c0; i < c1; ++i) {
+        const float want = std::signbit(x[i]) ? -scale : scale;
+        ASSERT_EQ(y[i], want) << n << " " << i;
+        ASSERT_EQ(acc[i], 1.5f + want) << n << " " << i;
+      }
+    }
   }
 }
 
