@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -91,19 +92,6 @@ void communicate_all(Reducer& r, const Job& job) {
   for (int i = static_cast<int>(job.layers.size()) - 1; i >= 0; --i) r.mark_ready(i);
 }
 
-template <typename Fn>
-double step_ms(BenchWorld& world, int warmup, int iters, Fn&& step) {
-  std::vector<double> t;
-  for (int i = 0; i < warmup + iters; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const auto t0 = Clock::now();
-    step();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (i >= warmup) t.push_back(ms);
-  }
-  return world.max_over_ranks(median(t));
-}
-
 // Steps of each function in turn (a, b, c, a, b, c, ...), so that all see
 // the same machine state; returns each one's median (max over ranks).
 std::vector<double> interleaved_step_ms(BenchWorld& world, int warmup, int iters,
@@ -120,6 +108,12 @@ std::vector<double> interleaved_step_ms(BenchWorld& world, int warmup, int iters
   std::vector<double> out;
   for (const auto& t : times) out.push_back(world.max_over_ranks(median(t)));
   return out;
+}
+
+// Median step time (max over ranks) of one function.
+template <typename Fn>
+double step_ms(BenchWorld& world, int warmup, int iters, Fn&& step) {
+  return interleaved_step_ms(world, warmup, iters, {std::forward<Fn>(step)})[0];
 }
 
 std::unique_ptr<Reducer> make_reducer(CommunicatorPtr comm, const Job& job, ReducerOptions o) {
