@@ -121,7 +121,9 @@ class Reducer {
   // Copies out the buckets whose communication completed, in order, while
   // the next one is done; returns when it reaches one still running.
   void copy_out_completed(std::unique_lock<std::mutex>& lock);
-  // Waits until the copy thread has no copy in or out in progress.
+  // No marked gradient waits for its copy and no copy is running (mutex_ held).
+  bool copier_idle() const { return copy_in_queue_.empty() && copies_running_ == 0; }
+  // Waits until copier_idle(), with the Reducer's timeout.
   void wait_copier_idle(std::unique_lock<std::mutex>& lock);
   std::chrono::milliseconds timeout() const;
 

@@ -303,7 +303,7 @@ void Reducer::copy_out_completed(std::unique_lock<std::mutex>& lock) {
 
 void Reducer::wait_copier_idle(std::unique_lock<std::mutex>& lock) {
   // Local copies only: bounded, but waited for with the Reducer's timeout.
-  if (!copier_idle_cv_.wait_for(lock, timeout(), [this] { return copy_in_queue_.empty() && copies_running_ == 0; }))
+  if (!copier_idle_cv_.wait_for(lock, timeout(), [this] { return copier_idle(); }))
     RELAXCC_THROW(InternalError, "Reducer: the copy thread did not finish its copies within ", timeout().count(),
                   " ms");
 }
@@ -358,7 +358,7 @@ void Reducer::synchronize() {
     ~EndStep() {
       std::unique_lock<std::mutex> lock(r->mutex_);
       // A copy still running (after an error) finishes before the step ends.
-      r->copier_idle_cv_.wait(lock, [this] { return r->copy_in_queue_.empty() && r->copies_running_ == 0; });
+      r->copier_idle_cv_.wait(lock, [this] { return r->copier_idle(); });
       r->next_copy_out_ = r->next_dispatch_;
       r->in_step_ = false;
     }
