@@ -56,10 +56,14 @@ struct NamedAllreduce {
   std::string name;
   std::function<std::string(int64_t bytes)> algo;  // the algorithm used at a size
   AllreduceFn run;
+  // Where its buffers come from; empty: ordinary host memory.
+  std::function<TensorView(int64_t numel, DType dtype)> allocate;
 };
 // relaxcc's allreduce on a communicator over MPI_COMM_WORLD, with `algo`
-// forced ("auto" uses the selection table). Throws InvalidArgument for an
-// unknown implementation name.
+// forced ("auto" uses the selection table): "relaxcc" on ordinary memory,
+// "relaxcc-shared" on buffers from Communicator::allocate (node-shared
+// memory when the ranks share a node). Throws InvalidArgument for an unknown
+// implementation name.
 NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
                                       BenchWorld& world);
 

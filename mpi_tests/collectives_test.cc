@@ -1,6 +1,7 @@
 // relaxcc's collectives over MPI: every collective x dtype x op x count,
 // checked exactly on data that encodes rank and index.
 #include <chrono>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -61,6 +62,48 @@ INSTANTIATE_TEST_SUITE_P(Algos, AllreduceTest,
                          ::testing::Values(AllreduceAlgo::ring, AllreduceAlgo::recursive_doubling,
                                            AllreduceAlgo::automatic),
                          [](const auto& p) { return std::string(allreduce_algo_name(p.param)); });
+
+// Buffers from Communicator::allocate: on one node the ring reads the left
+// neighbour's buffer in place (shared mode). The view starts at an odd
+// offset inside its allocation, as a bucket inside a larger arena does.
+TEST(SharedBuffers, AllreduceEveryDtypeOpAndCountIsExact) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (AllreduceAlgo algo : {AllreduceAlgo::ring, AllreduceAlgo::automatic}) {
+    for (DType t : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        for (int64_t count : kCounts) {
+          const TensorView arena = comm->allocate(count + 3, t);
+          const TensorView view = arena.slice(3, count);
+          Buffer b(t, count);
+          test::fill(b, r);
+          if (count > 0) std::memcpy(view.data, b.bytes().data(), view.nbytes());
+          AllreduceOptions o;
+          o.op = op;
+          o.algo = algo;
+          comm->allreduce(view, ExecContext::host(), o)->wait();
+          if (count > 0) std::memcpy(b.bytes().data(), view.data, view.nbytes());
+          for_each_dtype(t, [&](auto tag) {
+            using T = decltype(tag);
+            const int64_t wrong =
+                count_wrong<T>(b, [&](int64_t i) { return test::expected_reduction<T>(i, op, n); });
+            ASSERT_EQ(wrong, 0) << "dtype " << t << " op " << op << " count " << count << " algo "
+                                << allreduce_algo_name(algo);
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(SharedBuffers, AllocateIsZeroedAndOwned) {
+  auto comm = world();
+  TensorView v = comm->allocate(1000, DType::i32);
+  ASSERT_NE(v.owner, nullptr);
+  for (int64_t i = 0; i < v.numel; ++i) ASSERT_EQ(static_cast<int32_t*>(v.data)[i], 0) << i;
+  EXPECT_EQ(comm->allocate(0, DType::f32).numel, 0);
+  EXPECT_THROW(comm->allocate(-1, DType::f32), InvalidArgument);
+}
 
 TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
   auto comm = world();

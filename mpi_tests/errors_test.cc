@@ -1,6 +1,7 @@
 // Bad input and misbehaving peers: typed errors with clear messages, on
 // every rank, never a hang, a crash or memory written out of bounds.
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -112,6 +113,23 @@ TEST_F(MismatchTest, AllreduceCountsDiffer) {
       expect_mismatch_everywhere([&] { return comm_->allreduce(b.view(), ExecContext::host(), o); });
     }
   }
+}
+
+// Shared-buffer mode needs every rank's buffer shared: a rank with a private
+// buffer among shared ones is a mismatch, not a wrong read. (Under
+// RELAXCC_RANKS_PER_NODE the ranks are not on one node, every buffer is
+// private, and the call succeeds.)
+TEST_F(MismatchTest, SharedAndPrivateBuffersMixed) {
+  const int64_t count = int64_t{1} << 18;
+  Buffer priv(DType::f32, count);
+  const TensorView shared = comm_->allocate(count, DType::f32);
+  AllreduceOptions o;
+  o.algo = AllreduceAlgo::ring;
+  o.label = "bucket";
+  if (std::getenv("RELAXCC_RANKS_PER_NODE") != nullptr) GTEST_SKIP() << "ranks are not on one node";
+  expect_mismatch_everywhere([&] {
+    return comm_->allreduce(comm_->rank() == 0 ? priv.view() : shared, ExecContext::host(), o);
+  });
 }
 
 TEST_F(MismatchTest, AllreduceDtypesOrOpsDiffer) {

@@ -51,6 +51,8 @@ class EdgeOp : public Operation {
   virtual bool data_done() const = 0;
 
   bool edge_live(int pi) const { return peers_[pi].live; }
+  // The peer's header; valid once the edge is live.
+  const OpHeader& peer_header(int pi) const { return peers_[pi].header_in; }
   void send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes);
   void recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes);
   bool aborted() const { return aborted_; }

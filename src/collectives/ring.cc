@@ -1,6 +1,7 @@
 #include "ring.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "relaxcc/errors.h"
@@ -55,11 +56,30 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
   h.algo = static_cast<uint8_t>(spec_.algo_id);
   h.count = total;
   h.layout = layout_hash(spec_.chunk_counts, segment_elems_);
+  shared_ = spec_.shared.pid != 0;
+  if (shared_) {
+    RELAXCC_ENFORCE(spec_.type == OpType::allreduce && spec_.local.data == spec_.gathered.data &&
+                        spec_.shared_memory != nullptr,
+                    InternalError, "shared ring: only allreduce in place");
+    h.shm_pid = spec_.shared.pid;
+    h.shm_segment = spec_.shared.segment;
+    h.shm_offset = spec_.shared.offset;
+  }
   set_header(h);
 
   const int left_rank = (rank_ - 1 + size_) % size_, right_rank = (rank_ + 1) % size_;
   const int64_t n_in = static_cast<int64_t>(in_.size()), n_out = static_cast<int64_t>(out_.size());
-  if (left_rank == right_rank) {
+  if (shared_) {
+    // Tokens, plus one "done reading" token from right to left.
+    if (left_rank == right_rank) {
+      left_ = right_ = add_peer(left_rank, n_in + 1, 0, n_out + 1);
+      done_in_ = n_in;
+      done_out_ = n_out;
+    } else {
+      left_ = add_peer(left_rank, n_in, 0, 1);
+      right_ = add_peer(right_rank, 1, 0, n_out);
+    }
+  } else if (left_rank == right_rank) {
     left_ = right_ = add_peer(left_rank, n_in, wire_bytes_, n_out);
   } else {
     left_ = add_peer(left_rank, n_in, wire_bytes_, 0);
@@ -137,11 +157,49 @@ unsigned char* RingOp::wire_slot(const Msg& m) {
   return rs_buffer_.data() + slot * static_cast<int64_t>(wire_bytes_);
 }
 
+const unsigned char* RingOp::incoming(const Msg& m) {
+  if (!shared_) return m.reduce ? wire_slot(m) : static_cast<const unsigned char*>(spec_.gathered.slice(m.offset, m.count).data);
+  return left_buffer_->base + peer_header(left_).shm_offset +
+         static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype);
+}
+
+void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
+  if (!left_buffer_) {
+    const OpHeader& lh = peer_header(left_);
+    const int64_t total = chunk_offset_.back() + spec_.chunk_counts.back();
+    left_buffer_ = spec_.shared_memory->map_peer(SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset},
+                                                 static_cast<size_t>(total) * dtype_size(spec_.dtype),
+                                                 (rank_ - 1 + size_) % size_);
+  }
+  // Release this rank's writes before the tokens that announce them.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const auto n_out = static_cast<int64_t>(out_.size()), n_in = static_cast<int64_t>(in_.size());
+  while (next_out_ < n_out && next_out_ - completed_out_ < send_window) {
+    const Msg& m = out_[next_out_];
+    if (m.dep >= 0 && !in_done_[m.dep]) break;
+    send_data(t, right_, next_out_++, &token_out_, 0);
+  }
+  while (next_in_ < n_in && next_in_ - processed_in_ < depth) recv_data(t, left_, next_in_++, &token_in_, 0);
+  if (next_in_ == n_in && !done_in_posted_) {
+    done_in_posted_ = true;
+    recv_data(t, right_, done_in_, &token_in_, 0);
+  }
+  // Every read of the left neighbour's buffer is done.
+  if (processed_in_ == n_in && next_out_ == n_out && !done_out_posted_) {
+    done_out_posted_ = true;
+    send_data(t, left_, done_out_, &token_out_, 0);
+  }
+}
+
 void RingOp::run(Transport& t) {
   const bool throttled = t.throttled(*this);
   const int64_t depth = throttled ? 1 : std::max(1, spec_.pipeline_depth);
   const int64_t send_window = throttled ? 1 : static_cast<int64_t>(out_.size());
   if (!edge_live(left_) || !edge_live(right_)) return;
+  if (shared_) {
+    run_shared(t, depth, send_window);
+    return;
+  }
   // Sends first: posting one only announces it, while posting a receive for
   // a message that already arrived copies it on the spot (shared-memory
   // single copy), which would hold back this rank's own sends. Both in
@@ -179,34 +237,45 @@ void RingOp::run(Transport& t) {
   }
 }
 
-void RingOp::on_received(Transport& t, int, int64_t index) {
+void RingOp::on_received(Transport& t, int pi, int64_t index) {
+  if (shared_ && pi == right_ && index == done_in_) {
+    done_received_ = true;
+    return;
+  }
+  if (shared_) std::atomic_thread_fence(std::memory_order_seq_cst);  // acquire the sender's writes
   Msg& m = in_[index];
+  const unsigned char* wire = incoming(m);
   if (m.reduce) {
     const TensorView local = spec_.local.slice(m.offset, m.count);
-    unsigned char* wire = wire_slot(m);
     if (m.step == size_ - 2) {  // chunk r is complete: combine straight into the result
       const TensorView dst = spec_.result.slice(m.offset - chunk_offset_[rank_], m.count);
       codec_->combine(wire, local, spec_.op, dst, ctx_);
       if (spec_.op == ReduceOp::avg) kernels::finish_average(dst, size_, ctx_);
     } else {
-      codec_->combine(wire, local, spec_.op, TensorView(wire, m.count, spec_.dtype), ctx_);
+      // A partial sum: in the wire slot, or in place in the shared buffer.
+      void* acc = shared_ ? local.data : const_cast<unsigned char*>(wire);
+      codec_->combine(wire, local, spec_.op, TensorView(acc, m.count, spec_.dtype), ctx_);
     }
   } else {
-    const TensorView dst = spec_.gathered.slice(m.offset, m.count);
-    codec_->decode(dst.data, dst, ctx_);
+    codec_->decode(wire, spec_.gathered.slice(m.offset, m.count), ctx_);
   }
   in_done_[index] = 1;
   ++processed_in_;
   run(t);
 }
 
-void RingOp::on_sent(Transport& t, int, int64_t index) {
+void RingOp::on_sent(Transport& t, int pi, int64_t index) {
+  if (shared_ && pi == left_ && index == done_out_) {
+    done_sent_ = true;
+    return;
+  }
   out_done_[index] = 1;
   ++completed_out_;
   run(t);
 }
 
 bool RingOp::data_done() const {
+  if (shared_ && !(done_received_ && done_sent_)) return false;
   return processed_in_ == static_cast<int64_t>(in_.size()) &&
          completed_out_ == static_cast<int64_t>(out_.size());
 }

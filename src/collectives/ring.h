@@ -19,6 +19,18 @@
 // wait points to an earlier step. Allgather receives straight into the
 // output.
 //
+// Shared mode (allreduce in place, every rank's buffer in node-shared memory,
+// see src/mpi/shared_memory.h): edges carry empty tokens instead of data.
+// A token says "segment k of the schedule is ready in my buffer"; the
+// receiver reads it from the sender's buffer in place and combines it into
+// its own (partial sums live in the buffer, not in scratch), or copies it in
+// allgather. One pass over the data less than through MPI, no scratch. The
+// schedule and its dependencies are the same; a rank's buffer is only read
+// by its right neighbour, which reads a region only after the token for it
+// and before the region's final value can come round the ring, and which
+// sends a last "done reading" token back, so a rank's operation completes
+// only when nobody reads its buffer any more.
+//
 // Receives are limited to pipeline_depth in flight (they bound the data in
 // flight: MPI moves a large message once its receive is posted). Sends are
 // posted as soon as their data is ready: posting costs no memory, and on
@@ -30,6 +42,7 @@
 #include <memory>
 #include <vector>
 
+#include "../mpi/shared_memory.h"
 #include "chunk_codec.h"
 #include "edge_op.h"
 
@@ -52,6 +65,10 @@ struct RingSpec {
   int64_t segment_bytes = 1 << 20;
   int pipeline_depth = 4;
   int algo_id = 1;
+  // Shared mode: where this rank's buffer lies (pid 0: not shared), and the
+  // communicator's shared memory that maps the left neighbour's buffer.
+  SharedRef shared;
+  std::shared_ptr<SharedMemory> shared_memory;
 };
 
 class RingOp final : public EdgeOp {
@@ -81,6 +98,10 @@ class RingOp final : public EdgeOp {
 
   void build_schedule();
   unsigned char* wire_slot(const Msg& m);
+  void run_shared(Transport& t, int64_t depth, int64_t send_window);
+  // Where an incoming message's data lies: the received wire buffer, or the
+  // left neighbour's buffer in shared mode.
+  const unsigned char* incoming(const Msg& m);
 
   RingSpec spec_;
   int rank_, size_;
@@ -96,6 +117,12 @@ class RingOp final : public EdgeOp {
   int64_t max_segments_ = 0;           // segments of the largest chunk
   int64_t last_slots_ = 0;             // slots of the last reduce-scatter step
   ScratchPool::Buffer rs_buffer_;      // last-step slots, then the double buffer
+  // Shared mode.
+  bool shared_ = false;
+  std::shared_ptr<const PeerMapping> left_buffer_;
+  int64_t done_in_ = 0, done_out_ = 0;  // message index of the "done reading" tokens
+  bool done_in_posted_ = false, done_out_posted_ = false, done_received_ = false, done_sent_ = false;
+  char token_out_ = 0, token_in_ = 0;
 };
 
 }  // namespace relaxcc::mpi

@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "op_header.h"
 #include "relaxcc/config.h"
+#include "shared_memory.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 
@@ -76,6 +77,27 @@ std::vector<int64_t> balanced_chunks(int64_t numel, int n) {
   return counts;
 }
 
+// Ranks of `comm` that share this rank's node. Collective over `comm`.
+int node_local_size(MPI_Comm comm) {
+  MPI_Comm local = MPI_COMM_NULL;
+  int rank = 0, local_size = 1;
+  MPI_Comm_rank(comm, &rank);
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type");
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  return local_size;
+}
+
+// Whether every rank of `comm` shares one node, as topology sees it
+// (RELAXCC_RANKS_PER_NODE can split one machine into several nodes).
+bool on_one_node(MPI_Comm comm, int64_t ranks_per_node) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  if (ranks_per_node > 0 && ranks_per_node < size) return false;
+  return node_local_size(comm) == size;
+}
+
 uint64_t handshake_hash(const Tunables& t) {
   uint64_t h = t.agreement_hash();
   for (DType d : kAllDTypes) h = h * 1099511628211ull + dtype_size(d);
@@ -84,9 +106,10 @@ uint64_t handshake_hash(const Tunables& t) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Backoff backoff)
+  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Backoff backoff, bool one_node)
       : selection_(AllreduceSelection::parse(tunables.allreduce_algo)),
         backoff_(backoff),
+        shared_memory_(one_node ? std::make_shared<SharedMemory>() : nullptr),
         engine_(std::make_unique<Engine>(coll, p2p, std::move(tunables), backoff)) {}
 
   int rank() const override { return engine_->rank(); }
@@ -122,6 +145,15 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  TensorView allocate(int64_t numel, DType dtype) override {
+    RELAXCC_ENFORCE(static_cast<int>(dtype) < kNumDTypes, InvalidArgument, "allocate: unknown dtype ",
+                    static_cast<int>(dtype));
+    if (shared_memory_) return shared_memory_->allocate(numel, dtype);
+    RELAXCC_ENFORCE(numel >= 0, InvalidArgument, "allocate: negative element count ", numel);
+    auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(numel) * dtype_size(dtype));
+    return TensorView(memory->data(), numel, dtype, Device::host(), memory);
+  }
+
   WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
                          const P2POptions& options) override {
     for (const P2POp& op : ops) {
@@ -155,6 +187,12 @@ class MpiCommunicator final : public Communicator {
     spec.gathered = data;
     const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
     spec.result = data.slice(offset, spec.chunk_counts[rank()]);
+    if (shared_memory_) {
+      if (auto ref = shared_memory_->find(data.data, data.nbytes())) {
+        spec.shared = *ref;
+        spec.shared_memory = shared_memory_;
+      }
+    }
     return submit_ring("allreduce", options.priority, options.label, std::move(spec), ctx, data);
   }
 
@@ -320,7 +358,7 @@ class MpiCommunicator final : public Communicator {
         std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n, ctx,
                                  std::make_unique<IdentityCodec>()),
         detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype), ", peers ", (r - 1 + n) % n, ",",
-                       (r + 1) % n));
+                       (r + 1) % n, spec.shared.pid != 0 ? ", shared buffers" : ""));
   }
 
   WorkPtr submit_mpi(const char* name, const std::string& label, std::vector<OpHeader> headers,
@@ -344,25 +382,31 @@ class MpiCommunicator final : public Communicator {
   CommunicatorPtr split_impl(const SplitOptions& options, const char* name, SplitFn fn) {
     struct Result {
       MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
+      bool one_node = false;
     };
     auto result = std::make_shared<Result>();
     OpHeader h;
     h.type = OpType::barrier;
     h.algo = 1;  // a split, not a plain barrier
+    const int64_t ranks_per_node = engine_->tunables().ranks_per_node;
     auto work = submit_mpi(name, "", std::vector<OpHeader>(size(), h), nullptr, "timed barrier, then split",
-                           [fn, result](MPI_Comm coll) {
+                           [fn, result, ranks_per_node](MPI_Comm coll) {
                              fn(coll, &result->coll);
                              if (result->coll == MPI_COMM_NULL) return;
                              MPI_Comm_set_errhandler(result->coll, MPI_ERRORS_RETURN);
                              check_mpi(MPI_Comm_dup(result->coll, &result->p2p), "MPI_Comm_dup");
+                             result->one_node = on_one_node(result->coll, ranks_per_node);
                            });
     work->wait(options.timeout);
     if (result->coll == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(), backoff_);
+    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(), backoff_,
+                                             result->one_node);
   }
 
   AllreduceSelection selection_;
   Engine::Backoff backoff_;
+  // Set when every rank shares one node; outlives the engine's operations.
+  std::shared_ptr<SharedMemory> shared_memory_;
   std::unique_ptr<Engine> engine_;
 };
 
@@ -373,13 +417,7 @@ Engine::Backoff choose_backoff(MPI_Comm comm, const std::string& policy) {
   if (policy == "yield") return Engine::Backoff::yield;
   RELAXCC_ENFORCE(policy == "auto", InvalidArgument, "RELAXCC_ENGINE_POLL='", policy,
                   "': expected auto, sleep or yield");
-  MPI_Comm local = MPI_COMM_NULL;
-  int rank = 0, local_size = 1;
-  MPI_Comm_rank(comm, &rank);
-  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
-            "MPI_Comm_split_type");
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
+  const int local_size = node_local_size(comm);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   return static_cast<unsigned>(local_size) <= threads ? Engine::Backoff::yield : Engine::Backoff::sleep;
 }
@@ -399,7 +437,8 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   MPI_Comm_set_errhandler(coll, MPI_ERRORS_RETURN);
   mpi::check_mpi(MPI_Comm_dup(coll, &p2p), "MPI_Comm_dup");
   const auto backoff = mpi::choose_backoff(coll, options.tunables.engine_poll);
-  auto comm = std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff);
+  const bool one_node = mpi::on_one_node(coll, options.tunables.ranks_per_node);
+  auto comm = std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff, one_node);
   comm->handshake(timeout);
   return comm;
 }

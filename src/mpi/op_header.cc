@@ -21,7 +21,8 @@ bool same_call(const OpHeader& a, const OpHeader& b) noexcept {
   return a.magic == b.magic && a.version == b.version && a.type == b.type && a.dtype == b.dtype &&
          a.op == b.op && a.algo == b.algo && a.root == b.root && a.seq == b.seq &&
          a.count == b.count && a.layout == b.layout && a.to_peer == b.from_peer &&
-         a.from_peer == b.to_peer;
+         a.from_peer == b.to_peer &&
+         (a.shm_pid != 0) == (b.shm_pid != 0);
 }
 
 AbortCause abort_cause(const std::exception_ptr& error) {
@@ -44,7 +45,8 @@ std::string describe(const OpHeader& h) {
     return detail::concat("a corrupt header (magic ", h.magic, ", version ", int(h.version), ")");
   return detail::concat(op_type_name(h.type), " #", h.seq, " count=", h.count, " dtype=", h.dtype,
                         " op=", h.op, " algo=", int(h.algo), " root=", h.root, " layout=", h.layout,
-                        " sends=", h.to_peer, " expects=", h.from_peer);
+                        " sends=", h.to_peer, " expects=", h.from_peer,
+                        h.shm_pid != 0 ? " on a shared buffer" : "");
 }
 
 }  // namespace relaxcc::mpi

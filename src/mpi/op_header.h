@@ -3,7 +3,8 @@
 //
 //   OpHeader     what a rank is calling: op type, dtype, reduce op, algorithm,
 //                sequence number, element count and a hash of the layout;
-//                per edge, what it sends to and expects from that peer.
+//                per edge, what it sends to and expects from that peer;
+//                where its buffer lies when it is in node-shared memory.
 //   AbortRecord  "I stopped this operation": the origin rank, the reason, and
 //                how many data messages the sender had posted to the receiver,
 //                so the receiver drains exactly those and no message is left
@@ -32,7 +33,7 @@ enum class OpType : uint8_t {
 const char* op_type_name(OpType t) noexcept;
 
 inline constexpr uint32_t kHeaderMagic = 0x43435852;  // "RXCC"
-inline constexpr uint8_t kHeaderVersion = 1;
+inline constexpr uint8_t kHeaderVersion = 2;
 
 struct OpHeader {
   uint32_t magic = kHeaderMagic;
@@ -48,9 +49,14 @@ struct OpHeader {
   uint64_t layout = 0;          // hash of per-rank counts and segment size
   int64_t to_peer = 0;          // elements this rank sends the peer
   int64_t from_peer = 0;        // elements this rank expects from the peer
+  // Where the sender's buffer lies in node-shared memory (shm_pid 0: it
+  // does not); a ring edge whose sender is shared reads it in place.
+  uint32_t shm_pid = 0;
+  uint32_t shm_segment = 0;
+  uint64_t shm_offset = 0;
   uint64_t reserved = 0;
 };
-static_assert(sizeof(OpHeader) == 64);
+static_assert(sizeof(OpHeader) == 80);
 
 // Whether `mine` and `theirs` (received from the peer) describe the same call.
 // Symmetric: both ends of an edge reach the same verdict.
