@@ -107,6 +107,10 @@ class Reducer {
   // Starts a step; `implicit` (mark_ready, synchronize) is a no-op inside one.
   void start_step(bool implicit);
   void install_plan(BucketPlan plan);
+  // Bucket memory for `plan`: one arena from comm_->allocate (node-shared on
+  // one node, so allreduce reads the neighbour's bucket in place), or
+  // ordinary memory on every rank if any rank could not get it. Collective.
+  std::vector<TensorView> allocate_buckets(const BucketPlan& plan);
   void verify_plan_across_ranks();
   void dispatch_ready_buckets_locked();
   void settle_unused();
@@ -138,7 +142,7 @@ class Reducer {
 
   BucketPlan plan_;
   uint64_t plan_version_ = 0;
-  std::vector<std::vector<std::byte>> storage_;  // one buffer per bucket
+  std::vector<TensorView> storage_;  // one view per bucket, into one arena
   std::vector<int> pending_;                     // tensors still to mark, per bucket
   std::vector<WorkPtr> works_;
   int next_dispatch_ = 0;

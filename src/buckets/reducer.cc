@@ -23,8 +23,8 @@ uint64_t fnv(const std::string& s) {
   return h;
 }
 
-char* slot_ptr(std::vector<std::byte>& storage, const BucketEntry& e, DType dtype) {
-  return reinterpret_cast<char*>(storage.data()) + e.offset * static_cast<int64_t>(dtype_size(dtype));
+char* slot_ptr(const TensorView& storage, const BucketEntry& e, DType dtype) {
+  return static_cast<char*>(storage.data) + e.offset * static_cast<int64_t>(dtype_size(dtype));
 }
 
 // Waits for every Work and rethrows the first failure.
@@ -129,11 +129,41 @@ std::chrono::milliseconds Reducer::timeout() const {
   return options_.timeout.count() >= 0 ? options_.timeout : std::chrono::milliseconds(tunables_.timeout_ms);
 }
 
+std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (const Bucket& bucket : plan.buckets()) {
+    offsets.push_back(total);
+    total += (bucket.numel * static_cast<int64_t>(dtype_size(bucket.dtype)) + 63) / 64 * 64;
+  }
+  TensorView arena;
+  int32_t shared_ok = 1;
+  try {
+    arena = comm_->allocate(total, DType::u8);
+  } catch (const CommunicationError& e) {
+    RELAXCC_LOG(warn, "Reducer: no communicator memory for the buckets, every rank uses ordinary memory: ", e.what());
+    shared_ok = 0;
+  }
+  AllreduceOptions o;
+  o.op = ReduceOp::min;
+  side_->allreduce(TensorView::host(&shared_ok, 1), ExecContext::host(), o)->wait(timeout());
+  if (!shared_ok) {
+    auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
+    arena = TensorView(memory->data(), total, DType::u8, Device::host(), memory);
+  }
+  std::vector<TensorView> buckets;
+  for (size_t b = 0; b < offsets.size(); ++b) {
+    const Bucket& bucket = plan.buckets()[b];
+    buckets.emplace_back(static_cast<unsigned char*>(arena.data) + offsets[b], bucket.numel, bucket.dtype,
+                         Device::host(), arena.owner);
+  }
+  return buckets;
+}
+
 void Reducer::install_plan(BucketPlan plan) {
-  std::vector<std::vector<std::byte>> storage(plan.buckets().size());
+  std::vector<TensorView> storage = allocate_buckets(plan);
   for (size_t b = 0; b < storage.size(); ++b) {
     const Bucket& bucket = plan.buckets()[b];
-    storage[b].assign(static_cast<size_t>(bucket.numel) * dtype_size(bucket.dtype), std::byte{0});
     for (const BucketEntry& e : bucket.entries) {
       // Gradients carry over: from the old bucket (views) or the tensor.
       const TensorSpec& t = tensors_[e.tensor];
@@ -311,8 +341,7 @@ void Reducer::wait_copier_idle(std::unique_lock<std::mutex>& lock) {
 void Reducer::dispatch_ready_buckets_locked() {
   const int nb = static_cast<int>(plan_.buckets().size());
   while (next_dispatch_ < nb && pending_[next_dispatch_] == 0) {
-    const Bucket& bucket = plan_.buckets()[next_dispatch_];
-    const TensorView data(storage_[next_dispatch_].data(), bucket.numel, bucket.dtype);
+    const TensorView& data = storage_[next_dispatch_];
     works_[next_dispatch_] = algorithm_->on_bucket_ready(StepInfo{step_}, next_dispatch_, data);
     dispatch_times_.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count());
@@ -479,8 +508,7 @@ TensorView Reducer::gradient_view(int index) const {
   const auto [b, e] = plan_.locate(index);
   RELAXCC_ENFORCE(b >= 0, InvalidArgument, "Reducer: tensor '", tensors_[index].name, "' is not in a bucket");
   const Bucket& bucket = plan_.buckets()[b];
-  auto& storage = const_cast<std::vector<std::byte>&>(storage_[b]);
-  return TensorView(slot_ptr(storage, bucket.entries[e], bucket.dtype), bucket.entries[e].numel, bucket.dtype);
+  return TensorView(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bucket.entries[e].numel, bucket.dtype);
 }
 
 void Reducer::on_plan_changed(std::function<void()> callback) { plan_callbacks_.push_back(std::move(callback)); }
