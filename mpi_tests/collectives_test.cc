@@ -105,6 +105,47 @@ TEST(SharedBuffers, AllocateIsZeroedAndOwned) {
   EXPECT_THROW(comm->allocate(-1, DType::f32), InvalidArgument);
 }
 
+// Many shared-buffer allreduces in flight on slices of one arena (a Reducer's
+// buckets), with a large low-priority one throttled by high-priority ones.
+TEST(SharedBuffers, ConcurrentSlicesOfOneArenaWithPriorities) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const int64_t big_count = int64_t{1} << 20, small_bytes = 50016 * 8;
+  const TensorView arena = comm->allocate(big_count * 4 + 8 * small_bytes, DType::u8);
+  auto place = [&](Buffer& b, int64_t byte_offset) {
+    TensorView v(static_cast<unsigned char*>(arena.data) + byte_offset, b.numel, b.dtype, Device::host(), arena.owner);
+    std::memcpy(v.data, b.bytes().data(), v.nbytes());
+    return v;
+  };
+  Buffer big(DType::f32, big_count);
+  test::fill(big, r);
+  const TensorView big_view = place(big, 0);
+  AllreduceOptions low;
+  low.priority = -1;
+  WorkPtr big_work = comm->allreduce(big_view, ExecContext::host(), low);
+  std::vector<Buffer> small;
+  std::vector<TensorView> views;
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 8; ++k) {
+    small.emplace_back(DType::i64, 50000 + k);
+    test::fill(small.back(), r, k);
+    views.push_back(place(small.back(), big_count * 4 + k * small_bytes));
+  }
+  AllreduceOptions high;
+  high.priority = 10;
+  for (const TensorView& v : views) works.push_back(comm->allreduce(v, ExecContext::host(), high));
+  for (auto& w : works) w->wait();
+  big_work->wait();
+  for (int k = 0; k < 8; ++k) {
+    std::memcpy(small[k].bytes().data(), views[k].data, views[k].nbytes());
+    ASSERT_EQ(count_wrong<int64_t>(small[k], [&](int64_t i) {
+                return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n);
+              }), 0) << "bucket " << k;
+  }
+  std::memcpy(big.bytes().data(), big_view.data, big_view.nbytes());
+  ASSERT_EQ(count_wrong<float>(big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }), 0);
+}
+
 TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
