@@ -11,8 +11,8 @@
 #include "../collectives/ring.h"
 #include "engine.h"
 #include "op_header.h"
-#include "relaxcc/config.h"
 #include "shared_memory.h"
+#include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 
@@ -148,8 +148,8 @@ class MpiCommunicator final : public Communicator {
   TensorView allocate(int64_t numel, DType dtype) override {
     RELAXCC_ENFORCE(static_cast<int>(dtype) < kNumDTypes, InvalidArgument, "allocate: unknown dtype ",
                     static_cast<int>(dtype));
-    if (shared_memory_) return shared_memory_->allocate(numel, dtype);
     RELAXCC_ENFORCE(numel >= 0, InvalidArgument, "allocate: negative element count ", numel);
+    if (shared_memory_) return shared_memory_->allocate(numel, dtype);
     auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(numel) * dtype_size(dtype));
     return TensorView(memory->data(), numel, dtype, Device::host(), memory);
   }
@@ -354,11 +354,12 @@ class MpiCommunicator final : public Communicator {
   WorkPtr submit_ring(const char* name, int priority, const std::string& label, RingSpec spec,
                       const ExecContext& ctx, const TensorView& shown) {
     const int n = size(), r = rank();
-    return engine_->submit(
-        std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n, ctx,
-                                 std::make_unique<IdentityCodec>()),
-        detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype), ", peers ", (r - 1 + n) % n, ",",
-                       (r + 1) % n, spec.shared.pid != 0 ? ", shared buffers" : ""));
+    std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype), ", peers ",
+                                         (r - 1 + n) % n, ",", (r + 1) % n,
+                                         spec.shared.pid != 0 ? ", shared buffers" : "");
+    return engine_->submit(std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n, ctx,
+                                                    std::make_unique<IdentityCodec>()),
+                           std::move(details));
   }
 
   WorkPtr submit_mpi(const char* name, const std::string& label, std::vector<OpHeader> headers,

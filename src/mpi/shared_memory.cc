@@ -59,18 +59,20 @@ TensorView SharedMemory::allocate(int64_t numel, DType dtype) {
     shm_unlink(name.c_str());
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   }
-  RELAXCC_ENFORCE(fd >= 0, CommunicationError, "allocate: shm_open(", name, ") failed: ", std::strerror(errno));
+  RELAXCC_ENFORCE(fd >= 0, CommunicationError, "allocate: shm_open(", name,
+                  ") failed: ", std::strerror(errno));
   // posix_fallocate reserves the pages now, so a full /dev/shm is an error
   // here instead of a SIGBUS on first touch.
   const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  void* base = rc == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  void* base =
+      rc == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   const int map_errno = errno;
   close(fd);
   if (base == MAP_FAILED) shm_unlink(name.c_str());
-  RELAXCC_ENFORCE(rc == 0, CommunicationError, "allocate: cannot reserve ", bytes, " bytes of shared memory (",
-                  name, "): ", std::strerror(rc));
-  RELAXCC_ENFORCE(base != MAP_FAILED, CommunicationError, "allocate: mmap of ", bytes, " bytes (", name,
-                  ") failed: ", std::strerror(map_errno));
+  RELAXCC_ENFORCE(rc == 0, CommunicationError, "allocate: cannot reserve ", bytes,
+                  " bytes of shared memory (", name, "): ", std::strerror(rc));
+  RELAXCC_ENFORCE(base != MAP_FAILED, CommunicationError, "allocate: mmap of ", bytes, " bytes (",
+                  name, ") failed: ", std::strerror(map_errno));
   auto* data = static_cast<unsigned char*>(base);
   {
     std::lock_guard<std::mutex> lock(registry_->mutex);
@@ -91,7 +93,8 @@ std::optional<SharedRef> SharedMemory::find(const void* data, size_t bytes) cons
   return SharedRef{static_cast<uint32_t>(getpid()), it->second.second, offset};
 }
 
-std::shared_ptr<const PeerMapping> SharedMemory::map_peer(const SharedRef& ref, size_t bytes, int peer_rank) {
+std::shared_ptr<const PeerMapping> SharedMemory::map_peer(const SharedRef& ref, size_t bytes,
+                                                          int peer_rank) {
   const auto key = std::make_pair(ref.pid, ref.segment);
   std::shared_ptr<const PeerMapping> mapping;
   for (auto it = peers_.begin(); it != peers_.end(); ++it) {
@@ -111,8 +114,8 @@ std::shared_ptr<const PeerMapping> SharedMemory::map_peer(const SharedRef& ref, 
     void* base = size > 0 ? mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
     const int map_errno = errno;
     close(fd);
-    RELAXCC_ENFORCE(base != MAP_FAILED, CommunicationError, "rank ", peer_rank, "'s shared buffer ", name,
-                    " cannot be mapped: ", std::strerror(map_errno));
+    RELAXCC_ENFORCE(base != MAP_FAILED, CommunicationError, "rank ", peer_rank, "'s shared buffer ",
+                    name, " cannot be mapped: ", std::strerror(map_errno));
     auto m = std::make_shared<PeerMapping>();
     m->base = static_cast<const unsigned char*>(base);
     m->bytes = size;
@@ -120,9 +123,10 @@ std::shared_ptr<const PeerMapping> SharedMemory::map_peer(const SharedRef& ref, 
   }
   peers_.emplace_back(key, mapping);
   if (peers_.size() > kPeerCacheEntries) peers_.erase(peers_.begin());
-  RELAXCC_ENFORCE(ref.offset <= mapping->bytes && bytes <= mapping->bytes - ref.offset, PeerMismatch,
-                  "rank ", peer_rank, " names ", bytes, " bytes at offset ", ref.offset, " of its shared buffer /relaxcc.",
-                  ref.pid, ".", ref.segment, ", which holds ", mapping->bytes, " bytes");
+  RELAXCC_ENFORCE(ref.offset <= mapping->bytes && bytes <= mapping->bytes - ref.offset,
+                  PeerMismatch, "rank ", peer_rank, " names ", bytes, " bytes at offset ",
+                  ref.offset, " of its shared buffer /relaxcc.", ref.pid, ".", ref.segment,
+                  ", which holds ", mapping->bytes, " bytes");
   return mapping;
 }
 

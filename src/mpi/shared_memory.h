@@ -67,7 +67,8 @@ class SharedMemory {
   // outlive the communicator).
   struct Registry {
     std::mutex mutex;
-    std::map<const unsigned char*, std::pair<size_t, uint32_t>> segments;  // base -> (bytes, segment)
+    std::map<const unsigned char*, std::pair<size_t, uint32_t>>
+        segments;  // base -> (bytes, segment)
     uint32_t next_segment = 1;
   };
   class Segment;
