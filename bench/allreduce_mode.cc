@@ -40,9 +40,14 @@ struct AllreduceArgs {
 using Impl = NamedAllreduce;
 
 Impl make_impl(const std::string& name, const AllreduceArgs& args, BenchWorld& world) {
-  if (name == "mpi") return {"mpi", [](int64_t) { return std::string("MPI_Allreduce"); }, mpi_allreduce_fn(world), {}};
-  if (name == "p2p-ring") return {"p2p-ring", [](int64_t) { return std::string("isend/irecv ring"); },
-                                  p2p_ring_allreduce_fn(world), {}};
+  if (name == "mpi")
+    return {
+        "mpi", [](int64_t) { return std::string("MPI_Allreduce"); }, mpi_allreduce_fn(world), {}};
+  if (name == "p2p-ring")
+    return {"p2p-ring",
+            [](int64_t) { return std::string("isend/irecv ring"); },
+            p2p_ring_allreduce_fn(world),
+            {}};
   return make_relaxcc_allreduce(name, args.algo, world);
 }
 
@@ -75,7 +80,8 @@ void run_allreduce(const AllreduceArgs& args) {
   for (int64_t bytes = lo; bytes <= hi; bytes *= args.factor) {
     const int64_t count = bytes / static_cast<int64_t>(esize);
     for (const Impl& impl : impls) {
-      const TensorView data = impl.allocate ? impl.allocate(count, dtype) : TensorView{buffer.data(), count, dtype};
+      const TensorView data =
+          impl.allocate ? impl.allocate(count, dtype) : TensorView{buffer.data(), count, dtype};
       fill_encoded(data, world.rank);
       for (int i = 0; i < args.warmup; ++i) impl.run(data, op);
       std::vector<double> times;
@@ -138,7 +144,10 @@ void add_allreduce_mode(CLI::App& app) {
   sub->add_option("-d,--datatype", args->dtype, "f32, f16, bf16, f64, i32, i64, u8")
       ->capture_default_str();
   sub->add_option("-o,--op", args->op, "sum, avg, min, max")->capture_default_str();
-  sub->add_option("--impl", args->impls, "Implementations to compare: relaxcc, relaxcc-shared (on buffers from Communicator::allocate), mpi (MPI_Allreduce), p2p-ring (a plain isend/irecv ring in the calling thread)")
+  sub->add_option("--impl", args->impls,
+                  "Implementations to compare: relaxcc, relaxcc-shared (on buffers from "
+                  "Communicator::allocate), mpi (MPI_Allreduce), p2p-ring (a plain isend/irecv "
+                  "ring in the calling thread)")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--algo", args->algo,

@@ -8,8 +8,8 @@ namespace relaxcc::bench {
 
 NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
                                       BenchWorld& world) {
-  RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared", InvalidArgument, "unknown --impl '", impl,
-                  "': expected relaxcc, relaxcc-shared, mpi or p2p-ring");
+  RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared", InvalidArgument,
+                  "unknown --impl '", impl, "': expected relaxcc, relaxcc-shared, mpi or p2p-ring");
   MpiCommunicatorOptions options;
   options.comm = MPI_COMM_WORLD;
   options.tunables = world.tunables;
@@ -21,15 +21,19 @@ NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string
   const bool shared = impl == "relaxcc-shared";
   auto algo_at = [ar, table, shared](int64_t bytes) {
     const AllreduceAlgo a = ar.algo == AllreduceAlgo::automatic ? table.pick(bytes) : ar.algo;
-    return std::string(allreduce_algo_name(a)) + (shared && a == AllreduceAlgo::ring ? " (shared)" : "");
+    return std::string(allreduce_algo_name(a)) +
+           (shared && a == AllreduceAlgo::ring ? " (shared)" : "");
   };
-  NamedAllreduce named{impl, algo_at, [comm, ar](const TensorView& data, ReduceOp op) {
+  NamedAllreduce named{impl,
+                       algo_at,
+                       [comm, ar](const TensorView& data, ReduceOp op) {
                          AllreduceOptions o = ar;
                          o.op = op;
                          comm->allreduce(data, ExecContext::host(), o)->wait();
                        },
                        {}};
-  if (shared) named.allocate = [comm](int64_t numel, DType dtype) { return comm->allocate(numel, dtype); };
+  if (shared)
+    named.allocate = [comm](int64_t numel, DType dtype) { return comm->allocate(numel, dtype); };
   return named;
 }
 

@@ -113,7 +113,8 @@ TEST(SharedBuffers, ConcurrentSlicesOfOneArenaWithPriorities) {
   const int64_t big_count = int64_t{1} << 20, small_bytes = 50016 * 8;
   const TensorView arena = comm->allocate(big_count * 4 + 8 * small_bytes, DType::u8);
   auto place = [&](Buffer& b, int64_t byte_offset) {
-    TensorView v(static_cast<unsigned char*>(arena.data) + byte_offset, b.numel, b.dtype, Device::host(), arena.owner);
+    TensorView v(static_cast<unsigned char*>(arena.data) + byte_offset, b.numel, b.dtype,
+                 Device::host(), arena.owner);
     std::memcpy(v.data, b.bytes().data(), v.nbytes());
     return v;
   };
@@ -138,12 +139,18 @@ TEST(SharedBuffers, ConcurrentSlicesOfOneArenaWithPriorities) {
   big_work->wait();
   for (int k = 0; k < 8; ++k) {
     std::memcpy(small[k].bytes().data(), views[k].data, views[k].nbytes());
-    ASSERT_EQ(count_wrong<int64_t>(small[k], [&](int64_t i) {
-                return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n);
-              }), 0) << "bucket " << k;
+    ASSERT_EQ(
+        count_wrong<int64_t>(
+            small[k],
+            [&](int64_t i) { return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n); }),
+        0)
+        << "bucket " << k;
   }
   std::memcpy(big.bytes().data(), big_view.data, big_view.nbytes());
-  ASSERT_EQ(count_wrong<float>(big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }), 0);
+  ASSERT_EQ(
+      count_wrong<float>(
+          big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }),
+      0);
 }
 
 TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {

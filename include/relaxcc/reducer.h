@@ -142,7 +142,7 @@ class Reducer {
 
   BucketPlan plan_;
   uint64_t plan_version_ = 0;
-  std::vector<TensorView> storage_;  // one view per bucket, into one arena
+  std::vector<TensorView> storage_;              // one view per bucket, into one arena
   std::vector<int> pending_;                     // tensors still to mark, per bucket
   std::vector<WorkPtr> works_;
   int next_dispatch_ = 0;

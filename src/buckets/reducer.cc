@@ -141,7 +141,9 @@ std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
   try {
     arena = comm_->allocate(total, DType::u8);
   } catch (const CommunicationError& e) {
-    RELAXCC_LOG(warn, "Reducer: no communicator memory for the buckets, every rank uses ordinary memory: ", e.what());
+    RELAXCC_LOG(
+        warn, "Reducer: no communicator memory for the buckets, every rank uses ordinary memory: ",
+        e.what());
     shared_ok = 0;
   }
   AllreduceOptions o;
@@ -154,8 +156,8 @@ std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
   std::vector<TensorView> buckets;
   for (size_t b = 0; b < offsets.size(); ++b) {
     const Bucket& bucket = plan.buckets()[b];
-    buckets.emplace_back(static_cast<unsigned char*>(arena.data) + offsets[b], bucket.numel, bucket.dtype,
-                         Device::host(), arena.owner);
+    buckets.emplace_back(static_cast<unsigned char*>(arena.data) + offsets[b], bucket.numel,
+                         bucket.dtype, Device::host(), arena.owner);
   }
   return buckets;
 }
@@ -508,7 +510,8 @@ TensorView Reducer::gradient_view(int index) const {
   const auto [b, e] = plan_.locate(index);
   RELAXCC_ENFORCE(b >= 0, InvalidArgument, "Reducer: tensor '", tensors_[index].name, "' is not in a bucket");
   const Bucket& bucket = plan_.buckets()[b];
-  return TensorView(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bucket.entries[e].numel, bucket.dtype);
+  return TensorView(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bucket.entries[e].numel,
+                    bucket.dtype);
 }
 
 void Reducer::on_plan_changed(std::function<void()> callback) { plan_callbacks_.push_back(std::move(callback)); }

@@ -158,7 +158,10 @@ unsigned char* RingOp::wire_slot(const Msg& m) {
 }
 
 const unsigned char* RingOp::incoming(const Msg& m) {
-  if (!shared_) return m.reduce ? wire_slot(m) : static_cast<const unsigned char*>(spec_.gathered.slice(m.offset, m.count).data);
+  if (!shared_)
+    return m.reduce
+               ? wire_slot(m)
+               : static_cast<const unsigned char*>(spec_.gathered.slice(m.offset, m.count).data);
   return left_buffer_->base + peer_header(left_).shm_offset +
          static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype);
 }
@@ -167,9 +170,9 @@ void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
   if (!left_buffer_) {
     const OpHeader& lh = peer_header(left_);
     const int64_t total = chunk_offset_.back() + spec_.chunk_counts.back();
-    left_buffer_ = spec_.shared_memory->map_peer(SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset},
-                                                 static_cast<size_t>(total) * dtype_size(spec_.dtype),
-                                                 (rank_ - 1 + size_) % size_);
+    left_buffer_ = spec_.shared_memory->map_peer(
+        SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset},
+        static_cast<size_t>(total) * dtype_size(spec_.dtype), (rank_ - 1 + size_) % size_);
   }
   // Release this rank's writes before the tokens that announce them.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -179,7 +182,8 @@ void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
     if (m.dep >= 0 && !in_done_[m.dep]) break;
     send_data(t, right_, next_out_++, &token_out_, 0);
   }
-  while (next_in_ < n_in && next_in_ - processed_in_ < depth) recv_data(t, left_, next_in_++, &token_in_, 0);
+  while (next_in_ < n_in && next_in_ - processed_in_ < depth)
+    recv_data(t, left_, next_in_++, &token_in_, 0);
   if (next_in_ == n_in && !done_in_posted_) {
     done_in_posted_ = true;
     recv_data(t, right_, done_in_, &token_in_, 0);

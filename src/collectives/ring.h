@@ -121,7 +121,8 @@ class RingOp final : public EdgeOp {
   bool shared_ = false;
   std::shared_ptr<const PeerMapping> left_buffer_;
   int64_t done_in_ = 0, done_out_ = 0;  // message index of the "done reading" tokens
-  bool done_in_posted_ = false, done_out_posted_ = false, done_received_ = false, done_sent_ = false;
+  bool done_in_posted_ = false, done_out_posted_ = false, done_received_ = false,
+       done_sent_ = false;
   char token_out_ = 0, token_in_ = 0;
 };
 

@@ -11,10 +11,10 @@
 #include "../collectives/ring.h"
 #include "engine.h"
 #include "op_header.h"
-#include "shared_memory.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
+#include "shared_memory.h"
 
 namespace relaxcc {
 namespace mpi {
@@ -106,7 +106,8 @@ uint64_t handshake_hash(const Tunables& t) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Backoff backoff, bool one_node)
+  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Backoff backoff,
+                  bool one_node)
       : selection_(AllreduceSelection::parse(tunables.allreduce_algo)),
         backoff_(backoff),
         shared_memory_(one_node ? std::make_shared<SharedMemory>() : nullptr),
@@ -146,11 +147,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   TensorView allocate(int64_t numel, DType dtype) override {
-    RELAXCC_ENFORCE(static_cast<int>(dtype) < kNumDTypes, InvalidArgument, "allocate: unknown dtype ",
-                    static_cast<int>(dtype));
+    RELAXCC_ENFORCE(static_cast<int>(dtype) < kNumDTypes, InvalidArgument,
+                    "allocate: unknown dtype ", static_cast<int>(dtype));
     RELAXCC_ENFORCE(numel >= 0, InvalidArgument, "allocate: negative element count ", numel);
     if (shared_memory_) return shared_memory_->allocate(numel, dtype);
-    auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(numel) * dtype_size(dtype));
+    auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(numel) *
+                                                               dtype_size(dtype));
     return TensorView(memory->data(), numel, dtype, Device::host(), memory);
   }
 
@@ -354,11 +356,11 @@ class MpiCommunicator final : public Communicator {
   WorkPtr submit_ring(const char* name, int priority, const std::string& label, RingSpec spec,
                       const ExecContext& ctx, const TensorView& shown) {
     const int n = size(), r = rank();
-    std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype), ", peers ",
-                                         (r - 1 + n) % n, ",", (r + 1) % n,
+    std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype),
+                                         ", peers ", (r - 1 + n) % n, ",", (r + 1) % n,
                                          spec.shared.pid != 0 ? ", shared buffers" : "");
-    return engine_->submit(std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n, ctx,
-                                                    std::make_unique<IdentityCodec>()),
+    return engine_->submit(std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n,
+                                                    ctx, std::make_unique<IdentityCodec>()),
                            std::move(details));
   }
 
@@ -390,18 +392,19 @@ class MpiCommunicator final : public Communicator {
     h.type = OpType::barrier;
     h.algo = 1;  // a split, not a plain barrier
     const int64_t ranks_per_node = engine_->tunables().ranks_per_node;
-    auto work = submit_mpi(name, "", std::vector<OpHeader>(size(), h), nullptr, "timed barrier, then split",
-                           [fn, result, ranks_per_node](MPI_Comm coll) {
-                             fn(coll, &result->coll);
-                             if (result->coll == MPI_COMM_NULL) return;
-                             MPI_Comm_set_errhandler(result->coll, MPI_ERRORS_RETURN);
-                             check_mpi(MPI_Comm_dup(result->coll, &result->p2p), "MPI_Comm_dup");
-                             result->one_node = on_one_node(result->coll, ranks_per_node);
-                           });
+    auto work =
+        submit_mpi(name, "", std::vector<OpHeader>(size(), h), nullptr, "timed barrier, then split",
+                   [fn, result, ranks_per_node](MPI_Comm coll) {
+                     fn(coll, &result->coll);
+                     if (result->coll == MPI_COMM_NULL) return;
+                     MPI_Comm_set_errhandler(result->coll, MPI_ERRORS_RETURN);
+                     check_mpi(MPI_Comm_dup(result->coll, &result->p2p), "MPI_Comm_dup");
+                     result->one_node = on_one_node(result->coll, ranks_per_node);
+                   });
     work->wait(options.timeout);
     if (result->coll == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(), backoff_,
-                                             result->one_node);
+    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(),
+                                             backoff_, result->one_node);
   }
 
   AllreduceSelection selection_;
@@ -439,7 +442,8 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   mpi::check_mpi(MPI_Comm_dup(coll, &p2p), "MPI_Comm_dup");
   const auto backoff = mpi::choose_backoff(coll, options.tunables.engine_poll);
   const bool one_node = mpi::on_one_node(coll, options.tunables.ranks_per_node);
-  auto comm = std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff, one_node);
+  auto comm =
+      std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff, one_node);
   comm->handshake(timeout);
   return comm;
 }
