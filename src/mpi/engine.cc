@@ -469,8 +469,7 @@ void Engine::drain_on_shutdown() {
 // ---- EngineWork --------------------------------------------------------------
 
 bool EngineWork::is_completed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return done_;
+  return done_.load(std::memory_order_acquire);
 }
 
 std::exception_ptr EngineWork::exception() const {
@@ -481,10 +480,9 @@ std::exception_ptr EngineWork::exception() const {
 void EngineWork::complete(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (done_) return;
-    done_ = true;
+    if (done_.load(std::memory_order_relaxed)) return;
     error_ = std::move(error);
-    completed_.store(true, std::memory_order_release);
+    done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -493,11 +491,11 @@ void EngineWork::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0) timeout = default_timeout_;
   if (spin_.count() > 0) {
     const auto spin_until = Clock::now() + spin_;
-    while (!completed_.load(std::memory_order_acquire) && Clock::now() < spin_until) sched_yield();
+    while (!done_.load(std::memory_order_acquire) && Clock::now() < spin_until) sched_yield();
   }
 
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+  if (!cv_.wait_for(lock, timeout, [this] { return done_.load(std::memory_order_relaxed); })) {
     lock.unlock();
     const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
     const std::string reason = detail::concat("timeout of ", description_);

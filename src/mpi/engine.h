@@ -259,8 +259,7 @@ class EngineWork : public Work {
   const Clock::time_point created_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  bool done_ = false;
-  std::atomic<bool> completed_{false};  // done_, readable without the mutex
+  std::atomic<bool> done_{false};  // set under mutex_ after error_; read without it too
   std::exception_ptr error_;
 };
 

@@ -89,13 +89,12 @@ int node_local_size(MPI_Comm comm) {
   return local_size;
 }
 
-// Whether every rank of `comm` shares one node, as topology sees it
-// (RELAXCC_RANKS_PER_NODE can split one machine into several nodes).
-bool on_one_node(MPI_Comm comm, int64_t ranks_per_node) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
+// Whether all `size` ranks share one node (`local_size` of them share this
+// rank's), as topology sees it: RELAXCC_RANKS_PER_NODE can split one machine
+// into several nodes.
+bool on_one_node(int size, int local_size, int64_t ranks_per_node) {
   if (ranks_per_node > 0 && ranks_per_node < size) return false;
-  return node_local_size(comm) == size;
+  return local_size == size;
 }
 
 uint64_t handshake_hash(const Tunables& t) {
@@ -399,7 +398,10 @@ class MpiCommunicator final : public Communicator {
                      if (result->coll == MPI_COMM_NULL) return;
                      MPI_Comm_set_errhandler(result->coll, MPI_ERRORS_RETURN);
                      check_mpi(MPI_Comm_dup(result->coll, &result->p2p), "MPI_Comm_dup");
-                     result->one_node = on_one_node(result->coll, ranks_per_node);
+                     int size = 1;
+                     MPI_Comm_size(result->coll, &size);
+                     result->one_node =
+                         on_one_node(size, node_local_size(result->coll), ranks_per_node);
                    });
     work->wait(options.timeout);
     if (result->coll == MPI_COMM_NULL) return nullptr;
@@ -414,14 +416,13 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Engine> engine_;
 };
 
-// RELAXCC_ENGINE_POLL: sleep, yield, or auto (yield when the ranks that share
-// this node fit its hardware threads). Collective over `comm`.
-Engine::Backoff choose_backoff(MPI_Comm comm, const std::string& policy) {
+// RELAXCC_ENGINE_POLL: sleep, yield, or auto (yield when the `local_size`
+// ranks that share this node fit its hardware threads).
+Engine::Backoff choose_backoff(int local_size, const std::string& policy) {
   if (policy == "sleep") return Engine::Backoff::sleep;
   if (policy == "yield") return Engine::Backoff::yield;
   RELAXCC_ENFORCE(policy == "auto", InvalidArgument, "RELAXCC_ENGINE_POLL='", policy,
                   "': expected auto, sleep or yield");
-  const int local_size = node_local_size(comm);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   return static_cast<unsigned>(local_size) <= threads ? Engine::Backoff::yield : Engine::Backoff::sleep;
 }
@@ -440,8 +441,11 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   mpi::check_mpi(MPI_Comm_dup(options.comm, &coll), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(coll, MPI_ERRORS_RETURN);
   mpi::check_mpi(MPI_Comm_dup(coll, &p2p), "MPI_Comm_dup");
-  const auto backoff = mpi::choose_backoff(coll, options.tunables.engine_poll);
-  const bool one_node = mpi::on_one_node(coll, options.tunables.ranks_per_node);
+  int size = 1;
+  MPI_Comm_size(coll, &size);
+  const int local_size = mpi::node_local_size(coll);
+  const auto backoff = mpi::choose_backoff(local_size, options.tunables.engine_poll);
+  const bool one_node = mpi::on_one_node(size, local_size, options.tunables.ranks_per_node);
   auto comm =
       std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff, one_node);
   comm->handshake(timeout);

@@ -45,7 +45,6 @@ class SharedMemory::Segment {
 };
 
 TensorView SharedMemory::allocate(int64_t numel, DType dtype) {
-  RELAXCC_ENFORCE(numel >= 0, InvalidArgument, "allocate: negative element count ", numel);
   const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 1);
   const auto pid = static_cast<uint32_t>(getpid());
   uint32_t segment = 0;

@@ -50,7 +50,7 @@ class SharedMemory {
   SharedMemory(const SharedMemory&) = delete;
   SharedMemory& operator=(const SharedMemory&) = delete;
 
-  // A view of `numel` zeroed elements in a new shared object; its owner
+  // A view of `numel` (>= 0) zeroed elements in a new shared object; its owner
   // unmaps and unlinks it. Throws CommunicationError when the system cannot
   // provide the memory (for example a full /dev/shm).
   TensorView allocate(int64_t numel, DType dtype);
