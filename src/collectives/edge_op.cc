@@ -7,20 +7,14 @@
 
 namespace relaxcc::mpi {
 
-namespace {
-constexpr int64_t kDrainWindow = 4;
-}
-
 EdgeOp::EdgeOp(std::string name, int priority, std::string label)
     : Operation(std::move(name), priority), label_(std::move(label)) {}
 
-int EdgeOp::add_peer(int rank, int64_t msgs_from, size_t max_from_bytes, int64_t msgs_to) {
+int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to) {
   Peer p;
   p.rank = rank;
   p.msgs_from = msgs_from;
   p.msgs_to = msgs_to;
-  p.max_from_bytes = max_from_bytes;
-  p.limit_in = msgs_from;
   peers_.push_back(std::move(p));
   return static_cast<int>(peers_.size()) - 1;
 }
@@ -32,9 +26,9 @@ void EdgeOp::start(Transport& t) {
     Peer& p = peers_[pi];
     t.isend(*this, slot(kHeaderSend, pi, 0), &header_, sizeof(OpHeader), p.rank, tag(Channel::header, t));
     t.irecv(*this, slot(kHeaderRecv, pi, 0), &p.header_in, sizeof(OpHeader), p.rank, tag(Channel::header, t));
-    // A peer sends an abort record only while it owes this rank data.
-    if (p.msgs_from > 0)
-      t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank, tag(Channel::abort, t));
+    // A matching peer sends an abort record only while it owes this rank
+    // data; a mismatched one always does (posted then).
+    if (p.msgs_from > 0) post_abort_recv(t, pi);
   }
   check_finished(t);
 }
@@ -51,7 +45,7 @@ void EdgeOp::progress(Transport& t) {
 
 void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes) {
   Peer& p = peers_[pi];
-  RELAXCC_ENFORCE(p.live && !aborted_, InternalError, name(), ": data send on a closed edge");
+  RELAXCC_ENFORCE(!p.mismatch && !aborted_, InternalError, name(), ": data send on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
   t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
   ++p.posted_out;
@@ -90,18 +84,20 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       if (same_call(header_, p.header_in)) {
         p.live = true;
       } else {
+        // The peer may have posted data optimistically: it tells how much.
         p.mismatch = true;
+        post_abort_recv(t, pi);
         const std::string what = detail::concat(
             name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: rank ", t.rank(),
             " calls ", describe(header_), ", rank ", p.rank, " calls ", describe(p.header_in));
         fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what, AbortKind::mismatch);
+        send_abort(t, pi);
       }
       break;
     }
     case kAbortRecv: {
       if (cancelled) break;
       p.abort_received = true;
-      p.limit_in = std::min(p.limit_in, std::max<int64_t>(p.abort_in.sent, 0));
       p.abort_in.reason[sizeof(p.abort_in.reason) - 1] = '\0';
       const std::string what = detail::concat(name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'",
                                               ": rank ", p.abort_in.origin, " failed: ", p.abort_in.reason);
@@ -109,7 +105,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
                      ? std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__))
                      : std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__));
       // Receives posted beyond what the peer sent will never match.
-      for (int64_t m = p.limit_in; m < p.posted_in; ++m) {
+      for (int64_t m = p.limit_in(); m < p.posted_in; ++m) {
         t.cancel_receives(*this, slot(kDataRecv, pi, m));
         t.cancel_receives(*this, slot(kDrainRecv, pi, m));
       }
@@ -122,9 +118,12 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       if (!aborted_) on_sent(t, pi, index);
       break;
     case kDataRecv:
+      ++p.completed_in;
+      if (!aborted_ && !cancelled) on_received(t, pi, index);
+      break;
     case kDrainRecv:
       ++p.completed_in;
-      if (!aborted_ && kind == kDataRecv && !cancelled) on_received(t, pi, index);
+      p.draining = false;
       break;
   }
   check_finished(t);
@@ -164,28 +163,43 @@ void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& rea
     return;
   }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
-    Peer& p = peers_[pi];
-    // A peer whose header mismatched knows; one that got everything needs nothing.
-    if (p.mismatch || p.abort_sent || p.posted_out >= p.msgs_to) continue;
-    p.abort_sent = true;
-    p.abort_out.kind = kind;
-    p.abort_out.origin = abort_origin_;
-    p.abort_out.sent = p.posted_out;
-    p.abort_out.set_reason(reason);
-    t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank, tag(Channel::abort, t));
+    const Peer& p = peers_[pi];
+    // A peer that got everything needs nothing.
+    if (p.mismatch || p.posted_out < p.msgs_to) send_abort(t, pi);
   }
 }
 
+void EdgeOp::send_abort(Transport& t, int pi) {
+  Peer& p = peers_[pi];
+  if (p.abort_sent) return;
+  p.abort_sent = true;
+  p.abort_out.kind = abort_kind_;
+  p.abort_out.origin = abort_origin_;
+  p.abort_out.sent = p.posted_out;
+  p.abort_out.set_reason(abort_reason_);
+  t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank, tag(Channel::abort, t));
+}
+
+void EdgeOp::post_abort_recv(Transport& t, int pi) {
+  Peer& p = peers_[pi];
+  if (p.abort_recv_posted) return;
+  p.abort_recv_posted = true;
+  t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank, tag(Channel::abort, t));
+}
+
 void EdgeOp::drain(Transport& t) {
+  // One message at a time per peer, sized by a matched probe: the buffer
+  // only grows while no receive writes into it.
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
-    if (!p.live) continue;
-    while (p.posted_in < p.limit_in && p.posted_in - p.completed_in < kDrainWindow) {
-      if (p.drain.size() < p.max_from_bytes) p.drain.resize(p.max_from_bytes);
-      t.irecv(*this, slot(kDrainRecv, pi, p.posted_in), p.drain.data(), p.max_from_bytes, p.rank,
-              tag(Channel::data, t));
-      ++p.posted_in;
-    }
+    if (!(p.live || (p.mismatch && p.abort_received)) || p.draining || p.posted_in >= p.limit_in()) continue;
+    MPI_Message message;
+    size_t bytes = 0;
+    if (!t.improbe(p.rank, tag(Channel::data, t), &message, &bytes)) continue;
+    if (p.drain.size() < bytes) p.drain.resize(bytes);
+    p.draining = true;
+    t.imrecv(*this, slot(kDrainRecv, pi, p.posted_in), p.drain.data(), bytes, &message, p.rank);
+    ++p.posted_in;
   }
 }
 
@@ -196,15 +210,17 @@ void EdgeOp::check_finished(Transport& t) {
   if (!aborted_) {
     if (!data_done()) return;
   } else {
-    for (const Peer& p : peers_)
-      if (p.live && p.completed_in < p.limit_in) return;
+    for (const Peer& p : peers_) {
+      if (p.mismatch && !p.abort_received) return;
+      if ((p.live || p.mismatch) && p.completed_in < p.limit_in()) return;
+    }
   }
   // Data sends read caller buffers: the Work completes only after they did.
   for (const Peer& p : peers_)
     if (p.completed_out < p.posted_out) return;
   // Protocol complete: abort records can no longer come (nobody owes us data).
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi)
-    if (peers_[pi].msgs_from > 0 && !peers_[pi].abort_received)
+    if (peers_[pi].abort_recv_posted && !peers_[pi].abort_received)
       t.cancel_receives(*this, slot(kAbortRecv, pi, 0));
   finished_ = true;
 }
@@ -214,7 +230,7 @@ std::string EdgeOp::waiting_for() const {
   for (const Peer& p : peers_) {
     os << "rank " << p.rank << " (";
     if (!p.header_received) os << "header";
-    else os << "data " << p.completed_in << "/" << p.limit_in << " in, " << p.posted_out << "/"
+    else os << "data " << p.completed_in << "/" << p.limit_in() << " in, " << p.posted_out << "/"
             << p.msgs_to << " out";
     os << ") ";
   }

@@ -1,20 +1,27 @@
 // EdgeOp: the base of relaxcc's point-to-point collectives (the ring).
 //
 // Protocol on every edge (a pair of ranks that exchange data):
-//   1. Both ends send their OpHeader and receive the other's. Data flows on
-//      an edge only after both headers matched, and both ends compare the
-//      same two headers, so they agree whether the edge is live.
-//   2. A rank that fails (mismatched header, an abort record from a peer, a
-//      local error) stops posting data. To every peer it still owes data
-//      messages it sends an AbortRecord with the number it did post. It keeps
-//      receiving on live edges until it has every message the peer posted
-//      (the full schedule, or the count in the peer's AbortRecord).
+//   1. Both ends send their OpHeader and receive the other's; both compare
+//      the same two headers, so they agree whether the edge is live.
+//   2. Sends are optimistic: a rank posts data as soon as its schedule has
+//      it, before the peer's header arrived, so the header costs no round
+//      trip. Receives are posted only on a live edge, so a peer's data never
+//      lands in this rank's buffers unless both called the same operation.
+//   3. A rank that fails (mismatched header, an abort record from a peer, a
+//      local error) stops posting data. To every peer it still owes data,
+//      and to every peer whose header mismatched, it sends one AbortRecord
+//      with the number of data messages it did post. It receives every
+//      message a peer posted: on a live edge the full schedule or the count
+//      in the peer's AbortRecord; on a mismatched edge the count in the
+//      peer's AbortRecord, each sized by a matched probe into a drain buffer
+//      (the peer's schedule, message sizes included, is not this rank's).
 //   Because every rank's output depends on every other rank, a failure
 //   anywhere reaches every rank, and no message is left unmatched.
 // A poisoned communicator aborts hard instead: cancel receives, tell peers,
 // finish at once; sends that never complete stay parked in the engine.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,10 +45,9 @@ class EdgeOp : public Operation {
 
  protected:
   // Setup, before start: this rank's header and its edges. `msgs_from` and
-  // `msgs_to` are the data messages the schedule exchanges with the peer;
-  // `max_from_bytes` the largest message from it.
+  // `msgs_to` are the data messages the schedule exchanges with the peer.
   void set_header(const OpHeader& h) { header_ = h; }
-  int add_peer(int rank, int64_t msgs_from, size_t max_from_bytes, int64_t msgs_to);
+  int add_peer(int rank, int64_t msgs_from, int64_t msgs_to);
 
   // Posts data; called while the operation runs and is not aborted.
   virtual void run(Transport& t) = 0;
@@ -50,6 +56,8 @@ class EdgeOp : public Operation {
   // The data schedule finished on this rank.
   virtual bool data_done() const = 0;
 
+  // Receives may be posted on a live edge only; sends on any edge while the
+  // operation is not aborted (a mismatched edge aborts it).
   bool edge_live(int pi) const { return peers_[pi].live; }
   // The peer's header; valid once the edge is live.
   const OpHeader& peer_header(int pi) const { return peers_[pi].header_in; }
@@ -63,16 +71,22 @@ class EdgeOp : public Operation {
   struct Peer {
     int rank = -1;
     int64_t msgs_from = 0, msgs_to = 0;
-    size_t max_from_bytes = 0;
     OpHeader header_in;
     bool header_received = false;
     bool live = false;
     bool mismatch = false;
     int64_t posted_in = 0, completed_in = 0, posted_out = 0, completed_out = 0;
     AbortRecord abort_in, abort_out;
+    bool abort_recv_posted = false;
     bool abort_received = false;
     bool abort_sent = false;
-    int64_t limit_in = 0;  // messages to receive: the schedule, or the peer's abort count
+    bool draining = false;  // a drain receive is in flight
+    // Messages to receive: the schedule, cut to the peer's abort count; from
+    // a mismatched peer its abort count (none known before it arrived).
+    int64_t limit_in() const {
+      const int64_t sent = abort_received ? std::max<int64_t>(abort_in.sent, 0) : msgs_from;
+      return mismatch ? (abort_received ? sent : 0) : std::min(msgs_from, sent);
+    }
     std::vector<unsigned char> drain;
   };
   enum SlotKind : int64_t { kHeaderSend = 1, kHeaderRecv, kAbortSend, kAbortRecv, kDataSend, kDataRecv, kDrainRecv };
@@ -81,6 +95,8 @@ class EdgeOp : public Operation {
   }
 
   void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
+  void send_abort(Transport& t, int pi);
+  void post_abort_recv(Transport& t, int pi);
   void drain(Transport& t);
   void check_finished(Transport& t);
   int tag(Channel c, const Transport& t) const { return collective_tag(header_.seq, c, t.max_tag()); }

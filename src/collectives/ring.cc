@@ -72,18 +72,18 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
   if (shared_) {
     // Tokens, plus one "done reading" token from right to left.
     if (left_rank == right_rank) {
-      left_ = right_ = add_peer(left_rank, n_in + 1, 0, n_out + 1);
+      left_ = right_ = add_peer(left_rank, n_in + 1, n_out + 1);
       done_in_ = n_in;
       done_out_ = n_out;
     } else {
-      left_ = add_peer(left_rank, n_in, 0, 1);
-      right_ = add_peer(right_rank, 1, 0, n_out);
+      left_ = add_peer(left_rank, n_in, 1);
+      right_ = add_peer(right_rank, 1, n_out);
     }
   } else if (left_rank == right_rank) {
-    left_ = right_ = add_peer(left_rank, n_in, wire_bytes_, n_out);
+    left_ = right_ = add_peer(left_rank, n_in, n_out);
   } else {
-    left_ = add_peer(left_rank, n_in, wire_bytes_, 0);
-    right_ = add_peer(right_rank, 0, 0, n_out);
+    left_ = add_peer(left_rank, n_in, 0);
+    right_ = add_peer(right_rank, 0, n_out);
   }
   in_done_.assign(in_.size(), 0);
   out_done_.assign(out_.size(), 0);
@@ -167,13 +167,6 @@ const unsigned char* RingOp::incoming(const Msg& m) {
 }
 
 void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
-  if (!left_buffer_) {
-    const OpHeader& lh = peer_header(left_);
-    const int64_t total = chunk_offset_.back() + spec_.chunk_counts.back();
-    left_buffer_ = spec_.shared_memory->map_peer(
-        SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset},
-        static_cast<size_t>(total) * dtype_size(spec_.dtype), (rank_ - 1 + size_) % size_);
-  }
   // Release this rank's writes before the tokens that announce them.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const auto n_out = static_cast<int64_t>(out_.size()), n_in = static_cast<int64_t>(in_.size());
@@ -182,16 +175,25 @@ void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
     if (m.dep >= 0 && !in_done_[m.dep]) break;
     send_data(t, right_, next_out_++, &token_out_, 0);
   }
-  while (next_in_ < n_in && next_in_ - processed_in_ < depth)
-    recv_data(t, left_, next_in_++, &token_in_, 0);
-  if (next_in_ == n_in && !done_in_posted_) {
+  if (edge_live(left_)) {
+    if (!left_buffer_) {
+      const OpHeader& lh = peer_header(left_);
+      const int64_t total = chunk_offset_.back() + spec_.chunk_counts.back();
+      left_buffer_ = spec_.shared_memory->map_peer(
+          SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset},
+          static_cast<size_t>(total) * dtype_size(spec_.dtype), (rank_ - 1 + size_) % size_);
+    }
+    while (next_in_ < n_in && next_in_ - processed_in_ < depth)
+      recv_data(t, left_, next_in_++, &token_in_, 0);
+    // Every read of the left neighbour's buffer is done.
+    if (processed_in_ == n_in && next_out_ == n_out && !done_out_posted_) {
+      done_out_posted_ = true;
+      send_data(t, left_, done_out_, &token_out_, 0);
+    }
+  }
+  if (next_in_ == n_in && !done_in_posted_ && edge_live(right_)) {
     done_in_posted_ = true;
     recv_data(t, right_, done_in_, &token_in_, 0);
-  }
-  // Every read of the left neighbour's buffer is done.
-  if (processed_in_ == n_in && next_out_ == n_out && !done_out_posted_) {
-    done_out_posted_ = true;
-    send_data(t, left_, done_out_, &token_out_, 0);
   }
 }
 
@@ -199,13 +201,13 @@ void RingOp::run(Transport& t) {
   const bool throttled = t.throttled(*this);
   const int64_t depth = throttled ? 1 : std::max(1, spec_.pipeline_depth);
   const int64_t send_window = throttled ? 1 : static_cast<int64_t>(out_.size());
-  if (!edge_live(left_) || !edge_live(right_)) return;
   if (shared_) {
     run_shared(t, depth, send_window);
     return;
   }
-  // Sends first: posting one only announces it, while posting a receive for
-  // a message that already arrived copies it on the spot (shared-memory
+  // Sends first, optimistically (before the right neighbour's header
+  // arrived): posting one only announces it, while posting a receive for a
+  // message that already arrived copies it on the spot (shared-memory
   // single copy), which would hold back this rank's own sends. Both in
   // schedule order; a send waits for the segment it forwards.
   while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < send_window) {
@@ -221,7 +223,8 @@ void RingOp::run(Transport& t) {
     send_data(t, right_, next_out_, wire, codec_->wire_bytes(m.count, spec_.dtype));
     ++next_out_;
   }
-  // Receives, in schedule order.
+  // Receives, in schedule order, once the left neighbour's header matched.
+  if (!edge_live(left_)) return;
   while (next_in_ < static_cast<int64_t>(in_.size()) && next_in_ - processed_in_ < depth) {
     Msg& m = in_[next_in_];
     void* target;
