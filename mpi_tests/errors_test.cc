@@ -115,6 +115,21 @@ TEST_F(MismatchTest, AllreduceCountsDiffer) {
   }
 }
 
+// Counts so different that the selection table sends ranks to different
+// algorithms: every algorithm's first contact is the same set of peers, so
+// the headers meet and every rank sees the mismatch.
+TEST_F(MismatchTest, AllreduceAlgorithmsDiffer) {
+  const int r = comm_->rank();
+  for (int odd : {1, comm_->size() - 1}) {
+    Buffer b(DType::f32, r == odd ? 1 << 18 : 100);  // 1 MiB: ring, 400 B: recursive doubling
+    expect_mismatch_everywhere([&] { return comm_->allreduce(b.view(), ExecContext::host()); });
+    AllreduceOptions o;
+    o.algo = r == odd ? AllreduceAlgo::recursive_doubling : AllreduceAlgo::ring;
+    Buffer c(DType::i32, 5000);
+    expect_mismatch_everywhere([&] { return comm_->allreduce(c.view(), ExecContext::host(), o); });
+  }
+}
+
 // Shared-buffer mode needs every rank's buffer shared: a rank with a private
 // buffer among shared ones is a mismatch, not a wrong read. (Under
 // RELAXCC_RANKS_PER_NODE the ranks are not on one node, every buffer is

@@ -1,6 +1,9 @@
 #include "edge_op.h"
 
+#include <algorithm>
 #include <sstream>
+
+#include "butterfly.h"
 
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
@@ -19,9 +22,24 @@ int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to) {
   return static_cast<int>(peers_.size()) - 1;
 }
 
+std::vector<int> first_contacts(int rank, int size) {
+  std::vector<int> peers;
+  if (size < 2) return peers;
+  peers.push_back((rank + size - 1) % size);
+  peers.push_back((rank + 1) % size);
+  for (const ButterflyMove& m : butterfly_schedule(rank, size)) peers.push_back(m.peer);
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  return peers;
+}
+
 void EdgeOp::start(Transport& t) {
   header_.seq = seq();
   started_ = true;
+  for (int rank : first_contacts(t.rank(), t.size())) {
+    const bool known = std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
+    if (!known) add_peer(rank, 0, 0);
+  }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
     t.isend(*this, slot(kHeaderSend, pi, 0), &header_, sizeof(OpHeader), p.rank, tag(Channel::header, t));

@@ -17,6 +17,12 @@
 //      (the peer's schedule, message sizes included, is not this rank's).
 //   Because every rank's output depends on every other rank, a failure
 //   anywhere reaches every rank, and no message is left unmatched.
+// First contact: every EdgeOp exchanges headers with the same peers, its
+// ring neighbours and butterfly partners (first_contacts), whatever its own
+// edges, plus header-only edges where they differ. So ranks that picked
+// different algorithms (the ring here, recursive doubling there) still
+// receive each other's headers, see the mismatch, and nobody waits for a
+// header that never comes.
 // A poisoned communicator aborts hard instead: cancel receives, tell peers,
 // finish at once; sends that never complete stay parked in the engine.
 #pragma once
@@ -31,6 +37,9 @@
 #include "relaxcc/exec_context.h"
 
 namespace relaxcc::mpi {
+
+// The ranks every EdgeOp of `rank` exchanges headers with (see above).
+std::vector<int> first_contacts(int rank, int size);
 
 class EdgeOp : public Operation {
  public:
