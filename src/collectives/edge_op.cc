@@ -48,6 +48,7 @@ void EdgeOp::start(Transport& t) {
     // data; a mismatched one always does (posted then).
     if (p.msgs_from > 0) post_abort_recv(t, pi);
   }
+  run(t);  // the first data goes out right behind the headers
   check_finished(t);
 }
 
@@ -101,6 +102,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       p.header_received = true;
       if (same_call(header_, p.header_in)) {
         p.live = true;
+        if (!aborted_) run(t);  // post its receives now, not an engine iteration later
       } else {
         // The peer may have posted data optimistically: it tells how much.
         p.mismatch = true;
