@@ -1,6 +1,7 @@
 #include "edge_op.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "butterfly.h"
@@ -42,13 +43,24 @@ void EdgeOp::start(Transport& t) {
   }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
-    t.isend(*this, slot(kHeaderSend, pi, 0), &header_, sizeof(OpHeader), p.rank, tag(Channel::header, t));
-    t.irecv(*this, slot(kHeaderRecv, pi, 0), &p.header_in, sizeof(OpHeader), p.rank, tag(Channel::header, t));
-    // A matching peer sends an abort record only while it owes this rank
-    // data; a mismatched one always does (posted then).
-    if (p.msgs_from > 0) post_abort_recv(t, pi);
+    // No peer's header message exceeds this (same library, same constant).
+    p.header_buf.resize(sizeof(OpHeader) + kInlineBytes);
+    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_buf.size(), p.rank,
+            tag(Channel::header, t));
   }
-  run(t);  // the first data goes out right behind the headers
+  // The first run() posts what is ready; small first messages go inline.
+  collecting_inline_ = true;
+  run(t);
+  collecting_inline_ = false;
+  for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
+    Peer& p = peers_[pi];
+    if (!p.inline_out) {
+      p.header_out.resize(sizeof(OpHeader));
+      std::memcpy(p.header_out.data(), &header_, sizeof(OpHeader));
+    }
+    t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out.data(), p.header_out.size(), p.rank,
+            tag(Channel::header, t));
+  }
   check_finished(t);
 }
 
@@ -58,15 +70,40 @@ void EdgeOp::progress(Transport& t) {
     if (!hard_abort_) drain(t);
   } else {
     run(t);
+    deliver_inline(t);
   }
   check_finished(t);
+}
+
+void EdgeOp::deliver_inline(Transport& t) {
+  for (bool again = true; again && !aborted_;) {
+    again = false;
+    for (int pi = 0; pi < static_cast<int>(peers_.size()) && !aborted_; ++pi) {
+      Peer& p = peers_[pi];
+      if (!p.inline_ready) continue;
+      p.inline_ready = false;
+      ++p.completed_in;
+      on_received(t, pi, 0);
+      again = true;
+    }
+  }
 }
 
 void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes) {
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(!p.mismatch && !aborted_, InternalError, name(), ": data send on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
-  t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
+  if (collecting_inline_ && msg == 0 && bytes <= kInlineBytes) {
+    // Copied behind the header; it completes with the header's send.
+    OpHeader h = header_;
+    h.flags |= kHeaderInlineData;
+    p.header_out.resize(sizeof(OpHeader) + bytes);
+    std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
+    if (bytes > 0) std::memcpy(p.header_out.data() + sizeof(OpHeader), buf, bytes);
+    p.inline_out = true;
+  } else {
+    t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
+  }
   ++p.posted_out;
 }
 
@@ -74,8 +111,20 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(p.live && !aborted_, InternalError, name(), ": data receive on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_in, InternalError, name(), ": data receives out of order");
-  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
   ++p.posted_in;
+  if (msg == 0 && p.inline_in) {
+    const size_t got = p.header_buf.size() - sizeof(OpHeader);
+    RELAXCC_ENFORCE_EQ(got, bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
+                       " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ", bytes);
+    if (bytes > 0) std::memcpy(buf, p.header_buf.data() + sizeof(OpHeader), bytes);
+    p.inline_ready = true;
+    return;
+  }
+  // A matching peer sends an abort record only while it owes this rank data
+  // (a mismatched one always does), so the record's receive is posted with
+  // the first data receive that goes through MPI, or when this rank fails.
+  post_abort_recv(t, pi);
+  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
 }
 
 void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int error) {
@@ -95,17 +144,33 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
   }
   switch (kind) {
     case kHeaderSend:
+      if (p.inline_out) {
+        ++p.completed_out;
+        if (!aborted_) on_sent(t, pi, 0);
+      }
+      break;
     case kAbortSend:
       break;
     case kHeaderRecv: {
       if (cancelled) break;
       p.header_received = true;
+      int got = 0;
+      MPI_Get_count(&status, MPI_BYTE, &got);
+      if (got >= static_cast<int>(sizeof(OpHeader))) std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
+      else p.header_in.magic = 0;  // a corrupt header: describe() says so
+      p.inline_in = (p.header_in.flags & kHeaderInlineData) != 0 && got >= static_cast<int>(sizeof(OpHeader));
+      p.header_buf.resize(p.inline_in ? static_cast<size_t>(got) : 0);
       if (same_call(header_, p.header_in)) {
         p.live = true;
-        if (!aborted_) run(t);  // post its receives now, not an engine iteration later
+        if (!aborted_) {  // post its receives now, not an engine iteration later
+          run(t);
+          deliver_inline(t);
+        }
       } else {
-        // The peer may have posted data optimistically: it tells how much.
+        // The peer may have posted data optimistically: it tells how much
+        // (its inline message is already here).
         p.mismatch = true;
+        if (p.inline_in) p.posted_in = p.completed_in = 1;
         post_abort_recv(t, pi);
         const std::string what = detail::concat(
             name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: rank ", t.rank(),
@@ -186,6 +251,7 @@ void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& rea
     const Peer& p = peers_[pi];
     // A peer that got everything needs nothing.
     if (p.mismatch || p.posted_out < p.msgs_to) send_abort(t, pi);
+    if (p.msgs_from > 0) post_abort_recv(t, pi);
   }
 }
 
@@ -212,6 +278,11 @@ void EdgeOp::drain(Transport& t) {
   // only grows while no receive writes into it.
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
+    if (p.live && p.inline_in && p.posted_in == 0 && p.limit_in() > 0) p.posted_in = p.completed_in = 1;
+    if (p.inline_ready) {  // copied but not delivered: received all the same
+      p.inline_ready = false;
+      ++p.completed_in;
+    }
     if (!(p.live || (p.mismatch && p.abort_received)) || p.draining || p.posted_in >= p.limit_in()) continue;
     MPI_Message message;
     size_t bytes = 0;

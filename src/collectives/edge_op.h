@@ -5,8 +5,12 @@
 //      the same two headers, so they agree whether the edge is live.
 //   2. Sends are optimistic: a rank posts data as soon as its schedule has
 //      it, before the peer's header arrived, so the header costs no round
-//      trip. Receives are posted only on a live edge, so a peer's data never
-//      lands in this rank's buffers unless both called the same operation.
+//      trip. A first data message of at most kInlineBytes that is ready at
+//      start travels inside the header message (one message instead of two
+//      for small collectives). Receives are posted only on a live edge, so
+//      a peer's data never lands in this rank's buffers unless both called
+//      the same operation, and every receive is sized from a matched header
+//      (or, when draining, a matched probe): never a truncated receive.
 //   3. A rank that fails (mismatched header, an abort record from a peer, a
 //      local error) stops posting data. To every peer it still owes data,
 //      and to every peer whose header mismatched, it sends one AbortRecord
@@ -28,6 +32,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +42,9 @@
 #include "relaxcc/exec_context.h"
 
 namespace relaxcc::mpi {
+
+// A first data message up to this size may travel inside the header message.
+inline constexpr size_t kInlineBytes = 4096;
 
 // The ranks every EdgeOp of `rank` exchanges headers with (see above).
 std::vector<int> first_contacts(int rank, int size);
@@ -81,6 +89,11 @@ class EdgeOp : public Operation {
     int rank = -1;
     int64_t msgs_from = 0, msgs_to = 0;
     OpHeader header_in;
+    // The header messages: the header, then possibly the first data message.
+    std::vector<unsigned char> header_out, header_buf;
+    bool inline_out = false;  // this rank's data message 0 rides in header_out
+    bool inline_in = false;   // the peer's data message 0 rode in its header
+    bool inline_ready = false;  // copied into its receive, to be delivered
     bool header_received = false;
     bool live = false;
     bool mismatch = false;
@@ -107,11 +120,15 @@ class EdgeOp : public Operation {
   void send_abort(Transport& t, int pi);
   void post_abort_recv(Transport& t, int pi);
   void drain(Transport& t);
+  // Hands inline data messages copied by recv_data to on_received (outside
+  // run(), which posted them).
+  void deliver_inline(Transport& t);
   void check_finished(Transport& t);
   int tag(Channel c, const Transport& t) const { return collective_tag(header_.seq, c, t.max_tag()); }
 
   std::string label_;
   OpHeader header_;
+  bool collecting_inline_ = false;  // start(): the first run() may fill header messages
   std::vector<Peer> peers_;
   bool started_ = false;
   bool aborted_ = false;

@@ -33,7 +33,10 @@ enum class OpType : uint8_t {
 const char* op_type_name(OpType t) noexcept;
 
 inline constexpr uint32_t kHeaderMagic = 0x43435852;  // "RXCC"
-inline constexpr uint8_t kHeaderVersion = 2;
+inline constexpr uint8_t kHeaderVersion = 3;
+// The header message carries the sender's first data message to this peer
+// right after the header (see EdgeOp).
+inline constexpr uint8_t kHeaderInlineData = 1;
 
 struct OpHeader {
   uint32_t magic = kHeaderMagic;
@@ -42,7 +45,8 @@ struct OpHeader {
   DType dtype = DType::f32;
   ReduceOp op = ReduceOp::sum;
   uint8_t algo = 0;
-  uint8_t pad[3] = {0, 0, 0};
+  uint8_t flags = 0;  // kHeaderInlineData
+  uint8_t pad[2] = {0, 0};
   int32_t root = 0;
   uint64_t seq = 0;
   int64_t count = 0;
