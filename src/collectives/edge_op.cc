@@ -69,7 +69,6 @@ void EdgeOp::progress(Transport& t) {
   if (aborted_) {
     if (!hard_abort_) drain(t);
   } else {
-    for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) post_early(t, pi);
     run(t);
     deliver_inline(t);
   }
@@ -91,10 +90,8 @@ void EdgeOp::deliver_inline(Transport& t) {
 }
 
 void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes) {
-  // A receive that failed inside the caller's run() aborts the operation;
-  // whatever that run() still posts is dropped.
-  if (aborted_) return;
   Peer& p = peers_[pi];
+  RELAXCC_ENFORCE(!p.mismatch && !aborted_, InternalError, name(), ": data send on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
   if (collecting_inline_ && msg == 0 && bytes <= kInlineBytes) {
     // Copied behind the header; it completes with the header's send.
@@ -111,54 +108,23 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
 }
 
 void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes) {
-  if (aborted_) return;  // as in send_data
   Peer& p = peers_[pi];
-  RELAXCC_ENFORCE_EQ(msg, p.posted_in + static_cast<int64_t>(p.early.size()), InternalError, name(),
-                     ": data receives out of order");
-  p.early.push_back({msg, buf, bytes});
-  post_early(t, pi);
-}
-
-void EdgeOp::post_early(Transport& t, int pi) {
-  Peer& p = peers_[pi];
-  while (!p.early.empty() && !aborted_) {
-    const Peer::Early r = p.early.front();
-    if (p.live && r.msg == 0 && p.inline_in) {
-      const size_t got = p.header_buf.size() - sizeof(OpHeader);
-      RELAXCC_ENFORCE_EQ(got, r.bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
-                         " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ", r.bytes);
-      if (r.bytes > 0) std::memcpy(r.buf, p.header_buf.data() + sizeof(OpHeader), r.bytes);
-      p.inline_ready = true;
-    } else if (p.live) {
-      // A matching peer sends an abort record only while it owes this rank
-      // data (a mismatched one always does), so the record's receive is
-      // posted with the first data receive through MPI, or on failure.
-      post_abort_recv(t, pi);
-      t.irecv(*this, slot(kDataRecv, pi, r.msg), r.buf, r.bytes, p.rank, tag(Channel::data, t));
-    } else {
-      // Before the header: a small message 0 may ride inside it.
-      if (r.msg == 0 && r.bytes <= kInlineBytes) return;
-      MPI_Message message;
-      size_t bytes = 0;
-      if (!t.improbe(p.rank, tag(Channel::data, t), &message, &bytes)) return;
-      if (bytes != r.bytes) {
-        if (p.drain.size() < bytes) p.drain.resize(bytes);
-        p.draining = true;
-        t.imrecv(*this, slot(kDrainRecv, pi, r.msg), p.drain.data(), bytes, &message, p.rank);
-        ++p.posted_in;
-        const std::string what = detail::concat(
-            name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'", ": rank ", p.rank,
-            " sent a data message of ", bytes, " bytes where rank ", t.rank(), " expects ", r.bytes, " for ",
-            describe(header_));
-        fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what, AbortKind::mismatch);
-        return;
-      }
-      post_abort_recv(t, pi);
-      t.imrecv(*this, slot(kDataRecv, pi, r.msg), r.buf, bytes, &message, p.rank);
-    }
-    ++p.posted_in;
-    p.early.pop_front();
+  RELAXCC_ENFORCE(p.live && !aborted_, InternalError, name(), ": data receive on a closed edge");
+  RELAXCC_ENFORCE_EQ(msg, p.posted_in, InternalError, name(), ": data receives out of order");
+  ++p.posted_in;
+  if (msg == 0 && p.inline_in) {
+    const size_t got = p.header_buf.size() - sizeof(OpHeader);
+    RELAXCC_ENFORCE_EQ(got, bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
+                       " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ", bytes);
+    if (bytes > 0) std::memcpy(buf, p.header_buf.data() + sizeof(OpHeader), bytes);
+    p.inline_ready = true;
+    return;
   }
+  // A matching peer sends an abort record only while it owes this rank data
+  // (a mismatched one always does), so the record's receive is posted with
+  // the first data receive that goes through MPI, or when this rank fails.
+  post_abort_recv(t, pi);
+  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
 }
 
 void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int error) {
@@ -197,7 +163,6 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       if (same_call(header_, p.header_in)) {
         p.live = true;
         if (!aborted_) {  // post its receives now, not an engine iteration later
-          post_early(t, pi);
           run(t);
           deliver_inline(t);
         }
@@ -205,10 +170,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
         // The peer may have posted data optimistically: it tells how much
         // (its inline message is already here).
         p.mismatch = true;
-        if (p.inline_in) {
-          ++p.posted_in;
-          ++p.completed_in;
-        }
+        if (p.inline_in) p.posted_in = p.completed_in = 1;
         post_abort_recv(t, pi);
         const std::string what = detail::concat(
             name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: rank ", t.rank(),
@@ -278,7 +240,6 @@ void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& rea
   set_error(std::move(error));
   if (aborted_) return;
   aborted_ = true;
-  for (Peer& p : peers_) p.early.clear();
   abort_reason_ = reason;
   abort_kind_ = kind;
   if (abort_origin_ < 0) abort_origin_ = t.rank();

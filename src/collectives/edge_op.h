@@ -3,18 +3,14 @@
 // Protocol on every edge (a pair of ranks that exchange data):
 //   1. Both ends send their OpHeader and receive the other's; both compare
 //      the same two headers, so they agree whether the edge is live.
-//   2. Data is optimistic, so the header costs no round trip. A rank posts
-//      sends as soon as its schedule has them; a first data message of at
-//      most kInlineBytes that is ready at start travels inside the header
-//      message. Receives asked for before the peer's header arrived are
-//      taken by matched probe, one at a time, each sized to the message: a
-//      message of another size goes to a drain buffer and raises
-//      PeerMismatch, so no receive is ever truncated. Once the edge is live
-//      they are posted ordinarily. Data received before the edge is live
-//      may come from a peer that calls something else: nothing derived
-//      from it may leave this rank until the edge is live (subclasses wait
-//      for edge_live before forwarding), and an operation completes only
-//      after every header arrived and matched.
+//   2. Sends are optimistic: a rank posts data as soon as its schedule has
+//      it, before the peer's header arrived, so the header costs no round
+//      trip. A first data message of at most kInlineBytes that is ready at
+//      start travels inside the header message (one message instead of two
+//      for small collectives). Receives are posted only on a live edge, so
+//      a peer's data never lands in this rank's buffers unless both called
+//      the same operation, and every receive is sized from a matched header
+//      (or, when draining, a matched probe): never a truncated receive.
 //   3. A rank that fails (mismatched header, an abort record from a peer, a
 //      local error) stops posting data. To every peer it still owes data,
 //      and to every peer whose header mismatched, it sends one AbortRecord
@@ -37,7 +33,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,9 +73,8 @@ class EdgeOp : public Operation {
   // The data schedule finished on this rank.
   virtual bool data_done() const = 0;
 
-  // Data may be posted on any edge while the operation is not aborted (a
-  // mismatched edge aborts it). An edge is live once the headers matched;
-  // data received before must not leave this rank (see above).
+  // Receives may be posted on a live edge only; sends on any edge while the
+  // operation is not aborted (a mismatched edge aborts it).
   bool edge_live(int pi) const { return peers_[pi].live; }
   // The peer's header; valid once the edge is live.
   const OpHeader& peer_header(int pi) const { return peers_[pi].header_in; }
@@ -109,13 +103,6 @@ class EdgeOp : public Operation {
     bool abort_received = false;
     bool abort_sent = false;
     bool draining = false;  // a drain receive is in flight
-    // Receives asked for and not yet posted, in order.
-    struct Early {
-      int64_t msg;
-      void* buf;
-      size_t bytes;
-    };
-    std::deque<Early> early;
     // Messages to receive: the schedule, cut to the peer's abort count; from
     // a mismatched peer its abort count (none known before it arrived).
     int64_t limit_in() const {
@@ -133,7 +120,6 @@ class EdgeOp : public Operation {
   void send_abort(Transport& t, int pi);
   void post_abort_recv(Transport& t, int pi);
   void drain(Transport& t);
-  void post_early(Transport& t, int pi);
   // Hands inline data messages copied by recv_data to on_received (outside
   // run(), which posted them).
   void deliver_inline(Transport& t);

@@ -40,10 +40,6 @@ void RecursiveDoublingOp::run(Transport& t) {
     const Step& s = steps_[step_];
     const ButterflyMove& m = s.move;
     if (m.sends() && !send_posted_) {
-      // What this rank sends derives from every earlier receive: those
-      // partners' headers must have matched first.
-      for (size_t j = 0; j < step_; ++j)
-        if (steps_[j].move.receives() && !edge_live(steps_[j].peer_index)) return;
       // The last send hands on the final result: divide once, before it.
       if (m.kind == ButterflyStep::fold_out_send && op_ == ReduceOp::avg)
         kernels::finish_average(data_, size_, ctx_);
@@ -51,6 +47,7 @@ void RecursiveDoublingOp::run(Transport& t) {
       send_data(t, s.peer_index, 0, data_.data, data_.nbytes());
     }
     if (m.receives() && !recv_posted_) {
+      if (!edge_live(s.peer_index)) return;
       // The folded-out result lands in the caller's buffer; partners' data
       // in scratch, to be combined.
       void* target = data_.data;

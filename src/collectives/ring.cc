@@ -209,12 +209,10 @@ void RingOp::run(Transport& t) {
   // arrived): posting one only announces it, while posting a receive for a
   // message that already arrived copies it on the spot (shared-memory
   // single copy), which would hold back this rank's own sends. Both in
-  // schedule order; a send waits for the segment it forwards, and for the
-  // left neighbour's header to match (data from an unverified edge stays on
-  // this rank).
+  // schedule order; a send waits for the segment it forwards.
   while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < send_window) {
     const Msg& m = out_[next_out_];
-    if (m.dep >= 0 && (!in_done_[m.dep] || !edge_live(left_))) break;
+    if (m.dep >= 0 && !in_done_[m.dep]) break;
     const void* wire;
     if (m.reduce) {
       wire = m.dep < 0 ? codec_->encode(spec_.local.slice(m.offset, m.count), nullptr, ctx_)
@@ -225,7 +223,8 @@ void RingOp::run(Transport& t) {
     send_data(t, right_, next_out_, wire, codec_->wire_bytes(m.count, spec_.dtype));
     ++next_out_;
   }
-  // Receives, in schedule order.
+  // Receives, in schedule order, once the left neighbour's header matched.
+  if (!edge_live(left_)) return;
   while (next_in_ < static_cast<int64_t>(in_.size()) && next_in_ - processed_in_ < depth) {
     Msg& m = in_[next_in_];
     void* target;
