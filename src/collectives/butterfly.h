@@ -16,8 +16,12 @@ enum class ButterflyStep { fold_in_send, fold_in_recv, round, fold_out_send, fol
 struct ButterflyMove {
   ButterflyStep kind;
   int peer;
-  bool sends() const { return kind != ButterflyStep::fold_in_recv && kind != ButterflyStep::fold_out_recv; }
-  bool receives() const { return kind != ButterflyStep::fold_in_send && kind != ButterflyStep::fold_out_send; }
+  bool sends() const {
+    return kind != ButterflyStep::fold_in_recv && kind != ButterflyStep::fold_out_recv;
+  }
+  bool receives() const {
+    return kind != ButterflyStep::fold_in_send && kind != ButterflyStep::fold_out_send;
+  }
 };
 
 inline std::vector<ButterflyMove> butterfly_schedule(int rank, int size) {
@@ -37,7 +41,8 @@ inline std::vector<ButterflyMove> butterfly_schedule(int rank, int size) {
   }
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner_new = newrank ^ mask;
-    moves.push_back({ButterflyStep::round, partner_new < rem ? partner_new * 2 + 1 : partner_new + rem});
+    moves.push_back(
+        {ButterflyStep::round, partner_new < rem ? partner_new * 2 + 1 : partner_new + rem});
   }
   if (rank < 2 * rem) moves.push_back({ButterflyStep::fold_out_send, rank - 1});
   return moves;

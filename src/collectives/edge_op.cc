@@ -38,7 +38,8 @@ void EdgeOp::start(Transport& t) {
   header_.seq = seq();
   started_ = true;
   for (int rank : first_contacts(t.rank(), t.size())) {
-    const bool known = std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
+    const bool known =
+        std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
     if (!known) add_peer(rank, 0, 0);
   }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
@@ -115,7 +116,8 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   if (msg == 0 && p.inline_in) {
     const size_t got = p.header_buf.size() - sizeof(OpHeader);
     RELAXCC_ENFORCE_EQ(got, bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
-                       " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ", bytes);
+                       " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ",
+                       bytes);
     if (bytes > 0) std::memcpy(buf, p.header_buf.data() + sizeof(OpHeader), bytes);
     p.inline_ready = true;
     return;
@@ -156,9 +158,12 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       p.header_received = true;
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
-      if (got >= static_cast<int>(sizeof(OpHeader))) std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
-      else p.header_in.magic = 0;  // a corrupt header: describe() says so
-      p.inline_in = (p.header_in.flags & kHeaderInlineData) != 0 && got >= static_cast<int>(sizeof(OpHeader));
+      if (got >= static_cast<int>(sizeof(OpHeader)))
+        std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
+      else
+        p.header_in.magic = 0;  // a corrupt header: describe() says so
+      p.inline_in =
+          (p.header_in.flags & kHeaderInlineData) != 0 && got >= static_cast<int>(sizeof(OpHeader));
       p.header_buf.resize(p.inline_in ? static_cast<size_t>(got) : 0);
       if (same_call(header_, p.header_in)) {
         p.live = true;
@@ -263,14 +268,16 @@ void EdgeOp::send_abort(Transport& t, int pi) {
   p.abort_out.origin = abort_origin_;
   p.abort_out.sent = p.posted_out;
   p.abort_out.set_reason(abort_reason_);
-  t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank, tag(Channel::abort, t));
+  t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank,
+          tag(Channel::abort, t));
 }
 
 void EdgeOp::post_abort_recv(Transport& t, int pi) {
   Peer& p = peers_[pi];
   if (p.abort_recv_posted) return;
   p.abort_recv_posted = true;
-  t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank, tag(Channel::abort, t));
+  t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank,
+          tag(Channel::abort, t));
 }
 
 void EdgeOp::drain(Transport& t) {
@@ -278,12 +285,14 @@ void EdgeOp::drain(Transport& t) {
   // only grows while no receive writes into it.
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
-    if (p.live && p.inline_in && p.posted_in == 0 && p.limit_in() > 0) p.posted_in = p.completed_in = 1;
+    if (p.live && p.inline_in && p.posted_in == 0 && p.limit_in() > 0)
+      p.posted_in = p.completed_in = 1;
     if (p.inline_ready) {  // copied but not delivered: received all the same
       p.inline_ready = false;
       ++p.completed_in;
     }
-    if (!(p.live || (p.mismatch && p.abort_received)) || p.draining || p.posted_in >= p.limit_in()) continue;
+    if (!(p.live || (p.mismatch && p.abort_received)) || p.draining || p.posted_in >= p.limit_in())
+      continue;
     MPI_Message message;
     size_t bytes = 0;
     if (!t.improbe(p.rank, tag(Channel::data, t), &message, &bytes)) continue;
@@ -321,8 +330,9 @@ std::string EdgeOp::waiting_for() const {
   for (const Peer& p : peers_) {
     os << "rank " << p.rank << " (";
     if (!p.header_received) os << "header";
-    else os << "data " << p.completed_in << "/" << p.limit_in() << " in, " << p.posted_out << "/"
-            << p.msgs_to << " out";
+    else
+      os << "data " << p.completed_in << "/" << p.limit_in() << " in, " << p.posted_out << "/"
+         << p.msgs_to << " out";
     os << ") ";
   }
   return os.str();

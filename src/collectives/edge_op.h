@@ -1,4 +1,4 @@
-// EdgeOp: the base of relaxcc's point-to-point collectives (the ring).
+// EdgeOp: the base of relaxcc's point-to-point collectives (the ring, recursive doubling).
 //
 // Protocol on every edge (a pair of ranks that exchange data):
 //   1. Both ends send their OpHeader and receive the other's; both compare
@@ -91,8 +91,8 @@ class EdgeOp : public Operation {
     OpHeader header_in;
     // The header messages: the header, then possibly the first data message.
     std::vector<unsigned char> header_out, header_buf;
-    bool inline_out = false;  // this rank's data message 0 rides in header_out
-    bool inline_in = false;   // the peer's data message 0 rode in its header
+    bool inline_out = false;    // this rank's data message 0 rides in header_out
+    bool inline_in = false;     // the peer's data message 0 rode in its header
     bool inline_ready = false;  // copied into its receive, to be delivered
     bool header_received = false;
     bool live = false;

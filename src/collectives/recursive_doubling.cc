@@ -31,7 +31,8 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
     if (m.sends()) ++messages[m.peer].second;
   }
   std::map<int, int> index;
-  for (const auto& [peer, counts] : messages) index[peer] = add_peer(peer, counts.first, counts.second);
+  for (const auto& [peer, counts] : messages)
+    index[peer] = add_peer(peer, counts.first, counts.second);
   for (const ButterflyMove& m : moves) steps_.push_back({m, index[m.peer]});
 }
 
@@ -65,7 +66,8 @@ void RecursiveDoublingOp::run(Transport& t) {
 
 void RecursiveDoublingOp::finish_step() {
   const ButterflyMove& m = steps_[step_].move;
-  if ((m.kind == ButterflyStep::round || m.kind == ButterflyStep::fold_in_recv) && data_.numel > 0) {
+  if ((m.kind == ButterflyStep::round || m.kind == ButterflyStep::fold_in_recv) &&
+      data_.numel > 0) {
     const TensorView theirs(theirs_.data(), data_.numel, data_.dtype);
     if (m.peer < rank_) {
       kernels::reduce_into(theirs, data_, op_, ctx_);
