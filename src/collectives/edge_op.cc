@@ -62,6 +62,11 @@ void EdgeOp::start(Transport& t) {
     t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out.data(), p.header_out.size(), p.rank,
             tag(Channel::header, t));
   }
+  // Headers first: a large message posted before would queue ahead of them.
+  for (const Deferred& d : deferred_)
+    t.isend(*this, slot(kDataSend, d.pi, d.msg), d.buf, d.bytes, peers_[d.pi].rank,
+            tag(Channel::data, t));
+  deferred_.clear();
   check_finished(t);
 }
 
@@ -102,6 +107,8 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
     std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
     if (bytes > 0) std::memcpy(p.header_out.data() + sizeof(OpHeader), buf, bytes);
     p.inline_out = true;
+  } else if (collecting_inline_) {
+    deferred_.push_back({pi, msg, buf, bytes});  // posted right behind the headers
   } else {
     t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
   }
@@ -141,6 +148,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
                                             p.rank, ": ", mpi_error_string(error));
     fail(t, std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__)), what, AbortKind::error);
     if (kind == kDataRecv || kind == kDrainRecv) ++p.completed_in;
+    if (kind == kDataSend || (kind == kHeaderSend && p.inline_out)) ++p.completed_out;
     check_finished(t);
     return;
   }

@@ -129,6 +129,13 @@ class EdgeOp : public Operation {
   std::string label_;
   OpHeader header_;
   bool collecting_inline_ = false;  // start(): the first run() may fill header messages
+  struct Deferred {                 // start(): data sends held back until the headers are out
+    int pi;
+    int64_t msg;
+    const void* buf;
+    size_t bytes;
+  };
+  std::vector<Deferred> deferred_;
   std::vector<Peer> peers_;
   bool started_ = false;
   bool aborted_ = false;
