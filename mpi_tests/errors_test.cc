@@ -105,7 +105,10 @@ class MismatchTest : public ::testing::Test {
 
 TEST_F(MismatchTest, AllreduceCountsDiffer) {
   for (AllreduceAlgo algo : {AllreduceAlgo::ring, AllreduceAlgo::recursive_doubling}) {
-    for (int64_t base : {int64_t{1}, int64_t{5000}, int64_t{1} << 20}) {
+    // 1024 and 2048 put the first message inside the header message on some
+    // ranks (at most 4 KiB) and on the data channel on others.
+    for (int64_t base :
+         {int64_t{1}, int64_t{1024}, int64_t{2048}, int64_t{5000}, int64_t{1} << 20}) {
       Buffer b(DType::f32, base + (comm_->rank() == 1 ? 7 : 0));
       AllreduceOptions o;
       o.algo = algo;
