@@ -209,10 +209,14 @@ void RingOp::run(Transport& t) {
   // arrived): posting one only announces it, while posting a receive for a
   // message that already arrived copies it on the spot (shared-memory
   // single copy), which would hold back this rank's own sends. Both in
-  // schedule order; a send waits for the segment it forwards.
+  // schedule order; a send waits for the segment it forwards. Segments
+  // larger than an inline message wait for the right neighbour's header:
+  // over TCP an early rendezvous send, once cleared, is written out whole
+  // inside one MPI call, and the peer's header behind it is read late.
   while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < send_window) {
     const Msg& m = out_[next_out_];
     if (m.dep >= 0 && !in_done_[m.dep]) break;
+    if (!edge_live(right_) && codec_->wire_bytes(m.count, spec_.dtype) > kInlineBytes) break;
     const void* wire;
     if (m.reduce) {
       wire = m.dep < 0 ? codec_->encode(spec_.local.slice(m.offset, m.count), nullptr, ctx_)
