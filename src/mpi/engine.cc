@@ -57,7 +57,8 @@ void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int 
   check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, peer, tag,
                       coll ? engine_.coll_comm_ : engine_.p2p_comm_, &req),
             "MPI_Irecv");
-  engine_.add_request(op, slot, req, bytes, peer, false, true);
+  const int index = engine_.add_request(op, slot, req, bytes, peer, false, true);
+  engine_.pending_[index].cancellable = true;
 }
 
 bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes) {
@@ -88,9 +89,12 @@ void Transport::track(Operation& op, int64_t slot, MPI_Request request) {
 void Transport::cancel_receives(Operation& op, int64_t slot) {
   require_engine_thread(engine_);
   for (size_t i = 0; i < engine_.pending_.size(); ++i) {
-    const auto& p = engine_.pending_[i];
-    if (p.op == &op && p.slot == slot && p.recv && engine_.requests_[i] != MPI_REQUEST_NULL)
+    auto& p = engine_.pending_[i];
+    if (p.op == &op && p.slot == slot && p.cancellable &&
+        engine_.requests_[i] != MPI_REQUEST_NULL) {
+      p.cancellable = false;
       MPI_Cancel(&engine_.requests_[i]);
+    }
   }
 }
 

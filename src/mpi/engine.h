@@ -64,7 +64,8 @@ class Transport {
   void imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message, int peer);
   // Tracks a request the operation started itself (a non-blocking collective).
   void track(Operation& op, int64_t slot, MPI_Request request);
-  // Cancels every pending receive of `op` posted with `slot`.
+  // Cancels every pending receive of `op` posted with `slot` (posted with
+  // irecv and not cancelled before; others are left to complete).
   void cancel_receives(Operation& op, int64_t slot);
 
   // The collective lane: operations that start MPI's own non-blocking
@@ -175,6 +176,10 @@ class Engine {
     bool send = false;
     bool recv = false;
     Clock::time_point posted;
+    // A posted receive not cancelled yet. Matched receives (MPI_Imrecv) are
+    // never cancellable, and no request is cancelled twice: Open MPI 4.1's
+    // ob1 crashed on a second cancel of a receive.
+    bool cancellable = false;
   };
 
   void loop();
