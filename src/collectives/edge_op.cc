@@ -54,13 +54,8 @@ void EdgeOp::start(Transport& t) {
   run(t);
   collecting_inline_ = false;
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
-    Peer& p = peers_[pi];
-    if (!p.inline_out) {
-      p.header_out.resize(sizeof(OpHeader));
-      std::memcpy(p.header_out.data(), &header_, sizeof(OpHeader));
-    }
-    t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out.data(), p.header_out.size(), p.rank,
-            tag(Channel::header, t));
+    const Peer& p = peers_[pi];
+    if (p.inline_out || !p.hold_header || p.msgs_to == 0 || aborted_) send_header(t, pi);
   }
   // Headers first: a large message posted before would queue ahead of them.
   for (const Deferred& d : deferred_)
@@ -99,7 +94,8 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(!p.mismatch && !aborted_, InternalError, name(), ": data send on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
-  if (collecting_inline_ && msg == 0 && bytes <= kInlineBytes) {
+  const bool header_pending = collecting_inline_ || !p.header_sent;
+  if (header_pending && msg == 0 && bytes <= kInlineBytes) {
     // Copied behind the header; it completes with the header's send.
     OpHeader h = header_;
     h.flags |= kHeaderInlineData;
@@ -107,12 +103,26 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
     std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
     if (bytes > 0) std::memcpy(p.header_out.data() + sizeof(OpHeader), buf, bytes);
     p.inline_out = true;
+    if (!collecting_inline_) send_header(t, pi);
   } else if (collecting_inline_) {
     deferred_.push_back({pi, msg, buf, bytes});  // posted right behind the headers
   } else {
+    if (!p.header_sent) send_header(t, pi);
     t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
   }
   ++p.posted_out;
+}
+
+void EdgeOp::send_header(Transport& t, int pi) {
+  Peer& p = peers_[pi];
+  if (p.header_sent) return;
+  p.header_sent = true;
+  if (!p.inline_out) {
+    p.header_out.resize(sizeof(OpHeader));
+    std::memcpy(p.header_out.data(), &header_, sizeof(OpHeader));
+  }
+  t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out.data(), p.header_out.size(), p.rank,
+          tag(Channel::header, t));
 }
 
 void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes) {
@@ -262,7 +272,9 @@ void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& rea
   }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     const Peer& p = peers_[pi];
-    // A peer that got everything needs nothing.
+    // Every peer gets this rank's header (one held for inline data too); a
+    // peer that got everything needs no abort record.
+    send_header(t, pi);
     if (p.mismatch || p.posted_out < p.msgs_to) send_abort(t, pi);
     if (p.msgs_from > 0) post_abort_recv(t, pi);
   }

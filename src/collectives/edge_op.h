@@ -5,12 +5,14 @@
 //      the same two headers, so they agree whether the edge is live.
 //   2. Sends are optimistic: a rank posts data as soon as its schedule has
 //      it, before the peer's header arrived, so the header costs no round
-//      trip. A first data message of at most kInlineBytes that is ready at
-//      start travels inside the header message (one message instead of two
-//      for small collectives). Receives are posted only on a live edge, so
-//      a peer's data never lands in this rank's buffers unless both called
-//      the same operation, and every receive is sized from a matched header
-//      (or, when draining, a matched probe): never a truncated receive.
+//      trip. A first data message of at most kInlineBytes travels inside
+//      the header message (one message instead of two for small
+//      collectives): when it is ready at start, or later where the subclass
+//      holds the header for it (hold_header_for_data). Receives are posted
+//      only on a live edge, so a peer's data never lands in this rank's
+//      buffers unless both called the same operation, and every receive is
+//      sized from a matched header (or, when draining, a matched probe):
+//      never a truncated receive.
 //   3. A rank that fails (mismatched header, an abort record from a peer, a
 //      local error) stops posting data. To every peer it still owes data,
 //      and to every peer whose header mismatched, it sends one AbortRecord
@@ -65,6 +67,11 @@ class EdgeOp : public Operation {
   // `msgs_to` are the data messages the schedule exchanges with the peer.
   void set_header(const OpHeader& h) { header_ = h; }
   int add_peer(int rank, int64_t msgs_from, int64_t msgs_to);
+  // The first data message to this peer is at most kInlineBytes: if it is
+  // not ready at start, the header waits for it and both travel as one
+  // message (sent at once when this rank fails). Each data message a header
+  // waits for must depend only on earlier messages of the schedule.
+  void hold_header_for_data(int pi) { peers_[pi].hold_header = true; }
 
   // Posts data; called while the operation runs and is not aborted.
   virtual void run(Transport& t) = 0;
@@ -92,6 +99,8 @@ class EdgeOp : public Operation {
     // The header messages: the header, then possibly the first data message.
     std::vector<unsigned char> header_out, header_buf;
     bool inline_out = false;    // this rank's data message 0 rides in header_out
+    bool hold_header = false;   // the header waits for a small data message 0
+    bool header_sent = false;
     bool inline_in = false;     // the peer's data message 0 rode in its header
     bool inline_ready = false;  // copied into its receive, to be delivered
     bool header_received = false;
@@ -119,6 +128,7 @@ class EdgeOp : public Operation {
   void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
   void send_abort(Transport& t, int pi);
   void post_abort_recv(Transport& t, int pi);
+  void send_header(Transport& t, int pi);
   void drain(Transport& t);
   // Hands inline data messages copied by recv_data to on_received (outside
   // run(), which posted them).

@@ -31,8 +31,11 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
     if (m.sends()) ++messages[m.peer].second;
   }
   std::map<int, int> index;
-  for (const auto& [peer, counts] : messages)
+  for (const auto& [peer, counts] : messages) {
     index[peer] = add_peer(peer, counts.first, counts.second);
+    // A later step's small message carries the header to its partner.
+    if (counts.second > 0 && data.nbytes() <= kInlineBytes) hold_header_for_data(index[peer]);
+  }
   for (const ButterflyMove& m : moves) steps_.push_back({m, index[m.peer]});
 }
 
