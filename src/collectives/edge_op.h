@@ -80,16 +80,14 @@ class EdgeOp : public Operation {
   // The data schedule finished on this rank.
   virtual bool data_done() const = 0;
 
-  // Receives may be posted on a live edge only; sends on any edge while the
-  // operation is not aborted (a mismatched edge aborts it).
+  // Receives may be posted on a live edge only (both headers matched); sends
+  // on any edge while the operation is not aborted (a mismatched edge aborts
+  // it).
   bool edge_live(int pi) const { return peers_[pi].live; }
   // The peer's header; valid once the edge is live.
   const OpHeader& peer_header(int pi) const { return peers_[pi].header_in; }
   void send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes);
   void recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes);
-  bool aborted() const { return aborted_; }
-  const std::string& label() const { return label_; }
-  uint64_t header_seq() const { return header_.seq; }
 
  private:
   struct Peer {
