@@ -94,8 +94,7 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(!p.mismatch && !aborted_, InternalError, name(), ": data send on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
-  const bool header_pending = collecting_inline_ || !p.header_sent;
-  if (header_pending && msg == 0 && bytes <= kInlineBytes) {
+  if (!p.header_sent && msg == 0 && bytes <= kInlineBytes) {
     // Copied behind the header; it completes with the header's send.
     OpHeader h = header_;
     h.flags |= kHeaderInlineData;
@@ -107,7 +106,7 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
   } else if (collecting_inline_) {
     deferred_.push_back({pi, msg, buf, bytes});  // posted right behind the headers
   } else {
-    if (!p.header_sent) send_header(t, pi);
+    send_header(t, pi);  // a held header goes first
     t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
   }
   ++p.posted_out;
@@ -213,10 +212,9 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
                      ? std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__))
                      : std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__));
       // Receives posted beyond what the peer sent will never match.
-      for (int64_t m = p.limit_in(); m < p.posted_in; ++m) {
+      // (Drain receives are matched to messages that exist.)
+      for (int64_t m = p.limit_in(); m < p.posted_in; ++m)
         t.cancel_receives(*this, slot(kDataRecv, pi, m));
-        t.cancel_receives(*this, slot(kDrainRecv, pi, m));
-      }
       abort_origin_ = p.abort_in.origin;
       fail(t, err, p.abort_in.reason, p.abort_in.kind);
       break;
@@ -247,10 +245,9 @@ void EdgeOp::abort(Transport& t, std::exception_ptr error) {
     if (!aborted_) fail(t, error, reason, AbortKind::poisoned);
     for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
       for (SlotKind k : {kHeaderRecv, kAbortRecv}) t.cancel_receives(*this, slot(k, pi, 0));
-      for (int64_t m = peers_[pi].completed_in; m < peers_[pi].posted_in; ++m) {
+      // Drain receives are matched to messages that exist: they complete.
+      for (int64_t m = peers_[pi].completed_in; m < peers_[pi].posted_in; ++m)
         t.cancel_receives(*this, slot(kDataRecv, pi, m));
-        t.cancel_receives(*this, slot(kDrainRecv, pi, m));
-      }
     }
     finished_ = true;
     return;

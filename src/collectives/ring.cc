@@ -216,7 +216,8 @@ void RingOp::run(Transport& t) {
   while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < send_window) {
     const Msg& m = out_[next_out_];
     if (m.dep >= 0 && !in_done_[m.dep]) break;
-    if (!edge_live(right_) && codec_->wire_bytes(m.count, spec_.dtype) > kInlineBytes) break;
+    const size_t bytes = codec_->wire_bytes(m.count, spec_.dtype);
+    if (!edge_live(right_) && bytes > kInlineBytes) break;
     const void* wire;
     if (m.reduce) {
       wire = m.dep < 0 ? codec_->encode(spec_.local.slice(m.offset, m.count), nullptr, ctx_)
@@ -224,7 +225,7 @@ void RingOp::run(Transport& t) {
     } else {
       wire = codec_->encode(spec_.gathered.slice(m.offset, m.count), nullptr, ctx_);
     }
-    send_data(t, right_, next_out_, wire, codec_->wire_bytes(m.count, spec_.dtype));
+    send_data(t, right_, next_out_, wire, bytes);
     ++next_out_;
   }
   // Receives, in schedule order, once the left neighbour's header matched.
