@@ -2,7 +2,10 @@
 // the same sizes in the same run, as nccl-tests does.
 //
 // Time per size is the median over iterations on each rank, then the maximum
-// over ranks. algbw = bytes / time; busbw = algbw * 2(n-1)/n.
+// over ranks. Implementations take turns iteration by iteration, so that
+// each sees the same spells of machine noise (on a shared VM, steal time
+// comes and goes in bursts of milliseconds). algbw = bytes / time;
+// busbw = algbw * 2(n-1)/n.
 #include <mpi.h>
 
 #include <algorithm>
@@ -79,25 +82,33 @@ void run_allreduce(const AllreduceArgs& args) {
   int rows = 0;
   for (int64_t bytes = lo; bytes <= hi; bytes *= args.factor) {
     const int64_t count = bytes / static_cast<int64_t>(esize);
-    for (const Impl& impl : impls) {
-      const TensorView data =
-          impl.allocate ? impl.allocate(count, dtype) : TensorView{buffer.data(), count, dtype};
-      fill_encoded(data, world.rank);
-      for (int i = 0; i < args.warmup; ++i) impl.run(data, op);
-      std::vector<double> times;
-      for (int i = 0; i < args.iters; ++i) {
+    std::vector<TensorView> data(impls.size());
+    std::vector<std::vector<double>> times(impls.size());
+    for (size_t k = 0; k < impls.size(); ++k) {
+      data[k] = impls[k].allocate ? impls[k].allocate(count, dtype)
+                                  : TensorView{buffer.data(), count, dtype};
+      fill_encoded(data[k], world.rank);
+    }
+    for (int i = 0; i < args.warmup; ++i)
+      for (size_t k = 0; k < impls.size(); ++k) impls[k].run(data[k], op);
+    for (int i = 0; i < args.iters; ++i) {
+      for (size_t k = 0; k < impls.size(); ++k) {
         MPI_Barrier(MPI_COMM_WORLD);
         const auto t0 = std::chrono::steady_clock::now();
-        impl.run(data, op);
-        times.push_back(std::chrono::duration<double, std::micro>(
-                            std::chrono::steady_clock::now() - t0).count());
+        impls[k].run(data[k], op);
+        times[k].push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count());
       }
-      const double time_us = world.max_over_ranks(median(times));
+    }
+    for (size_t k = 0; k < impls.size(); ++k) {
+      const Impl& impl = impls[k];
+      const double time_us = world.max_over_ranks(median(times[k]));
       int64_t wrong = 0;
       if (args.check) {
-        fill_encoded(data, world.rank);
-        impl.run(data, op);
-        wrong = world.sum_over_ranks(count_wrong(data, op, world.size));
+        fill_encoded(data[k], world.rank);
+        impl.run(data[k], op);
+        wrong = world.sum_over_ranks(count_wrong(data[k], op, world.size));
       }
       const double algbw = static_cast<double>(count * esize) / time_us / 1e3;
       const double busbw = algbw * bus_factor;
