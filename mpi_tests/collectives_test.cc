@@ -153,6 +153,39 @@ TEST(SharedBuffers, ConcurrentSlicesOfOneArenaWithPriorities) {
       0);
 }
 
+// Two communicators of one process name their shared objects in one
+// namespace: buffers of each, alive at once, stay distinct on every rank.
+TEST(SharedBuffers, TwoCommunicatorsOfOneProcess) {
+  auto comm = world();
+  const CommunicatorPtr comms[2] = {comm, comm->split(0, comm->rank())};
+  const int n = comm->size(), r = comm->rank();
+  const int64_t count = (int64_t{1} << 18) + 5;
+  for (int round = 0; round < 3; ++round) {
+    TensorView views[2];
+    for (int k = 0; k < 2; ++k) {
+      views[k] = comms[k]->allocate(count, DType::i32);
+      Buffer b(DType::i32, count);
+      test::fill(b, r, round * 2 + k);
+      std::memcpy(views[k].data, b.bytes().data(), views[k].nbytes());
+    }
+    for (int k = 0; k < 2; ++k) {
+      AllreduceOptions o;
+      o.algo = AllreduceAlgo::ring;
+      comms[k]->allreduce(views[k], ExecContext::host(), o)->wait();
+      Buffer b(DType::i32, count);
+      std::memcpy(b.bytes().data(), views[k].data, views[k].nbytes());
+      const int64_t offset = round * 2 + k;
+      ASSERT_EQ(count_wrong<int32_t>(b,
+                                     [&](int64_t i) {
+                                       return test::expected_reduction<int32_t>(i + offset,
+                                                                                ReduceOp::sum, n);
+                                     }),
+                0)
+          << "round " << round << " communicator " << k;
+    }
+  }
+}
+
 TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();

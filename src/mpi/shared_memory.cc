@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -47,11 +49,10 @@ class SharedMemory::Segment {
 TensorView SharedMemory::allocate(int64_t numel, DType dtype) {
   const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 1);
   const auto pid = static_cast<uint32_t>(getpid());
-  uint32_t segment = 0;
-  {
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    segment = registry_->next_segment++;
-  }
+  // Names are unique per process, not per communicator: every communicator
+  // of this process creates its objects in the same namespace.
+  static std::atomic<uint32_t> next_segment{1};
+  const uint32_t segment = next_segment.fetch_add(1, std::memory_order_relaxed);
   const std::string name = object_name(pid, segment);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0 && errno == EEXIST) {  // left behind by a crashed process that had this pid

@@ -69,7 +69,6 @@ class SharedMemory {
     std::mutex mutex;
     std::map<const unsigned char*, std::pair<size_t, uint32_t>>
         segments;  // base -> (bytes, segment)
-    uint32_t next_segment = 1;
   };
   class Segment;
 
