@@ -104,6 +104,19 @@ int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks) {
   });
 }
 
+int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank) {
+  return visit_dtype(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* p = t.as<T>();
+    int64_t wrong = 0;
+    for (int64_t j = 0; j < t.numel; ++j) {
+      const int64_t owner = j / per_rank, i = j % per_rank;
+      wrong += same(p[j], from_f64<T>(static_cast<double>((owner + i) % 4))) ? 0 : 1;
+    }
+    return wrong;
+  });
+}
+
 namespace {
 
 template <typename Convert, typename Back>

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "relaxcc/communicator.h"
 #include "relaxcc/reduce_op.h"
 #include "relaxcc/tensor.h"
 #include "relaxcc/tunables.h"
@@ -41,6 +42,9 @@ double median(std::vector<double> v);
 void fill_encoded(const TensorView& t, int rank);
 // Elements that differ from the exact allreduce of fill_encoded over `ranks`.
 int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks);
+// Elements that differ from the allgather of fill_encoded inputs of
+// `per_rank` elements each.
+int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank);
 
 using AllreduceFn = std::function<void(const TensorView& data, ReduceOp op)>;
 // MPI_Allreduce in place on MPI_COMM_WORLD (f16/bf16 through an f32 user op;
@@ -59,6 +63,10 @@ struct NamedAllreduce {
   // Where its buffers come from; empty: ordinary host memory.
   std::function<TensorView(int64_t numel, DType dtype)> allocate;
 };
+// A relaxcc communicator over MPI_COMM_WORLD with the world's tunables, kept
+// alive by the world.
+CommunicatorPtr relaxcc_communicator(BenchWorld& world);
+
 // relaxcc's allreduce on a communicator over MPI_COMM_WORLD, with `algo`
 // forced ("auto" uses the selection table): "relaxcc" on ordinary memory,
 // "relaxcc-shared" on buffers from Communicator::allocate (node-shared

@@ -8,6 +8,8 @@ namespace relaxcc::bench {
 
 // `relaxcc-bench allreduce`: nccl-tests style sweep over implementations.
 void add_allreduce_mode(CLI::App& app);
+// `relaxcc-bench allgather`: the same sweep for allgather.
+void add_allgather_mode(CLI::App& app);
 // `relaxcc-bench kernels`: compression kernels against memcpy and nth_element.
 void add_kernels_mode(CLI::App& app);
 // `relaxcc-bench overlap`: the Reducer's overlap of communication and backward.

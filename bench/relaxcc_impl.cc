@@ -6,15 +6,20 @@
 
 namespace relaxcc::bench {
 
-NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
-                                      BenchWorld& world) {
-  RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared", InvalidArgument,
-                  "unknown --impl '", impl, "': expected relaxcc, relaxcc-shared, mpi or p2p-ring");
+CommunicatorPtr relaxcc_communicator(BenchWorld& world) {
   MpiCommunicatorOptions options;
   options.comm = MPI_COMM_WORLD;
   options.tunables = world.tunables;
   CommunicatorPtr comm = create_mpi_communicator(options);
   world.keep_alive.push_back(comm);
+  return comm;
+}
+
+NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
+                                      BenchWorld& world) {
+  RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared", InvalidArgument,
+                  "unknown --impl '", impl, "': expected relaxcc, relaxcc-shared, mpi or p2p-ring");
+  CommunicatorPtr comm = relaxcc_communicator(world);
   AllreduceOptions ar;
   ar.algo = parse_allreduce_algo(algo);
   const auto table = AllreduceSelection::parse(world.tunables.allreduce_algo);

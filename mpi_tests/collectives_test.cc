@@ -213,14 +213,31 @@ TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
   }
 }
 
-TEST(Allgather, EqualAndVariableCounts) {
+// Outputs in ordinary memory, and in node-shared memory from allocate (at an
+// odd offset inside the allocation), where the ring reads its neighbour's
+// output in place.
+class AllgatherTest : public ::testing::TestWithParam<bool> {
+ protected:
+  // Runs `gather` into an output of `out`'s size and copies the result to `out`.
+  template <typename Gather>
+  void gather_into(Communicator& comm, Buffer& out, Gather&& gather) {
+    TensorView view = out.view();
+    if (GetParam()) view = comm.allocate(out.numel + 3, out.dtype).slice(3, out.numel);
+    gather(view)->wait();
+    if (GetParam() && out.numel > 0) std::memcpy(out.bytes().data(), view.data, view.nbytes());
+  }
+};
+
+TEST_P(AllgatherTest, EqualAndVariableCounts) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   for (DType t : kAllDTypes) {
     for (int64_t count : kCounts) {
       Buffer in(t, count), out(t, count * n);
       test::fill(in, r, r * count);
-      comm->allgather(in.view(), out.view(), ExecContext::host())->wait();
+      gather_into(*comm, out, [&](const TensorView& o) {
+        return comm->allgather(in.view(), o, ExecContext::host());
+      });
       for_each_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
@@ -228,15 +245,17 @@ TEST(Allgather, EqualAndVariableCounts) {
                   }), 0) << "dtype " << t << " count " << count;
       });
     }
-    // allgatherv: rank p contributes p * 1000 + 1 elements (rank 1 none when n > 2).
+    // allgatherv: rank p contributes p * 100000 + 1 elements (rank 1 none when n > 2).
     std::vector<int64_t> counts(n);
-    for (int p = 0; p < n; ++p) counts[p] = (n > 2 && p == 1) ? 0 : p * 1000 + 1;
+    for (int p = 0; p < n; ++p) counts[p] = (n > 2 && p == 1) ? 0 : p * 100000 + 1;
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
     std::vector<int64_t> offsets(n, 0);
     for (int p = 1; p < n; ++p) offsets[p] = offsets[p - 1] + counts[p - 1];
     Buffer in(t, counts[r]), out(t, total);
     test::fill(in, r, offsets[r]);
-    comm->allgatherv(in.view(), out.view(), counts, ExecContext::host())->wait();
+    gather_into(*comm, out, [&](const TensorView& o) {
+      return comm->allgatherv(in.view(), o, counts, ExecContext::host());
+    });
     for_each_dtype(t, [&](auto tag) {
       using T = decltype(tag);
       ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
@@ -248,6 +267,10 @@ TEST(Allgather, EqualAndVariableCounts) {
     });
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Outputs, AllgatherTest, ::testing::Values(false, true), [](const auto& p) {
+  return std::string(p.param ? "Shared" : "Ordinary");
+});
 
 TEST(Broadcast, FromEveryRoot) {
   auto comm = world();

@@ -148,6 +148,14 @@ TEST_F(MismatchTest, SharedAndPrivateBuffersMixed) {
   expect_mismatch_everywhere([&] {
     return comm_->allreduce(comm_->rank() == 0 ? priv.view() : shared, ExecContext::host(), o);
   });
+  // The same for an allgather's output.
+  Buffer in(DType::f32, count / comm_->size());
+  const int64_t gathered = in.numel * comm_->size();
+  expect_mismatch_everywhere([&] {
+    return comm_->allgather(in.view(),
+                            (comm_->rank() == 0 ? priv.view() : shared).slice(0, gathered),
+                            ExecContext::host());
+  });
 }
 
 TEST_F(MismatchTest, AllreduceDtypesOrOpsDiffer) {

@@ -58,9 +58,11 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
   h.layout = layout_hash(spec_.chunk_counts, segment_elems_);
   shared_ = spec_.shared.pid != 0;
   if (shared_) {
-    RELAXCC_ENFORCE(spec_.type == OpType::allreduce && spec_.local.data == spec_.gathered.data &&
-                        spec_.shared_memory != nullptr,
-                    InternalError, "shared ring: only allreduce in place");
+    const bool in_place_allreduce =
+        spec_.type == OpType::allreduce && spec_.local.data == spec_.gathered.data;
+    const bool allgather = spec_.type == OpType::allgather && !spec_.reduce_phase;
+    RELAXCC_ENFORCE((in_place_allreduce || allgather) && spec_.shared_memory != nullptr,
+                    InternalError, "shared ring: only allreduce in place and allgather");
     h.shm_pid = spec_.shared.pid;
     h.shm_segment = spec_.shared.segment;
     h.shm_offset = spec_.shared.offset;

@@ -19,8 +19,9 @@
 // wait points to an earlier step. Allgather receives straight into the
 // output.
 //
-// Shared mode (allreduce in place, every rank's buffer in node-shared memory,
-// see src/mpi/shared_memory.h): edges carry empty tokens instead of data.
+// Shared mode (allreduce in place, or allgather, with every rank's full
+// layout in node-shared memory, see src/mpi/shared_memory.h): edges carry
+// empty tokens instead of data.
 // A token says "segment k of the schedule is ready in my buffer"; the
 // receiver reads it from the sender's buffer in place and combines it into
 // its own (partial sums live in the buffer, not in scratch), or copies it in

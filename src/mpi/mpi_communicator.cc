@@ -188,12 +188,7 @@ class MpiCommunicator final : public Communicator {
     spec.gathered = data;
     const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
     spec.result = data.slice(offset, spec.chunk_counts[rank()]);
-    if (shared_memory_) {
-      if (auto ref = shared_memory_->find(data.data, data.nbytes())) {
-        spec.shared = *ref;
-        spec.shared_memory = shared_memory_;
-      }
-    }
+    share(spec, data);
     return submit_ring("allreduce", options.priority, options.label, std::move(spec), ctx, data);
   }
 
@@ -242,6 +237,7 @@ class MpiCommunicator final : public Communicator {
     RingSpec spec = ring_spec(OpType::allgather, input.dtype, counts);
     spec.reduce_phase = false;
     spec.gathered = output;
+    share(spec, output);
     return submit_ring("allgather", options.priority, options.label, std::move(spec), ctx, output);
   }
 
@@ -339,6 +335,15 @@ class MpiCommunicator final : public Communicator {
     h.dtype = t.dtype;
     h.count = t.numel;
     return h;
+  }
+
+  // Shared mode when the ring's full layout lies in this node's shared memory.
+  void share(RingSpec& spec, const TensorView& full) const {
+    if (!shared_memory_) return;
+    if (auto ref = shared_memory_->find(full.data, full.nbytes())) {
+      spec.shared = *ref;
+      spec.shared_memory = shared_memory_;
+    }
   }
 
   RingSpec ring_spec(OpType type, DType dtype, std::vector<int64_t> chunks) const {
