@@ -76,8 +76,8 @@ class Communicator {
   // and an allreduce whose buffer, or an allgather(v) whose output, every
   // rank took from here reads its neighbour's data in place instead of
   // copying it through the transport. All ranks of one such collective must
-  // pass such buffers, or none (otherwise PeerMismatch). Throws CommunicationError when the system
-  // has no shared memory left.
+  // pass such buffers, or none (otherwise PeerMismatch). Throws
+  // CommunicationError when the system has no shared memory left.
   virtual TensorView allocate(int64_t numel, DType dtype) = 0;
 
   virtual WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
