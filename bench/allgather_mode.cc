@@ -60,17 +60,9 @@ SweepImpl sweep_impl(GatherImpl gather, const BenchWorld& world) {
   SweepImpl impl{gather.name, [algo](int64_t) { return algo; }, {}};
   impl.prepare = [gather, rank, ranks](int64_t count, DType dtype) {
     const int64_t per_rank = count / ranks;
-    auto input = std::make_shared<std::vector<unsigned char>>(
-        static_cast<size_t>(std::max<int64_t>(per_rank, 1)) * dtype_size(dtype));
-    const TensorView in(input->data(), per_rank, dtype, Device::host(), input);
-    TensorView out;
-    if (gather.allocate) {
-      out = gather.allocate(per_rank * ranks, dtype);
-    } else {
-      auto memory = std::make_shared<std::vector<unsigned char>>(
-          static_cast<size_t>(std::max<int64_t>(per_rank * ranks, 1)) * dtype_size(dtype));
-      out = TensorView(memory->data(), per_rank * ranks, dtype, Device::host(), memory);
-    }
+    const TensorView in = host_buffer(per_rank, dtype);
+    const TensorView out = gather.allocate ? gather.allocate(per_rank * ranks, dtype)
+                                           : host_buffer(per_rank * ranks, dtype);
     fill_encoded(in, rank);
     return SweepCase{[gather, in, out] { gather.run(in, out); },
                      [gather, in, out, per_rank] {

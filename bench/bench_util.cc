@@ -3,6 +3,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
@@ -84,6 +86,12 @@ T expected(int64_t i, ReduceOp op, int ranks) {
 
 }  // namespace
 
+TensorView host_buffer(int64_t numel, DType dtype) {
+  auto memory = std::make_shared<std::vector<unsigned char>>(
+      static_cast<size_t>(std::max<int64_t>(numel, 1)) * dtype_size(dtype));
+  return TensorView(memory->data(), numel, dtype, Device::host(), memory);
+}
+
 void fill_encoded(const TensorView& t, int rank) {
   visit_dtype(t.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -92,14 +100,14 @@ void fill_encoded(const TensorView& t, int rank) {
   });
 }
 
-int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks) {
+int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_index) {
   return visit_dtype(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* p = t.as<T>();
     T want[4];
     for (int k = 0; k < 4; ++k) want[k] = expected<T>(k, op, ranks);
     int64_t wrong = 0;
-    for (int64_t i = 0; i < t.numel; ++i) wrong += same(p[i], want[i % 4]) ? 0 : 1;
+    for (int64_t i = 0; i < t.numel; ++i) wrong += same(p[i], want[(first_index + i) % 4]) ? 0 : 1;
     return wrong;
   });
 }
@@ -189,6 +197,21 @@ AllreduceFn mpi_allreduce_fn(BenchWorld& world) {
                                  mpi_type(data.dtype), ops->get(data.dtype, op), MPI_COMM_WORLD);
     RELAXCC_ENFORCE_EQ(rc, MPI_SUCCESS, CommunicationError, "MPI_Allreduce");
     if (op == ReduceOp::avg) kernels::finish_average(data, ranks, ExecContext::host());
+  };
+}
+
+ReduceScatterFn mpi_reduce_scatter_fn(BenchWorld& world) {
+  auto ops = std::make_shared<MpiOps>();
+  world.keep_alive.push_back(ops);
+  const int ranks = world.size;
+  return [ops, ranks](const TensorView& input, const TensorView& output, ReduceOp op) {
+    RELAXCC_ENFORCE_LE(output.numel, int64_t{INT32_MAX}, InvalidArgument,
+                       "MPI_Reduce_scatter_block count");
+    const int rc = MPI_Reduce_scatter_block(input.data, output.data, static_cast<int>(output.numel),
+                                            mpi_type(output.dtype), ops->get(output.dtype, op),
+                                            MPI_COMM_WORLD);
+    RELAXCC_ENFORCE_EQ(rc, MPI_SUCCESS, CommunicationError, "MPI_Reduce_scatter_block");
+    if (op == ReduceOp::avg) kernels::finish_average(output, ranks, ExecContext::host());
   };
 }
 

@@ -38,10 +38,14 @@ class BenchWorld {
 
 double median(std::vector<double> v);
 
+// `numel` elements of ordinary host memory that the view owns.
+TensorView host_buffer(int64_t numel, DType dtype);
+
 // element i on rank r = (r + i) % 4, exactly representable in every dtype.
 void fill_encoded(const TensorView& t, int rank);
-// Elements that differ from the exact allreduce of fill_encoded over `ranks`.
-int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks);
+// Elements that differ from the exact allreduce of fill_encoded over `ranks`
+// (t's element 0 being element `first_index` of the full result).
+int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_index = 0);
 // Elements that differ from the allgather of fill_encoded inputs of
 // `per_rank` elements each.
 int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank);
@@ -50,6 +54,10 @@ using AllreduceFn = std::function<void(const TensorView& data, ReduceOp op)>;
 // MPI_Allreduce in place on MPI_COMM_WORLD (f16/bf16 through an f32 user op;
 // avg as sum, then a local division).
 AllreduceFn mpi_allreduce_fn(BenchWorld& world);
+using ReduceScatterFn =
+    std::function<void(const TensorView& input, const TensorView& output, ReduceOp op)>;
+// MPI_Reduce_scatter_block on MPI_COMM_WORLD (ops as mpi_allreduce_fn).
+ReduceScatterFn mpi_reduce_scatter_fn(BenchWorld& world);
 // The reference point for relaxcc's engine overhead: a plain pipelined ring
 // (reduce-scatter, then allgather) over MPI_Isend/MPI_Irecv in the calling
 // thread, segments of tunables.segment_bytes, on MPI_COMM_WORLD. No header,

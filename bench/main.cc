@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", show_config, "List every RELAXCC_* tunable and exit");
   relaxcc::bench::add_allreduce_mode(app);
   relaxcc::bench::add_allgather_mode(app);
+  relaxcc::bench::add_reduce_scatter_mode(app);
   relaxcc::bench::add_kernels_mode(app);
   relaxcc::bench::add_overlap_mode(app);
   app.require_subcommand(0, 1);

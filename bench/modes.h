@@ -10,6 +10,8 @@ namespace relaxcc::bench {
 void add_allreduce_mode(CLI::App& app);
 // `relaxcc-bench allgather`: the same sweep for allgather.
 void add_allgather_mode(CLI::App& app);
+// `relaxcc-bench reduce_scatter`: the same sweep for reduce-scatter.
+void add_reduce_scatter_mode(CLI::App& app);
 // `relaxcc-bench kernels`: compression kernels against memcpy and nth_element.
 void add_kernels_mode(CLI::App& app);
 // `relaxcc-bench overlap`: the Reducer's overlap of communication and backward.

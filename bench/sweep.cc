@@ -43,7 +43,7 @@ void run_sweep(const SweepArgs& args, BenchWorld& world, const SweepCollective& 
                               " warmup), time = max over ranks of the median iteration, "
                               "implementations taking turns"));
   char line[256];
-  std::snprintf(line, sizeof line, "%12s %12s %6s %6s %10s %20s %12s %10s %10s %8s", "size",
+  std::snprintf(line, sizeof line, "%12s %12s %6s %6s %10s %24s %12s %10s %10s %8s", "size",
                 "count", "type", "redop", "impl", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
                 "#wrong");
   report.print(line);
@@ -77,7 +77,7 @@ void run_sweep(const SweepArgs& args, BenchWorld& world, const SweepCollective& 
       busbw_sum += busbw;
       ++rows;
       const std::string algo = impl.algo(count * esize);
-      std::snprintf(line, sizeof line, "%12lld %12lld %6s %6s %10s %20s %12.1f %10.3f %10.3f %8lld",
+      std::snprintf(line, sizeof line, "%12lld %12lld %6s %6s %10s %24s %12.1f %10.3f %10.3f %8lld",
                     static_cast<long long>(count * esize), static_cast<long long>(count),
                     std::string(dtype_name(dtype)).c_str(), collective.redop.c_str(),
                     impl.name.c_str(), algo.c_str(), time_us, algbw, busbw,

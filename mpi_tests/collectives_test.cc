@@ -186,7 +186,12 @@ TEST(SharedBuffers, TwoCommunicatorsOfOneProcess) {
   }
 }
 
-TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
+// Inputs in ordinary memory, and in node-shared memory from allocate (at an
+// odd offset inside the allocation), where the ring reads its neighbour's
+// input and partial sums in place.
+class ReduceScatterTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ReduceScatterTest, EveryDtypeOpAndCountIsExact) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   for (DType t : kAllDTypes) {
@@ -194,9 +199,14 @@ TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
       for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{777}, int64_t{1 << 17}}) {
         Buffer in(t, count * n), out(t, count);
         test::fill(in, r);
+        TensorView input = in.view();
+        if (GetParam()) {
+          input = comm->allocate(in.numel + 3, t).slice(3, in.numel);
+          if (in.numel > 0) std::memcpy(input.data, in.bytes().data(), input.nbytes());
+        }
         ReduceScatterOptions o;
         o.op = op;
-        comm->reduce_scatter(in.view(), out.view(), ExecContext::host(), o)->wait();
+        comm->reduce_scatter(input, out.view(), ExecContext::host(), o)->wait();
         for_each_dtype(t, [&](auto tag) {
           using T = decltype(tag);
           const int64_t wrong = count_wrong<T>(
@@ -204,6 +214,7 @@ TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
           ASSERT_EQ(wrong, 0) << "dtype " << t << " op " << op << " count " << count;
         });
         // The input is left as it was.
+        if (in.numel > 0) std::memcpy(in.bytes().data(), input.data, input.nbytes());
         for_each_dtype(t, [&](auto tag) {
           using T = decltype(tag);
           ASSERT_EQ(count_wrong<T>(in, [&](int64_t i) { return test::from_i64<T>(test::encode(r, i)); }), 0);
@@ -212,6 +223,11 @@ TEST(ReduceScatter, EveryDtypeOpAndCountIsExact) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Inputs, ReduceScatterTest, ::testing::Values(false, true),
+                         [](const auto& p) {
+                           return std::string(p.param ? "Shared" : "Ordinary");
+                         });
 
 // Outputs in ordinary memory, and in node-shared memory from allocate (at an
 // odd offset inside the allocation), where the ring reads its neighbour's

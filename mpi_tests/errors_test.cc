@@ -148,7 +148,13 @@ TEST_F(MismatchTest, SharedAndPrivateBuffersMixed) {
   expect_mismatch_everywhere([&] {
     return comm_->allreduce(comm_->rank() == 0 ? priv.view() : shared, ExecContext::host(), o);
   });
-  // The same for an allgather's output.
+  // The same for a reduce-scatter's input and an allgather's output.
+  Buffer out(DType::f32, count / comm_->size());
+  const int64_t scattered = out.numel * comm_->size();
+  expect_mismatch_everywhere([&] {
+    return comm_->reduce_scatter((comm_->rank() == 0 ? priv.view() : shared).slice(0, scattered),
+                                 out.view(), ExecContext::host());
+  });
   Buffer in(DType::f32, count / comm_->size());
   const int64_t gathered = in.numel * comm_->size();
   expect_mismatch_everywhere([&] {

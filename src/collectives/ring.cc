@@ -61,11 +61,18 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
     const bool in_place_allreduce =
         spec_.type == OpType::allreduce && spec_.local.data == spec_.gathered.data;
     const bool allgather = spec_.type == OpType::allgather && !spec_.reduce_phase;
-    RELAXCC_ENFORCE((in_place_allreduce || allgather) && spec_.shared_memory != nullptr,
-                    InternalError, "shared ring: only allreduce in place and allgather");
+    const bool reduce_scatter =
+        spec_.type == OpType::reduce_scatter && !spec_.gather_phase &&
+        (size_ == 2 ||
+         spec_.partials.nbytes() >= static_cast<size_t>(total) * dtype_size(spec_.dtype));
+    RELAXCC_ENFORCE(
+        (in_place_allreduce || allgather || reduce_scatter) && spec_.shared_memory != nullptr,
+        InternalError,
+        "shared ring: only allreduce in place, reduce-scatter with scratch, allgather");
     h.shm_pid = spec_.shared.pid;
     h.shm_segment = spec_.shared.segment;
     h.shm_offset = spec_.shared.offset;
+    if (reduce_scatter && size_ > 2) h.shm_scratch = spec_.partials_segment;
   }
   set_header(h);
 
@@ -164,8 +171,10 @@ const unsigned char* RingOp::incoming(const Msg& m) {
     return m.reduce
                ? wire_slot(m)
                : static_cast<const unsigned char*>(spec_.gathered.slice(m.offset, m.count).data);
-  return left_buffer_->base + peer_header(left_).shm_offset +
-         static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype);
+  const uint64_t at = static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype);
+  // A reduce-scatter's partial sums (steps after the first) are in scratch.
+  if (m.reduce && m.step > 0 && left_partials_) return left_partials_->base + at;
+  return left_buffer_->base + peer_header(left_).shm_offset + at;
 }
 
 void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
@@ -181,9 +190,13 @@ void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
     if (!left_buffer_) {
       const OpHeader& lh = peer_header(left_);
       const int64_t total = chunk_offset_.back() + spec_.chunk_counts.back();
+      const size_t bytes = static_cast<size_t>(total) * dtype_size(spec_.dtype);
+      const int left_rank = (rank_ - 1 + size_) % size_;
       left_buffer_ = spec_.shared_memory->map_peer(
-          SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset},
-          static_cast<size_t>(total) * dtype_size(spec_.dtype), (rank_ - 1 + size_) % size_);
+          SharedRef{lh.shm_pid, lh.shm_segment, lh.shm_offset}, bytes, left_rank);
+      if (lh.shm_scratch != 0)
+        left_partials_ = spec_.shared_memory->map_peer(SharedRef{lh.shm_pid, lh.shm_scratch, 0},
+                                                       bytes, left_rank);
     }
     while (next_in_ < n_in && next_in_ - processed_in_ < depth)
       recv_data(t, left_, next_in_++, &token_in_, 0);
@@ -266,8 +279,13 @@ void RingOp::on_received(Transport& t, int pi, int64_t index) {
       codec_->combine(wire, local, spec_.op, dst, ctx_);
       if (spec_.op == ReduceOp::avg) kernels::finish_average(dst, size_, ctx_);
     } else {
-      // A partial sum: in the wire slot, or in place in the shared buffer.
-      void* acc = shared_ ? local.data : const_cast<unsigned char*>(wire);
+      // A partial sum: in the wire slot, in place in the shared buffer, or
+      // in a shared reduce-scatter's scratch.
+      void* acc = !shared_ ? const_cast<unsigned char*>(wire)
+                  : spec_.partials.data != nullptr
+                      ? spec_.partials.as<unsigned char>() +
+                            static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype)
+                      : local.data;
       codec_->combine(wire, local, spec_.op, TensorView(acc, m.count, spec_.dtype), ctx_);
     }
   } else {

@@ -19,13 +19,14 @@
 // wait points to an earlier step. Allgather receives straight into the
 // output.
 //
-// Shared mode (allreduce in place, or allgather, with every rank's full
-// layout in node-shared memory, see src/mpi/shared_memory.h): edges carry
-// empty tokens instead of data.
-// A token says "segment k of the schedule is ready in my buffer"; the
-// receiver reads it from the sender's buffer in place and combines it into
-// its own (partial sums live in the buffer, not in scratch), or copies it in
-// allgather. One pass over the data less than through MPI, no scratch. The
+// Shared mode (allreduce in place, reduce-scatter, or allgather, with every
+// rank's full layout in node-shared memory, see src/mpi/shared_memory.h):
+// edges carry empty tokens instead of data. A token says "segment k of the
+// schedule is ready in my buffer"; the receiver reads it from the sender's
+// buffer in place and combines it into its own (an allreduce's partial sums
+// live in the buffer; a reduce-scatter's, which must leave its input as it
+// was, in node-shared scratch that the header names), or copies it in
+// allgather. One pass over the data less than through MPI. The
 // schedule and its dependencies are the same; a rank's buffer is only read
 // by its right neighbour, which reads a region only after the token for it
 // and before the region's final value can come round the ring, and which
@@ -70,6 +71,11 @@ struct RingSpec {
   // communicator's shared memory that maps the left neighbour's buffer.
   SharedRef shared;
   std::shared_ptr<SharedMemory> shared_memory;
+  // Shared reduce-scatter on 3 or more ranks: node-shared scratch in the full
+  // layout for this rank's partial sums (its input stays as it was), and the
+  // scratch object's segment.
+  TensorView partials;
+  uint32_t partials_segment = 0;
 };
 
 class RingOp final : public EdgeOp {
@@ -120,7 +126,7 @@ class RingOp final : public EdgeOp {
   ScratchPool::Buffer rs_buffer_;      // last-step slots, then the double buffer
   // Shared mode.
   bool shared_ = false;
-  std::shared_ptr<const PeerMapping> left_buffer_;
+  std::shared_ptr<const PeerMapping> left_buffer_, left_partials_;
   int64_t done_in_ = 0, done_out_ = 0;  // message index of the "done reading" tokens
   bool done_in_posted_ = false, done_out_posted_ = false, done_received_ = false,
        done_sent_ = false;

@@ -210,6 +210,21 @@ class MpiCommunicator final : public Communicator {
     spec.op = options.op;
     spec.local = input;
     spec.result = output;
+    share(spec, input);
+    // Partial sums that the right neighbour reads go to node-shared scratch.
+    // Without it this rank runs privately: its peers see a PeerMismatch
+    // instead of waiting.
+    if (spec.shared.pid != 0 && n > 2) {
+      try {
+        spec.partials = shared_memory_->acquire_scratch(input.nbytes());
+        spec.partials_segment = shared_memory_->find(spec.partials.data, input.nbytes())->segment;
+      } catch (const CommunicationError& e) {
+        RELAXCC_LOG(warn, "rank ", rank(),
+                    ": reduce_scatter on a shared input runs privately: ", e.message());
+        spec.shared = SharedRef{};
+        spec.shared_memory = nullptr;
+      }
+    }
     return submit_ring("reduce_scatter", options.priority, options.label, std::move(spec), ctx, input);
   }
 

@@ -58,7 +58,10 @@ struct OpHeader {
   uint32_t shm_pid = 0;
   uint32_t shm_segment = 0;
   uint64_t shm_offset = 0;
-  uint64_t reserved = 0;
+  // A shared reduce-scatter's partial sums: the sender's scratch object (from
+  // offset 0, same pid); 0 when it has none.
+  uint32_t shm_scratch = 0;
+  uint32_t reserved = 0;
 };
 static_assert(sizeof(OpHeader) == 80);
 

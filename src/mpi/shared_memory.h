@@ -55,6 +55,13 @@ class SharedMemory {
   // provide the memory (for example a full /dev/shm).
   TensorView allocate(int64_t numel, DType dtype);
 
+  // Scratch of at least `bytes` (> 0) bytes for an operation's partial
+  // results that peers read: a new object (rounded up to a power of two) or
+  // one an earlier operation released, so pages and peers' mappings are
+  // reused. It returns to the pool when the view's owner is released.
+  // Throws as allocate() does.
+  TensorView acquire_scratch(size_t bytes);
+
   // The object holding [data, data + bytes), if allocate() made it.
   std::optional<SharedRef> find(const void* data, size_t bytes) const;
 
@@ -72,7 +79,16 @@ class SharedMemory {
   };
   class Segment;
 
+  // Released scratch objects, smallest first; shared with the leases.
+  struct ScratchPool {
+    static constexpr size_t kMaxFree = 4;
+    std::mutex mutex;
+    std::vector<TensorView> free;
+  };
+  struct ScratchLease;
+
   std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
+  std::shared_ptr<ScratchPool> scratch_ = std::make_shared<ScratchPool>();
   // Engine thread only.
   static constexpr size_t kPeerCacheEntries = 64;
   std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::shared_ptr<const PeerMapping>>> peers_;
