@@ -70,14 +70,13 @@ class Communicator {
   // The ranks that share this rank's node (memory domain).
   virtual std::shared_ptr<Communicator> split_node_local(const SplitOptions& options = {}) = 0;
 
-  // Memory for collective buffers, like ncclMemAlloc: `numel` zeroed
-  // elements, freed when the view's owner is released. Local, not collective.
-  // On a communicator whose ranks share one node it is node-shared memory,
-  // and an allreduce whose buffer, a reduce_scatter whose input, or an
-  // allgather(v) whose output every rank took from here reads its
-  // neighbour's data in place instead of copying it through the transport. All ranks of one such
-  // collective must pass such buffers, or none (otherwise PeerMismatch). Throws CommunicationError
-  // when the system has no shared memory left.
+  // Memory for collective buffers, like ncclMemAlloc: `numel` zeroed elements, freed when the
+  // view's owner is released. Local, not collective. On a communicator whose ranks share one node
+  // it is node-shared memory, and an allreduce whose buffer, a reduce_scatter whose input, or an
+  // allgather(v) whose output every rank took from here reads its neighbour's data in place
+  // instead of copying it through the transport. All ranks of one such collective must pass such
+  // buffers, or none (otherwise PeerMismatch). Throws CommunicationError when the system has no
+  // shared memory left.
   virtual TensorView allocate(int64_t numel, DType dtype) = 0;
 
   virtual WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,

@@ -281,11 +281,12 @@ void RingOp::on_received(Transport& t, int pi, int64_t index) {
     } else {
       // A partial sum: in the wire slot, in place in the shared buffer, or
       // in a shared reduce-scatter's scratch.
-      void* acc = !shared_ ? const_cast<unsigned char*>(wire)
-                  : spec_.partials.data != nullptr
-                      ? spec_.partials.as<unsigned char>() +
-                            static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype)
-                      : local.data;
+      void* acc = const_cast<unsigned char*>(wire);
+      if (shared_ && spec_.partials.data != nullptr)
+        acc = spec_.partials.as<unsigned char>() +
+              static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype);
+      else if (shared_)
+        acc = local.data;
       codec_->combine(wire, local, spec_.op, TensorView(acc, m.count, spec_.dtype), ctx_);
     }
   } else {
