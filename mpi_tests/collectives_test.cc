@@ -224,6 +224,41 @@ TEST_P(ReduceScatterTest, EveryDtypeOpAndCountIsExact) {
   }
 }
 
+// Several reduce-scatters in flight on shared inputs: each takes its own
+// scratch for partial sums from the pool, and reuses released ones.
+TEST(SharedBuffers, ConcurrentReduceScatters) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const int64_t count = 50000;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<TensorView> inputs;
+    std::vector<Buffer> outputs;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 4; ++k) {
+      Buffer in(DType::i64, count * n);
+      test::fill(in, r, k);
+      inputs.push_back(comm->allocate(in.numel, DType::i64));
+      std::memcpy(inputs.back().data, in.bytes().data(), inputs.back().nbytes());
+      outputs.emplace_back(DType::i64, count);
+    }
+    for (int k = 0; k < 4; ++k) {
+      ReduceScatterOptions o;
+      o.priority = k % 2;
+      works.push_back(comm->reduce_scatter(inputs[k], outputs[k].view(), ExecContext::host(), o));
+    }
+    for (auto& w : works) w->wait();
+    for (int k = 0; k < 4; ++k) {
+      ASSERT_EQ(count_wrong<int64_t>(outputs[k],
+                                     [&](int64_t i) {
+                                       return test::expected_reduction<int64_t>(r * count + i + k,
+                                                                                ReduceOp::sum, n);
+                                     }),
+                0)
+          << "round " << round << " reduce-scatter " << k;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Inputs, ReduceScatterTest, ::testing::Values(false, true),
                          [](const auto& p) {
                            return std::string(p.param ? "Shared" : "Ordinary");
