@@ -1,17 +1,25 @@
 // Reusable scratch buffers for operations. Fresh large allocations cost page
-// faults on every operation; the pool hands back buffers that earlier
-// operations returned. Buffers are not zeroed. Thread-safe.
+// faults on every operation (and, for node-shared memory, a new object that
+// peers map again); the pool hands back buffers that earlier operations
+// returned. Sizes are rounded up to a power of two. Buffers are not zeroed.
+// Thread-safe.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace relaxcc::mpi {
 
 class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
  public:
+  // Storage of `bytes`: its start, and the owner whose release frees it.
+  using Storage = std::pair<unsigned char*, std::shared_ptr<const void>>;
+  using Allocate = std::function<Storage(size_t bytes)>;
+
   class Buffer {
    public:
     Buffer() = default;
@@ -19,32 +27,37 @@ class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
     Buffer& operator=(Buffer&& other) noexcept {
       release();
       pool_ = std::move(other.pool_);
-      data_ = std::move(other.data_);
+      storage_ = std::move(other.storage_);
       size_ = other.size_;
       return *this;
     }
     ~Buffer() { release(); }
-    unsigned char* data() const noexcept { return data_.get(); }
+    unsigned char* data() const noexcept { return storage_.first; }
     size_t size() const noexcept { return size_; }
 
    private:
     friend class ScratchPool;
     void release();
     std::shared_ptr<ScratchPool> pool_;
-    std::unique_ptr<unsigned char[]> data_;
+    Storage storage_{nullptr, nullptr};
     size_t size_ = 0;
   };
 
-  explicit ScratchPool(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
-  // A buffer of at least `bytes` (rounded up to a power of two).
+  // Keeps at most `max_cached_bytes` of returned buffers; `allocate` makes
+  // new storage (default: the heap).
+  explicit ScratchPool(size_t max_cached_bytes, Allocate allocate = heap);
+  // A buffer of at least `bytes` (rounded up to a power of two). Throws what
+  // `allocate` throws.
   Buffer acquire(size_t bytes);
 
  private:
-  void give_back(std::unique_ptr<unsigned char[]> data, size_t size);
+  static Storage heap(size_t bytes);
+  void give_back(Storage storage, size_t size);
 
   const size_t max_cached_bytes_;
+  const Allocate allocate_;
   std::mutex mutex_;
-  std::vector<std::pair<size_t, std::unique_ptr<unsigned char[]>>> free_;
+  std::vector<std::pair<size_t, Storage>> free_;
   size_t cached_bytes_ = 0;
 };
 

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -47,8 +46,18 @@ class SharedMemory::Segment {
   size_t bytes_;
 };
 
+SharedMemory::SharedMemory()
+    : scratch_(std::make_shared<ScratchPool>(
+          kScratchCacheBytes,
+          [registry = registry_](size_t bytes) { return create(registry, bytes); })) {}
+
 TensorView SharedMemory::allocate(int64_t numel, DType dtype) {
-  const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 1);
+  auto [data, owner] =
+      create(registry_, std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 1));
+  return TensorView(data, numel, dtype, Device::host(), std::move(owner));
+}
+
+ScratchPool::Storage SharedMemory::create(const std::shared_ptr<Registry>& registry, size_t bytes) {
   const auto pid = static_cast<uint32_t>(getpid());
   // Names are unique per process, not per communicator: every communicator
   // of this process creates its objects in the same namespace.
@@ -76,49 +85,17 @@ TensorView SharedMemory::allocate(int64_t numel, DType dtype) {
                   name, ") failed: ", std::strerror(map_errno));
   auto* data = static_cast<unsigned char*>(base);
   {
-    std::lock_guard<std::mutex> lock(registry_->mutex);
-    registry_->segments[data] = {bytes, segment};
+    std::lock_guard<std::mutex> lock(registry->mutex);
+    registry->segments[data] = {bytes, segment};
   }
-  auto owner = std::make_shared<Segment>(registry_, name, data, bytes);
-  return TensorView(data, numel, dtype, Device::host(), std::move(owner));
+  return {data, std::make_shared<Segment>(registry, name, data, bytes)};
 }
 
-// Puts its object back into the pool (while the pool exists) on release.
-struct SharedMemory::ScratchLease {
-  ScratchLease(std::weak_ptr<ScratchPool> p, TensorView b)
-      : pool(std::move(p)), buffer(std::move(b)) {}
-  ~ScratchLease() {
-    const auto p = pool.lock();
-    if (!p) return;
-    std::lock_guard<std::mutex> lock(p->mutex);
-    auto& free = p->free;
-    const auto by_size = [](const TensorView& a, const TensorView& b) {
-      return a.nbytes() < b.nbytes();
-    };
-    free.insert(std::upper_bound(free.begin(), free.end(), buffer, by_size), std::move(buffer));
-    if (free.size() > ScratchPool::kMaxFree) free.erase(free.begin());
-  }
-  std::weak_ptr<ScratchPool> pool;
-  TensorView buffer;
-};
-
 TensorView SharedMemory::acquire_scratch(size_t bytes) {
-  TensorView buffer;
-  {
-    std::lock_guard<std::mutex> lock(scratch_->mutex);
-    auto& free = scratch_->free;
-    auto it = std::find_if(free.begin(), free.end(),
-                           [&](const TensorView& v) { return v.nbytes() >= bytes; });
-    if (it != free.end()) {
-      buffer = std::move(*it);
-      free.erase(it);
-    }
-  }
-  if (buffer.data == nullptr)
-    buffer = allocate(static_cast<int64_t>(std::bit_ceil(std::max<size_t>(bytes, 1))), DType::u8);
-  auto lease = std::make_shared<ScratchLease>(scratch_, std::move(buffer));
-  void* data = lease->buffer.data;
-  return TensorView(data, static_cast<int64_t>(bytes), DType::u8, Device::host(), std::move(lease));
+  auto buffer = std::make_shared<ScratchPool::Buffer>(scratch_->acquire(bytes));
+  unsigned char* data = buffer->data();
+  return TensorView(data, static_cast<int64_t>(bytes), DType::u8, Device::host(),
+                    std::move(buffer));
 }
 
 std::optional<SharedRef> SharedMemory::find(const void* data, size_t bytes) const {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "relaxcc/tensor.h"
+#include "scratch_pool.h"
 
 namespace relaxcc::mpi {
 
@@ -46,7 +47,7 @@ struct PeerMapping {
 
 class SharedMemory {
  public:
-  SharedMemory() = default;
+  SharedMemory();
   SharedMemory(const SharedMemory&) = delete;
   SharedMemory& operator=(const SharedMemory&) = delete;
 
@@ -55,11 +56,11 @@ class SharedMemory {
   // provide the memory (for example a full /dev/shm).
   TensorView allocate(int64_t numel, DType dtype);
 
-  // Scratch of at least `bytes` (> 0) bytes for an operation's partial
-  // results that peers read: a new object (rounded up to a power of two) or
-  // one an earlier operation released, so pages and peers' mappings are
-  // reused. It returns to the pool when the view's owner is released.
-  // Throws as allocate() does.
+  // Scratch of at least `bytes` bytes for an operation's partial results
+  // that peers read, from a ScratchPool of shared objects: one an earlier
+  // operation released (so pages and peers' mappings are reused) or a new
+  // one. It returns to the pool when the view's owner is released. Throws as
+  // allocate() does.
   TensorView acquire_scratch(size_t bytes);
 
   // The object holding [data, data + bytes), if allocate() made it.
@@ -79,16 +80,14 @@ class SharedMemory {
   };
   class Segment;
 
-  // Released scratch objects, smallest first; shared with the leases.
-  struct ScratchPool {
-    static constexpr size_t kMaxFree = 4;
-    std::mutex mutex;
-    std::vector<TensorView> free;
-  };
-  struct ScratchLease;
+  // A new object of `bytes` (> 0) bytes, registered in `registry`.
+  static ScratchPool::Storage create(const std::shared_ptr<Registry>& registry, size_t bytes);
+
+  // Released scratch objects kept for reuse, at most this many bytes.
+  static constexpr size_t kScratchCacheBytes = size_t{256} << 20;
 
   std::shared_ptr<Registry> registry_ = std::make_shared<Registry>();
-  std::shared_ptr<ScratchPool> scratch_ = std::make_shared<ScratchPool>();
+  std::shared_ptr<ScratchPool> scratch_;
   // Engine thread only.
   static constexpr size_t kPeerCacheEntries = 64;
   std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::shared_ptr<const PeerMapping>>> peers_;
