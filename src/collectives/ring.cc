@@ -72,7 +72,9 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
     h.shm_pid = spec_.shared.pid;
     h.shm_segment = spec_.shared.segment;
     h.shm_offset = spec_.shared.offset;
-    if (reduce_scatter && size_ > 2) h.shm_scratch = spec_.partials_segment;
+    if (reduce_scatter && size_ > 2)
+      h.shm_scratch =
+          spec_.shared_memory->find(spec_.partials.data, spec_.partials.nbytes())->segment;
   }
   set_header(h);
 

@@ -71,11 +71,10 @@ struct RingSpec {
   // communicator's shared memory that maps the left neighbour's buffer.
   SharedRef shared;
   std::shared_ptr<SharedMemory> shared_memory;
-  // Shared reduce-scatter on 3 or more ranks: node-shared scratch in the full
-  // layout for this rank's partial sums (its input stays as it was), and the
-  // scratch object's segment.
+  // Shared reduce-scatter on 3 or more ranks: node-shared scratch (from
+  // shared_memory) in the full layout for this rank's partial sums, so its
+  // input stays as it was.
   TensorView partials;
-  uint32_t partials_segment = 0;
 };
 
 class RingOp final : public EdgeOp {

@@ -217,7 +217,6 @@ class MpiCommunicator final : public Communicator {
     if (spec.shared.pid != 0 && n > 2) {
       try {
         spec.partials = shared_memory_->acquire_scratch(input.nbytes());
-        spec.partials_segment = shared_memory_->find(spec.partials.data, input.nbytes())->segment;
       } catch (const CommunicationError& e) {
         RELAXCC_LOG(warn, "rank ", rank(),
                     ": reduce_scatter on a shared input runs privately: ", e.message());
