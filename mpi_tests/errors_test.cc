@@ -71,6 +71,11 @@ TEST(BadInput, UnsupportedOrUnknownCombinations) {
   Buffer wrong_size(DType::f32, 3);
   expect_throw<InvalidArgument>(
       [&] { comm->reduce_scatter(b.view(), wrong_size.view(), ExecContext::host()); });
+  expect_throw<InvalidArgument>(
+      [&] { comm->allreduce(b.view(), wrong_size.view(), ExecContext::host()); });
+  const std::string overlap = expect_throw<InvalidArgument>(
+      [&] { comm->allreduce(b.view().slice(0, 4), b.view().slice(2, 4), ExecContext::host()); });
+  EXPECT_NE(overlap.find("overlap"), std::string::npos) << overlap;
   Buffer other_dtype(DType::f64, 8 * comm->size());
   expect_throw<InvalidArgument>([&] { comm->allgather(b.view(), other_dtype.view(), ExecContext::host()); });
   expect_throw<InvalidArgument>(

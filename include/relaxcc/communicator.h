@@ -72,7 +72,7 @@ class Communicator {
 
   // Memory for collective buffers, like ncclMemAlloc: `numel` zeroed elements, freed when the
   // view's owner is released. Local, not collective. On a communicator whose ranks share one node
-  // it is node-shared memory, and an allreduce whose buffer, a reduce_scatter whose input, or an
+  // it is node-shared memory, and an allreduce whose output, a reduce_scatter whose input, or an
   // allgather(v) whose output every rank took from here reads its neighbour's data in place
   // instead of copying it through the transport. All ranks of one such collective must pass such
   // buffers, or none (otherwise PeerMismatch). Throws CommunicationError when the system has no
@@ -81,8 +81,15 @@ class Communicator {
 
   virtual WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
                                  const P2POptions& options = {}) = 0;
-  virtual WorkPtr allreduce(const TensorView& data, const ExecContext& ctx,
-                            const AllreduceOptions& options = {}) = 0;
+  // Allreduce of `input` into `output` (same count and dtype), as ncclAllReduce: in place when
+  // both are the same view, otherwise the two must not overlap and `input` is left as it was.
+  virtual WorkPtr allreduce(const TensorView& input, const TensorView& output,
+                            const ExecContext& ctx, const AllreduceOptions& options = {}) = 0;
+  // In place: allreduce(data, data, ctx, options).
+  WorkPtr allreduce(const TensorView& data, const ExecContext& ctx,
+                    const AllreduceOptions& options = {}) {
+    return allreduce(data, data, ctx, options);
+  }
   virtual WorkPtr reduce_scatter(const TensorView& input, const TensorView& output,
                                  const ExecContext& ctx, const ReduceScatterOptions& options = {}) = 0;
   virtual WorkPtr allgather(const TensorView& input, const TensorView& output,

@@ -168,28 +168,42 @@ class MpiCommunicator final : public Communicator {
                            detail::concat(ops.size(), " ops"));
   }
 
-  WorkPtr allreduce(const TensorView& data, const ExecContext& ctx,
+  using Communicator::allreduce;
+  WorkPtr allreduce(const TensorView& input, const TensorView& output, const ExecContext& ctx,
                     const AllreduceOptions& options) override {
-    check_host(data, ctx, "allreduce tensor");
+    check_host(input, ctx, "allreduce input");
+    check_host(output, ctx, "allreduce output");
     check_op(options.op, "allreduce");
+    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
+                       "allreduce: input and output dtypes");
+    RELAXCC_ENFORCE_EQ(input.numel, output.numel, InvalidArgument,
+                       "allreduce: input and output elements");
+    const bool in_place = input.data == output.data;
+    RELAXCC_ENFORCE(in_place || !overlap(input, output), InvalidArgument,
+                    "allreduce: input and output overlap without being the same view");
     const int n = size();
     AllreduceAlgo algo = options.algo;
-    if (algo == AllreduceAlgo::automatic) algo = selection_.pick(static_cast<int64_t>(data.nbytes()));
+    if (algo == AllreduceAlgo::automatic)
+      algo = selection_.pick(static_cast<int64_t>(output.nbytes()));
+    RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
+    if (n > 1 && algo == AllreduceAlgo::ring) share(spec, output);
+    // One rank, recursive doubling and the shared ring work in place.
+    if (n == 1 || algo == AllreduceAlgo::recursive_doubling || spec.shared.pid != 0)
+      copy(input, output);
     if (n == 1) return completed("allreduce");
     if (algo == AllreduceAlgo::recursive_doubling) {
-      return engine_->submit(
-          std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label, data,
-                                                options.op, rank(), n, ctx, static_cast<int>(algo)),
-          detail::concat("recursive_doubling, ", data.numel, " x ", dtype_name(data.dtype), ", all ranks"));
+      return engine_->submit(std::make_shared<RecursiveDoublingOp>(
+                                 "allreduce", options.priority, options.label, output, options.op,
+                                 rank(), n, ctx, static_cast<int>(algo)),
+                             detail::concat("recursive_doubling, ", output.numel, " x ",
+                                            dtype_name(output.dtype), ", all ranks"));
     }
-    RingSpec spec = ring_spec(OpType::allreduce, data.dtype, balanced_chunks(data.numel, n));
     spec.op = options.op;
-    spec.local = data;
-    spec.gathered = data;
+    spec.local = spec.shared.pid != 0 ? output : input;
+    spec.gathered = output;
     const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
-    spec.result = data.slice(offset, spec.chunk_counts[rank()]);
-    share(spec, data);
-    return submit_ring("allreduce", options.priority, options.label, std::move(spec), ctx, data);
+    spec.result = output.slice(offset, spec.chunk_counts[rank()]);
+    return submit_ring("allreduce", options.priority, options.label, std::move(spec), ctx, output);
   }
 
   WorkPtr reduce_scatter(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -341,6 +355,12 @@ class MpiCommunicator final : public Communicator {
 
   static void copy(const TensorView& from, const TensorView& to) {
     if (from.numel > 0 && from.data != to.data) std::memmove(to.data, from.data, from.nbytes());
+  }
+
+  static bool overlap(const TensorView& a, const TensorView& b) {
+    const auto* pa = static_cast<const unsigned char*>(a.data);
+    const auto* pb = static_cast<const unsigned char*>(b.data);
+    return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
   }
 
   static OpHeader header(OpType type, const TensorView& t) {
