@@ -1,11 +1,13 @@
 // `relaxcc-bench allreduce`: allreduce implementations side by side on the
 // same sizes in the same run (sweep.h), busbw = algbw * 2(n-1)/n.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "bench_util.h"
 #include "modes.h"
+#include "relaxcc/errors.h"
 #include "relaxcc/reduce_op.h"
 #include "sweep.h"
 
@@ -17,6 +19,7 @@ struct AllreduceArgs {
   SweepArgs sweep;
   std::string op = "sum";
   std::string algo = "auto";
+  std::vector<std::string> places{"out", "in"};
 };
 
 NamedAllreduce make_impl(const std::string& name, const AllreduceArgs& args, BenchWorld& world) {
@@ -31,21 +34,36 @@ NamedAllreduce make_impl(const std::string& name, const AllreduceArgs& args, Ben
   return make_relaxcc_allreduce(name, args.algo, world);
 }
 
-// Reduces `data` in place; the check refills it and counts wrong elements.
-SweepImpl sweep_impl(NamedAllreduce named, ReduceOp op, const BenchWorld& world,
-                     std::shared_ptr<std::vector<unsigned char>> buffer) {
-  SweepImpl impl{named.name, named.algo, {}};
+// Ordinary host memory that the implementations share, so each finds the
+// same cache state.
+struct SharedBuffers {
+  std::shared_ptr<std::vector<unsigned char>> input, output;
+};
+
+// Allreduce of input into output (the same view in place); the check
+// refills the input and counts wrong output elements, plus changed input
+// elements out of place.
+SweepImpl sweep_impl(NamedAllreduce named, bool in_place, ReduceOp op, const BenchWorld& world,
+                     SharedBuffers buffers) {
+  SweepImpl impl{named.name, named.algo, {}, in_place};
   const int rank = world.rank, ranks = world.size;
-  impl.prepare = [named, op, rank, ranks, buffer](int64_t count, DType dtype) {
-    TensorView data =
-        named.allocate ? named.allocate(count, dtype) : TensorView{buffer->data(), count, dtype};
-    fill_encoded(data, rank);
-    return SweepCase{[named, data, op] { named.run(data, op); },
-                     [named, data, op, ranks, rank] {
-                       fill_encoded(data, rank);
-                       named.run(data, op);
-                       return count_wrong(data, op, ranks);
-                     }};
+  impl.prepare = [named, in_place, op, rank, ranks, buffers](int64_t count, DType dtype) {
+    auto buffer = [&](const std::shared_ptr<std::vector<unsigned char>>& memory) {
+      return named.allocate ? named.allocate(count, dtype)
+                            : TensorView{memory->data(), count, dtype};
+    };
+    const TensorView output = buffer(buffers.output);
+    const TensorView input = in_place ? output : buffer(buffers.input);
+    fill_encoded(input, rank);
+    return SweepCase{
+        [named, input, output, op] { named.run(input, output, op); },
+        [named, input, output, op, in_place, rank, ranks] {
+          fill_encoded(input, rank);
+          if (!in_place)
+            std::fill_n(static_cast<unsigned char*>(output.data), output.nbytes(), 0xff);
+          named.run(input, output, op);
+          return count_wrong(output, op, ranks) + (in_place ? 0 : count_not_encoded(input, rank));
+        }};
   };
   return impl;
 }
@@ -53,12 +71,17 @@ SweepImpl sweep_impl(NamedAllreduce named, ReduceOp op, const BenchWorld& world,
 void run_allreduce(const AllreduceArgs& args) {
   BenchWorld world;
   const ReduceOp op = parse_reduce_op(args.op);
-  const int64_t max_bytes = std::max<int64_t>(parse_size(args.sweep.max_bytes), 8);
-  // Implementations on ordinary memory share one buffer.
-  auto buffer = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(max_bytes));
+  const auto max_bytes =
+      static_cast<size_t>(std::max<int64_t>(parse_size(args.sweep.max_bytes), 8));
+  const SharedBuffers buffers{std::make_shared<std::vector<unsigned char>>(max_bytes),
+                              std::make_shared<std::vector<unsigned char>>(max_bytes)};
   std::vector<SweepImpl> impls;
-  for (const auto& name : args.sweep.impls)
-    impls.push_back(sweep_impl(make_impl(name, args, world), op, world, buffer));
+  for (const auto& place : args.places) {
+    RELAXCC_ENFORCE(place == "out" || place == "in", InvalidArgument, "unknown --place '", place,
+                    "': expected out or in");
+    for (const auto& name : args.sweep.impls)
+      impls.push_back(sweep_impl(make_impl(name, args, world), place == "in", op, world, buffers));
+  }
   const double bus_factor = world.size > 1 ? 2.0 * (world.size - 1) / world.size : 0.0;
   run_sweep(args.sweep, world, {"allreduce", std::string(reduce_op_name(op)), bus_factor}, impls);
 }
@@ -76,6 +99,11 @@ void add_allreduce_mode(CLI::App& app) {
                     "Implementations to compare: relaxcc, relaxcc-shared (on buffers from "
                     "Communicator::allocate), mpi (MPI_Allreduce), p2p-ring (a plain isend/irecv "
                     "ring in the calling thread)");
+  sub->add_option("--place", args->places,
+                  "Out of place (input and output buffers, MPI_Allreduce(send, recv)), in place "
+                  "(one buffer, MPI_IN_PLACE), or both, as nccl-tests' two column groups")
+      ->delimiter(',')
+      ->capture_default_str();
   sub->callback([args] { run_allreduce(*args); });
 }
 

@@ -1,5 +1,7 @@
 #include "bench_util.h"
 
+#include <cstring>
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -112,6 +114,17 @@ int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_i
   });
 }
 
+int64_t count_not_encoded(const TensorView& t, int rank) {
+  return visit_dtype(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* p = t.as<T>();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < t.numel; ++i)
+      wrong += same(p[i], from_f64<T>(static_cast<double>((rank + i) % 4))) ? 0 : 1;
+    return wrong;
+  });
+}
+
 int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank) {
   return visit_dtype(t.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -191,12 +204,14 @@ AllreduceFn mpi_allreduce_fn(BenchWorld& world) {
   auto ops = std::make_shared<MpiOps>();
   world.keep_alive.push_back(ops);
   const int ranks = world.size;
-  return [ops, ranks](const TensorView& data, ReduceOp op) {
-    RELAXCC_ENFORCE_LE(data.numel, int64_t{INT32_MAX}, InvalidArgument, "MPI_Allreduce count");
-    const int rc = MPI_Allreduce(MPI_IN_PLACE, data.data, static_cast<int>(data.numel),
-                                 mpi_type(data.dtype), ops->get(data.dtype, op), MPI_COMM_WORLD);
+  return [ops, ranks](const TensorView& input, const TensorView& output, ReduceOp op) {
+    RELAXCC_ENFORCE_LE(output.numel, int64_t{INT32_MAX}, InvalidArgument, "MPI_Allreduce count");
+    const void* send = input.data == output.data ? MPI_IN_PLACE : input.data;
+    const int rc =
+        MPI_Allreduce(send, output.data, static_cast<int>(output.numel), mpi_type(output.dtype),
+                      ops->get(output.dtype, op), MPI_COMM_WORLD);
     RELAXCC_ENFORCE_EQ(rc, MPI_SUCCESS, CommunicationError, "MPI_Allreduce");
-    if (op == ReduceOp::avg) kernels::finish_average(data, ranks, ExecContext::host());
+    if (op == ReduceOp::avg) kernels::finish_average(output, ranks, ExecContext::host());
   };
 }
 
@@ -220,19 +235,28 @@ AllreduceFn p2p_ring_allreduce_fn(BenchWorld& world) {
   const int64_t segment_bytes = std::max<int64_t>(world.tunables.segment_bytes, 1);
   auto scratch = std::make_shared<std::vector<unsigned char>>();
   world.keep_alive.push_back(scratch);
-  return [rank, n, segment_bytes, scratch](const TensorView& data, ReduceOp op) {
-    if (n == 1) return;
-    const auto esize = static_cast<int64_t>(dtype_size(data.dtype));
+  return [rank, n, segment_bytes, scratch](const TensorView& input, const TensorView& output,
+                                           ReduceOp op) {
+    if (n == 1) {
+      if (input.data != output.data) std::memcpy(output.data, input.data, output.nbytes());
+      return;
+    }
+    const auto esize = static_cast<int64_t>(dtype_size(output.dtype));
     const int64_t seg = std::max<int64_t>(1, segment_bytes / esize);
     const int right = (rank + 1) % n, left = (rank + n - 1) % n;
-    auto chunk_lo = [&](int c) { return data.numel * c / n; };
-    auto chunk = [&](int c) { return data.slice(chunk_lo(c), chunk_lo(c + 1) - chunk_lo(c)); };
-    scratch->resize(static_cast<size_t>((data.numel / n + 1) * esize));
+    auto chunk = [&](const TensorView& t, int c) {
+      const int64_t lo = t.numel * c / n, hi = t.numel * (c + 1) / n;
+      return t.slice(lo, hi - lo);
+    };
+    scratch->resize(static_cast<size_t>((output.numel / n + 1) * esize));
     auto mod = [n](int x) { return ((x % n) + n) % n; };
-    // One step: send chunk `out`, receive chunk `in` segment by segment,
-    // combining each segment as it lands (reduce) or in place (gather).
-    auto step = [&](int out, int in, bool reduce, int tag) {
-      const TensorView src = chunk(out), dst = chunk(in);
+    // One step: send chunk `out` (from the input on the first reduce-scatter
+    // step, the partial sums in the output after), receive chunk `in` segment
+    // by segment into the output, combining each segment with the input as it
+    // lands (reduce) or in place (gather).
+    auto step = [&](int out, int in, bool reduce, bool first, int tag) {
+      const TensorView src = chunk(first ? input : output, out), dst = chunk(output, in);
+      const TensorView own = chunk(input, in);
       std::vector<MPI_Request> recvs, sends;
       for (int64_t off = 0; off < dst.numel; off += seg) {
         const int64_t len = std::min(seg, dst.numel - off);
@@ -243,22 +267,22 @@ AllreduceFn p2p_ring_allreduce_fn(BenchWorld& world) {
       for (int64_t off = 0; off < src.numel; off += seg) {
         const int64_t len = std::min(seg, src.numel - off);
         sends.emplace_back();
-        MPI_Isend(src.slice(off, len).data, static_cast<int>(len * esize), MPI_BYTE, right, tag, MPI_COMM_WORLD,
-                  &sends.back());
+        MPI_Isend(src.slice(off, len).data, static_cast<int>(len * esize), MPI_BYTE, right, tag,
+                  MPI_COMM_WORLD, &sends.back());
       }
       for (size_t k = 0; k < recvs.size(); ++k) {
         MPI_Wait(&recvs[k], MPI_STATUS_IGNORE);
         if (!reduce) continue;
         const int64_t off = static_cast<int64_t>(k) * seg, len = std::min(seg, dst.numel - off);
-        const TensorView part = dst.slice(off, len);
-        kernels::combine(part, part, TensorView(scratch->data() + off * esize, len, data.dtype), op,
+        kernels::combine(dst.slice(off, len), own.slice(off, len),
+                         TensorView(scratch->data() + off * esize, len, output.dtype), op,
                          ExecContext::host());
       }
       MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
     };
-    for (int s = 0; s < n - 1; ++s) step(mod(rank - s), mod(rank - s - 1), true, 1);
-    for (int s = 0; s < n - 1; ++s) step(mod(rank - s + 1), mod(rank - s), false, 2);
-    if (op == ReduceOp::avg) kernels::finish_average(data, n, ExecContext::host());
+    for (int s = 0; s < n - 1; ++s) step(mod(rank - s), mod(rank - s - 1), true, s == 0, 1);
+    for (int s = 0; s < n - 1; ++s) step(mod(rank - s + 1), mod(rank - s), false, false, 2);
+    if (op == ReduceOp::avg) kernels::finish_average(output, n, ExecContext::host());
   };
 }
 

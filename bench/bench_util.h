@@ -50,9 +50,14 @@ int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_i
 // `per_rank` elements each.
 int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank);
 
-using AllreduceFn = std::function<void(const TensorView& data, ReduceOp op)>;
-// MPI_Allreduce in place on MPI_COMM_WORLD (f16/bf16 through an f32 user op;
-// avg as sum, then a local division).
+// Elements of `t` that differ from fill_encoded(t, rank).
+int64_t count_not_encoded(const TensorView& t, int rank);
+
+// Allreduce of input into output; in place when both are the same view.
+using AllreduceFn =
+    std::function<void(const TensorView& input, const TensorView& output, ReduceOp op)>;
+// MPI_Allreduce on MPI_COMM_WORLD, MPI_IN_PLACE when in place (f16/bf16
+// through an f32 user op; avg as sum, then a local division).
 AllreduceFn mpi_allreduce_fn(BenchWorld& world);
 using ReduceScatterFn =
     std::function<void(const TensorView& input, const TensorView& output, ReduceOp op)>;

@@ -31,10 +31,10 @@ NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string
   };
   NamedAllreduce named{impl,
                        algo_at,
-                       [comm, ar](const TensorView& data, ReduceOp op) {
+                       [comm, ar](const TensorView& input, const TensorView& output, ReduceOp op) {
                          AllreduceOptions o = ar;
                          o.op = op;
-                         comm->allreduce(data, ExecContext::host(), o)->wait();
+                         comm->allreduce(input, output, ExecContext::host(), o)->wait();
                        },
                        {}};
   if (shared)

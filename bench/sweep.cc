@@ -43,9 +43,9 @@ void run_sweep(const SweepArgs& args, BenchWorld& world, const SweepCollective& 
                               " warmup), time = max over ranks of the median iteration, "
                               "implementations taking turns"));
   char line[256];
-  std::snprintf(line, sizeof line, "%12s %12s %6s %6s %10s %24s %12s %10s %10s %8s", "size",
-                "count", "type", "redop", "impl", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-                "#wrong");
+  std::snprintf(line, sizeof line, "%12s %12s %6s %6s %5s %14s %24s %12s %10s %10s %8s", "size",
+                "count", "type", "redop", "place", "impl", "algo", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "#wrong");
   report.print(line);
 
   const auto esize = static_cast<int64_t>(dtype_size(dtype));
@@ -77,16 +77,18 @@ void run_sweep(const SweepArgs& args, BenchWorld& world, const SweepCollective& 
       busbw_sum += busbw;
       ++rows;
       const std::string algo = impl.algo(count * esize);
-      std::snprintf(line, sizeof line, "%12lld %12lld %6s %6s %10s %24s %12.1f %10.3f %10.3f %8lld",
+      std::snprintf(line, sizeof line,
+                    "%12lld %12lld %6s %6s %5s %14s %24s %12.1f %10.3f %10.3f %8lld",
                     static_cast<long long>(count * esize), static_cast<long long>(count),
                     std::string(dtype_name(dtype)).c_str(), collective.redop.c_str(),
-                    impl.name.c_str(), algo.c_str(), time_us, algbw, busbw,
-                    static_cast<long long>(wrong));
+                    impl.in_place ? "in" : "out", impl.name.c_str(), algo.c_str(), time_us, algbw,
+                    busbw, static_cast<long long>(wrong));
       report.print(line);
       report.add(Row()
                      .set("mode", collective.mode)
                      .set("op", collective.redop)
                      .set("impl", impl.name)
+                     .set("place", impl.in_place ? "in" : "out")
                      .set("algo", algo)
                      .set("dtype", std::string(dtype_name(dtype)))
                      .set("ranks", world.size)

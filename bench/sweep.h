@@ -46,6 +46,7 @@ struct SweepImpl {
   std::string name;
   std::function<std::string(int64_t bytes)> algo;  // the algorithm used at a size
   std::function<SweepCase(int64_t count, DType dtype)> prepare;
+  bool in_place = false;  // the output is the input (nccl-tests' in-place columns)
 };
 
 struct SweepCollective {
