@@ -122,11 +122,11 @@ ScratchPool::Buffer Transport::scratch(size_t bytes) { return engine_.scratch_->
 
 // ---- Engine ----------------------------------------------------------------
 
-Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Backoff backoff)
+Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Polling polling)
     : coll_comm_(coll_comm),
       p2p_comm_(p2p_comm),
       tunables_(std::move(tunables)),
-      backoff_(backoff),
+      polling_(polling),
       transport_(*this),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)) {
   MPI_Comm_rank(coll_comm_, &rank_);
@@ -168,10 +168,10 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
     op->seq_ = op->collective() ? next_seq_++ : next_p2p_seq_++;
     op->submitted_ = Clock::now();
     work = std::make_shared<EngineWork>(
-        detail::concat(op->name(), " #", op->seq_, " (tag ", collective_tag(op->seq_, Channel::header, max_tag_),
-                       ", ", details, ")"),
+        detail::concat(op->name(), " #", op->seq_, " (tag ",
+                       collective_tag(op->seq_, Channel::header, max_tag_), ", ", details, ")"),
         std::chrono::milliseconds(tunables_.timeout_ms),
-        std::chrono::microseconds(backoff_ == Backoff::yield ? tunables_.spin_us : 0),
+        std::chrono::microseconds(polling_.callers_poll ? tunables_.spin_us : 0),
         [this](const std::string& reason) { poison(reason); });
     op->work_ = work;
     queue_.push_back(std::move(op));
@@ -348,10 +348,10 @@ void Engine::loop() {
   Clock::time_point shutdown_deadline{};
   std::deque<std::shared_ptr<Operation>> incoming;
   for (;;) {
-    // Idle: poll for new operations for spin_us before blocking (only with
-    // a core to spare), so back-to-back calls skip the condition-variable
-    // wake-up.
-    if (active_.empty() && backoff_ == Backoff::yield && !signalled_.load(std::memory_order_acquire)) {
+    // Idle: poll for new operations for spin_us before blocking (yield
+    // mode), so back-to-back calls skip the condition-variable wake-up.
+    if (active_.empty() && polling_.backoff == Backoff::yield &&
+        !signalled_.load(std::memory_order_acquire)) {
       const auto idle_since = Clock::now();
       while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin) sched_yield();
     }
@@ -435,7 +435,7 @@ void Engine::loop() {
       continue;
     }
     if (now - last_progress < spin) continue;
-    if (backoff_ == Backoff::yield) {
+    if (polling_.backoff == Backoff::yield) {
       sched_yield();
       continue;
     }

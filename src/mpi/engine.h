@@ -146,8 +146,18 @@ class Operation {
 class Engine {
  public:
   enum class Backoff { sleep, yield };
+  // How the engine and its callers wait (RELAXCC_ENGINE_POLL, the node's layout).
+  struct Polling {
+    // While requests are pending, after RELAXCC_SPIN_US of polling; in yield
+    // mode the idle engine also polls its queue that long before blocking.
+    Backoff backoff = Backoff::sleep;
+    // Work::wait polls RELAXCC_SPIN_US before blocking. Only for a caller with
+    // a CPU of its own: one that shares the engine's CPU would take turns with
+    // it on every sched_yield instead.
+    bool callers_poll = false;
+  };
   // Takes ownership of both communicators (freed on destruction).
-  Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Backoff backoff);
+  Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Polling polling);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -198,7 +208,7 @@ class Engine {
   MPI_Comm coll_comm_;
   MPI_Comm p2p_comm_;
   Tunables tunables_;
-  Backoff backoff_;
+  Polling polling_;
   int rank_ = 0;
   int size_ = 1;
   int max_tag_ = 32767;

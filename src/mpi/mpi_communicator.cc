@@ -1,5 +1,7 @@
 #include "relaxcc/mpi_communicator.h"
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -105,12 +107,12 @@ uint64_t handshake_hash(const Tunables& t) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Backoff backoff,
+  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Polling polling,
                   bool one_node)
       : selection_(AllreduceSelection::parse(tunables.allreduce_algo)),
-        backoff_(backoff),
+        polling_(polling),
         shared_memory_(one_node ? std::make_shared<SharedMemory>() : nullptr),
-        engine_(std::make_unique<Engine>(coll, p2p, std::move(tunables), backoff)) {}
+        engine_(std::make_unique<Engine>(coll, p2p, std::move(tunables), polling)) {}
 
   int rank() const override { return engine_->rank(); }
   int size() const override { return engine_->size(); }
@@ -445,25 +447,33 @@ class MpiCommunicator final : public Communicator {
     work->wait(options.timeout);
     if (result->coll == MPI_COMM_NULL) return nullptr;
     return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(),
-                                             backoff_, result->one_node);
+                                             polling_, result->one_node);
   }
 
   AllreduceSelection selection_;
-  Engine::Backoff backoff_;
+  Engine::Polling polling_;
   // Set when every rank shares one node; outlives the engine's operations.
   std::shared_ptr<SharedMemory> shared_memory_;
   std::unique_ptr<Engine> engine_;
 };
 
-// RELAXCC_ENGINE_POLL: sleep, yield, or auto (yield when the `local_size`
-// ranks that share this node fit its hardware threads).
-Engine::Backoff choose_backoff(int local_size, const std::string& policy) {
-  if (policy == "sleep") return Engine::Backoff::sleep;
-  if (policy == "yield") return Engine::Backoff::yield;
-  RELAXCC_ENFORCE(policy == "auto", InvalidArgument, "RELAXCC_ENGINE_POLL='", policy,
-                  "': expected auto, sleep or yield");
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(local_size) <= threads ? Engine::Backoff::yield : Engine::Backoff::sleep;
+// RELAXCC_ENGINE_POLL: sleep, yield, or auto: yield when each of the
+// `local_size` ranks that share this node has a CPU (of the node's hardware
+// threads, and of this process's affinity mask, which mpirun's binding
+// narrows). Callers poll too only with two CPUs per rank.
+Engine::Polling choose_polling(int local_size, const std::string& policy) {
+  RELAXCC_ENFORCE(policy == "auto" || policy == "sleep" || policy == "yield", InvalidArgument,
+                  "RELAXCC_ENGINE_POLL='", policy, "': expected auto, sleep or yield");
+  unsigned cpus =
+      std::max(1u, std::thread::hardware_concurrency()) / static_cast<unsigned>(local_size);
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0)
+    cpus = std::min(cpus, static_cast<unsigned>(CPU_COUNT(&mask)));
+  Engine::Polling polling;
+  const bool yield = policy == "yield" || (policy == "auto" && cpus >= 1);
+  polling.backoff = yield ? Engine::Backoff::yield : Engine::Backoff::sleep;
+  polling.callers_poll = yield && cpus >= 2;
+  return polling;
 }
 
 }  // namespace
@@ -483,10 +493,10 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   int size = 1;
   MPI_Comm_size(coll, &size);
   const int local_size = mpi::node_local_size(coll);
-  const auto backoff = mpi::choose_backoff(local_size, options.tunables.engine_poll);
+  const auto polling = mpi::choose_polling(local_size, options.tunables.engine_poll);
   const bool one_node = mpi::on_one_node(size, local_size, options.tunables.ranks_per_node);
   auto comm =
-      std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, backoff, one_node);
+      std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, polling, one_node);
   comm->handshake(timeout);
   return comm;
 }
