@@ -63,13 +63,15 @@ SweepImpl sweep_impl(GatherImpl gather, const BenchWorld& world) {
     const TensorView in = host_buffer(per_rank, dtype);
     const TensorView out = gather.allocate ? gather.allocate(per_rank * ranks, dtype)
                                            : host_buffer(per_rank * ranks, dtype);
-    fill_encoded(in, rank);
+    const auto refill = encoded_refill(in, rank);
     return SweepCase{[gather, in, out] { gather.run(in, out); },
-                     [gather, in, out, per_rank] {
+                     [gather, in, out, per_rank, refill] {
+                       refill();
                        std::fill_n(static_cast<unsigned char*>(out.data), out.nbytes(), 0xff);
                        gather.run(in, out);
                        return per_rank > 0 ? count_wrong_gathered(out, per_rank) : 0;
-                     }};
+                     },
+                     refill};
   };
   return impl;
 }

@@ -40,9 +40,9 @@ struct SharedBuffers {
   std::shared_ptr<std::vector<unsigned char>> input, output;
 };
 
-// Allreduce of input into output (the same view in place); the check
-// refills the input and counts wrong output elements, plus changed input
-// elements out of place.
+// Allreduce of input into output (the same view in place), the input
+// rewritten before every iteration; the check counts wrong output elements,
+// plus changed input elements out of place.
 SweepImpl sweep_impl(NamedAllreduce named, bool in_place, ReduceOp op, const BenchWorld& world,
                      SharedBuffers buffers) {
   SweepImpl impl{named.name, named.algo, {}, in_place};
@@ -54,16 +54,17 @@ SweepImpl sweep_impl(NamedAllreduce named, bool in_place, ReduceOp op, const Ben
     };
     const TensorView output = buffer(buffers.output);
     const TensorView input = in_place ? output : buffer(buffers.input);
-    fill_encoded(input, rank);
+    const auto refill = encoded_refill(input, rank);
     return SweepCase{
         [named, input, output, op] { named.run(input, output, op); },
-        [named, input, output, op, in_place, rank, ranks] {
-          fill_encoded(input, rank);
+        [named, input, output, op, in_place, rank, ranks, refill] {
+          refill();
           if (!in_place)
             std::fill_n(static_cast<unsigned char*>(output.data), output.nbytes(), 0xff);
           named.run(input, output, op);
           return count_wrong(output, op, ranks) + (in_place ? 0 : count_not_encoded(input, rank));
-        }};
+        },
+        refill};
   };
   return impl;
 }
@@ -75,13 +76,14 @@ void run_allreduce(const AllreduceArgs& args) {
       static_cast<size_t>(std::max<int64_t>(parse_size(args.sweep.max_bytes), 8));
   const SharedBuffers buffers{std::make_shared<std::vector<unsigned char>>(max_bytes),
                               std::make_shared<std::vector<unsigned char>>(max_bytes)};
-  std::vector<SweepImpl> impls;
-  for (const auto& place : args.places) {
+  for (const auto& place : args.places)
     RELAXCC_ENFORCE(place == "out" || place == "in", InvalidArgument, "unknown --place '", place,
                     "': expected out or in");
-    for (const auto& name : args.sweep.impls)
-      impls.push_back(sweep_impl(make_impl(name, args, world), place == "in", op, world, buffers));
-  }
+  std::vector<NamedAllreduce> named;  // one communicator per implementation, for both placements
+  for (const auto& name : args.sweep.impls) named.push_back(make_impl(name, args, world));
+  std::vector<SweepImpl> impls;
+  for (const auto& place : args.places)
+    for (const auto& n : named) impls.push_back(sweep_impl(n, place == "in", op, world, buffers));
   const double bus_factor = world.size > 1 ? 2.0 * (world.size - 1) / world.size : 0.0;
   run_sweep(args.sweep, world, {"allreduce", std::string(reduce_op_name(op)), bus_factor}, impls);
 }

@@ -114,6 +114,14 @@ int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_i
   });
 }
 
+std::function<void()> encoded_refill(const TensorView& t, int rank) {
+  const TensorView pristine = host_buffer(t.numel, t.dtype);
+  fill_encoded(pristine, rank);
+  return [t, pristine] {
+    if (t.numel > 0) std::memcpy(t.data, pristine.data, t.nbytes());
+  };
+}
+
 int64_t count_not_encoded(const TensorView& t, int rank) {
   return visit_dtype(t.dtype, [&](auto tag) {
     using T = decltype(tag);

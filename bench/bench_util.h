@@ -50,6 +50,9 @@ int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_i
 // `per_rank` elements each.
 int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank);
 
+// Writes fill_encoded(t, rank) into t when called, at memcpy speed (a copy
+// of data encoded once).
+std::function<void()> encoded_refill(const TensorView& t, int rank);
 // Elements of `t` that differ from fill_encoded(t, rank).
 int64_t count_not_encoded(const TensorView& t, int rank);
 

@@ -54,12 +54,14 @@ SweepImpl sweep_impl(ScatterImpl scatter, ReduceOp op, const BenchWorld& world) 
     const TensorView in = scatter.allocate ? scatter.allocate(per_rank * ranks, dtype)
                                            : host_buffer(per_rank * ranks, dtype);
     const TensorView out = host_buffer(per_rank, dtype);
-    fill_encoded(in, rank);
+    const auto refill = encoded_refill(in, rank);
     return SweepCase{[scatter, in, out, op] { scatter.run(in, out, op); },
-                     [scatter, in, out, op, rank, ranks, per_rank] {
+                     [scatter, in, out, op, rank, ranks, per_rank, refill] {
+                       refill();
                        scatter.run(in, out, op);
                        return count_wrong(out, op, ranks, rank * per_rank);
-                     }};
+                     },
+                     refill};
   };
   return impl;
 }

@@ -57,9 +57,13 @@ void run_sweep(const SweepArgs& args, BenchWorld& world, const SweepCollective& 
     std::vector<std::vector<double>> times(impls.size());
     for (const SweepImpl& impl : impls) cases.push_back(impl.prepare(count, dtype));
     for (int i = 0; i < args.warmup; ++i)
-      for (SweepCase& c : cases) c.run();
+      for (SweepCase& c : cases) {
+        if (c.reset) c.reset();
+        c.run();
+      }
     for (int i = 0; i < args.iters; ++i) {
       for (size_t k = 0; k < cases.size(); ++k) {
+        if (cases[k].reset) cases[k].reset();
         MPI_Barrier(MPI_COMM_WORLD);
         const auto t0 = std::chrono::steady_clock::now();
         cases[k].run();

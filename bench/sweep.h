@@ -5,8 +5,12 @@
 // Time per size is the median over iterations on each rank, then the maximum
 // over ranks. Implementations take turns iteration by iteration, so that
 // each sees the same spells of machine noise (on a shared VM, steal time
-// comes and goes in bursts of milliseconds). algbw = bytes / time; busbw =
-// algbw * the collective's bus factor.
+// comes and goes in bursts of milliseconds). Before each iteration a case
+// rewrites its input (SweepCase::reset): every implementation then starts
+// from data this rank just wrote, as a gradient fresh from backward, and not
+// from the cache state the previous implementation left (which rank last
+// wrote which chunk moved in-place times by up to 1.7x with the order of
+// --impl). algbw = bytes / time; busbw = algbw * the collective's bus factor.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -35,11 +39,13 @@ struct SweepArgs {
 // (scripts pass defaults, users append).
 void add_sweep_options(CLI::App* sub, SweepArgs& args, const std::string& impl_help);
 
-// One implementation at one size: the call to time, and a check that
-// refills the buffers, runs once and returns this rank's wrong elements.
+// One implementation at one size: the call to time, a check that refills
+// the buffers, runs once and returns this rank's wrong elements, and a reset
+// run (untimed) before every iteration.
 struct SweepCase {
   std::function<void()> run;
   std::function<int64_t()> check;
+  std::function<void()> reset;
 };
 
 struct SweepImpl {

@@ -1,14 +1,20 @@
 // relaxcc's collectives over MPI: every collective x dtype x op x count,
 // checked exactly on data that encodes rank and index.
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
+#include <regex>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/mpi_communicator.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -493,6 +499,52 @@ TEST(Async, ConcurrentPrioritiesCompleteCorrectly) {
                 return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n);
               }), 0);
   ASSERT_EQ(count_wrong<float>(big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }), 0);
+}
+
+// Two communicators of one process trace into two files, each a whole
+// JSON array of well-formed events (they once shared one file and
+// interleaved their writes).
+TEST(Stats, TraceFilePerCommunicator) {
+  int pid0 = static_cast<int>(getpid());
+  MPI_Bcast(&pid0, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string prefix = detail::concat("/tmp/relaxcc_trace_test_", pid0);
+  const int r = test::world_rank();
+  {
+    MpiCommunicatorOptions options;
+    options.tunables = Tunables::from_env();
+    options.tunables.trace_file = prefix;
+    auto first = create_mpi_communicator(options);
+    auto second = create_mpi_communicator(options);
+    Buffer b(DType::i32, 1 << 12);
+    for (int i = 0; i < 20; ++i) {
+      auto w1 = first->allreduce(b.view(), ExecContext::host());
+      auto w2 = second->allreduce(b.view(), ExecContext::host());
+      w1->wait();
+      w2->wait();
+    }
+  }
+  const std::regex event(
+      R"(\{"name":"[a-z_]+","cat":"[a-z]+","ph":"X","pid":\d+,"tid":\d+,"ts":\d+,"dur":\d+,"args":\{.*\}\},?)");
+  for (const std::string& path :
+       {detail::concat(prefix, ".", r, ".json"), detail::concat(prefix, ".", r, ".1.json")}) {
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << path;
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    ASSERT_GE(lines.size(), 3u) << path;
+    EXPECT_EQ(lines.front(), "[") << path;
+    EXPECT_EQ(lines.back(), "]") << path;
+    int ops = 0;
+    for (size_t i = 1; i + 1 < lines.size(); ++i) {
+      if (lines[i].empty()) continue;
+      ASSERT_TRUE(std::regex_match(lines[i], event))
+          << path << " line " << i + 1 << ": " << lines[i];
+      ops += lines[i].find("\"cat\":\"op\"") != std::string::npos ? 1 : 0;
+    }
+    // The handshake, and on 2 or more ranks the 20 allreduces.
+    EXPECT_GE(ops, test::world_size() > 1 ? 21 : 1) << path;
+    std::remove(path.c_str());
+  }
 }
 
 TEST(Stats, CountBytesPerPeer) {

@@ -138,7 +138,13 @@ Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Polling
   stats_.sent_to.assign(size_, 0);
   stats_.received_from.assign(size_, 0);
   if (!tunables_.trace_file.empty()) {
-    const std::string path = tunables_.trace_file + "." + std::to_string(process_rank() >= 0 ? process_rank() : rank_) + ".json";
+    // One file per engine: the process's first tracing engine writes
+    // <file>.<rank>.json, later ones (other communicators) <file>.<rank>.<k>.json.
+    static std::atomic<int> tracing_engines{0};
+    const int k = tracing_engines.fetch_add(1);
+    const std::string path =
+        detail::concat(tunables_.trace_file, ".", process_rank() >= 0 ? process_rank() : rank_,
+                       k > 0 ? detail::concat(".", k) : std::string(), ".json");
     trace_.open(path);
     if (trace_.good()) trace_ << "[\n";
     else RELAXCC_LOG(warn, "cannot open trace file ", path);
