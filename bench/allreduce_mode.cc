@@ -1,7 +1,6 @@
 // `relaxcc-bench allreduce`: allreduce implementations side by side on the
 // same sizes in the same run (sweep.h), busbw = algbw * 2(n-1)/n.
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -34,9 +33,8 @@ NamedAllreduce make_impl(const std::string& name, const AllreduceArgs& args, Ben
   return make_relaxcc_allreduce(name, args.algo, world);
 }
 
-// Ordinary host memory that the implementations share, so each finds the
-// same cache state.
-struct SharedBuffers {
+// Ordinary host memory that the implementations on it share.
+struct HostBuffers {
   std::shared_ptr<std::vector<unsigned char>> input, output;
 };
 
@@ -44,7 +42,7 @@ struct SharedBuffers {
 // rewritten before every iteration; the check counts wrong output elements,
 // plus changed input elements out of place.
 SweepImpl sweep_impl(NamedAllreduce named, bool in_place, ReduceOp op, const BenchWorld& world,
-                     SharedBuffers buffers) {
+                     HostBuffers buffers) {
   SweepImpl impl{named.name, named.algo, {}, in_place};
   const int rank = world.rank, ranks = world.size;
   impl.prepare = [named, in_place, op, rank, ranks, buffers](int64_t count, DType dtype) {
@@ -74,8 +72,8 @@ void run_allreduce(const AllreduceArgs& args) {
   const ReduceOp op = parse_reduce_op(args.op);
   const auto max_bytes =
       static_cast<size_t>(std::max<int64_t>(parse_size(args.sweep.max_bytes), 8));
-  const SharedBuffers buffers{std::make_shared<std::vector<unsigned char>>(max_bytes),
-                              std::make_shared<std::vector<unsigned char>>(max_bytes)};
+  const HostBuffers buffers{std::make_shared<std::vector<unsigned char>>(max_bytes),
+                            std::make_shared<std::vector<unsigned char>>(max_bytes)};
   for (const auto& place : args.places)
     RELAXCC_ENFORCE(place == "out" || place == "in", InvalidArgument, "unknown --place '", place,
                     "': expected out or in");

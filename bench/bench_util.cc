@@ -1,10 +1,9 @@
 #include "bench_util.h"
 
-#include <cstring>
-
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
