@@ -131,26 +131,34 @@ TEST(SharedBuffers, AllreduceEveryDtypeOpAndCountIsExact) {
   }
 }
 
-// Out of place into a shared output: the input is copied in, then the
-// ring runs in shared mode.
+// Out of place into a shared output (the input in ordinary memory): the
+// ring runs in shared mode with its partial sums in the output, and the
+// input stays as it was.
 TEST(SharedBuffers, AllreduceOutOfPlaceIntoSharedOutput) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   for (DType t : kAllDTypes) {
-    for (int64_t count : kCounts) {
-      const TensorView out = comm->allocate(count, t);
-      Buffer in(t, count), got(t, count);
-      test::fill(in, r);
-      AllreduceOptions o;
-      o.op = ReduceOp::max;
-      comm->allreduce(in.view(), out, ExecContext::host(), o)->wait();
-      if (count > 0) std::memcpy(got.bytes().data(), out.data, out.nbytes());
-      for_each_dtype(t, [&](auto tag) {
-        using T = decltype(tag);
-        const int64_t wrong = count_wrong<T>(
-            got, [&](int64_t i) { return test::expected_reduction<T>(i, ReduceOp::max, n); });
-        ASSERT_EQ(wrong, 0) << "dtype " << t << " count " << count;
-      });
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      for (int64_t count : kCounts) {
+        const TensorView out = comm->allocate(count, t);
+        Buffer in(t, count), want_in(t, count), got(t, count);
+        test::fill(in, r);
+        test::fill(want_in, r);
+        AllreduceOptions o;
+        o.op = op;
+        o.algo = AllreduceAlgo::ring;
+        comm->allreduce(in.view(), out, ExecContext::host(), o)->wait();
+        if (count > 0) std::memcpy(got.bytes().data(), out.data, out.nbytes());
+        for_each_dtype(t, [&](auto tag) {
+          using T = decltype(tag);
+          const int64_t wrong =
+              count_wrong<T>(got, [&](int64_t i) { return test::expected_reduction<T>(i, op, n); });
+          const int64_t changed = count_wrong<T>(in, [&](int64_t i) { return want_in.as<T>()[i]; });
+          ASSERT_EQ(wrong, 0) << "dtype " << t << " op " << op << " count " << count;
+          ASSERT_EQ(changed, 0) << "input changed: dtype " << t << " op " << op << " count "
+                                << count;
+        });
+      }
     }
   }
 }

@@ -58,23 +58,32 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
   h.layout = layout_hash(spec_.chunk_counts, segment_elems_);
   shared_ = spec_.shared.pid != 0;
   if (shared_) {
-    const bool in_place_allreduce =
-        spec_.type == OpType::allreduce && spec_.local.data == spec_.gathered.data;
+    const bool allreduce = spec_.type == OpType::allreduce;
     const bool allgather = spec_.type == OpType::allgather && !spec_.reduce_phase;
     const bool reduce_scatter =
         spec_.type == OpType::reduce_scatter && !spec_.gather_phase &&
         (size_ == 2 ||
          spec_.partials.nbytes() >= static_cast<size_t>(total) * dtype_size(spec_.dtype));
-    RELAXCC_ENFORCE(
-        (in_place_allreduce || allgather || reduce_scatter) && spec_.shared_memory != nullptr,
-        InternalError,
-        "shared ring: only allreduce in place, reduce-scatter with scratch, allgather");
+    RELAXCC_ENFORCE((allreduce || allgather || reduce_scatter) && spec_.shared_memory != nullptr,
+                    InternalError,
+                    "shared ring: only allreduce, reduce-scatter with scratch, allgather");
     h.shm_pid = spec_.shared.pid;
     h.shm_segment = spec_.shared.segment;
     h.shm_offset = spec_.shared.offset;
     if (reduce_scatter && size_ > 2)
       h.shm_scratch =
           spec_.shared_memory->find(spec_.partials.data, spec_.partials.nbytes())->segment;
+    // An allreduce out of place: the right neighbour's first reduce-scatter
+    // step reads this rank's contribution to chunk r-1 from the shared output
+    // (later steps read partial sums, which go there), so it is copied there
+    // before the operation starts.
+    if (allreduce && spec_.local.data != spec_.gathered.data) {
+      const int c = (rank_ - 1 + size_) % size_;
+      const TensorView from = spec_.local.slice(chunk_offset_[c], spec_.chunk_counts[c]);
+      if (from.numel > 0)
+        std::memcpy(spec_.gathered.slice(chunk_offset_[c], from.numel).data, from.data,
+                    from.nbytes());
+    }
   }
   set_header(h);
 
@@ -281,14 +290,14 @@ void RingOp::on_received(Transport& t, int pi, int64_t index) {
       codec_->combine(wire, local, spec_.op, dst, ctx_);
       if (spec_.op == ReduceOp::avg) kernels::finish_average(dst, size_, ctx_);
     } else {
-      // A partial sum: in the wire slot, in place in the shared buffer, or
-      // in a shared reduce-scatter's scratch.
+      // A partial sum: in the wire slot, in the shared output (an
+      // allreduce's), or in a shared reduce-scatter's scratch.
       void* acc = const_cast<unsigned char*>(wire);
       if (shared_ && spec_.partials.data != nullptr)
         acc = spec_.partials.as<unsigned char>() +
               static_cast<uint64_t>(m.offset) * dtype_size(spec_.dtype);
       else if (shared_)
-        acc = local.data;
+        acc = spec_.gathered.slice(m.offset, m.count).data;
       codec_->combine(wire, local, spec_.op, TensorView(acc, m.count, spec_.dtype), ctx_);
     }
   } else {

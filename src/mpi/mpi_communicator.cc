@@ -189,9 +189,8 @@ class MpiCommunicator final : public Communicator {
       algo = selection_.pick(static_cast<int64_t>(output.nbytes()));
     RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
     if (n > 1 && algo == AllreduceAlgo::ring) share(spec, output);
-    // One rank, recursive doubling and the shared ring work in place.
-    if (n == 1 || algo == AllreduceAlgo::recursive_doubling || spec.shared.pid != 0)
-      copy(input, output);
+    // One rank and recursive doubling work in place.
+    if (n == 1 || algo == AllreduceAlgo::recursive_doubling) copy(input, output);
     if (n == 1) return completed("allreduce");
     if (algo == AllreduceAlgo::recursive_doubling) {
       return engine_->submit(std::make_shared<RecursiveDoublingOp>(
@@ -201,7 +200,7 @@ class MpiCommunicator final : public Communicator {
                                             dtype_name(output.dtype), ", all ranks"));
     }
     spec.op = options.op;
-    spec.local = spec.shared.pid != 0 ? output : input;
+    spec.local = input;
     spec.gathered = output;
     const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
     spec.result = output.slice(offset, spec.chunk_counts[rank()]);
