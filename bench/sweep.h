@@ -9,7 +9,7 @@
 // rewrites its input (SweepCase::reset): every implementation then starts
 // from data this rank just wrote, as a gradient fresh from backward, and not
 // from the cache state the previous implementation left (which rank last
-// wrote which chunk moved in-place times by up to 1.7x with the order of
+// wrote which chunk moved in-place times by up to 1.8x with the order of
 // --impl). algbw = bytes / time; busbw = algbw * the collective's bus factor.
 #pragma once
 
