@@ -19,19 +19,20 @@
 // wait points to an earlier step. Allgather receives straight into the
 // output.
 //
-// Shared mode (allreduce, reduce-scatter, or allgather, with every rank's
-// full layout in node-shared memory, see src/mpi/shared_memory.h): edges
-// carry empty tokens instead of data. A token says "segment k of the
-// schedule is ready in my buffer"; the receiver reads it from the sender's
-// buffer in place and combines it into its own (an allreduce's partial sums
-// live in its shared output, where an allreduce out of place first copies
-// the one chunk of its input that the right neighbour reads before any
-// partial sum; a reduce-scatter's, which must leave its input as it was, in
-// node-shared scratch that the header names), or copies it in allgather. One pass over the data
-// less than through MPI. The schedule and its dependencies are the same; a rank's buffer is only
-// read by its right neighbour, which reads a region only after the token for it and before the
-// region's final value can come round the ring, and which sends a last "done reading" token back,
-// so a rank's operation completes only when nobody reads its buffer any more.
+// Shared mode (allreduce, reduce-scatter, or allgather, with every rank's full
+// layout in node-shared memory, see src/mpi/shared_memory.h): edges carry empty
+// tokens instead of data. A token says "segment k of the schedule is ready in
+// my buffer"; the receiver reads it from the sender's buffer in place and
+// combines it into its own (an allreduce's partial sums live in its shared
+// output, where an allreduce out of place first copies the one chunk of its
+// input that the right neighbour reads before any partial sum; a
+// reduce-scatter's, which must leave its input as it was, in node-shared
+// scratch that the header names), or copies it in allgather. One pass over the
+// data less than through MPI. The schedule and its dependencies are the same; a
+// rank's buffer is only read by its right neighbour, which reads a region only
+// after the token for it and before the region's final value can come round the
+// ring, and which sends a last "done reading" token back, so a rank's operation
+// completes only when nobody reads its buffer any more.
 //
 // Receives are limited to pipeline_depth in flight (they bound the data in
 // flight: MPI moves a large message once its receive is posted). Sends are
