@@ -187,8 +187,6 @@ class MpiCommunicator final : public Communicator {
     AllreduceAlgo algo = options.algo;
     if (algo == AllreduceAlgo::automatic)
       algo = selection_.pick(static_cast<int64_t>(output.nbytes()));
-    RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
-    if (n > 1 && algo == AllreduceAlgo::ring) share(spec, output);
     // One rank and recursive doubling work in place.
     if (n == 1 || algo == AllreduceAlgo::recursive_doubling) copy(input, output);
     if (n == 1) return completed("allreduce");
@@ -199,11 +197,13 @@ class MpiCommunicator final : public Communicator {
                              detail::concat("recursive_doubling, ", output.numel, " x ",
                                             dtype_name(output.dtype), ", all ranks"));
     }
+    RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
     spec.op = options.op;
     spec.local = input;
     spec.gathered = output;
     const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
     spec.result = output.slice(offset, spec.chunk_counts[rank()]);
+    share(spec, output);
     return submit_ring("allreduce", options.priority, options.label, std::move(spec), ctx, output);
   }
 
