@@ -57,6 +57,12 @@ T from_f64(double v) {
   else return static_cast<T>(v);
 }
 
+// fill_encoded's element i on rank r.
+template <typename T>
+T encoded(int rank, int64_t i) {
+  return from_f64<T>(static_cast<double>((rank + i) % 4));
+}
+
 template <typename T>
 bool same(T a, T b) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return a.bits == b.bits;
@@ -97,7 +103,7 @@ void fill_encoded(const TensorView& t, int rank) {
   visit_dtype(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto* p = t.as<T>();
-    for (int64_t i = 0; i < t.numel; ++i) p[i] = from_f64<T>(static_cast<double>((rank + i) % 4));
+    for (int64_t i = 0; i < t.numel; ++i) p[i] = encoded<T>(rank, i);
   });
 }
 
@@ -126,23 +132,17 @@ int64_t count_not_encoded(const TensorView& t, int rank) {
     using T = decltype(tag);
     const auto* p = t.as<T>();
     int64_t wrong = 0;
-    for (int64_t i = 0; i < t.numel; ++i)
-      wrong += same(p[i], from_f64<T>(static_cast<double>((rank + i) % 4))) ? 0 : 1;
+    for (int64_t i = 0; i < t.numel; ++i) wrong += same(p[i], encoded<T>(rank, i)) ? 0 : 1;
     return wrong;
   });
 }
 
 int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank) {
-  return visit_dtype(t.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const auto* p = t.as<T>();
-    int64_t wrong = 0;
-    for (int64_t j = 0; j < t.numel; ++j) {
-      const int64_t owner = j / per_rank, i = j % per_rank;
-      wrong += same(p[j], from_f64<T>(static_cast<double>((owner + i) % 4))) ? 0 : 1;
-    }
-    return wrong;
-  });
+  int64_t wrong = 0;
+  for (int64_t off = 0, owner = 0; off < t.numel; off += per_rank, ++owner)
+    wrong +=
+        count_not_encoded(t.slice(off, std::min(per_rank, t.numel - off)), static_cast<int>(owner));
+  return wrong;
 }
 
 namespace {

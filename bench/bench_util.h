@@ -47,7 +47,7 @@ void fill_encoded(const TensorView& t, int rank);
 // (t's element 0 being element `first_index` of the full result).
 int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_index = 0);
 // Elements that differ from the allgather of fill_encoded inputs of
-// `per_rank` elements each.
+// `per_rank` (> 0) elements each.
 int64_t count_wrong_gathered(const TensorView& t, int64_t per_rank);
 
 // Writes fill_encoded(t, rank) into t when called, at memcpy speed (a copy
