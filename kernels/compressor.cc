@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -29,19 +30,36 @@ const char* compressor_name(CompressorKind kind) noexcept {
 }
 
 void CompressorConfig::validate() const {
+  const int kind_value = static_cast<int>(kind);
+  RELAXCC_ENFORCE(kind_value >= 1 && kind_value <= 7, InvalidArgument,
+                  "CompressorConfig.kind must be one of f16 (1), bf16, minmax, sign, topk, randomk, cocktail (7), got ",
+                  kind_value);
+  const char* name = compressor_name(kind);
   const bool quantizes = kind == CompressorKind::minmax || kind == CompressorKind::cocktail;
-  RELAXCC_ENFORCE(!quantizes || bits == 8 || bits == 4 || bits == 2 || bits == 1, InvalidArgument,
-                  compressor_name(kind), ": bits must be 8, 4, 2 or 1, got ", bits);
   const bool chunked = quantizes || kind == CompressorKind::sign;
-  RELAXCC_ENFORCE(!chunked || (chunk >= 1 && chunk <= (int64_t{1} << 30)), InvalidArgument,
-                  compressor_name(kind), ": chunk must be in [1, 2^30], got ", chunk);
   const bool sparse = kind == CompressorKind::topk || kind == CompressorKind::randomk || kind == CompressorKind::cocktail;
-  RELAXCC_ENFORCE(!sparse || (ratio > 0 && ratio <= 1), InvalidArgument, compressor_name(kind),
-                  ": ratio must be in (0, 1], got ", ratio);
+  const bool random = kind == CompressorKind::randomk || kind == CompressorKind::cocktail;
+  RELAXCC_ENFORCE(!quantizes || bits == 8 || bits == 4 || bits == 2 || bits == 1, InvalidArgument, name,
+                  ": CompressorConfig.bits must be 8, 4, 2 or 1, got ", bits);
+  RELAXCC_ENFORCE(!chunked || (chunk >= 1 && chunk <= (int64_t{1} << 30)), InvalidArgument, name,
+                  ": CompressorConfig.chunk must be in [1, 2^30], got ", chunk);
+  // Both enums travel in the header, so every kind checks them.
+  RELAXCC_ENFORCE(rounding == Rounding::nearest || rounding == Rounding::stochastic, InvalidArgument, name,
+                  ": CompressorConfig.rounding must be nearest (0) or stochastic (1), got ",
+                  static_cast<int>(rounding));
+  RELAXCC_ENFORCE(random_mode == RandomKMode::stratified || random_mode == RandomKMode::rolling, InvalidArgument,
+                  name, ": CompressorConfig.random_mode must be stratified (0) or rolling (1), got ",
+                  static_cast<int>(random_mode));
+  RELAXCC_ENFORCE(!sparse || (ratio > 0 && ratio <= 1), InvalidArgument, name,
+                  ": CompressorConfig.ratio must be in (0, 1], got ", ratio);
+  // The rolling stride round(1 / ratio) travels in the header's 32-bit chunk field.
+  RELAXCC_ENFORCE(!random || random_mode != RandomKMode::rolling || ratio >= 1.0 / static_cast<double>(1 << 30),
+                  InvalidArgument, name,
+                  ": CompressorConfig.ratio must be in [2^-30, 1] with random_mode rolling (a stride of at most 2^30), got ",
+                  ratio);
+  RELAXCC_ENFORCE(!sparse || keep >= 0, InvalidArgument, name, ": CompressorConfig.keep must be >= 0, got ", keep);
   RELAXCC_ENFORCE(kind != CompressorKind::cocktail || (topk_ratio > 0 && topk_ratio <= 1), InvalidArgument,
-                  "cocktail: topk_ratio must be in (0, 1], got ", topk_ratio);
-  RELAXCC_ENFORCE(static_cast<int>(kind) >= 1 && static_cast<int>(kind) <= 7, InvalidArgument,
-                  "unknown compressor kind ", static_cast<int>(kind));
+                  "cocktail: CompressorConfig.topk_ratio must be in (0, 1], got ", topk_ratio);
 }
 
 namespace {
@@ -169,6 +187,10 @@ void encode_minmax(const float* x, int64_t n, const CompressorConfig& c, const E
     const int64_t first = ch * c.chunk, len = std::min(c.chunk, n - first);
     const cpu::ChunkRange r = cpu::chunk_range(x + first, len);
     if (r.first_non_finite >= 0) require_finite(x + first, len, "minmax encode", index_base + first);
+    // (x - min) * scale must be computable for every x of the chunk.
+    RELAXCC_ENFORCE(std::isfinite(r.max - r.min), InvalidArgument, compressor_name(c.kind), " encode: chunk ", ch,
+                    " (elements from ", index_base + first, ") spans [", r.min, ", ", r.max,
+                    "], whose width overflows f32; compressors take chunks whose max - min is finite");
     const float scale = cpu::minmax_scale(r.min, r.max, c.bits);
     std::byte* p = out + ch * stride;
     std::memcpy(p, &r.min, 4);
@@ -178,8 +200,20 @@ void encode_minmax(const float* x, int64_t n, const CompressorConfig& c, const E
   });
 }
 
+// Throws CorruptPayload unless chunk `ch`'s (min, scale) decodes to finite
+// values only (see the decoder contract in compressor.h).
+void check_minmax_chunk(int64_t ch, float min, float scale, int bits, const char* what) {
+  RELAXCC_ENFORCE(std::isfinite(min) && std::isfinite(scale) && scale >= 0.0f, CorruptPayload, what,
+                  " payload: chunk ", ch, " has min ", min, " and scale ", scale,
+                  " (expected both finite and scale >= 0)");
+  const float top = cpu::minmax_decoded_max(min, scale, bits);
+  RELAXCC_ENFORCE(std::isfinite(top), CorruptPayload, what, " payload: chunk ", ch, " with min ", min,
+                  " and scale ", scale, " decodes up to min + ", (1u << bits) - 1u, " / scale = ", top,
+                  " (expected a finite decoded range; a scale this small is corrupt)");
+}
+
 void decode_minmax(const std::byte* body, int64_t n, int bits, int64_t chunk, float* out, bool accumulate,
-                   const ExecContext& ctx) {
+                   const ExecContext& ctx, const char* what) {
   const int64_t chunks = chunk_count(n, chunk);
   const int64_t stride = 8 + (chunk * bits + 7) / 8;
   // Validate every chunk header before writing anything.
@@ -187,9 +221,7 @@ void decode_minmax(const std::byte* body, int64_t n, int bits, int64_t chunk, fl
     float min, scale;
     std::memcpy(&min, body + ch * stride, 4);
     std::memcpy(&scale, body + ch * stride + 4, 4);
-    RELAXCC_ENFORCE(std::isfinite(min) && std::isfinite(scale) && scale >= 0.0f, CorruptPayload,
-                    "minmax payload: chunk ", ch, " has min ", min, " and scale ", scale,
-                    " (expected finite, scale >= 0)");
+    check_minmax_chunk(ch, min, scale, bits, what);
   }
   for_chunks(chunks, ctx, [&](int64_t ch) {
     const int64_t first = ch * chunk, len = std::min(chunk, n - first);
@@ -249,11 +281,29 @@ void check_indices(const uint32_t* idx, int64_t k, int64_t n, const char* what) 
   }
 }
 
-void scatter(const uint32_t* idx, const float* vals, int64_t k, float* out, bool accumulate) {
-  for (int64_t j = 0; j < k; ++j) {
-    RELAXCC_ENFORCE(std::isfinite(vals[j]), CorruptPayload, "sparse payload: value ", j, " is ", vals[j]);
-  }
+void check_values(const float* vals, int64_t k, const char* what) {
+  for (int64_t j = 0; j < k; ++j)
+    RELAXCC_ENFORCE(std::isfinite(vals[j]), CorruptPayload, what, " payload: value ", j, " is ", vals[j],
+                    " (expected finite)");
+}
+
+// Writes the (validated) sparse values: zeros elsewhere unless `accumulate`.
+void scatter(const uint32_t* idx, const float* vals, int64_t k, float* out, int64_t n, bool accumulate) {
+  if (!accumulate) std::fill(out, out + n, 0.0f);
   for (int64_t j = 0; j < k; ++j) out[idx[j]] = accumulate ? out[idx[j]] + vals[j] : vals[j];
+}
+
+// An f16 or bf16 value is Inf or NaN when its exponent bits are all ones.
+constexpr uint16_t half_exponent_mask(CompressorKind kind) { return kind == CompressorKind::f16 ? 0x7c00 : 0x7f80; }
+
+int64_t first_non_finite_half(const uint16_t* bits, int64_t n, CompressorKind kind) {
+  const uint16_t mask = half_exponent_mask(kind);
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= (bits[i] & mask) == mask;  // branch-free: vectorizes
+  if (!any) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if ((bits[i] & mask) == mask) return i;
+  return -1;
 }
 
 PayloadHeader header_for(int64_t n, const CompressorConfig& c) {
@@ -278,13 +328,22 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
   check_f32(out, "decode output");
   if (ctx.device.is_cuda()) return cuda::decode(payload, out, accumulate, ctx.stream);
   const PayloadHeader h = read_header(payload);
-  RELAXCC_ENFORCE_EQ(out.numel, h.n, InvalidArgument, "decode: output elements vs the payload's");
+  // The output is the caller's; a payload that disagrees with it is corrupt.
+  RELAXCC_ENFORCE_EQ(h.n, out.numel, CorruptPayload, compressor_name(h.kind),
+                     " payload: element count vs the output's");
   const std::byte* body = payload.data() + kHeader;
   auto* o = out.as<float>();
   switch (h.kind) {
     case CompressorKind::f16:
     case CompressorKind::bf16: {
       const auto* bits = reinterpret_cast<const uint16_t*>(body);
+      const int64_t bad = first_non_finite_half(bits, h.n, h.kind);
+      if (bad >= 0) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%04x", static_cast<unsigned>(bits[bad]));
+        RELAXCC_THROW(CorruptPayload, compressor_name(h.kind), " payload: element ", bad, " has bits ", hex,
+                      ", an Inf or NaN (expected a finite value: encode never writes these)");
+      }
       if (!accumulate) {
         (h.kind == CompressorKind::f16 ? cpu::f16_to_f32 : cpu::bf16_to_f32)(bits, o, h.n);
       } else {
@@ -293,7 +352,7 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
       }
       return;
     }
-    case CompressorKind::minmax: return decode_minmax(body, h.n, h.bits, h.chunk, o, accumulate, ctx);
+    case CompressorKind::minmax: return decode_minmax(body, h.n, h.bits, h.chunk, o, accumulate, ctx, "minmax");
     case CompressorKind::sign: return decode_sign(body, h.n, h.chunk, o, accumulate);
     case CompressorKind::topk: {
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
@@ -301,24 +360,23 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
       copy_bytes(idx.data(), body, idx.size() * 4);
       copy_bytes(vals.data(), body + idx.size() * 4, vals.size() * 4);
       check_indices(idx.data(), h.k, h.n, "topk");
-      if (!accumulate) std::fill(o, o + h.n, 0.0f);
-      return scatter(idx.data(), vals.data(), h.k, o, accumulate);
+      check_values(vals.data(), h.k, "topk");
+      return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
     }
     case CompressorKind::randomk: {
-      const std::vector<uint32_t> idx = random_indices(h.n, h.k, h.random_mode, h.chunk, h.seed, h.step);
       std::vector<float> vals(static_cast<size_t>(h.k));
       copy_bytes(vals.data(), body, vals.size() * 4);
-      if (!accumulate) std::fill(o, o + h.n, 0.0f);
-      return scatter(idx.data(), vals.data(), h.k, o, accumulate);
+      check_values(vals.data(), h.k, "randomk");
+      const std::vector<uint32_t> idx = random_indices(h.n, h.k, h.random_mode, h.chunk, h.seed, h.step);
+      return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
     }
     case CompressorKind::cocktail: {
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
       copy_bytes(idx.data(), body, idx.size() * 4);
       check_indices(idx.data(), h.k, h.n, "cocktail");
       std::vector<float> vals(static_cast<size_t>(h.k));
-      decode_minmax(body + idx.size() * 4, h.k, h.bits, h.chunk, vals.data(), false, ctx);
-      if (!accumulate) std::fill(o, o + h.n, 0.0f);
-      return scatter(idx.data(), vals.data(), h.k, o, accumulate);
+      decode_minmax(body + idx.size() * 4, h.k, h.bits, h.chunk, vals.data(), false, ctx, "cocktail");
+      return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
     }
   }
 }
@@ -399,7 +457,8 @@ void validate_header(const PayloadHeader& h, size_t payload_bytes) {
     case CompressorKind::randomk:
       RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "randomk payload: k ", h.k, " for ", h.n, " elements");
       if (h.random_mode == RandomKMode::rolling) {
-        RELAXCC_ENFORCE(h.chunk >= 1, CorruptPayload, "randomk payload: rolling stride ", h.chunk);
+        RELAXCC_ENFORCE(h.chunk >= 1 && h.chunk <= (1u << 30), CorruptPayload, "randomk payload: rolling stride ",
+                        h.chunk, " (expected [1, 2^30])");
         RELAXCC_ENFORCE_EQ(h.k, rolling_count(h.n, h.chunk, h.step), CorruptPayload,
                            "randomk payload: kept elements for stride ", h.chunk, " at step ", h.step);
       } else {
@@ -437,9 +496,19 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
   switch (c.kind) {
     case CompressorKind::f16:
     case CompressorKind::bf16:
+    {
       require_finite(x, n, compressor_name(c.kind), 0, ctx);
-      (c.kind == CompressorKind::f16 ? cpu::f32_to_f16 : cpu::f32_to_bf16)(x, reinterpret_cast<uint16_t*>(body), n);
+      auto* bits = reinterpret_cast<uint16_t*>(body);
+      (c.kind == CompressorKind::f16 ? cpu::f32_to_f16 : cpu::f32_to_bf16)(x, bits, n);
+      // A finite value that rounds to Inf would decode as corrupt: refuse it here.
+      const int64_t bad = first_non_finite_half(bits, n, c.kind);
+      if (bad >= 0)
+        RELAXCC_THROW(InvalidArgument, compressor_name(c.kind), ": element ", bad, " is ", x[bad], ", which overflows ",
+                      compressor_name(c.kind), " (largest finite ",
+                      c.kind == CompressorKind::f16 ? f16_bits_to_f32(0x7bff) : bf16_bits_to_f32(0x7f7f),
+                      "); scale it down first (check for overflow first)");
       break;
+    }
     case CompressorKind::minmax: encode_minmax(x, n, c, ctx, 0, body); break;
     case CompressorKind::sign:
       require_finite(x, n, "sign", 0, ctx);
@@ -490,7 +559,8 @@ size_t requantize_sum(std::span<const std::byte> payload_in, const TensorView& l
   RELAXCC_ENFORCE(ctx.device.is_host(), Unsupported, "requantize_sum on ", ctx.device, ": host payloads only");
   const PayloadHeader h = read_header(payload_in);
   check_f32(local, "requantize_sum local");
-  RELAXCC_ENFORCE_EQ(local.numel, h.n, InvalidArgument, "requantize_sum: local elements vs the payload's");
+  RELAXCC_ENFORCE_EQ(h.n, local.numel, CorruptPayload, compressor_name(h.kind),
+                     " payload: element count vs requantize_sum's local tensor");
   decode(payload_in, acc, ctx);
   auto* a = acc.as<float>();
   const auto* l = local.as<const float>();

@@ -185,11 +185,19 @@ ChunkRange chunk_range(const float* x, int64_t len) {
   return chunk_range_scalar(x, len, 0, x[0], x[0]);
 }
 
+float minmax_decoded_max(float min, float scale, int bits) {
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  return min + static_cast<float>((1u << bits) - 1u) * inv;
+}
+
 float minmax_scale(float min, float max, int bits) {
   if (!(max > min)) return 0.0f;
   const float levels = static_cast<float>((1u << bits) - 1u);
-  const float s = levels / (max - min);
-  return std::isfinite(s) ? s : FLT_MAX;
+  float s = levels / (max - min);
+  if (!std::isfinite(s)) s = FLT_MAX;
+  // At most a few steps: levels * (1 / s) is within a few ulps of max - min.
+  while (!std::isfinite(minmax_decoded_max(min, s, bits))) s = std::nextafter(s, FLT_MAX);
+  return s;
 }
 
 namespace {
@@ -264,6 +272,7 @@ void quantize_chunk(const float* x, int64_t len, float min, float scale, int bit
 
 void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
                       bool accumulate) {
+  // The same inverse and operations as minmax_decoded_max.
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
   const unsigned char* q = codes;
   if (bits != 8) {  // unpack to one byte per code, then the 8-bit path

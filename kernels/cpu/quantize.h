@@ -17,8 +17,18 @@ struct ChunkRange {
 ChunkRange chunk_range(const float* x, int64_t len);
 
 // The scale s = (2^bits - 1) / (max - min), capped to FLT_MAX; 0 for a
-// constant chunk.
+// constant chunk. max - min must be finite. Where rounding would make the
+// chunk's decoded maximum overflow (max near FLT_MAX, or a subnormal s), s
+// is raised by ulps until it does not, so minmax_decoded_max(min, s, bits)
+// is always finite.
 float minmax_scale(float min, float max, int bits);
+
+// The largest value a chunk with (min, scale) decodes to, with the
+// dequantizer's own operations: min + (2^bits - 1) * (1 / scale), or min for
+// scale 0. Every decoded value lies in [min, this] (the operations are
+// monotonic in the code), so a chunk decodes to finite values exactly when
+// min and this are finite.
+float minmax_decoded_max(float min, float scale, int bits);
 
 // Codes of one chunk, packed little-endian, `bits` per element; writes
 // ceil(len * bits / 8) bytes. `index0` is the chunk's first element index in

@@ -19,14 +19,38 @@
 //               values: k u32 indices, then a minmax body of k values
 //
 // encoded_size(n, config) is a pure function, known on the host before any
-// data moves, and equals the bytes encode() writes. Every decoder validates
-// the header (magic, version, kind, sizes) and the body (index range and
-// order, finite scales) and throws CorruptPayload instead of reading or
-// writing out of bounds. Inputs must be finite: encode() throws
-// InvalidArgument naming the first NaN or Inf (check for overflow first, as
-// AMP does). Stochastic rounding draws from Philox4x32 keyed by
-// ctx.rng.seed at counter ctx.rng.offset + element index, so every backend
-// and every rank reproduces it.
+// data moves, and equals the bytes encode() writes. Stochastic rounding draws
+// from Philox4x32 keyed by ctx.rng.seed at counter ctx.rng.offset + element
+// index, so every backend and every rank reproduces it.
+//
+// Encoder contract. Inputs must be finite, and representable by the kind:
+// encode() throws InvalidArgument naming the first element that is NaN or
+// Inf (check for overflow first, as AMP does), that overflows f16 (|x| >=
+// 65520, which rounds past 65504) or bf16 (|x| that rounds past 3.3895e38),
+// or, for minmax and cocktail, the first chunk whose range max - min
+// overflows f32. A payload encode() writes always decodes, on every
+// backend, to finite values only.
+//
+// Decoder contract (decode, decode_accumulate, requantize_sum, read_header,
+// validate_header; host and CUDA alike). The output view is trusted; the
+// payload is not. Anything wrong with a payload, including an element count
+// that disagrees with the output's, throws CorruptPayload naming what was
+// expected and what was found, and nothing is written to the output:
+//   - the header: magic, version, kind, bits, chunk, flags, counts, and the
+//     exact payload size;
+//   - f16, bf16: an Inf or NaN bit pattern (exponent all ones) is corrupt,
+//     since encode() never writes one (it rejects the values that would
+//     round to Inf);
+//   - minmax, cocktail: every chunk's min and scale must be finite, scale >=
+//     0, and the chunk's decoded range [min, min + (2^bits - 1) * (1 /
+//     scale)] must be finite in f32 (a flipped bit that makes the scale tiny
+//     is caught here);
+//   - sign: every chunk scale finite and >= 0;
+//   - topk, randomk, cocktail: every index in range and strictly
+//     increasing, every value finite.
+// So decode() of any payload either throws CorruptPayload or writes only
+// finite values (decode_accumulate adds finite values to the accumulator;
+// the sum itself can overflow as any f32 addition can).
 #pragma once
 
 #include <cstddef>
@@ -34,6 +58,7 @@
 #include <span>
 #include <string>
 
+#include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
 #include "relaxcc/tensor.h"
 
@@ -45,20 +70,43 @@ enum class RandomKMode : uint8_t { stratified = 0, rolling = 1 };
 
 const char* compressor_name(CompressorKind kind) noexcept;
 
+// Fields are read only by the kinds named in their comment; other kinds
+// ignore them. validate() (called by encoded_size() and encode()) throws
+// InvalidArgument naming the field, its valid range and the value got, for
+// each field the kind reads:
 struct CompressorConfig {
+  // One of the seven kinds above.
   CompressorKind kind = CompressorKind::minmax;
-  int bits = 8;                 // minmax and cocktail: 8, 4, 2 or 1
-  int64_t chunk = 2048;         // minmax and sign: elements per chunk (cocktail: 128)
+  // minmax, cocktail: bits per element, one of 8, 4, 2, 1.
+  int bits = 8;
+  // minmax, sign, cocktail: elements per chunk (one min and scale, or one
+  // sign scale, each), in [1, 2^30]. cocktail quantizes its kept values in
+  // chunks of this size (128 is typical there).
+  int64_t chunk = 2048;
+  // minmax, cocktail: nearest or stochastic. Every kind checks that it is
+  // one of the two (it travels in the header).
   Rounding rounding = Rounding::nearest;
-  double ratio = 0.01;          // topk, randomk: fraction kept; cocktail: random fraction
-  int64_t keep = 0;             // topk, stratified randomk, cocktail: if > 0, exactly this many kept
-  double topk_ratio = 0.2;      // cocktail: fraction of the random selection kept by top-k
-  bool approximate = true;      // topk: sampled threshold instead of a full selection
+  // topk, randomk: fraction kept; cocktail: fraction the random stage keeps.
+  // In (0, 1]; with random_mode rolling (randomk, cocktail) also >= 2^-30,
+  // so that the stride round(1 / ratio) is in [1, 2^30].
+  double ratio = 0.01;
+  // topk, stratified randomk, cocktail: if > 0, exactly min(keep, n) kept
+  // (cocktail: of the random selection), overriding the ratios. >= 0.
+  int64_t keep = 0;
+  // cocktail: fraction of the random selection kept by top-k, in (0, 1].
+  double topk_ratio = 0.2;
+  // topk, cocktail: sampled threshold instead of a full selection (same
+  // result up to ties).
+  bool approximate = true;
+  // randomk, cocktail: stratified or rolling; every kind checks it, as
+  // `rounding`.
   RandomKMode random_mode = RandomKMode::stratified;
-  uint64_t seed = 0;            // randomk/cocktail: shared by all ranks
-  uint64_t step = 0;            // randomk/cocktail: the training step (rolls the selection)
+  // randomk, cocktail: shared by all ranks; any value.
+  uint64_t seed = 0;
+  // randomk, cocktail: the training step (rolls the selection); any value.
+  uint64_t step = 0;
 
-  // Throws InvalidArgument for an unsupported combination.
+  // Throws InvalidArgument for a field out of its range (see above).
   void validate() const;
 };
 
@@ -94,13 +142,15 @@ double compression_ratio(int64_t n, const CompressorConfig& config);
 size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorConfig& config,
               const ExecContext& ctx);
 // Reads the header of a host payload and checks it against its size.
-// Throws CorruptPayload.
+// Throws CorruptPayload (see the decoder contract above).
 PayloadHeader read_header(std::span<const std::byte> payload);
 // Checks a header against the size of its payload. Throws CorruptPayload.
 void validate_header(const PayloadHeader& header, size_t payload_bytes);
-// out = decode(payload); out is f32 with the payload's element count.
+// out = decode(payload); out is f32 with the payload's element count (a
+// payload whose count differs is CorruptPayload). Throws CorruptPayload,
+// writing nothing, for a corrupt payload; otherwise writes finite values.
 void decode(std::span<const std::byte> payload, const TensorView& out, const ExecContext& ctx);
-// acc += decode(payload).
+// acc += decode(payload), with the same validation as decode().
 void decode_accumulate(std::span<const std::byte> payload, const TensorView& acc, const ExecContext& ctx);
 // Re-quantizes a partial sum, as in an int8 ring with f32 accumulation:
 // acc = decode(payload_in) + local, then payload_out = encode(acc) with the
