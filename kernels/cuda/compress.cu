@@ -47,6 +47,32 @@ __device__ void raise_flag(unsigned long long* flag, unsigned long long code) { 
 
 __device__ bool finite(float x) { return isfinite(x); }
 
+// Error codes of the device flag (code << 40 | element or chunk); report()
+// turns them into the host's exceptions and messages.
+enum FlagCode : unsigned long long {
+  kNonFiniteInput = 1,   // InvalidArgument
+  kBadChunk = 2,         // CorruptPayload: min or scale not finite, or scale < 0
+  kBadIndex = 3,         // CorruptPayload
+  kBadValue = 4,         // CorruptPayload: a sparse value not finite
+  kRangeOverflow = 5,    // InvalidArgument: a chunk's max - min overflows f32
+  kHalfOverflow = 6,     // InvalidArgument: a finite value rounds to f16/bf16 Inf
+  kDecodedOverflow = 7,  // CorruptPayload: a chunk decodes past the f32 range
+  kBadHalf = 8,          // CorruptPayload: an f16/bf16 Inf or NaN bit pattern
+};
+
+// minmax_decoded_max of kernels/cpu/quantize.h, with the dequantizer's
+// operations: the largest value a chunk decodes to.
+__device__ float decoded_max(float mn, float scale, int bits) {
+  const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+  return __fadd_rn(mn, __fmul_rn(static_cast<float>((1u << bits) - 1u), inv));
+}
+
+// An f16 or bf16 value is Inf or NaN when its exponent bits are all ones.
+__device__ bool half_non_finite(uint16_t bits, int bf16) {
+  const uint16_t mask = bf16 ? 0x7f80 : 0x7c00;
+  return (bits & mask) == mask;
+}
+
 // ---- min-max ----------------------------------------------------------------
 
 // One block per chunk: range, scale, codes. `index0` of chunk ch is ch * chunk.
@@ -79,14 +105,21 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
     __syncthreads();
   }
   if (s_bad) {
-    if (threadIdx.x == 0) raise_flag(flag, 1ull << 40 | static_cast<unsigned long long>(ch));
+    if (threadIdx.x == 0) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(ch));
     return;
   }
   const float mn = s_min[0], mx = s_max[0];
+  if (!finite(__fsub_rn(mx, mn))) {
+    if (threadIdx.x == 0) raise_flag(flag, kRangeOverflow << 40 | static_cast<unsigned long long>(ch));
+    return;
+  }
+  // cpu::minmax_scale: capped to FLT_MAX, then raised by ulps until the
+  // chunk's decoded maximum is finite.
   float scale = 0.0f;
   if (mx > mn) {
     scale = __fdiv_rn(static_cast<float>((1u << bits) - 1u), __fsub_rn(mx, mn));
     if (!finite(scale)) scale = FLT_MAX;
+    while (!finite(decoded_max(mn, scale, bits))) scale = nextafterf(scale, FLT_MAX);
   }
   if (threadIdx.x == 0) {
     memcpy(p, &mn, 4);
@@ -115,6 +148,22 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
   }
 }
 
+// One thread per chunk: the decoder contract's checks of (min, scale), run
+// before anything is written.
+__global__ void check_minmax_kernel(const unsigned char* body, int64_t n, int64_t chunk, int bits,
+                                    unsigned long long* flag) {
+  const int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (ch >= (n + chunk - 1) / chunk) return;
+  const unsigned char* p = body + ch * (8 + (chunk * bits + 7) / 8);
+  float mn, scale;
+  memcpy(&mn, p, 4);
+  memcpy(&scale, p + 4, 4);
+  if (!finite(mn) || !finite(scale) || scale < 0.0f)
+    raise_flag(flag, kBadChunk << 40 | static_cast<unsigned long long>(ch));
+  else if (!finite(decoded_max(mn, scale, bits)))
+    raise_flag(flag, kDecodedOverflow << 40 | static_cast<unsigned long long>(ch));
+}
+
 __global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t chunk, int bits, float* out,
                                   int accumulate, unsigned long long* flag) {
   const int64_t ch = blockIdx.x;
@@ -124,10 +173,12 @@ __global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t 
   float mn, scale;
   memcpy(&mn, p, 4);
   memcpy(&scale, p + 4, 4);
-  if (!finite(mn) || !finite(scale) || scale < 0.0f) {
-    if (threadIdx.x == 0) raise_flag(flag, 2ull << 40 | static_cast<unsigned long long>(ch));
+  if (!finite(mn) || !finite(scale) || scale < 0.0f || !finite(decoded_max(mn, scale, bits))) {
+    // check_minmax_kernel ran first and was reported; this is a second guard.
+    if (threadIdx.x == 0) raise_flag(flag, kBadChunk << 40 | static_cast<unsigned long long>(ch));
     return;
   }
+  // The same inverse and operations as decoded_max.
   const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
   const int per_byte = 8 / bits;
   const uint32_t mask = (1u << bits) - 1u;
@@ -154,7 +205,7 @@ __global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int r
   const int64_t i = rolling ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
                             : stratified_index(n, k, j, seed, step);
   const float v = x[i];
-  if (!finite(v)) raise_flag(flag, 1ull << 40 | static_cast<unsigned long long>(i));
+  if (!finite(v)) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(i));
   vals[j] = v;
 }
 
@@ -171,8 +222,8 @@ __global__ void check_sparse_kernel(const uint32_t* idx, const float* vals, int6
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= k) return;
   if (idx != nullptr && (idx[j] >= n || (j > 0 && idx[j] <= idx[j - 1])))
-    raise_flag(flag, 3ull << 40 | static_cast<unsigned long long>(j));
-  if (!finite(vals[j])) raise_flag(flag, 4ull << 40 | static_cast<unsigned long long>(j));
+    raise_flag(flag, kBadIndex << 40 | static_cast<unsigned long long>(j));
+  if (!finite(vals[j])) raise_flag(flag, kBadValue << 40 | static_cast<unsigned long long>(j));
 }
 
 __global__ void scatter_kernel(const uint32_t* idx, const float* vals, int64_t k, int64_t n, int rolling,
@@ -186,6 +237,15 @@ __global__ void scatter_kernel(const uint32_t* idx, const float* vals, int64_t k
   out[i] = accumulate ? __fadd_rn(out[i], vals[j]) : vals[j];
 }
 
+// f16/bf16 payloads never hold Inf or NaN (encode refuses values that
+// round to Inf): such a pattern is corrupt on decode, and an overflow on
+// encode (a finite input, checked first by finite_kernel).
+__global__ void check_half_kernel(const uint16_t* bits, int64_t n, int bf16, unsigned long long code,
+                                  unsigned long long* flag) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n && half_non_finite(bits[i], bf16)) raise_flag(flag, code << 40 | static_cast<unsigned long long>(i));
+}
+
 __global__ void half_kernel(const uint16_t* in, int64_t n, int bf16, float* out, int accumulate) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
@@ -195,7 +255,7 @@ __global__ void half_kernel(const uint16_t* in, int64_t n, int bf16, float* out,
 
 __global__ void finite_kernel(const float* x, int64_t n, unsigned long long* flag) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n && !finite(x[i])) raise_flag(flag, 1ull << 40 | static_cast<unsigned long long>(i));
+  if (i < n && !finite(x[i])) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(i));
 }
 
 int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
@@ -204,11 +264,28 @@ void report(unsigned long long code, const char* what) {
   if (code == 0) return;
   const unsigned long long kind = code >> 40, where = code & ((1ull << 40) - 1);
   switch (kind) {
-    case 1: RELAXCC_THROW(InvalidArgument, what, ": a non-finite input near element or chunk ", where,
-                          "; compressors take finite values");
-    case 2: RELAXCC_THROW(CorruptPayload, what, ": chunk ", where, " has a non-finite or negative scale");
-    case 3: RELAXCC_THROW(CorruptPayload, what, ": index at position ", where, " is out of range or order");
-    default: RELAXCC_THROW(CorruptPayload, what, ": value at position ", where, " is not finite");
+    case kNonFiniteInput:
+      RELAXCC_THROW(InvalidArgument, what, ": a non-finite input near element or chunk ", where,
+                    "; compressors take finite values");
+    case kBadChunk:
+      RELAXCC_THROW(CorruptPayload, what, " payload: chunk ", where,
+                    " has a non-finite min or scale, or a negative scale (expected both finite and scale >= 0)");
+    case kBadIndex:
+      RELAXCC_THROW(CorruptPayload, what, " payload: index at position ", where, " is out of range or order");
+    case kRangeOverflow:
+      RELAXCC_THROW(InvalidArgument, what, " encode: chunk ", where,
+                    " has a range max - min that overflows f32; compressors take chunks whose max - min is finite");
+    case kHalfOverflow:
+      RELAXCC_THROW(InvalidArgument, what, ": element ", where, " overflows ", what,
+                    "; scale it down first (check for overflow first)");
+    case kDecodedOverflow:
+      RELAXCC_THROW(CorruptPayload, what, " payload: chunk ", where,
+                    " decodes up to min + (2^bits - 1) / scale, which overflows f32 (expected a finite decoded range;"
+                    " a scale this small is corrupt)");
+    case kBadHalf:
+      RELAXCC_THROW(CorruptPayload, what, " payload: element ", where,
+                    " is an Inf or NaN bit pattern (expected a finite value: encode never writes these)");
+    default: RELAXCC_THROW(CorruptPayload, what, " payload: value at position ", where, " is not finite");
   }
 }
 
@@ -229,6 +306,9 @@ size_t encode(const TensorView& in, std::span<std::byte> payload, const Compress
       if (n > 0) {
         finite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, flag.ptr);
         cast(in, TensorView(body, n, c.kind == CompressorKind::f16 ? DType::f16 : DType::bf16, in.device), stream);
+        check_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(body), n,
+                                                                  c.kind == CompressorKind::bf16, kHalfOverflow,
+                                                                  flag.ptr);
       }
       break;
     case CompressorKind::minmax: {
@@ -276,54 +356,76 @@ void decode(std::span<const std::byte> payload, const TensorView& out, bool accu
   check(cudaMemcpyAsync(&h, payload.data(), kHeader, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   validate_header(h, payload.size());
-  RELAXCC_ENFORCE_EQ(out.numel, h.n, InvalidArgument, "decode: output elements vs the payload's");
+  // The output is the caller's; a payload that disagrees with it is corrupt.
+  RELAXCC_ENFORCE_EQ(h.n, out.numel, CorruptPayload, compressor_name(h.kind),
+                     " payload: element count vs the output's");
   const auto* body = reinterpret_cast<const unsigned char*>(payload.data() + kHeader);
   auto* o = static_cast<float*>(out.data);
   const int64_t n = h.n;
   DeviceFlag flag(stream);
   const int acc = accumulate ? 1 : 0;
-  if (!accumulate && (h.kind == CompressorKind::topk || h.kind == CompressorKind::randomk ||
-                      h.kind == CompressorKind::cocktail) && n > 0)
-    check(cudaMemsetAsync(o, 0, static_cast<size_t>(n) * 4, stream), "cudaMemsetAsync");
+  // Sparse kinds zero the output (unless accumulating) once the payload
+  // has been validated: nothing is written for a corrupt payload.
+  auto zero_output = [&] {
+    if (!accumulate && n > 0) check(cudaMemsetAsync(o, 0, static_cast<size_t>(n) * 4, stream), "cudaMemsetAsync");
+  };
   switch (h.kind) {
     case CompressorKind::f16:
     case CompressorKind::bf16:
-      if (n > 0)
+      if (n > 0) {
+        check_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(body), n,
+                                                                  h.kind == CompressorKind::bf16, kBadHalf, flag.ptr);
+        report(flag.read(stream), compressor_name(h.kind));
         half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(body), n,
                                                             h.kind == CompressorKind::bf16, o, acc);
+      }
       break;
     case CompressorKind::minmax: {
       const int64_t chunks = (n + h.chunk - 1) / h.chunk;
-      if (chunks > 0)
+      if (chunks > 0) {
+        check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body, n, h.chunk, h.bits, flag.ptr);
+        report(flag.read(stream), "minmax");
         dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(body, n, h.chunk, h.bits, o, acc,
                                                                                   flag.ptr);
+      }
       break;
     }
     case CompressorKind::topk:
     case CompressorKind::randomk: {
-      if (h.k == 0) break;
+      if (h.k == 0) {
+        zero_output();
+        break;
+      }
       const bool has_idx = h.kind == CompressorKind::topk;
       const auto* idx = has_idx ? reinterpret_cast<const uint32_t*>(body) : nullptr;
       const auto* vals = reinterpret_cast<const float*>(body + (has_idx ? h.k * 4 : 0));
       check_sparse_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, flag.ptr);
       report(flag.read(stream), compressor_name(h.kind));
+      zero_output();
       scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n,
                                                                h.random_mode == RandomKMode::rolling,
                                                                h.chunk ? h.chunk : 1, h.seed, h.step, o, acc);
       break;
     }
     case CompressorKind::cocktail: {
-      if (h.k == 0) break;
+      if (h.k == 0) {
+        zero_output();
+        break;
+      }
       const auto* idx = reinterpret_cast<const uint32_t*>(body);
       float* vals = nullptr;
       check(cudaMallocAsync(reinterpret_cast<void**>(&vals), static_cast<size_t>(h.k) * 4, stream), "cudaMallocAsync");
       const int64_t chunks = (h.k + h.chunk - 1) / h.chunk;
+      check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body + h.k * 4, h.k, h.chunk, h.bits,
+                                                                       flag.ptr);
       dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(body + h.k * 4, h.k, h.chunk, h.bits,
                                                                                 vals, 0, flag.ptr);
       check_sparse_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, flag.ptr);
       const unsigned long long code = flag.read(stream);
-      if (code == 0)
+      if (code == 0) {
+        zero_output();
         scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, 0, 1, 0, 0, o, acc);
+      }
       cudaFreeAsync(vals, stream);
       report(code, "cocktail");
       break;
