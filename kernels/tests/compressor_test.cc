@@ -4,15 +4,18 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "gpu_buffer.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/half.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/kernels/error_feedback.h"
@@ -409,14 +412,21 @@ TEST(ErrorFeedback, RunningSumsTrackWithBoundedResidual) {
 
 // ---- hardened decoders -------------------------------------------------------
 
-void expect_corrupt(std::vector<std::byte> bytes, int64_t n, const char* what) {
-  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 1)));
-  try {
-    decode(bytes, TensorView::host(out.data(), n), ExecContext::host());
-    ADD_FAILURE() << what << ": accepted";
-  } catch (const CorruptPayload&) {
-  } catch (const InvalidArgument&) {
+// Decoding `bytes` into n elements throws CorruptPayload (nothing else) and
+// leaves the output untouched. Returns the message.
+std::string expect_corrupt(std::vector<std::byte> bytes, int64_t n, const char* what) {
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 1)), -7.0f);
+  for (bool accumulate : {false, true}) {
+    try {
+      if (accumulate) decode_accumulate(bytes, TensorView::host(out.data(), n), ExecContext::host());
+      else decode(bytes, TensorView::host(out.data(), n), ExecContext::host());
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const CorruptPayload& e) {
+      for (float v : out) EXPECT_EQ(v, -7.0f) << what << ": wrote to the output before throwing";
+      if (accumulate) return e.what();
+    }
   }
+  return {};
 }
 
 template <typename T>
@@ -513,6 +523,365 @@ TEST(HardenedDecoders, RandomCorruptionNeverEscapes) {
       }
     }
   }
+}
+
+// ---- decoder contract: finite outputs, CorruptPayload, config ranges ---------
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+float peek_f32(const std::vector<std::byte>& b, size_t offset) {
+  float v;
+  std::memcpy(&v, b.data() + offset, 4);
+  return v;
+}
+
+// The decoder contract's test of a min-max chunk, from compressor.h: both
+// finite, scale >= 0, and min + (2^bits - 1) * (1 / scale) finite.
+bool chunk_decodes_finite(float min, float scale, int bits) {
+  if (!std::isfinite(min) || !std::isfinite(scale) || scale < 0.0f) return false;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  return std::isfinite(min + static_cast<float>((1 << bits) - 1) * inv);
+}
+
+// Chunks of 256 spanning [-1.5, -1.5 + range]: min = -1.5 (exponent 127, so
+// flipping bit 30 of min makes it Inf or NaN), and a range for which the
+// scale is >= 2 (bit 30 set) and clearing bit 30 makes (2^bits - 1) / scale
+// overflow: 1.25 for 8, 4 and 2 bits (scale 204, 12, 2.4), 0.45 for 1 bit
+// (scale 2.22, which turns into a subnormal of 1.3e-39).
+std::vector<float> minmax_ramp(int bits, int64_t n) {
+  const float range = bits == 1 ? 0.45f : 1.25f;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] = -1.5f + range * static_cast<float>(i % 256) / 255.0f;
+  return x;
+}
+
+TEST(DecoderContract, FlippedScaleBitThatOverflowsTheRangeIsCorrupt) {
+  // The issue's case: one flipped bit turned a chunk's scale from 39.1 into
+  // 1.15e-37, and decoding wrote 254 Infs. Chunk 1's scale sits at byte
+  // 48 + (8 + 256 * bits / 8) + 4.
+  const int64_t n = 768;
+  for (int bits : {8, 4, 2, 1}) {
+    const auto x = minmax_ramp(bits, n);
+    const Encoded e = encode_vec(x, make(CompressorKind::minmax, bits, 256));
+    const size_t stride = 8 + 256 * bits / 8;
+    const size_t scale_at = 48 + stride + 4;
+    const float scale = peek_f32(e.bytes, scale_at);
+    ASSERT_GE(scale, 2.0f) << bits;  // bit 30 set: clearing it divides by 2^128 or makes a subnormal
+    auto b = e.bytes;
+    b[scale_at + 3] ^= std::byte{0x40};  // bit 30 of the little-endian f32
+    const float flipped = peek_f32(b, scale_at);
+    ASSERT_FALSE(chunk_decodes_finite(-1.5f, flipped, bits)) << bits << " " << flipped;
+    const std::string msg = expect_corrupt(b, n, "flipped scale bit");
+    EXPECT_TRUE(contains(msg, "minmax payload: chunk 1 ")) << msg;
+    EXPECT_TRUE(contains(msg, "decodes up to")) << msg;
+    EXPECT_TRUE(contains(msg, "inf")) << msg;
+    EXPECT_TRUE(contains(msg, "expected a finite decoded range")) << msg;
+
+    // Bit 30 of chunk 2's min: -1.5 becomes NaN.
+    b = e.bytes;
+    const size_t min_at = 48 + 2 * stride;
+    ASSERT_EQ(peek_f32(b, min_at), -1.5f);
+    b[min_at + 3] ^= std::byte{0x40};
+    const std::string min_msg = expect_corrupt(b, n, "flipped min bit");
+    EXPECT_TRUE(contains(min_msg, "minmax payload: chunk 2 has min -nan and scale ")) << min_msg;
+    EXPECT_TRUE(contains(min_msg, "expected both finite and scale >= 0")) << min_msg;
+
+    // A min so large that min + (2^bits - 1) / scale overflows.
+    b = e.bytes;
+    poke<float>(b, 48, 3.4e38f);
+    poke<float>(b, 52, static_cast<float>((1 << bits) - 1) / 1e36f);
+    const std::string top_msg = expect_corrupt(b, n, "min near FLT_MAX");
+    EXPECT_TRUE(contains(top_msg, "minmax payload: chunk 0 ")) << top_msg;
+  }
+}
+
+TEST(DecoderContract, EverySingleBitFlipOfMinOrScaleIsCorruptOrFinite) {
+  // All 64 single-bit flips of chunk 1's min and scale, for each width: the
+  // decoder throws CorruptPayload exactly when the contract's test says the
+  // chunk cannot decode to finite values, and writes only finite values
+  // otherwise.
+  const int64_t n = 768;
+  for (int bits : {8, 4, 2, 1}) {
+    const auto x = minmax_ramp(bits, n);
+    const Encoded e = encode_vec(x, make(CompressorKind::minmax, bits, 256));
+    const size_t field0 = 48 + (8 + 256 * bits / 8);
+    int corrupt = 0;
+    for (size_t bit = 0; bit < 64; ++bit) {
+      auto b = e.bytes;
+      b[field0 + bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+      const bool want_corrupt = !chunk_decodes_finite(peek_f32(b, field0), peek_f32(b, field0 + 4), bits);
+      std::vector<float> out(n);
+      try {
+        decode(b, TensorView::host(out.data(), n), ExecContext::host());
+        EXPECT_FALSE(want_corrupt) << "bits " << bits << " flip " << bit << ": accepted";
+        for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(out[i])) << bits << " flip " << bit << " i " << i;
+      } catch (const CorruptPayload&) {
+        EXPECT_TRUE(want_corrupt) << "bits " << bits << " flip " << bit << ": rejected";
+        ++corrupt;
+      }
+    }
+    EXPECT_GE(corrupt, 2) << bits;  // at least the min's and the scale's bit 30
+  }
+}
+
+TEST(DecoderContract, RandomByteOverwritesThrowCorruptPayloadOrDecodeFinite) {
+  // Single random bytes overwritten anywhere in valid payloads of every
+  // kind (and every width of the quantizing kinds): decode and
+  // decode_accumulate either throw CorruptPayload, writing nothing, or
+  // write only finite values. The issue saw 3 Infs in 3000 of these.
+  std::mt19937 rng(2024);
+  const int64_t n = 1000;
+  const auto x = gaussian(n, 17, 4.0f);
+  int64_t decoded = 0, corrupt = 0;
+  for (CompressorKind kind : kKinds) {
+    const bool quantizes = kind == CompressorKind::minmax || kind == CompressorKind::cocktail;
+    for (int bits : {8, 4, 2, 1}) {
+      if (!quantizes && bits != 8) continue;
+      CompressorConfig c = make(kind, bits, quantizes ? 64 : 128);
+      c.ratio = 0.2;
+      const Encoded e = encode_vec(x, c);
+      for (int trial = 0; trial < 3000; ++trial) {
+        auto b = e.bytes;
+        const size_t at = rng() % b.size();
+        b[at] = static_cast<std::byte>((static_cast<unsigned>(b[at]) + 1 + rng() % 255) % 256);  // a different byte
+        std::vector<float> out(n, -7.0f), acc(n, 0.0f);
+        try {
+          decode(b, TensorView::host(out.data(), n), ExecContext::host());
+        } catch (const CorruptPayload&) {
+          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], -7.0f) << compressor_name(kind) << " byte " << at;
+          ++corrupt;
+          continue;
+        }
+        ++decoded;
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(std::isfinite(out[i])) << compressor_name(kind) << " bits " << bits << " byte " << at
+                                             << " element " << i << " = " << out[i];
+        decode_accumulate(b, TensorView::host(acc.data(), n), ExecContext::host());
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(acc[i], out[i]) << compressor_name(kind) << " byte " << at;
+      }
+    }
+  }
+  // Both outcomes occur (most overwrites land in codes or values).
+  EXPECT_GT(decoded, 0);
+  EXPECT_GT(corrupt, 0);
+}
+
+TEST(DecoderContract, HalfPayloadsWithInfOrNanBitsAreCorrupt) {
+  const int64_t n = 100;
+  const auto x = gaussian(n, 5);
+  for (CompressorKind kind : {CompressorKind::f16, CompressorKind::bf16}) {
+    const Encoded e = encode_vec(x, make(kind));
+    const std::vector<uint16_t> bad = kind == CompressorKind::f16
+                                          ? std::vector<uint16_t>{0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xffff}
+                                          : std::vector<uint16_t>{0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff};
+    for (uint16_t bits : bad) {
+      auto b = e.bytes;
+      poke<uint16_t>(b, 48 + 2 * 37, bits);
+      const std::string msg = expect_corrupt(b, n, "inf/nan bits");
+      EXPECT_TRUE(contains(msg, std::string(compressor_name(kind)) + " payload: element 37 has bits 0x")) << msg;
+      EXPECT_TRUE(contains(msg, "an Inf or NaN")) << msg;
+    }
+    // The largest finite values decode exactly.
+    auto b = e.bytes;
+    const uint16_t max_bits = kind == CompressorKind::f16 ? 0x7bff : 0x7f7f;
+    poke<uint16_t>(b, 48, max_bits);
+    poke<uint16_t>(b, 50, static_cast<uint16_t>(max_bits | 0x8000));
+    const auto y = decode_vec(Encoded{b}, n);
+    EXPECT_EQ(y[0], kind == CompressorKind::f16 ? 65504.0f : bf16_bits_to_f32(0x7f7f));
+    EXPECT_EQ(y[1], -y[0]);
+  }
+}
+
+TEST(EncoderContract, ValuesTheKindCannotRepresentAreRefused) {
+  // f16: 65504 is the largest finite value; 65519 still rounds to it, 65520
+  // rounds to Inf, so encode refuses it, naming the element.
+  std::vector<float> x(50, 1.0f);
+  x[10] = 65504.0f;
+  x[11] = -65519.0f;
+  EXPECT_EQ(decode_vec(encode_vec(x, make(CompressorKind::f16)), 50)[11], -65504.0f);
+  x[12] = 65520.0f;
+  try {
+    encode_vec(x, make(CompressorKind::f16));
+    ADD_FAILURE() << "f16 accepted 65520";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "f16: element 12 is 65520, which overflows f16 (largest finite 65504)")) << e.what();
+  }
+  // bf16: FLT_MAX rounds to Inf; the largest value that does not is kept.
+  std::vector<float> y(20, 1.0f);
+  y[3] = bf16_bits_to_f32(0x7f7f);
+  EXPECT_EQ(decode_vec(encode_vec(y, make(CompressorKind::bf16)), 20)[3], y[3]);
+  y[4] = -std::numeric_limits<float>::max();
+  try {
+    encode_vec(y, make(CompressorKind::bf16));
+    ADD_FAILURE() << "bf16 accepted -FLT_MAX";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "bf16: element 4 is ")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "which overflows bf16")) << e.what();
+  }
+  // minmax: a chunk whose max - min overflows f32 is refused, naming it.
+  std::vector<float> z(300, 0.0f);
+  z[200] = -3e38f;
+  z[201] = 3e38f;
+  try {
+    encode_vec(z, make(CompressorKind::minmax, 8, 128));
+    ADD_FAILURE() << "minmax accepted a range wider than f32";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "minmax encode: chunk 1 (elements from 128) spans [-3e+38, 3e+38]")) << e.what();
+  }
+}
+
+TEST(EncoderContract, ExtremeFiniteChunksDecodeFinite) {
+  // Chunks reaching to FLT_MAX: where rounding would take min + (2^bits - 1)
+  // / scale past FLT_MAX, the encoder raises the scale by ulps, so what it
+  // writes always decodes, to finite values within a step of the input.
+  const float big = std::numeric_limits<float>::max();
+  for (int bits : {8, 4, 2, 1}) {
+    for (float lo : {0.0f, 1.0f, 1e37f, big * 0.5f, std::nextafter(big, 0.0f)}) {
+      std::vector<float> x = {lo, big, lo / 2 + big / 2, big};
+      const Encoded e = encode_vec(x, make(CompressorKind::minmax, bits, 4));
+      const float scale = peek_f32(e.bytes, 52);
+      EXPECT_TRUE(chunk_decodes_finite(lo, scale, bits)) << bits << " " << lo;
+      const auto y = decode_vec(e, 4);
+      const double step = (static_cast<double>(big) - lo) / ((1 << bits) - 1);
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << bits << " " << lo << " " << i;
+        EXPECT_LE(std::fabs(static_cast<double>(y[i]) - x[i]), step * 0.5 + 1e32) << bits << " " << lo << " " << i;
+      }
+    }
+  }
+}
+
+TEST(DecoderContract, SparseElementCountDisagreementIsCorrupt) {
+  // The body of a sparse payload does not depend on n, so a corrupt n
+  // passes the size check: it disagrees with the output and is
+  // CorruptPayload (it was InvalidArgument).
+  const int64_t n = 1000;
+  const auto x = gaussian(n, 23);
+  for (CompressorKind kind : {CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail}) {
+    CompressorConfig c = make(kind, 4, 64);
+    c.ratio = 0.1;
+    const Encoded e = encode_vec(x, c);
+    for (int64_t corrupt_n : {n + 1, n - 1, n * 2}) {
+      auto b = e.bytes;
+      poke<int64_t>(b, 16, corrupt_n);
+      if (kind == CompressorKind::randomk) {
+        // randomk recomputes k from n: the header is still self-consistent
+        // only where k stays the same; otherwise the size check catches it.
+        std::vector<float> out(n);
+        EXPECT_THROW(decode(b, TensorView::host(out.data(), n), ExecContext::host()), CorruptPayload);
+        continue;
+      }
+      const std::string msg = expect_corrupt(b, n, "element count");
+      EXPECT_TRUE(contains(msg, std::string(compressor_name(kind)) + " payload: element count vs the output's")) << msg;
+      EXPECT_TRUE(contains(msg, "got " + std::to_string(corrupt_n) + " vs 1000")) << msg;
+      // requantize_sum: the local tensor, too, is the caller's.
+      std::vector<float> local(n, 0.0f), acc(n);
+      std::vector<std::byte> out(encoded_size(n, c) + 64);
+      EXPECT_THROW(requantize_sum(b, TensorView::host(local.data(), n), TensorView::host(acc.data(), n), out,
+                                  ExecContext::host()),
+                   CorruptPayload);
+    }
+    // A corrupt k: the size no longer matches.
+    auto b = e.bytes;
+    poke<int64_t>(b, 24, read_header(e.span()).k + 1);
+    EXPECT_TRUE(contains(expect_corrupt(b, n, "k"), "size")) << compressor_name(kind);
+  }
+  // A non-finite sparse value is refused before the output is zeroed.
+  CompressorConfig tc = make(CompressorKind::topk);
+  tc.ratio = 0.05;
+  auto b = encode_vec(x, tc).bytes;
+  poke<float>(b, 48 + 50 * 4 + 7 * 4, NAN);
+  EXPECT_TRUE(contains(expect_corrupt(b, n, "nan value"), "topk payload: value 7 is nan"));
+}
+
+// validate() throws InvalidArgument whose message names the field, the
+// valid range and the value got.
+void expect_invalid(const CompressorConfig& c, const std::string& field, const std::string& range,
+                    const std::string& got) {
+  SCOPED_TRACE(field + " " + got);
+  try {
+    c.validate();
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_TRUE(contains(e.what(), "CompressorConfig." + field + " must be " + range + ", got " + got)) << e.what();
+  }
+  // encode() and encoded_size() validate too.
+  EXPECT_THROW(encoded_size(10, c), InvalidArgument);
+  std::vector<float> x(10, 1.0f);
+  std::vector<std::byte> out(4096);
+  EXPECT_THROW(encode(TensorView::host(x.data(), 10), out, c, ExecContext::host()), InvalidArgument);
+}
+
+TEST(CompressorConfigRanges, OutOfRangeFieldsAreInvalidArgument) {
+  CompressorConfig c;
+  c.kind = static_cast<CompressorKind>(0);
+  expect_invalid(c, "kind", "one of f16 (1), bf16, minmax, sign, topk, randomk, cocktail (7)", "0");
+  c.kind = static_cast<CompressorKind>(8);
+  expect_invalid(c, "kind", "one of f16 (1), bf16, minmax, sign, topk, randomk, cocktail (7)", "8");
+  for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::cocktail}) {
+    for (int bits : {0, 3, 16, -8}) {
+      c = make(kind, bits, 64);
+      expect_invalid(c, "bits", "8, 4, 2 or 1", std::to_string(bits));
+    }
+  }
+  for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::sign, CompressorKind::cocktail}) {
+    for (int64_t chunk : {int64_t{0}, int64_t{-1}, (int64_t{1} << 30) + 1}) {
+      c = make(kind, 8, chunk);
+      expect_invalid(c, "chunk", "in [1, 2^30]", std::to_string(chunk));
+    }
+  }
+  for (CompressorKind kind : {CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail}) {
+    for (auto [ratio, text] : {std::pair<double, std::string>{0.0, "0"}, {-0.5, "-0.5"}, {1.5, "1.5"},
+                               {std::nan(""), "nan"}}) {
+      c = make(kind, 8, 64);
+      c.ratio = ratio;
+      expect_invalid(c, "ratio", "in (0, 1]", text);
+    }
+    c = make(kind, 8, 64);
+    c.keep = -3;
+    expect_invalid(c, "keep", ">= 0", "-3");
+  }
+  for (CompressorKind kind : {CompressorKind::randomk, CompressorKind::cocktail}) {
+    c = make(kind, 8, 64);
+    c.random_mode = RandomKMode::rolling;
+    c.ratio = 1e-10;
+    expect_invalid(c, "ratio", "in [2^-30, 1] with random_mode rolling (a stride of at most 2^30)", "1e-10");
+  }
+  for (double topk_ratio : {0.0, 2.0}) {
+    c = make(CompressorKind::cocktail, 8, 64);
+    c.topk_ratio = topk_ratio;
+    expect_invalid(c, "topk_ratio", "in (0, 1]", topk_ratio == 0.0 ? "0" : "2");
+  }
+  for (CompressorKind kind : kKinds) {
+    c = make(kind, 8, 64);
+    c.rounding = static_cast<Rounding>(2);
+    expect_invalid(c, "rounding", "nearest (0) or stochastic (1)", "2");
+    c = make(kind, 8, 64);
+    c.random_mode = static_cast<RandomKMode>(5);
+    expect_invalid(c, "random_mode", "stratified (0) or rolling (1)", "5");
+  }
+}
+
+TEST(CompressorConfigRanges, BoundaryValuesAreAccepted) {
+  for (CompressorKind kind : kKinds) {
+    for (int bits : {8, 4, 2, 1}) {
+      CompressorConfig c = make(kind, bits, int64_t{1} << 30);
+      c.ratio = 1.0;
+      c.topk_ratio = 1.0;
+      c.keep = 0;
+      EXPECT_NO_THROW(c.validate()) << compressor_name(kind);
+      c.chunk = 1;
+      c.random_mode = RandomKMode::rolling;
+      c.ratio = 1.0 / static_cast<double>(1 << 30);
+      EXPECT_NO_THROW(c.validate()) << compressor_name(kind);
+    }
+  }
+  // Fields a kind does not read are not checked.
+  CompressorConfig c = make(CompressorKind::f16, 3, 0);
+  c.ratio = 7.0;
+  c.keep = -1;
+  c.topk_ratio = -1.0;
+  EXPECT_NO_THROW(c.validate());
 }
 
 // ---- GPU --------------------------------------------------------------------
