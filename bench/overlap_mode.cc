@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "gradient_allreduce/gradient_allreduce.h"
+#include "relaxcc/algorithms/gradient_allreduce.h"
 #include "model_layers.h"
 #include "modes.h"
 #include "relaxcc/errors.h"

@@ -1,6 +1,7 @@
 // Core types: dtypes, devices, tensor views, f16/bf16 conversions, errors,
-// tunables, logging levels and the thread pool.
+// tunables, logging levels, the thread pool and Work.
 #include <atomic>
+#include <thread>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "relaxcc/tensor.h"
 #include "relaxcc/thread_pool.h"
 #include "relaxcc/tunables.h"
+#include "relaxcc/work.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -251,6 +253,86 @@ TEST(ThreadPool, CoversEveryIndexOnceAndPropagatesErrors) {
                                    if (b > 0) RELAXCC_THROW(InternalError, "boom");
                                  }),
                InternalError);
+}
+
+// Counts expired waits instead of poisoning a communicator.
+class CountingWork final : public Work {
+ public:
+  using Work::Work;
+  std::atomic<int> timeouts{0};
+
+ protected:
+  void on_timeout(const std::string&) override { ++timeouts; }
+};
+
+TEST(Work, ThenRunsOnCompletionOrAtOnce) {
+  using namespace std::chrono_literals;
+  auto work = std::make_shared<Work>("first");
+  std::thread::id ran_on;
+  int runs = 0;
+  WorkPtr next = work->then([&](const Work& w) {
+    ++runs;
+    ran_on = std::this_thread::get_id();
+    EXPECT_EQ(&w, work.get());
+  });
+  EXPECT_EQ(runs, 0);
+  EXPECT_FALSE(next->is_completed());
+  std::thread completer([&] { work->complete(nullptr); });
+  const auto completer_id = completer.get_id();
+  completer.join();
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(ran_on, completer_id);  // the completing thread runs callbacks
+  EXPECT_TRUE(next->wait_for(0ms));
+  work->complete(std::make_exception_ptr(std::runtime_error("ignored")));  // first call wins
+  EXPECT_EQ(work->exception(), nullptr);
+  // Registered after completion: runs at once on the caller's thread.
+  WorkPtr late = work->then([&](const Work&) {
+    ++runs;
+    ran_on = std::this_thread::get_id();
+  });
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(late->is_completed());
+  EXPECT_NE(late->description().find("first"), std::string::npos);
+}
+
+TEST(Work, ThenCarriesTheErrorOfTheWorkOrOfTheCallback) {
+  using namespace std::chrono_literals;
+  auto failed = std::make_shared<Work>("failed");
+  WorkPtr after_failure = failed->then([](const Work& w) { EXPECT_NE(w.exception(), nullptr); });
+  failed->complete(std::make_exception_ptr(InvalidArgument("bad", __FILE__, __LINE__)));
+  EXPECT_THROW(after_failure->wait(0ms), InvalidArgument);
+
+  auto ok = std::make_shared<Work>("ok");
+  WorkPtr throwing = ok->then([](const Work&) { RELAXCC_THROW(CorruptPayload, "callback"); });
+  ok->complete(nullptr);
+  EXPECT_THROW(throwing->wait(), CorruptPayload);
+  EXPECT_THROW(throwing->wait_for(0ms), CorruptPayload);
+}
+
+TEST(Work, WaitForLooksWaitPoisons) {
+  using namespace std::chrono_literals;
+  auto work = std::make_shared<CountingWork>("slow");
+  WorkPtr next = work->then([](const Work&) {});
+  // wait_for: no effect while pending.
+  EXPECT_FALSE(work->wait_for(0ms));
+  EXPECT_FALSE(work->wait_for(5ms));
+  EXPECT_FALSE(next->wait_for(5ms));
+  EXPECT_EQ(work->timeouts.load(), 0);
+  // wait: Timeout, and the hook that poisons a communicator ran, also when the
+  // wait was on a Work derived with then().
+  EXPECT_THROW(work->wait(5ms), Timeout);
+  EXPECT_EQ(work->timeouts.load(), 1);
+  EXPECT_THROW(next->wait(5ms), Timeout);
+  EXPECT_EQ(work->timeouts.load(), 2);
+  std::thread completer([&] {
+    std::this_thread::sleep_for(20ms);
+    work->complete(nullptr);
+  });
+  EXPECT_TRUE(next->wait_for(10s));
+  completer.join();
+  EXPECT_TRUE(work->wait_for(0ms));
+  EXPECT_NO_THROW(work->wait(0ms));
 }
 
 }  // namespace

@@ -512,6 +512,65 @@ TEST(Async, ConcurrentPrioritiesCompleteCorrectly) {
 // Two communicators of one process trace into two files, each a whole
 // JSON array of well-formed events (they once shared one file and
 // interleaved their writes).
+// Stages submitted at once, each to run after the one before, on two
+// communicators: each reads its input only once the stage before completed
+// (recursive doubling's and allgather's local copies included).
+TEST(After, StagesOnTwoCommunicatorsReadTheirInputInOrder) {
+  auto comm = world();
+  auto other = comm->split(0, comm->rank());
+  const int n = comm->size(), r = comm->rank();
+  for (int64_t count : {int64_t{1}, int64_t{1001}, int64_t{(1 << 16) + 3}}) {
+    Buffer b(DType::i64, count), out(DType::i64, count), gathered(DType::i64, count * n);
+    test::fill(b, r);
+    WorkPtr first = comm->allreduce(b.view(), ExecContext::host());
+    AllreduceOptions second_options;
+    second_options.after = first;
+    WorkPtr second = other->allreduce(b.view(), out.view(), ExecContext::host(), second_options);
+    AllgatherOptions third_options;
+    third_options.after = second;
+    WorkPtr third = comm->allgather(out.view(), gathered.view(), ExecContext::host(), third_options);
+    BroadcastOptions fourth_options;
+    fourth_options.after = third;
+    fourth_options.root = n - 1;
+    WorkPtr fourth = other->broadcast(out.view(), ExecContext::host(), fourth_options);
+    fourth->wait();
+    EXPECT_TRUE(first->is_completed() && second->is_completed() && third->is_completed());
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t sum = test::expected_reduction<int64_t>(i, ReduceOp::sum, n);
+      ASSERT_EQ(b.as<int64_t>()[i], sum) << "count " << count << " index " << i;
+      ASSERT_EQ(out.as<int64_t>()[i], n * sum) << "count " << count << " index " << i;
+      for (int p = 0; p < n; ++p) ASSERT_EQ(gathered.as<int64_t>()[p * count + i], n * sum);
+    }
+  }
+}
+
+// An operation submitted after a Work keeps its place in the order but starts
+// only when the Work completes: later operations of the ring and recursive
+// doubling go past it, and it reads the data written before the Work completed.
+TEST(After, WaitsForItsDependencyWithoutHoldingUpLaterOperations) {
+  using namespace std::chrono_literals;
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (int64_t count : {int64_t{0}, int64_t{7}, int64_t{(1 << 16) + 3}}) {
+    auto gate = std::make_shared<Work>("gate");
+    Buffer held(DType::i32, count), free(DType::i32, count);
+    test::fill(free, r);
+    AllreduceOptions o;
+    o.after = gate;
+    WorkPtr waiting = comm->allreduce(held.view(), ExecContext::host(), o);
+    WorkPtr later = comm->allreduce(free.view(), ExecContext::host());
+    later->wait();
+    EXPECT_FALSE(waiting->wait_for(20ms)) << "count " << count;
+    test::fill(held, r, 3);  // written after the call, before the gate opens
+    gate->complete(nullptr);
+    waiting->wait();
+    for (int64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(free.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, n));
+      ASSERT_EQ(held.as<int32_t>()[i], test::expected_reduction<int32_t>(i + 3, ReduceOp::sum, n));
+    }
+  }
+}
+
 TEST(Stats, TraceFilePerCommunicator) {
   int pid0 = static_cast<int>(getpid());
   MPI_Bcast(&pid0, 1, MPI_INT, 0, MPI_COMM_WORLD);

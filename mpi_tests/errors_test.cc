@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -237,6 +238,67 @@ TEST(Handshake, DifferentConfigurationRaisesEverywhere) {
   if (test::world_rank() == 1) o.tunables.segment_bytes *= 2;
   const std::string what = expect_throw<PeerMismatch>([&] { create_mpi_communicator(o); });
   EXPECT_NE(what.find("handshake"), std::string::npos) << what;
+}
+
+// ---- a stage that failed on one rank ------------------------------------------
+
+// An operation submitted after a Work that failed on rank 0 only: rank 0's
+// operation fails at once, and every other rank learns of it from the
+// protocol instead of timing out; the communicator stays usable.
+TEST(After, FailedDependencyOnOneRankFailsEveryRankFast) {
+  using Submit = std::function<WorkPtr(Buffer&, WorkPtr)>;
+  auto comm = world();
+  const int r = comm->rank();
+  const std::pair<const char*, Submit> cases[] = {
+      {"ring allreduce",
+       [&](Buffer& b, WorkPtr after) {
+         AllreduceOptions o;
+         o.algo = AllreduceAlgo::ring;
+         o.after = std::move(after);
+         o.label = "stage 2";
+         return comm->allreduce(b.view(), ExecContext::host(), o);
+       }},
+      {"recursive doubling allreduce",
+       [&](Buffer& b, WorkPtr after) {
+         AllreduceOptions o;
+         o.algo = AllreduceAlgo::recursive_doubling;
+         o.after = std::move(after);
+         return comm->allreduce(b.view(), ExecContext::host(), o);
+       }},
+      {"broadcast",
+       [&](Buffer& b, WorkPtr after) {
+         BroadcastOptions o;
+         o.after = std::move(after);
+         return comm->broadcast(b.view(), ExecContext::host(), o);
+       }},
+  };
+  for (const auto& [name, submit] : cases) {
+    for (int64_t count : {int64_t{5}, int64_t{1} << 18}) {
+      Buffer b(DType::f32, count);
+      auto gate = std::make_shared<Work>("stage 1");
+      WorkPtr work = submit(b, gate);
+      if (r == 0) gate->complete(std::make_exception_ptr(CorruptPayload("stage 1 failed here", __FILE__, __LINE__)));
+      else gate->complete(nullptr);
+      if (comm->size() == 1 && r == 0) {
+        const std::string what = expect_throw<CommunicationError>([&] { work->wait(10s); });
+        EXPECT_NE(what.find("stage 1 failed here"), std::string::npos) << what;
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string what = expect_throw<CommunicationError>([&] { work->wait(10s); });
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s) << name;
+      if (r == 0) {
+        EXPECT_NE(what.find("a stage it runs after failed"), std::string::npos) << name << ": " << what;
+        EXPECT_NE(what.find("stage 1 failed here"), std::string::npos) << name << ": " << what;
+      } else if (std::string(name) == "broadcast") {
+        EXPECT_NE(what.find("another rank could not take part"), std::string::npos) << what;
+      } else {
+        EXPECT_NE(what.find("rank 0 failed"), std::string::npos) << name << ": " << what;
+      }
+      EXPECT_FALSE(comm->poisoned());
+      expect_usable(*comm);
+    }
+  }
 }
 
 // ---- a rank that never calls -------------------------------------------------

@@ -5,12 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <thread>
 
 #include <gtest/gtest.h>
 
-#include "gradient_allreduce/gradient_allreduce.h"
-#include "local_sgd/local_sgd.h"
+#include "relaxcc/algorithms/gradient_allreduce.h"
+#include "relaxcc/algorithms/local_sgd.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/reducer.h"
 #include "test_util.h"
@@ -346,6 +347,36 @@ TEST(Hierarchical, EqualsFlatUnderEmulatedNodes) {
       ASSERT_EQ(hier.grads[i][j], flat.grads[i][j]);
       ASSERT_EQ(flat.grads[i][j], flat.expected_sum(n, i, j) / static_cast<float>(n));
     }
+}
+
+// Buckets of equal size, marked with random per-rank delays, over many steps:
+// every stage of every bucket's hierarchical allreduce must take the same
+// place in each communicator's order on every rank, or buckets mix.
+TEST(Hierarchical, EqualBucketsWithRandomDelaysStayInOrder) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  constexpr int kTensors = 6, kSteps = 40;
+  constexpr int64_t kElems = 2048;
+  Model m(std::vector<int64_t>(kTensors, kElems));
+  ReducerOptions o = fixed_buckets(kElems * 4);
+  o.timeout = 20s;
+  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, true}),
+                  ExecContext::host(), o);
+  ASSERT_EQ(reducer.plan().buckets().size(), static_cast<size_t>(kTensors));
+  std::mt19937 rng(1234 + 77 * r);
+  std::uniform_int_distribution<int> delay_us(0, 1500);
+  for (int step = 0; step < kSteps; ++step) {
+    m.fill(r, step);
+    reducer.begin_step();
+    for (int i = kTensors - 1; i >= 0; --i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+      reducer.mark_ready(Model::grad_index(i));
+    }
+    reducer.synchronize();
+    for (int i = 0; i < kTensors; ++i)
+      for (int64_t j = 0; j < kElems; ++j)
+        ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j, step)) << "step " << step << " tensor " << i << " element " << j;
+  }
 }
 
 TEST(Reducer, BadInputRaisesClearErrors) {

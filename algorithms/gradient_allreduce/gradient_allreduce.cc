@@ -1,7 +1,6 @@
-#include "gradient_allreduce.h"
+#include "relaxcc/algorithms/gradient_allreduce.h"
 
 #include "relaxcc/kernels/reduce.h"
-#include "relaxcc/work_chain.h"
 
 namespace relaxcc::algorithms {
 
@@ -21,21 +20,27 @@ WorkPtr GradientAllreduce::on_bucket_ready(const StepInfo&, int bucket, const Te
     o.label = label;
     return ctx_.comm->allreduce(data, ctx_.exec, o);
   }
+  // Every stage is submitted now, in bucket order, each to run after the one
+  // before: every stage has the same place in its communicator's order on
+  // every rank, however the stages' timings differ.
   const HierarchicalComms& h = hierarchy_;
-  const ExecContext exec = ctx_.exec;
-  const bool average = options_.average;
-  const int world = ctx_.comm->size();
   AllreduceOptions sum;
   sum.label = label;
-  return chain_works(
-      {[h, data, exec, sum] { return h.intra->allreduce(data, exec, sum); },
-       [h, data, exec, sum]() -> WorkPtr { return h.inter ? h.inter->allreduce(data, exec, sum) : nullptr; },
-       [h, data, exec] { return h.intra->broadcast(data, exec, {}); },
-       [data, exec, average, world]() -> WorkPtr {
-         if (average) kernels::finish_average(data, world, exec);
-         return nullptr;
-       }},
-      std::chrono::milliseconds(ctx_.tunables.timeout_ms), "hierarchical allreduce of " + label);
+  WorkPtr reduced = h.intra->allreduce(data, ctx_.exec, sum);
+  if (h.inter) {
+    sum.after = reduced;
+    reduced = h.inter->allreduce(data, ctx_.exec, sum);
+  }
+  BroadcastOptions down;
+  down.label = label;
+  down.after = reduced;
+  WorkPtr result = h.intra->broadcast(data, ctx_.exec, down);
+  if (!options_.average) return result;
+  const ExecContext exec = ctx_.exec;
+  const int world = ctx_.comm->size();
+  return result->then([data, exec, world](const Work& done) {
+    if (!done.exception()) kernels::finish_average(data, world, exec);
+  });
 }
 
 }  // namespace relaxcc::algorithms

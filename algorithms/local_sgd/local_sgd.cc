@@ -1,4 +1,4 @@
-#include "local_sgd.h"
+#include "relaxcc/algorithms/local_sgd.h"
 
 #include "relaxcc/errors.h"
 

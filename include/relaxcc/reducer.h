@@ -35,6 +35,7 @@
 // frontends re-fetch bucket views.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -163,7 +164,10 @@ class Reducer {
   bool no_sync_ = false;
   bool rebuilt_ = false;
 
-  std::condition_variable copier_cv_;       // work for the copy thread
+  // Moves (and wakes the copy thread) on every event it waits for: a marked
+  // gradient, a bucket's completion (a Work callback, on the engine thread),
+  // stop. Shared with those callbacks, which may outlive the Reducer.
+  std::shared_ptr<std::atomic<uint64_t>> copier_wake_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::condition_variable copier_idle_cv_;  // a copy finished
   std::deque<int> copy_in_queue_;           // marked tensors not yet in their bucket
   int copies_running_ = 0;                  // batches or buckets being copied

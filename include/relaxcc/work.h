@@ -1,45 +1,117 @@
 // Work: the handle every asynchronous relaxcc call returns.
 //
 // A Work completes exactly once, with success or with a stored exception.
-// wait() blocks with a timeout; is_completed() and exception() never block.
-// The Work keeps the operation's buffers alive (the TensorView owners it was
-// given and its internal scratch) until the transport has let go of them.
+// It keeps the operation's buffers alive (the TensorView owners it was given
+// and its internal scratch) until the transport has let go of them.
+//
+// Waiting. The rule on timeouts:
+//   - wait(timeout) is the blocking wait. When the timeout passes first it
+//     throws Timeout and POISONS the communicator the operation runs on (see
+//     communicator.h): a collective that did not finish in time leaves its
+//     peers in an unknown state, so the communicator accepts nothing more.
+//   - wait_for(timeout) and is_completed() only look: when the Work is still
+//     pending they return false and change nothing, so a caller can wait with
+//     a bound (a step deadline, a shutdown check) and go on using the
+//     communicator.
+//
+// Completion callbacks. then(callback) runs `callback` once the Work has
+// completed, successfully or not, and returns a Work that completes when the
+// callback has returned. The callback runs on the thread that completes the
+// Work: for a communicator's operation that is the communicator's engine
+// thread; for a Work that has already completed, the caller of then(), at once.
+// A callback must not block: it must not wait on any Work, take locks held
+// across a wait, or do I/O. It may read the Work's result, submit operations
+// on any communicator, register further callbacks and run short local
+// computations (scaling a bucket); longer work belongs on a thread of the
+// caller's, woken by the callback.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace relaxcc {
 
-class Work {
- public:
-  virtual ~Work() = default;
+class Work;
+using WorkPtr = std::shared_ptr<Work>;
+namespace detail {
+class ThenWork;
+}
 
-  // True once the operation finished, successfully or not.
-  virtual bool is_completed() const = 0;
+class Work : public std::enable_shared_from_this<Work> {
+ public:
+  using Callback = std::function<void(const Work&)>;
+
+  // `default_timeout`: what wait() uses when given a negative timeout
+  // (negative here: RELAXCC_TIMEOUT_MS's default). `spin`: how long wait()
+  // polls before it blocks (zero: block at once).
+  explicit Work(std::string description,
+                std::chrono::milliseconds default_timeout = std::chrono::milliseconds(-1),
+                std::chrono::microseconds spin = std::chrono::microseconds(0));
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // True once the operation finished, successfully or not. Never blocks.
+  bool is_completed() const noexcept { return done_.load(std::memory_order_acquire); }
 
   // Waits until the operation finished and rethrows its exception, if any.
   // A negative timeout uses the communicator's default (RELAXCC_TIMEOUT_MS).
   // When the timeout passes first, throws Timeout naming the operation, its
   // sequence number, tag, peers and the elapsed time, and POISONS the
-  // communicator the operation runs on (see Communicator).
-  virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) = 0;
+  // communicator the operation runs on.
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+
+  // Waits at most `timeout` without side effects: false while the operation
+  // is still pending; true once it finished, rethrowing its exception if it
+  // failed. A zero timeout tests without blocking.
+  bool wait_for(std::chrono::milliseconds timeout);
 
   // The stored exception of a completed operation; null while pending or on
   // success.
-  virtual std::exception_ptr exception() const = 0;
+  std::exception_ptr exception() const;
+
+  // Runs `callback` after completion (see above) and returns a Work that
+  // completes once the callback returned: with the callback's exception if it
+  // threw, otherwise with this Work's. Waiting on the returned Work with an
+  // expiring wait() poisons what waiting on this one would.
+  WorkPtr then(Callback callback, std::string description = {});
 
   // Makes work enqueued later on `stream` (a cudaStream_t) wait for this
   // operation, without blocking the host. Host operations accept only a null
   // stream (there is nothing to order) and throw Unsupported otherwise.
-  virtual void block_stream(void* stream) = 0;
+  virtual void block_stream(void* stream);
 
   // "allreduce #12 (ring, tag 49, peers 1,3)": what this Work is for.
-  virtual std::string description() const = 0;
-};
+  const std::string& description() const noexcept { return description_; }
 
-using WorkPtr = std::shared_ptr<Work>;
+  // Completes the Work with `error` (null: success) and runs its callbacks on
+  // the calling thread. Only the first call has an effect. For code that
+  // produces Works: transports, and algorithms that compose them.
+  void complete(std::exception_ptr error);
+
+ protected:
+  // Called (once per expired wait) when wait() times out, before it throws:
+  // a transport's Work poisons its communicator here.
+  virtual void on_timeout(const std::string& reason);
+
+ private:
+  friend class detail::ThenWork;
+  const std::string description_;
+  const std::chrono::milliseconds default_timeout_;
+  const std::chrono::microseconds spin_;
+  const std::chrono::steady_clock::time_point created_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};  // set under mutex_ after error_
+  std::exception_ptr error_;
+  std::vector<Callback> callbacks_;
+};
 
 }  // namespace relaxcc

@@ -27,6 +27,11 @@ char* slot_ptr(const TensorView& storage, const BucketEntry& e, DType dtype) {
   return static_cast<char*>(storage.data) + e.offset * static_cast<int64_t>(dtype_size(dtype));
 }
 
+void wake_copier(std::atomic<uint64_t>& wake) {
+  wake.fetch_add(1);
+  wake.notify_all();
+}
+
 // Waits for every Work and rethrows the first failure.
 void wait_all(std::vector<WorkPtr>& works, std::chrono::milliseconds timeout) {
   std::exception_ptr first;
@@ -116,7 +121,7 @@ Reducer::~Reducer() {
     std::lock_guard<std::mutex> lock(mutex_);
     copier_stop_ = true;
   }
-  copier_cv_.notify_all();
+  wake_copier(*copier_wake_);
   if (copier_.joinable()) copier_.join();
   try {
     algorithm_->shutdown(timeout());
@@ -270,7 +275,7 @@ void Reducer::mark_ready(int index) {
   if (no_sync_) return;
   if (!options_.gradient_as_bucket_view) {
     copy_in_queue_.push_back(index);
-    copier_cv_.notify_one();
+    wake_copier(*copier_wake_);
     return;
   }
   --pending_[plan_.locate(index).first];
@@ -284,15 +289,15 @@ void Reducer::copier_loop() {
       copy_in_next(lock);
       continue;
     }
+    // Read before looking: whatever happens after it (a marked gradient, a
+    // bucket's completion callback, stop) moves the counter, so the wait
+    // below returns at once.
+    const uint64_t seen = copier_wake_->load();
     copy_out_completed(lock);
-    if (next_copy_out_ < next_dispatch_) {
-      // A bucket is on the wire: poll its Work (it has no completion callback).
-      copier_cv_.wait_for(lock, std::chrono::microseconds(200));
-    } else {
-      copier_cv_.wait(lock, [this] {
-        return copier_stop_ || !copy_in_queue_.empty() || next_copy_out_ < next_dispatch_;
-      });
-    }
+    if (copier_stop_ || !copy_in_queue_.empty()) continue;
+    lock.unlock();
+    copier_wake_->wait(seen);
+    lock.lock();
   }
 }
 
@@ -344,7 +349,11 @@ void Reducer::dispatch_ready_buckets_locked() {
   const int nb = static_cast<int>(plan_.buckets().size());
   while (next_dispatch_ < nb && pending_[next_dispatch_] == 0) {
     const TensorView& data = storage_[next_dispatch_];
-    works_[next_dispatch_] = algorithm_->on_bucket_ready(StepInfo{step_}, next_dispatch_, data);
+    WorkPtr& work = works_[next_dispatch_];
+    work = algorithm_->on_bucket_ready(StepInfo{step_}, next_dispatch_, data);
+    // The copy thread copies the bucket back once it completed.
+    if (work && !options_.gradient_as_bucket_view)
+      work->then([wake = copier_wake_](const Work&) { wake_copier(*wake); });
     dispatch_times_.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count());
     ++next_dispatch_;

@@ -35,20 +35,7 @@ std::vector<int> first_contacts(int rank, int size) {
 }
 
 void EdgeOp::start(Transport& t) {
-  header_.seq = seq();
-  started_ = true;
-  for (int rank : first_contacts(t.rank(), t.size())) {
-    const bool known =
-        std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
-    if (!known) add_peer(rank, 0, 0);
-  }
-  for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
-    Peer& p = peers_[pi];
-    // No peer's header message exceeds this (same library, same constant).
-    p.header_buf.resize(sizeof(OpHeader) + kInlineBytes);
-    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_buf.size(), p.rank,
-            tag(Channel::header, t));
-  }
+  open_edges(t);
   // The first run() posts what is ready; small first messages go inline.
   collecting_inline_ = true;
   run(t);
@@ -63,6 +50,30 @@ void EdgeOp::start(Transport& t) {
             tag(Channel::data, t));
   deferred_.clear();
   check_finished(t);
+}
+
+void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
+  // Headers and abort records to every peer, data to none: they fail too.
+  open_edges(t);
+  fail(t, error, abort_cause(error).reason, AbortKind::error);
+  check_finished(t);
+}
+
+void EdgeOp::open_edges(Transport& t) {
+  header_.seq = seq();
+  started_ = true;
+  for (int rank : first_contacts(t.rank(), t.size())) {
+    const bool known =
+        std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
+    if (!known) add_peer(rank, 0, 0);
+  }
+  for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
+    Peer& p = peers_[pi];
+    // No peer's header message exceeds this (same library, same constant).
+    p.header_buf.resize(sizeof(OpHeader) + kInlineBytes);
+    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_buf.size(), p.rank,
+            tag(Channel::header, t));
+  }
 }
 
 void EdgeOp::progress(Transport& t) {

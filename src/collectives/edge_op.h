@@ -29,6 +29,8 @@
 // different algorithms (the ring here, recursive doubling there) still
 // receive each other's headers, see the mismatch, and nobody waits for a
 // header that never comes.
+// An operation whose dependency failed (start_failed) opens its edges and
+// fails at once: its peers get its header and an abort record, no data.
 // A poisoned communicator aborts hard instead: cancel receives, tell peers,
 // finish at once; sends that never complete stay parked in the engine.
 #pragma once
@@ -56,6 +58,7 @@ class EdgeOp : public Operation {
   EdgeOp(std::string name, int priority, std::string label);
 
   void start(Transport& t) final;
+  void start_failed(Transport& t, std::exception_ptr error) final;
   void progress(Transport& t) final;
   void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) final;
   void abort(Transport& t, std::exception_ptr error) final;
@@ -123,6 +126,8 @@ class EdgeOp : public Operation {
     return (static_cast<int64_t>(kind) << 56) | (static_cast<int64_t>(pi) << 40) | index;
   }
 
+  // start(): first contacts, this rank's edges and their header receives.
+  void open_edges(Transport& t);
   void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
   void send_abort(Transport& t, int pi);
   void post_abort_recv(Transport& t, int pi);

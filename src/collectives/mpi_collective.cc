@@ -4,9 +4,9 @@
 
 namespace relaxcc::mpi {
 
-MpiCollectiveOp::MpiCollectiveOp(std::string name, std::string label, std::vector<OpHeader> headers,
-                                 Launch launch, After after)
-    : Operation(std::move(name), 0),
+MpiCollectiveOp::MpiCollectiveOp(std::string name, int priority, std::string label,
+                                 std::vector<OpHeader> headers, Launch launch, After after)
+    : Operation(std::move(name), priority),
       label_(std::move(label)),
       out_(std::move(headers)),
       in_(out_.size()),
@@ -15,12 +15,19 @@ MpiCollectiveOp::MpiCollectiveOp(std::string name, std::string label, std::vecto
 
 void MpiCollectiveOp::start(Transport& t) {
   for (auto& h : out_) h.seq = seq();
-  t.lane_join(*this);
   progress(t);
 }
 
+void MpiCollectiveOp::start_failed(Transport& t, std::exception_ptr error) {
+  // Takes part in the header exchange and the verdict, so that every rank
+  // fails instead of waiting for this one; never runs the data collective.
+  upstream_ = std::move(error);
+  local_verdict_ = kUpstreamFailed;
+  start(t);
+}
+
 void MpiCollectiveOp::progress(Transport& t) {
-  if (stage_ != kWaitLane || !t.lane_front(*this)) return;
+  if (stage_ != kWaitTurn || !t.collective_turn(*this)) return;
   stage_ = kHeaders;
   MPI_Request req;
   check_mpi(MPI_Ialltoall(out_.data(), sizeof(OpHeader), MPI_BYTE, in_.data(), sizeof(OpHeader),
@@ -38,7 +45,7 @@ void MpiCollectiveOp::on_complete(Transport& t, int64_t slot, const MPI_Status&,
       const int me = t.rank();
       for (int p = 0; p < static_cast<int>(in_.size()) && local_verdict_ == 0; ++p) {
         if (!same_call(out_[p], in_[p])) {
-          local_verdict_ = 1;
+          local_verdict_ = kMismatch;
           mismatch_ = detail::concat("rank ", me, " calls ", describe(out_[p]), ", rank ", p,
                                      " calls ", describe(in_[p]));
         }
@@ -53,11 +60,22 @@ void MpiCollectiveOp::on_complete(Transport& t, int64_t slot, const MPI_Status&,
     case kVerdict: {
       if (global_verdict_ != 0) {
         const std::string where = detail::concat(name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'");
-        const std::string what = local_verdict_
-            ? detail::concat(where, ": ranks disagree: ", mismatch_)
-            : detail::concat(where, ": ranks disagree: another rank's call differs from its peer's "
-                                    "(this rank calls ", describe(out_[t.rank()]), ")");
-        set_error(std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)));
+        if (local_verdict_ == kUpstreamFailed) {
+          set_error(upstream_);
+        } else if (local_verdict_ == kMismatch) {
+          set_error(std::make_exception_ptr(
+              PeerMismatch(detail::concat(where, ": ranks disagree: ", mismatch_), __FILE__, __LINE__)));
+        } else if (global_verdict_ == kMismatch) {
+          set_error(std::make_exception_ptr(PeerMismatch(
+              detail::concat(where, ": ranks disagree: another rank's call differs from its peer's "
+                                    "(this rank calls ", describe(out_[t.rank()]), ")"),
+              __FILE__, __LINE__)));
+        } else {
+          set_error(std::make_exception_ptr(CommunicationError(
+              detail::concat(where, ": another rank could not take part (a stage it runs after "
+                                    "failed there)"),
+              __FILE__, __LINE__)));
+        }
         finish(t);
         return;
       }
@@ -88,7 +106,7 @@ void MpiCollectiveOp::finish(Transport& t) {
   }
   stage_ = kDone;
   done_ = true;
-  t.lane_leave(*this);
+  t.end_collective_turn(*this);
 }
 
 void MpiCollectiveOp::abort(Transport& t, std::exception_ptr error) {
@@ -96,13 +114,13 @@ void MpiCollectiveOp::abort(Transport& t, std::exception_ptr error) {
   set_error(std::move(error));
   if (!done_) {
     done_ = true;
-    t.lane_leave(*this);
+    t.end_collective_turn(*this);
   }
 }
 
 std::string MpiCollectiveOp::waiting_for() const {
   switch (stage_) {
-    case kWaitLane: return "earlier collectives on this communicator";
+    case kWaitTurn: return "earlier collectives on this communicator";
     case kHeaders: return "every rank to enter (header exchange)";
     case kVerdict: return "every rank's verdict";
     case kData: return "the MPI collective";

@@ -1,12 +1,13 @@
 // MpiCollectiveOp: collectives that wrap MPI's own non-blocking collectives
 // (broadcast, alltoall(v), barrier, and the communicator handshake and split).
 //
-// Stages, all in the engine's collective lane so every rank starts MPI
-// collectives in the same order:
+// Stages, all in the operation's collective turn (Transport::collective_turn)
+// so every rank starts MPI collectives in the same order:
 //   1. MPI_Ialltoall of per-peer OpHeaders: every rank checks every peer's
 //      header against its own (counts, dtypes, and per-edge counts);
 //   2. MPI_Iallreduce(MAX) of the verdicts, so a disagreement anywhere raises
-//      PeerMismatch on every rank;
+//      PeerMismatch on every rank (and a rank whose dependency failed,
+//      start_failed, makes every rank fail with CommunicationError);
 //   3. the data collective (if any), then an optional engine-thread action
 //      (the split itself).
 // Stages 1 and 2 complete only once every rank has entered, which makes the
@@ -29,10 +30,12 @@ class MpiCollectiveOp final : public Operation {
   using After = std::function<void(MPI_Comm)>;
 
   // `headers[p]` is what this rank tells rank p (per-edge fields set).
-  MpiCollectiveOp(std::string name, std::string label, std::vector<OpHeader> headers, Launch launch,
-                  After after = {});
+  MpiCollectiveOp(std::string name, int priority, std::string label, std::vector<OpHeader> headers,
+                  Launch launch, After after = {});
 
   void start(Transport& t) override;
+  void start_failed(Transport& t, std::exception_ptr error) override;
+  bool uses_mpi_collectives() const override { return true; }
   void progress(Transport& t) override;
   void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
   void abort(Transport& t, std::exception_ptr error) override;
@@ -40,16 +43,19 @@ class MpiCollectiveOp final : public Operation {
   std::string waiting_for() const override;
 
  private:
-  enum Stage { kWaitLane, kHeaders, kVerdict, kData, kDone };
+  enum Stage { kWaitTurn, kHeaders, kVerdict, kData, kDone };
+  // Verdicts, ordered: the largest over all ranks wins.
+  enum Verdict : int { kAgree = 0, kMismatch = 1, kUpstreamFailed = 2 };
   void finish(Transport& t);
 
   std::string label_;
   std::vector<OpHeader> out_, in_;
   Launch launch_;
   After after_;
-  Stage stage_ = kWaitLane;
+  Stage stage_ = kWaitTurn;
   int local_verdict_ = 0, global_verdict_ = 0;
   std::string mismatch_;
+  std::exception_ptr upstream_;  // start_failed's error
   bool done_ = false;
 };
 

@@ -98,13 +98,12 @@ void Transport::cancel_receives(Operation& op, int64_t slot) {
   }
 }
 
-void Transport::lane_join(const Operation& op) { engine_.lane_.push_back(&op); }
-bool Transport::lane_front(const Operation& op) const {
-  return !engine_.lane_.empty() && engine_.lane_.front() == &op;
+bool Transport::collective_turn(const Operation& op) const {
+  return !engine_.collective_turns_.empty() && engine_.collective_turns_.front() == &op;
 }
-void Transport::lane_leave(const Operation& op) {
-  auto& lane = engine_.lane_;
-  lane.erase(std::remove(lane.begin(), lane.end(), &op), lane.end());
+void Transport::end_collective_turn(const Operation& op) {
+  auto& turns = engine_.collective_turns_;
+  turns.erase(std::remove(turns.begin(), turns.end(), &op), turns.end());
 }
 
 bool Transport::throttled(const Operation& op) const {
@@ -128,7 +127,11 @@ Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Polling
       tunables_(std::move(tunables)),
       polling_(polling),
       transport_(*this),
-      scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)) {
+      scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)),
+      doorbell_(std::make_shared<Doorbell>()),
+      mutex_(doorbell_->mutex),
+      cv_(doorbell_->cv),
+      signalled_(doorbell_->signalled) {
   MPI_Comm_rank(coll_comm_, &rank_);
   MPI_Comm_size(coll_comm_, &size_);
   int* ub = nullptr;
@@ -163,8 +166,19 @@ Engine::~Engine() {
   if (trace_.is_open()) trace_ << "\n]\n";
 }
 
-std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::string& details) {
+void Doorbell::ring_released() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    released = true;
+    signalled.store(true, std::memory_order_release);
+  }
+  cv.notify_all();
+}
+
+std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::string& details,
+                                     WorkPtr after) {
   std::shared_ptr<EngineWork> work;
+  std::weak_ptr<Operation> waiting = op;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (poisoned_.load())
@@ -177,13 +191,21 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
         detail::concat(op->name(), " #", op->seq_, " (tag ",
                        collective_tag(op->seq_, Channel::header, max_tag_), ", ", details, ")"),
         std::chrono::milliseconds(tunables_.timeout_ms),
-        std::chrono::microseconds(polling_.callers_poll ? tunables_.spin_us : 0),
-        [this](const std::string& reason) { poison(reason); });
+        std::chrono::microseconds(polling_.callers_poll ? tunables_.spin_us : 0), weak_from_this());
     op->work_ = work;
+    op->after_ = after;
     queue_.push_back(std::move(op));
     signalled_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
+  // Registered after the operation is queued: a dependency that already
+  // completed runs the callback here, at once.
+  if (after) {
+    after->then([bell = doorbell_, waiting](const Work&) {
+      if (auto waiter = waiting.lock()) waiter->released_.store(true, std::memory_order_release);
+      bell->ring_released();
+    });
+  }
   return work;
 }
 
@@ -312,7 +334,46 @@ void Engine::trace_event(const std::string& name, const char* cat, int tid, Cloc
   trace_first_ = false;
 }
 
+void Engine::fail_waiting(const std::string& reason) {
+  for (const auto& op : waiting_) {
+    op->set_error(std::make_exception_ptr(CommunicationError(
+        detail::concat(op->name(), " #", op->seq(), " did not start: ", reason), __FILE__, __LINE__)));
+    transport_.end_collective_turn(*op);
+    op->work_->complete(op->error());
+  }
+  waiting_.clear();
+}
+
+void Engine::start(const std::shared_ptr<Operation>& op) {
+  // A failed dependency: the operation fails too, and tells its peers.
+  std::exception_ptr failed;
+  if (op->after_) {
+    if (std::exception_ptr e = op->after_->exception()) {
+      failed = std::make_exception_ptr(CommunicationError(
+          detail::concat(op->name(), " #", op->seq(), ": a stage it runs after failed: ",
+                         op->after_->description(), ": ", abort_cause(e).reason),
+          __FILE__, __LINE__));
+    }
+    op->after_.reset();
+  }
+  auto pos = std::find_if(active_.begin(), active_.end(), [&](const auto& other) {
+    return other->priority() < op->priority();
+  });
+  Operation& ref = **active_.insert(pos, op);
+  try {
+    if (failed) {
+      ref.start_failed(transport_, failed);
+    } else {
+      if (ref.prologue_) std::exchange(ref.prologue_, nullptr)();
+      ref.start(transport_);
+    }
+  } catch (...) {
+    ref.abort(transport_, std::current_exception());
+  }
+}
+
 void Engine::abort_all(const std::string& reason, bool) {
+  fail_waiting(detail::concat("the communicator is poisoned (", reason, ")"));
   for (const auto& op : active_) {
     if (op->done() && op->pending_ == 0) continue;
     auto err = std::make_exception_ptr(CommunicatorPoisoned(
@@ -362,6 +423,7 @@ void Engine::loop() {
       while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin) sched_yield();
     }
     bool apply_poison = false;
+    bool released = false;
     // signalled_ is set under mutex_ whenever the queue, stop_ or the poison
     // flag changes, so a clear flag means there is nothing to pick up.
     if (active_.empty() || signalled_.load(std::memory_order_acquire)) {
@@ -369,12 +431,14 @@ void Engine::loop() {
       if (active_.empty() && queue_.empty()) {
         if (stop_) break;
         cv_.wait(lock, [&] {
-          return stop_ || !queue_.empty() || (poisoned_.load() && !poison_applied_);
+          return stop_ || !queue_.empty() || doorbell_->released ||
+                 (poisoned_.load() && !poison_applied_);
         });
         if (stop_ && queue_.empty() && active_.empty()) break;
       }
       incoming.swap(queue_);
       signalled_.store(false, std::memory_order_relaxed);
+      released = std::exchange(doorbell_->released, false);
 
       if (poisoned_.load() && !poison_applied_) {
         poison_applied_ = true;
@@ -394,6 +458,8 @@ void Engine::loop() {
       }
     }
     if (apply_poison) abort_all(poison_reason_, true);
+    // Operations arrive in sequence order: they take their turns now, and
+    // start now unless they wait for a dependency.
     for (auto& op : incoming) {
       op->started_ = Clock::now();
       if (poisoned_.load()) {
@@ -403,14 +469,20 @@ void Engine::loop() {
         op->work_->complete(op->error());
         continue;
       }
-      auto pos = std::find_if(active_.begin(), active_.end(), [&](const auto& other) {
-        return other->priority() < op->priority();
+      if (op->uses_mpi_collectives()) collective_turns_.push_back(op.get());
+      if (op->after_ && !op->released_.load(std::memory_order_acquire)) waiting_.push_back(op);
+      else start(op);
+    }
+    if (released) {
+      auto it = std::stable_partition(waiting_.begin(), waiting_.end(), [](const auto& op) {
+        return !op->released_.load(std::memory_order_acquire);
       });
-      Operation& ref = **active_.insert(pos, op);
-      try {
-        ref.start(transport_);
-      } catch (...) {
-        ref.abort(transport_, std::current_exception());
+      std::vector<std::shared_ptr<Operation>> ready(std::make_move_iterator(it),
+                                                    std::make_move_iterator(waiting_.end()));
+      waiting_.erase(it, waiting_.end());
+      for (const auto& op : ready) {
+        op->started_ = Clock::now();
+        start(op);
       }
     }
     for (size_t i = 0; i < active_.size(); ++i) {
@@ -421,7 +493,7 @@ void Engine::loop() {
         op.abort(transport_, std::current_exception());
       }
     }
-    bool progressed = !incoming.empty();
+    bool progressed = !incoming.empty() || released;
     incoming.clear();
     test_requests(progressed);
     retire_finished();
@@ -448,10 +520,11 @@ void Engine::loop() {
     sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
-      return !queue_.empty() || (poisoned_.load() && !poison_applied_);
+      return !queue_.empty() || doorbell_->released || (poisoned_.load() && !poison_applied_);
     });
     if (trace_.is_open()) trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
   }
+  fail_waiting("the communicator was destroyed before the Work it runs after completed");
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (num_pending_ == 0 && !finalized) {
@@ -478,48 +551,8 @@ void Engine::drain_on_shutdown() {
 
 // ---- EngineWork --------------------------------------------------------------
 
-bool EngineWork::is_completed() const {
-  return done_.load(std::memory_order_acquire);
-}
-
-std::exception_ptr EngineWork::exception() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
-}
-
-void EngineWork::complete(std::exception_ptr error) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_.load(std::memory_order_relaxed)) return;
-    error_ = std::move(error);
-    done_.store(true, std::memory_order_release);
-  }
-  cv_.notify_all();
-}
-
-void EngineWork::wait(std::chrono::milliseconds timeout) {
-  if (timeout.count() < 0) timeout = default_timeout_;
-  if (spin_.count() > 0) {
-    const auto spin_until = Clock::now() + spin_;
-    while (!done_.load(std::memory_order_acquire) && Clock::now() < spin_until) sched_yield();
-  }
-
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, timeout, [this] { return done_.load(std::memory_order_relaxed); })) {
-    lock.unlock();
-    const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
-    const std::string reason = detail::concat("timeout of ", description_);
-    on_timeout_(reason);
-    RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
-                  " ms (elapsed ", elapsed.count(), " ms since it was posted); the communicator "
-                  "is now poisoned");
-  }
-  if (error_) std::rethrow_exception(error_);
-}
-
-void EngineWork::block_stream(void* stream) {
-  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description_,
-                  ": block_stream on a host operation (call wait())");
+void EngineWork::on_timeout(const std::string& reason) {
+  if (auto engine = engine_.lock()) engine->poison(reason);
 }
 
 }  // namespace relaxcc::mpi

@@ -1,8 +1,9 @@
 // The communication engine of one MPI communicator.
 //
 // One engine thread owns every MPI call on the communicator. Operations are
-// resumable state machines: the engine starts them in submission order,
-// lets them post requests (in priority order, so that a large low-priority
+// resumable state machines. Each takes its sequence number (and so its tags)
+// when it is submitted; the engine starts it then, or, when it was submitted
+// to run after another Work, once that Work completed. It lets them post requests (in priority order, so that a large low-priority
 // operation yields the network to a high-priority one), tests every pending
 // request with MPI_Testsome, and hands completions back to their operation.
 // When nothing is pending the thread sleeps on a condition variable (in
@@ -68,12 +69,13 @@ class Transport {
   // irecv and not cancelled before; others are left to complete).
   void cancel_receives(Operation& op, int64_t slot);
 
-  // The collective lane: operations that start MPI's own non-blocking
-  // collectives take it one at a time, in submission order, so every rank
-  // starts those collectives in the same order.
-  void lane_join(const Operation& op);
-  bool lane_front(const Operation& op) const;
-  void lane_leave(const Operation& op);
+  // Operations that start MPI's own non-blocking collectives
+  // (Operation::uses_mpi_collectives) take turns, in sequence order, so
+  // every rank starts those collectives in the same order: `op` may start
+  // its collectives while collective_turn(op) holds, and gives the turn up
+  // with end_collective_turn(op).
+  bool collective_turn(const Operation& op) const;
+  void end_collective_turn(const Operation& op);
 
   // A higher-priority operation is active: post one segment at a time.
   bool throttled(const Operation& op) const;
@@ -95,8 +97,13 @@ class Operation {
   Operation(std::string name, int priority) : name_(std::move(name)), priority_(priority) {}
   virtual ~Operation() = default;
 
-  // Posts the first requests. Called once, in submission order.
+  // Posts the first requests. Called once: in submission order, or once the
+  // Work it runs after completed.
   virtual void start(Transport& t) = 0;
+  // Called instead of start() when the Work it runs after failed with
+  // `error`: fail, telling the peers where the protocol allows. The default
+  // aborts without starting (the peers see their own timeout).
+  virtual void start_failed(Transport& t, std::exception_ptr error) { abort(t, std::move(error)); }
   // Posts whatever can be posted now. Called every engine iteration.
   virtual void progress(Transport&) {}
   // Request `slot` completed. `error` is the MPI error code (MPI_SUCCESS).
@@ -110,9 +117,17 @@ class Operation {
   // (their tags derive from it), so every rank numbers them alike.
   // Point-to-point operations involve only some ranks and count separately.
   virtual bool collective() const { return true; }
+  // Starts MPI's own collectives (see Transport::collective_turn).
+  virtual bool uses_mpi_collectives() const { return false; }
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
+
+  // A local step the operation needs before start() (a copy of its input
+  // into its output, say); runs on the engine thread, not before
+  // start_failed(). The communicator runs such steps itself, at the call,
+  // for operations that start at once.
+  void set_prologue(std::function<void()> prologue) { prologue_ = std::move(prologue); }
 
   const std::string& name() const { return name_; }
   int priority() const { return priority_; }
@@ -141,9 +156,28 @@ class Operation {
   bool stall_reported_ = false;
   bool work_completed_ = false;
   std::shared_ptr<EngineWork> work_;
+  // Submitted to run after this Work; reset when the operation starts.
+  WorkPtr after_;
+  std::function<void()> prologue_;
+  // Set (by after_'s completion callback, any thread) once after_ completed.
+  std::atomic<bool> released_{false};
 };
 
-class Engine {
+// How other threads hand the engine thread something to do (new operations,
+// released dependencies, stop, poison). Shared with dependency callbacks,
+// which may run after the engine is gone.
+struct Doorbell {
+  std::mutex mutex;
+  std::condition_variable cv;
+  // Set (under mutex) when the queue, stop, poison or released changed;
+  // cleared by the engine thread when it picks them up. Lets the loop skip
+  // the mutex.
+  std::atomic<bool> signalled{false};
+  bool released = false;  // a waiting operation's dependency completed (under mutex)
+  void ring_released();
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
  public:
   enum class Backoff { sleep, yield };
   // How the engine and its callers wait (RELAXCC_ENGINE_POLL, the node's layout).
@@ -163,9 +197,12 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Enqueues `op` with the next sequence number and returns its Work, whose
-  // description reads "<name> #<seq> <details>".
-  // Throws CommunicatorPoisoned when the engine is poisoned.
-  std::shared_ptr<Work> submit(std::shared_ptr<Operation> op, const std::string& details);
+  // description reads "<name> #<seq> <details>". With `after`, the operation
+  // keeps that place but starts only once `after` completed (OpOptions).
+  // Throws CommunicatorPoisoned when the engine is poisoned. The engine must
+  // be owned by a shared_ptr (its Works hold weak references to it).
+  std::shared_ptr<Work> submit(std::shared_ptr<Operation> op, const std::string& details,
+                               WorkPtr after = nullptr);
 
   void poison(const std::string& reason);
   bool poisoned() const { return poisoned_.load(); }
@@ -193,6 +230,10 @@ class Engine {
   };
 
   void loop();
+  // Starts `op` (its dependency, if any, completed).
+  void start(const std::shared_ptr<Operation>& op);
+  // Completes every operation still waiting for its dependency with `reason`.
+  void fail_waiting(const std::string& reason);
   int add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer, bool send,
                   bool recv);
   void test_requests(bool& progressed);
@@ -215,28 +256,28 @@ class Engine {
   Transport transport_;
   std::shared_ptr<ScratchPool> scratch_;
 
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
+  std::shared_ptr<Doorbell> doorbell_;
+  std::mutex& mutex_;
+  std::condition_variable& cv_;
+  std::atomic<bool>& signalled_;
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
   uint64_t next_seq_ = 1;
   uint64_t next_p2p_seq_ = 1;
   std::atomic<bool> poisoned_{false};
-  // Set (under mutex_) when queue_, stop_ or poisoned_ changed; cleared by
-  // the engine thread when it picks them up. Lets the loop skip the mutex.
-  std::atomic<bool> signalled_{false};
   std::string poison_reason_;
   bool poison_applied_ = false;
 
   // Engine-thread state.
   std::vector<std::shared_ptr<Operation>> active_;  // sorted by priority, then seq
+  std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
   std::vector<MPI_Request> requests_;
   std::vector<Pending> pending_;
   std::vector<int> free_slots_;
   int num_pending_ = 0;
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
-  std::deque<const Operation*> lane_;
+  std::deque<const Operation*> collective_turns_;  // uses_mpi_collectives, in seq order
 
   // Counters (written by the engine thread, read under mutex_).
   CommStats stats_;
@@ -246,36 +287,19 @@ class Engine {
   std::thread thread_;
 };
 
-// The Work of an engine operation.
-class EngineWork : public Work {
+// The Work of an engine operation: an expiring wait() poisons the engine
+// (if it still exists).
+class EngineWork final : public Work {
  public:
-  // wait() polls for `spin` before blocking (zero when ranks share cores).
-  EngineWork(std::string description, std::chrono::milliseconds default_timeout, std::chrono::microseconds spin,
-             std::function<void(const std::string&)> on_timeout)
-      : description_(std::move(description)),
-        default_timeout_(default_timeout),
-        spin_(spin),
-        on_timeout_(std::move(on_timeout)),
-        created_(Clock::now()) {}
+  EngineWork(std::string description, std::chrono::milliseconds default_timeout,
+             std::chrono::microseconds spin, std::weak_ptr<Engine> engine)
+      : Work(std::move(description), default_timeout, spin), engine_(std::move(engine)) {}
 
-  bool is_completed() const override;
-  void wait(std::chrono::milliseconds timeout) override;
-  std::exception_ptr exception() const override;
-  void block_stream(void* stream) override;
-  std::string description() const override { return description_; }
-
-  void complete(std::exception_ptr error);
+ protected:
+  void on_timeout(const std::string& reason) override;
 
  private:
-  const std::string description_;
-  const std::chrono::milliseconds default_timeout_;
-  const std::chrono::microseconds spin_;
-  const std::function<void(const std::string&)> on_timeout_;
-  const Clock::time_point created_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};  // set under mutex_ after error_; read without it too
-  std::exception_ptr error_;
+  const std::weak_ptr<Engine> engine_;
 };
 
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.

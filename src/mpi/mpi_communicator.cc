@@ -112,7 +112,7 @@ class MpiCommunicator final : public Communicator {
       : selection_(AllreduceSelection::parse(tunables.allreduce_algo)),
         polling_(polling),
         shared_memory_(one_node ? std::make_shared<SharedMemory>() : nullptr),
-        engine_(std::make_unique<Engine>(coll, p2p, std::move(tunables), polling)) {}
+        engine_(std::make_shared<Engine>(coll, p2p, std::move(tunables), polling)) {}
 
   int rank() const override { return engine_->rank(); }
   int size() const override { return engine_->size(); }
@@ -126,7 +126,7 @@ class MpiCommunicator final : public Communicator {
     h.count = build::kVersion;
     h.layout = handshake_hash(engine_->tunables());
     auto work = engine_->submit(
-        std::make_shared<MpiCollectiveOp>("handshake", "library version, dtype sizes, Agree tunables",
+        std::make_shared<MpiCollectiveOp>("handshake", 0, "library version, dtype sizes, Agree tunables",
                                           std::vector<OpHeader>(size(), h), nullptr),
         "all ranks");
     work->wait(timeout);
@@ -166,8 +166,8 @@ class MpiCommunicator final : public Communicator {
       RELAXCC_ENFORCE(op.tag >= 0 && op.tag <= max_p2p_tag(), InvalidArgument,
                       "point_to_point: tag ", op.tag, " outside [0, ", max_p2p_tag(), "]");
     }
-    return engine_->submit(std::make_shared<P2PBatchOp>(ops, options.priority, options.label),
-                           detail::concat(ops.size(), " ops"));
+    return submit(std::make_shared<P2PBatchOp>(ops, options.priority, options.label), options,
+                  detail::concat(ops.size(), " ops"));
   }
 
   using Communicator::allreduce;
@@ -188,14 +188,15 @@ class MpiCommunicator final : public Communicator {
     if (algo == AllreduceAlgo::automatic)
       algo = selection_.pick(static_cast<int64_t>(output.nbytes()));
     // One rank and recursive doubling work in place.
-    if (n == 1 || algo == AllreduceAlgo::recursive_doubling) copy(input, output);
-    if (n == 1) return completed("allreduce");
+    if (n == 1) return completed("allreduce", options, [input, output] { copy(input, output); });
     if (algo == AllreduceAlgo::recursive_doubling) {
-      return engine_->submit(std::make_shared<RecursiveDoublingOp>(
-                                 "allreduce", options.priority, options.label, output, options.op,
-                                 rank(), n, ctx, static_cast<int>(algo)),
-                             detail::concat("recursive_doubling, ", output.numel, " x ",
-                                            dtype_name(output.dtype), ", all ranks"));
+      return submit(std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label,
+                                                          output, options.op, rank(), n, ctx,
+                                                          static_cast<int>(algo)),
+                    options,
+                    detail::concat("recursive_doubling, ", output.numel, " x ",
+                                   dtype_name(output.dtype), ", all ranks"),
+                    [input, output] { copy(input, output); });
     }
     RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
     spec.op = options.op;
@@ -204,7 +205,7 @@ class MpiCommunicator final : public Communicator {
     const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
     spec.result = output.slice(offset, spec.chunk_counts[rank()]);
     share(spec, output);
-    return submit_ring("allreduce", options.priority, options.label, std::move(spec), ctx, output);
+    return submit_ring("allreduce", options, std::move(spec), ctx, output);
   }
 
   WorkPtr reduce_scatter(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -216,10 +217,7 @@ class MpiCommunicator final : public Communicator {
     RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument, "reduce_scatter: input and output dtypes");
     RELAXCC_ENFORCE_EQ(input.numel, output.numel * n, InvalidArgument,
                        "reduce_scatter: input elements must be size() x output elements");
-    if (n == 1) {
-      copy(input, output);
-      return completed("reduce_scatter");
-    }
+    if (n == 1) return completed("reduce_scatter", options, [input, output] { copy(input, output); });
     RingSpec spec = ring_spec(OpType::reduce_scatter, input.dtype, std::vector<int64_t>(n, output.numel));
     spec.gather_phase = false;
     spec.op = options.op;
@@ -239,7 +237,7 @@ class MpiCommunicator final : public Communicator {
         spec.shared_memory = nullptr;
       }
     }
-    return submit_ring("reduce_scatter", options.priority, options.label, std::move(spec), ctx, input);
+    return submit_ring("reduce_scatter", options, std::move(spec), ctx, input);
   }
 
   WorkPtr allgather(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -261,13 +259,13 @@ class MpiCommunicator final : public Communicator {
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
     RELAXCC_ENFORCE_EQ(output.numel, total, InvalidArgument, "allgather: output elements must be the sum of counts");
     const int64_t offset = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
-    copy(input, output.slice(offset, input.numel));
-    if (n == 1) return completed("allgather");
+    auto copy_own = [input, slot = output.slice(offset, input.numel)] { copy(input, slot); };
+    if (n == 1) return completed("allgather", options, copy_own);
     RingSpec spec = ring_spec(OpType::allgather, input.dtype, counts);
     spec.reduce_phase = false;
     spec.gathered = output;
     share(spec, output);
-    return submit_ring("allgather", options.priority, options.label, std::move(spec), ctx, output);
+    return submit_ring("allgather", options, std::move(spec), ctx, output, copy_own);
   }
 
   WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
@@ -280,7 +278,7 @@ class MpiCommunicator final : public Communicator {
     h.root = options.root;
     TensorView keep = data;
     const int root = options.root;
-    return submit_mpi("broadcast", options.label, std::vector<OpHeader>(size(), h),
+    return submit_mpi("broadcast", options, std::vector<OpHeader>(size(), h),
                       [keep, bytes, root](MPI_Comm comm) {
                         MPI_Request req;
                         check_mpi(MPI_Ibcast(keep.data, bytes, MPI_BYTE, root, comm, &req), "MPI_Ibcast");
@@ -329,7 +327,7 @@ class MpiCommunicator final : public Communicator {
     RELAXCC_ENFORCE_EQ(soff, input.numel, InvalidArgument, "alltoallv: input elements vs sum of send_counts");
     RELAXCC_ENFORCE_EQ(roff, output.numel, InvalidArgument, "alltoallv: output elements vs sum of recv_counts");
     TensorView in = input, out = output;
-    return submit_mpi("alltoall", options.label, std::move(headers),
+    return submit_mpi("alltoall", options, std::move(headers),
                       [in, out, layout](MPI_Comm comm) {
                         MPI_Request req;
                         check_mpi(MPI_Ialltoallv(in.data, layout->scounts.data(), layout->sdispls.data(),
@@ -344,7 +342,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr barrier(const BarrierOptions& options) override {
     OpHeader h;
     h.type = OpType::barrier;
-    return submit_mpi("barrier", options.label, std::vector<OpHeader>(size(), h), nullptr, "all ranks");
+    return submit_mpi("barrier", options, std::vector<OpHeader>(size(), h), nullptr, "all ranks");
   }
 
  private:
@@ -392,30 +390,55 @@ class MpiCommunicator final : public Communicator {
     return spec;
   }
 
-  WorkPtr submit_ring(const char* name, int priority, const std::string& label, RingSpec spec,
-                      const ExecContext& ctx, const TensorView& shown) {
+  // Submits `op` in the communicator's order, to start after options.after.
+  // `prepare`, a local step the operation needs first, runs now when the
+  // operation starts at once, else right before it starts.
+  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options, const std::string& details,
+                 std::function<void()> prepare = {}) {
+    if (prepare) {
+      if (options.after) op->set_prologue(std::move(prepare));
+      else prepare();
+    }
+    return engine_->submit(std::move(op), details, options.after);
+  }
+
+  WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec, const ExecContext& ctx,
+                      const TensorView& shown, std::function<void()> prepare = {}) {
     const int n = size(), r = rank();
     std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype),
                                          ", peers ", (r - 1 + n) % n, ",", (r + 1) % n,
                                          spec.shared.pid != 0 ? ", shared buffers" : "");
-    return engine_->submit(std::make_shared<RingOp>(name, priority, label, std::move(spec), r, n,
-                                                    ctx, std::make_unique<IdentityCodec>()),
-                           std::move(details));
+    return submit(std::make_shared<RingOp>(name, options.priority, options.label, std::move(spec), r,
+                                           n, ctx, std::make_unique<IdentityCodec>()),
+                  options, details, std::move(prepare));
   }
 
-  WorkPtr submit_mpi(const char* name, const std::string& label, std::vector<OpHeader> headers,
+  WorkPtr submit_mpi(const char* name, const OpOptions& options, std::vector<OpHeader> headers,
                      MpiCollectiveOp::Launch launch, const std::string& details,
                      MpiCollectiveOp::After after = {}) {
-    return engine_->submit(
-        std::make_shared<MpiCollectiveOp>(name, label, std::move(headers), std::move(launch), std::move(after)),
-        details);
+    return submit(std::make_shared<MpiCollectiveOp>(name, options.priority, options.label,
+                                                    std::move(headers), std::move(launch),
+                                                    std::move(after)),
+                  options, details);
   }
 
-  WorkPtr completed(const char* name) {
+  // A single rank's operation: `run` (its local copy) now, or once
+  // options.after completed (if it failed, fails as Engine::start would).
+  WorkPtr completed(const char* name, const OpOptions& options, std::function<void()> run) {
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, name, ": the communicator is poisoned");
-    auto work = std::make_shared<EngineWork>(detail::concat(name, " (single rank)"),
-                                             std::chrono::milliseconds(0), std::chrono::microseconds(0),
-                                             [](const std::string&) {});
+    const std::string description = detail::concat(name, " (single rank)");
+    if (options.after) {
+      return options.after->then(
+          [run = std::move(run), description](const Work& after) {
+            if (std::exception_ptr e = after.exception())
+              RELAXCC_THROW(CommunicationError, description, ": a stage it runs after failed: ",
+                            after.description(), ": ", abort_cause(e).reason);
+            run();
+          },
+          description);
+    }
+    run();
+    auto work = std::make_shared<Work>(description);
     work->complete(nullptr);
     return work;
   }
@@ -432,7 +455,7 @@ class MpiCommunicator final : public Communicator {
     h.algo = 1;  // a split, not a plain barrier
     const int64_t ranks_per_node = engine_->tunables().ranks_per_node;
     auto work =
-        submit_mpi(name, "", std::vector<OpHeader>(size(), h), nullptr, "timed barrier, then split",
+        submit_mpi(name, OpOptions{}, std::vector<OpHeader>(size(), h), nullptr, "timed barrier, then split",
                    [fn, result, ranks_per_node](MPI_Comm coll) {
                      fn(coll, &result->coll);
                      if (result->coll == MPI_COMM_NULL) return;
@@ -453,7 +476,7 @@ class MpiCommunicator final : public Communicator {
   Engine::Polling polling_;
   // Set when every rank shares one node; outlives the engine's operations.
   std::shared_ptr<SharedMemory> shared_memory_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Engine> engine_;
 };
 
 // RELAXCC_ENGINE_POLL: sleep, yield, or auto: yield when each of the

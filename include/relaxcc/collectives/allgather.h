@@ -5,13 +5,10 @@
 // allgather half of the ring allreduce). `input` may alias its slot in output.
 #pragma once
 
-#include <string>
+#include "relaxcc/collectives/options.h"
 
 namespace relaxcc {
 
-struct AllgatherOptions {
-  int priority = 0;
-  std::string label;
-};
+struct AllgatherOptions : OpOptions {};
 
 }  // namespace relaxcc

@@ -1,5 +1,7 @@
-// Allreduce: every rank ends with the element-wise reduction of every rank's
-// tensor, in place.
+// Allreduce: every rank's output ends with the element-wise reduction of
+// every rank's input. In place when input and output are the same view;
+// otherwise the two must not overlap (InvalidArgument) and the input is left
+// as it was (Communicator::allreduce).
 //
 // Algorithms:
 //   ring                pipelined reduce-scatter then allgather over the ring
@@ -19,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "relaxcc/collectives/options.h"
 #include "relaxcc/reduce_op.h"
 
 namespace relaxcc {
@@ -29,11 +32,9 @@ std::string_view allreduce_algo_name(AllreduceAlgo algo) noexcept;
 // "auto", "ring" or "recursive_doubling". Throws InvalidArgument.
 AllreduceAlgo parse_allreduce_algo(std::string_view name);
 
-struct AllreduceOptions {
+struct AllreduceOptions : OpOptions {
   ReduceOp op = ReduceOp::sum;
   AllreduceAlgo algo = AllreduceAlgo::automatic;  // automatic: the selection table
-  int priority = 0;   // higher runs first when operations compete for the network
-  std::string label;  // names the tensor in errors ("bucket 3")
 };
 
 // Algorithm selection kept as data: size ranges in bytes mapped to algorithms.

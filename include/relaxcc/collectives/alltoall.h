@@ -7,13 +7,10 @@
 // Wraps MPI_Ialltoallv behind a header agreement.
 #pragma once
 
-#include <string>
+#include "relaxcc/collectives/options.h"
 
 namespace relaxcc {
 
-struct AlltoallOptions {
-  int priority = 0;
-  std::string label;
-};
+struct AlltoallOptions : OpOptions {};
 
 }  // namespace relaxcc

@@ -2,12 +2,10 @@
 // MPI_Ibarrier, so a rank that never arrives gives Timeout, not a hang.
 #pragma once
 
-#include <string>
+#include "relaxcc/collectives/options.h"
 
 namespace relaxcc {
 
-struct BarrierOptions {
-  std::string label;
-};
+struct BarrierOptions : OpOptions {};
 
 }  // namespace relaxcc

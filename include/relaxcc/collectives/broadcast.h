@@ -3,14 +3,12 @@
 // across ranks raise PeerMismatch on every rank.
 #pragma once
 
-#include <string>
+#include "relaxcc/collectives/options.h"
 
 namespace relaxcc {
 
-struct BroadcastOptions {
+struct BroadcastOptions : OpOptions {
   int root = 0;
-  int priority = 0;
-  std::string label;
 };
 
 }  // namespace relaxcc

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "relaxcc/collectives/options.h"
 #include "relaxcc/tensor.h"
 
 namespace relaxcc {
@@ -25,9 +26,6 @@ struct P2POp {
   static P2POp recv(int peer, const TensorView& t, int tag = 0) { return {Kind::recv, peer, t, tag}; }
 };
 
-struct P2POptions {
-  int priority = 0;
-  std::string label;
-};
+struct P2POptions : OpOptions {};
 
 }  // namespace relaxcc

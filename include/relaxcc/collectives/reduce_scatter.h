@@ -4,16 +4,13 @@
 // (the reduce-scatter half of the ring allreduce). The input is not modified.
 #pragma once
 
-#include <string>
-
+#include "relaxcc/collectives/options.h"
 #include "relaxcc/reduce_op.h"
 
 namespace relaxcc {
 
-struct ReduceScatterOptions {
+struct ReduceScatterOptions : OpOptions {
   ReduceOp op = ReduceOp::sum;
-  int priority = 0;
-  std::string label;
 };
 
 }  // namespace relaxcc

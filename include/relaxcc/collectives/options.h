@@ -1,0 +1,33 @@
+// OpOptions: what the options of every communicator operation share.
+#pragma once
+
+#include <string>
+
+#include "relaxcc/work.h"
+
+namespace relaxcc {
+
+struct OpOptions {
+  // Higher runs first when operations compete for the network: a lower one
+  // posts one segment at a time while a higher one is active.
+  int priority = 0;
+  // Names the tensor in errors and traces ("bucket 3").
+  std::string label;
+  // Submit after `after`: the operation takes its place in the
+  // communicator's order at the call (its sequence number, and so its tags,
+  // are fixed then), but starts, and touches its buffers, only once `after`
+  // has completed. `after` may belong to any communicator. This is how a
+  // multi-stage operation (reduce in the node, across node leaders, back
+  // down) is submitted from one thread in one order on every rank, with no
+  // thread per chain: each stage's place is the same on every rank whatever
+  // the timing. If `after` fails, this operation fails with
+  // CommunicationError ("a stage it runs after failed: ..."), and its peers
+  // learn of it where the protocol allows: the ring and recursive doubling
+  // send them abort records, the MPI-backed collectives (broadcast,
+  // alltoall, barrier) fail on every rank with CommunicationError; a
+  // point-to-point batch just fails locally, so its peers see their own
+  // timeout.
+  WorkPtr after;
+};
+
+}  // namespace relaxcc

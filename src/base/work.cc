@@ -1,0 +1,115 @@
+#include "relaxcc/work.h"
+
+#include <sched.h>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
+#include "relaxcc/tunables.h"
+
+namespace relaxcc {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+namespace detail {
+// The Work then() returns: completes when the callback returned. An expiring
+// wait() on it poisons what its parent's would (the parent is what is late).
+class ThenWork final : public Work {
+ public:
+  ThenWork(std::string description, std::weak_ptr<Work> parent)
+      : Work(std::move(description)), parent_(std::move(parent)) {}
+
+ protected:
+  void on_timeout(const std::string& reason) override;
+
+ private:
+  std::weak_ptr<Work> parent_;
+};
+}  // namespace detail
+
+Work::Work(std::string description, std::chrono::milliseconds default_timeout,
+           std::chrono::microseconds spin)
+    : description_(std::move(description)),
+      default_timeout_(default_timeout.count() >= 0 ? default_timeout
+                                                    : std::chrono::milliseconds(Tunables{}.timeout_ms)),
+      spin_(spin),
+      created_(Clock::now()) {}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void Work::complete(std::exception_ptr error) {
+  std::vector<Callback> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_.load(std::memory_order_relaxed)) return;
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
+    callbacks.swap(callbacks_);
+  }
+  cv_.notify_all();
+  for (auto& callback : callbacks) callback(*this);
+}
+
+bool Work::wait_for(std::chrono::milliseconds timeout) {
+  if (spin_.count() > 0 && timeout.count() > 0) {
+    const auto spin_until = Clock::now() + spin_;
+    while (!is_completed() && Clock::now() < spin_until) sched_yield();
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)),
+                    [this] { return done_.load(std::memory_order_relaxed); }))
+    return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) timeout = default_timeout_;
+  if (wait_for(timeout)) return;
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
+  on_timeout(detail::concat("timeout of ", description_));
+  RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
+                " ms (elapsed ", elapsed.count(), " ms since it was posted); the communicator "
+                "is now poisoned");
+}
+
+WorkPtr Work::then(Callback callback, std::string description) {
+  auto next = std::make_shared<detail::ThenWork>(
+      description.empty() ? detail::concat(description_, " then") : std::move(description),
+      weak_from_this());
+  Callback run = [next, callback = std::move(callback)](const Work& done) {
+    std::exception_ptr error = done.exception();
+    try {
+      callback(done);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    next->complete(std::move(error));
+  };
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!done_.load(std::memory_order_relaxed)) {
+      callbacks_.push_back(std::move(run));
+      return next;
+    }
+  }
+  run(*this);
+  return next;
+}
+
+void Work::block_stream(void* stream) {
+  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description_,
+                  ": block_stream on a host operation (call wait())");
+}
+
+void Work::on_timeout(const std::string&) {}
+
+void detail::ThenWork::on_timeout(const std::string& reason) {
+  if (auto parent = parent_.lock()) parent->on_timeout(reason);
+}
+
+}  // namespace relaxcc
