@@ -68,8 +68,18 @@ static_assert(sizeof(OpHeader) == 80);
 // Whether `mine` and `theirs` (received from the peer) describe the same call.
 // Symmetric: both ends of an edge reach the same verdict.
 bool same_call(const OpHeader& mine, const OpHeader& theirs) noexcept;
-// "allreduce #7 count=1024 dtype=f32 op=sum algo=1"
-std::string describe(const OpHeader& h);
+// What a rank calls, as a phrase that follows "rank 0 calls": "allreduce #7
+// of 1024 x f32 (sum, ring)", "broadcast #3 of 10 x i32 from root 1",
+// "alltoall #4 of i32 that sends 3 elements to rank 1 and expects 4 from it".
+// `peer` is the rank the header was exchanged with, -1 when unknown ("the
+// other rank"). The layout hash is not shown: describe_mismatch says what a
+// difference in it means.
+std::string describe(const OpHeader& h, int peer = -1);
+// The whole disagreement between rank `me`, which sent `mine` to `peer`, and
+// `peer`, which sent `theirs`: "rank 0 calls allgather #2 of 12 x f32, rank
+// 1 calls allgather #2 of 12 x f32: different per-rank counts". Names every
+// field that differs, in terms of the public API.
+std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHeader& theirs);
 
 enum class AbortKind : int32_t { error = 0, mismatch = 1, poisoned = 2 };
 
