@@ -1,8 +1,17 @@
-# Resolves RELAXCC_WITH_{CUDA,NCCL,TORCH} (AUTO/ON/OFF) into RELAXCC_HAVE_* (0/1).
-# The result goes into the generated config header, never into scattered #ifdefs.
+# Resolves RELAXCC_WITH_{CUDA,NCCL,TORCH} (AUTO/ON/OFF) into 0/1 variables:
+#   RELAXCC_HAVE_CUDA_KERNELS  nvcc and the CUDA toolkit were found: the CUDA
+#                              kernels are compiled into relaxcc::kernels
+#                              (reported in the generated config.h)
+#   RELAXCC_NCCL_FOUND         nccl.h and libnccl were found
+#   RELAXCC_TORCH_FOUND        libtorch's TorchConfig.cmake was found
+# Nothing is built from NCCL or libtorch yet (no NCCL communicator, no
+# libtorch frontend), so config.h reports neither; the two options keep their
+# AUTO/ON/OFF meaning for the targets that will use them.
 include(CheckLanguage)
 
-function(relaxcc_resolve_feature opt found)
+# Sets `result_var` to 1 when `found`, 0 when `opt` is OFF or when AUTO found
+# nothing; ON without `found` is an error.
+function(relaxcc_resolve_feature opt found result_var)
   if(${opt} STREQUAL "OFF")
     set(result 0)
   elseif(found)
@@ -12,8 +21,7 @@ function(relaxcc_resolve_feature opt found)
   else()
     set(result 0)
   endif()
-  string(REPLACE "RELAXCC_WITH_" "RELAXCC_HAVE_" have ${opt})
-  set(${have} ${result} PARENT_SCOPE)
+  set(${result_var} ${result} PARENT_SCOPE)
 endfunction()
 
 # CUDA: nvcc from PATH or /usr/local/cuda.
@@ -38,22 +46,22 @@ if(NOT RELAXCC_WITH_CUDA STREQUAL "OFF")
     endif()
   endif()
 endif()
-relaxcc_resolve_feature(RELAXCC_WITH_CUDA ${_cuda_found})
+relaxcc_resolve_feature(RELAXCC_WITH_CUDA ${_cuda_found} RELAXCC_HAVE_CUDA_KERNELS)
 
 # NCCL: nccl.h and libnccl beside the CUDA toolkit (needs CUDA).
 set(_nccl_found FALSE)
-if(RELAXCC_HAVE_CUDA AND NOT RELAXCC_WITH_NCCL STREQUAL "OFF")
+if(RELAXCC_HAVE_CUDA_KERNELS AND NOT RELAXCC_WITH_NCCL STREQUAL "OFF")
   find_path(RELAXCC_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   find_library(RELAXCC_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
   if(RELAXCC_NCCL_INCLUDE_DIR AND RELAXCC_NCCL_LIBRARY)
     set(_nccl_found TRUE)
   endif()
 endif()
-relaxcc_resolve_feature(RELAXCC_WITH_NCCL ${_nccl_found})
+relaxcc_resolve_feature(RELAXCC_WITH_NCCL ${_nccl_found} RELAXCC_NCCL_FOUND)
 
 # libtorch: Debian's libtorch-dev ships TorchConfig.cmake. Only its presence is
-# probed here: loading it sets CMAKE_CUDA_STANDARD and other globals, so the
-# libtorch frontend loads it in its own directory scope.
+# probed here: loading it sets CMAKE_CUDA_STANDARD and other globals, so a
+# target that uses libtorch must load it in its own directory scope.
 set(_torch_found FALSE)
 if(NOT RELAXCC_WITH_TORCH STREQUAL "OFF")
   find_path(RELAXCC_TORCH_CONFIG_DIR TorchConfig.cmake
@@ -62,4 +70,4 @@ if(NOT RELAXCC_WITH_TORCH STREQUAL "OFF")
     set(_torch_found TRUE)
   endif()
 endif()
-relaxcc_resolve_feature(RELAXCC_WITH_TORCH ${_torch_found})
+relaxcc_resolve_feature(RELAXCC_WITH_TORCH ${_torch_found} RELAXCC_TORCH_FOUND)

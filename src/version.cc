@@ -1,12 +1,10 @@
 #include "relaxcc/version.h"
 
-#include "relaxcc/errors.h"
-
 namespace relaxcc {
 
 std::string build_description() {
-  return detail::concat(RELAXCC_VERSION_STRING, " (cuda=", RELAXCC_HAVE_CUDA,
-                        " nccl=", RELAXCC_HAVE_NCCL, " torch=", RELAXCC_HAVE_TORCH, ")");
+  return std::string(RELAXCC_VERSION_STRING) +
+         (RELAXCC_HAVE_CUDA_KERNELS ? " (cuda_kernels=1)" : " (cuda_kernels=0)");
 }
 
 }  // namespace relaxcc
