@@ -102,8 +102,24 @@ class MismatchTest : public ::testing::Test {
   // Every rank must see PeerMismatch, and the communicator stays usable.
   template <typename Fn>
   void expect_mismatch_everywhere(Fn&& call) {
-    const std::string what = expect_throw<PeerMismatch>([&] { call()->wait(10s); });
-    EXPECT_NE(what.find("rank"), std::string::npos) << what;
+    expect_mismatch_where(Outcome::mismatch, std::forward<Fn>(call));
+  }
+  enum class Outcome { mismatch, mismatch_or_success, success };
+  // PeerMismatch, success, or either (ranks that exchanged headers with a
+  // disagreeing rank without needing its data); the communicator stays usable.
+  template <typename Fn>
+  void expect_mismatch_where(Outcome outcome, Fn&& call) {
+    if (outcome == Outcome::mismatch) {
+      const std::string what = expect_throw<PeerMismatch>([&] { call()->wait(10s); });
+      EXPECT_NE(what.find("rank"), std::string::npos) << what;
+    } else if (outcome == Outcome::success) {
+      EXPECT_NO_THROW(call()->wait(10s));
+    } else {
+      try {
+        call()->wait(10s);
+      } catch (const PeerMismatch&) {
+      }
+    }
     expect_usable(*comm_);
   }
   CommunicatorPtr comm_;
@@ -189,14 +205,20 @@ TEST_F(MismatchTest, OtherCollectivesCountsDiffer) {
   expect_mismatch_everywhere([&] { return comm_->reduce_scatter(in.view(), out.view(), ExecContext::host()); });
   Buffer gathered(DType::i32, count * n);
   expect_mismatch_everywhere([&] { return comm_->allgather(out.view(), gathered.view(), ExecContext::host()); });
-  expect_mismatch_everywhere([&] { return comm_->broadcast(out.view(), ExecContext::host()); });
+  // Broadcast runs down the chain 0 -> 1 -> ... -> n-1: the mismatch is on
+  // the last edge. The ranks before it have the root's data; those that
+  // exchanged headers with rank n-1 (ring and butterfly contacts) fail too.
+  expect_mismatch_where(r >= n - 2 ? Outcome::mismatch : Outcome::mismatch_or_success,
+                        [&] { return comm_->broadcast(out.view(), ExecContext::host()); });
   expect_mismatch_everywhere([&] { return comm_->alltoall(in.view(), gathered.view(), ExecContext::host()); });
-  // alltoallv: rank 0 expects one element more from rank 1 than rank 1 sends.
+  // alltoallv: rank 0 expects one element more from rank 1 than rank 1 sends;
+  // the other ranks' blocks are as expected.
   std::vector<int64_t> send(n, 3), recv(n, 3);
   if (r == 0) recv[1] = 4;
   Buffer vin(DType::i32, 3 * n), vout(DType::i32, 3 * n + (r == 0 ? 1 : 0));
-  expect_mismatch_everywhere(
-      [&] { return comm_->alltoallv(vin.view(), send, vout.view(), recv, ExecContext::host()); });
+  expect_mismatch_where(r <= 1 ? Outcome::mismatch : Outcome::success, [&] {
+    return comm_->alltoallv(vin.view(), send, vout.view(), recv, ExecContext::host());
+  });
 }
 
 TEST_F(MismatchTest, PointToPointSizesDiffer) {
@@ -244,7 +266,8 @@ TEST(Handshake, DifferentConfigurationRaisesEverywhere) {
 
 // An operation submitted after a Work that failed on rank 0 only: rank 0's
 // operation fails at once, and every other rank learns of it from the
-// protocol instead of timing out; the communicator stays usable.
+// edge protocol's abort records instead of timing out; the communicator stays
+// usable.
 TEST(After, FailedDependencyOnOneRankFailsEveryRankFast) {
   using Submit = std::function<WorkPtr(Buffer&, WorkPtr)>;
   auto comm = world();
@@ -290,8 +313,6 @@ TEST(After, FailedDependencyOnOneRankFailsEveryRankFast) {
       if (r == 0) {
         EXPECT_NE(what.find("a stage it runs after failed"), std::string::npos) << name << ": " << what;
         EXPECT_NE(what.find("stage 1 failed here"), std::string::npos) << name << ": " << what;
-      } else if (std::string(name) == "broadcast") {
-        EXPECT_NE(what.find("another rank could not take part"), std::string::npos) << what;
       } else {
         EXPECT_NE(what.find("rank 0 failed"), std::string::npos) << name << ": " << what;
       }

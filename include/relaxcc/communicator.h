@@ -8,7 +8,9 @@
 //
 // Errors. Bad arguments throw InvalidArgument or Unsupported from the call
 // itself. Disagreements between ranks (counts, dtypes, ops) complete the Work
-// with PeerMismatch on every rank; the communicator stays usable. A Work that
+// with PeerMismatch on every rank whose result depends on them (every rank for
+// allreduce, reduce_scatter and allgather; see broadcast.h and alltoall.h for
+// the ranks that can complete normally); the communicator stays usable. A Work that
 // times out throws Timeout from wait() and POISONS the communicator:
 //   - every later call throws CommunicatorPoisoned;
 //   - operations in flight complete with CommunicatorPoisoned (the timed-out
@@ -40,9 +42,17 @@
 namespace relaxcc {
 
 struct SplitOptions {
-  // The timed barrier before the split gives Timeout, not a hang, when a
-  // rank never arrives. Negative: the communicator's default timeout.
+  // split() exchanges colors and keys (an allgather) with this timeout: a
+  // rank that never arrives gives Timeout (and poisons this communicator),
+  // not a hang. Negative: the communicator's default timeout.
   std::chrono::milliseconds timeout{-1};
+};
+
+struct GroupOptions {
+  // Tells apart groups with the same members: members must pass the same
+  // key, and groups with the same members that are in use at the same time
+  // must have different keys (a round number, say).
+  uint64_t key = 0;
 };
 
 // Bytes moved by a communicator's transport since creation.
@@ -64,10 +74,24 @@ class Communicator {
   virtual CommStats stats() const = 0;
   virtual int max_p2p_tag() const = 0;
 
-  // Collective over this communicator: ranks with equal color form a new
-  // communicator, ordered by key then rank. A negative color returns null.
+  // A communicator over `members` (ranks of this one, in the group's rank
+  // order; this rank among them), made locally: no communication, no new
+  // thread or transport communicator, O(members). Every member must create
+  // it with the same members and key. Its operations run on this
+  // communicator's engine and connections with sequence numbers, tags and a
+  // poison state of their own: a group that times out is poisoned, its
+  // parent is not. Point-to-point tags are shared with the parent (and its
+  // other groups). The group shares node memory (allocate) when its members
+  // share a node. Throws InvalidArgument for a rank out of range or listed
+  // twice, or a list without this rank.
+  virtual std::shared_ptr<Communicator> group(const std::vector<int>& members,
+                                              const GroupOptions& options = {}) = 0;
+  // Collective over this communicator: ranks with equal color form a group
+  // (see group()), ordered by key then rank. A negative color returns null.
+  // Every rank must call split() and split_node_local() in the same order.
   virtual std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options = {}) = 0;
-  // The ranks that share this rank's node (memory domain).
+  // The group of the ranks that share this rank's node (memory domain), known
+  // since creation: no communication.
   virtual std::shared_ptr<Communicator> split_node_local(const SplitOptions& options = {}) = 0;
 
   // Memory for collective buffers, like ncclMemAlloc: `numel` zeroed elements, freed when the

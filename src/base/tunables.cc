@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 
 namespace relaxcc {
 
@@ -48,14 +49,8 @@ std::string format_value(const T& v) {
   return os.str();
 }
 
-void fnv1a(uint64_t& h, const std::string& s) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  h ^= 0xff;  // field separator
-  h *= 1099511628211ull;
-}
+// A field and a separator byte.
+void mix_field(Fnv1a& h, const std::string& s) { h.bytes(s).byte(0xff); }
 
 }  // namespace
 
@@ -79,15 +74,15 @@ std::vector<TunableInfo> Tunables::describe() const {
 }
 
 uint64_t Tunables::agreement_hash() const {
-  uint64_t h = 14695981039346656037ull;
+  Fnv1a h;
 #define RELAXCC_TUNABLE(member, env, type, def, scope, doc) \
   if (std::string(#scope) == "Agree") {                     \
-    fnv1a(h, env);                                          \
-    fnv1a(h, format_value(member));                         \
+    mix_field(h, env);                                      \
+    mix_field(h, format_value(member));                     \
   }
 #include "relaxcc/tunables.def"
 #undef RELAXCC_TUNABLE
-  return h;
+  return h.value();
 }
 
 }  // namespace relaxcc

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 
 namespace relaxcc {
 
@@ -60,24 +61,18 @@ std::pair<int, int> BucketPlan::locate(int tensor) const {
 }
 
 uint64_t BucketPlan::hash(const std::vector<TensorSpec>& tensors) const {
-  uint64_t h = 14695981039346656037ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
+  Fnv1a h;
   for (const TensorSpec& t : tensors) {
-    for (char c : t.name) mix(static_cast<unsigned char>(c));
-    mix(static_cast<uint64_t>(t.view.dtype));
-    mix(static_cast<uint64_t>(t.view.numel));
-    mix(static_cast<uint64_t>(t.role));
+    for (char c : t.name) h.u64(static_cast<unsigned char>(c));
+    h.u64(static_cast<uint64_t>(t.view.dtype));
+    h.u64(static_cast<uint64_t>(t.view.numel));
+    h.u64(static_cast<uint64_t>(t.role));
   }
   for (const Bucket& b : buckets_) {
-    mix(static_cast<uint64_t>(b.numel));
-    for (const BucketEntry& e : b.entries) mix(static_cast<uint64_t>(e.tensor) << 32 ^ static_cast<uint64_t>(e.offset));
+    h.u64(static_cast<uint64_t>(b.numel));
+    for (const BucketEntry& e : b.entries) h.u64(static_cast<uint64_t>(e.tensor) << 32 ^ static_cast<uint64_t>(e.offset));
   }
-  return h;
+  return h.value();
 }
 
 }  // namespace relaxcc

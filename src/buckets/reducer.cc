@@ -8,20 +8,12 @@
 #include <utility>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 
 namespace relaxcc {
 
 namespace {
-
-uint64_t fnv(const std::string& s) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 char* slot_ptr(const TensorView& storage, const BucketEntry& e, DType dtype) {
   return static_cast<char*>(storage.data) + e.offset * static_cast<int64_t>(dtype_size(dtype));
@@ -200,7 +192,7 @@ void Reducer::verify_plan_across_ranks() {
   std::vector<int64_t> mine(static_cast<size_t>(count) * 4);
   for (int64_t i = 0; i < count; ++i) {
     const TensorSpec& t = tensors_[i];
-    mine[4 * i] = static_cast<int64_t>(fnv(t.name));
+    mine[4 * i] = static_cast<int64_t>(Fnv1a().bytes(t.name).value());
     mine[4 * i + 1] = static_cast<int64_t>(t.view.dtype);
     mine[4 * i + 2] = t.view.numel;
     mine[4 * i + 3] = static_cast<int64_t>(t.role);

@@ -14,11 +14,14 @@ namespace relaxcc::mpi {
 EdgeOp::EdgeOp(std::string name, int priority, std::string label)
     : Operation(std::move(name), priority), label_(std::move(label)) {}
 
-int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to) {
+int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to, int64_t elems_from,
+                     int64_t elems_to) {
   Peer p;
   p.rank = rank;
   p.msgs_from = msgs_from;
   p.msgs_to = msgs_to;
+  p.elems_from = elems_from;
+  p.elems_to = elems_to;
   peers_.push_back(std::move(p));
   return static_cast<int>(peers_.size()) - 1;
 }
@@ -61,6 +64,7 @@ void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
 
 void EdgeOp::open_edges(Transport& t) {
   header_.seq = seq();
+  header_.lane = t.lane_id();
   started_ = true;
   for (int rank : first_contacts(t.rank(), t.size())) {
     const bool known =
@@ -107,7 +111,7 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
   if (!p.header_sent && msg == 0 && bytes <= kInlineBytes) {
     // Copied behind the header; it completes with the header's send.
-    OpHeader h = header_;
+    OpHeader h = edge_header(pi);
     h.flags |= kHeaderInlineData;
     p.header_out.resize(sizeof(OpHeader) + bytes);
     std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
@@ -129,7 +133,8 @@ void EdgeOp::send_header(Transport& t, int pi) {
   p.header_sent = true;
   if (!p.inline_out) {
     p.header_out.resize(sizeof(OpHeader));
-    std::memcpy(p.header_out.data(), &header_, sizeof(OpHeader));
+    const OpHeader h = edge_header(pi);
+    std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
   }
   t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out.data(), p.header_out.size(), p.rank,
           tag(Channel::header, t));
@@ -193,7 +198,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       p.inline_in =
           (p.header_in.flags & kHeaderInlineData) != 0 && got >= static_cast<int>(sizeof(OpHeader));
       p.header_buf.resize(p.inline_in ? static_cast<size_t>(got) : 0);
-      if (same_call(header_, p.header_in)) {
+      if (same_call(edge_header(pi), p.header_in)) {
         p.live = true;
         if (!aborted_) {  // post its receives now, not an engine iteration later
           run(t);
@@ -207,7 +212,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
         post_abort_recv(t, pi);
         const std::string what = detail::concat(
             name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: rank ", t.rank(),
-            " calls ", describe(header_), ", rank ", p.rank, " calls ", describe(p.header_in));
+            " calls ", describe(edge_header(pi)), ", rank ", p.rank, " calls ", describe(p.header_in));
         fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what, AbortKind::mismatch);
         send_abort(t, pi);
       }
@@ -351,6 +356,13 @@ void EdgeOp::check_finished(Transport& t) {
     if (peers_[pi].abort_recv_posted && !peers_[pi].abort_received)
       t.cancel_receives(*this, slot(kAbortRecv, pi, 0));
   finished_ = true;
+}
+
+OpHeader EdgeOp::edge_header(int pi) const {
+  OpHeader h = header_;
+  h.to_peer = peers_[pi].elems_to;
+  h.from_peer = peers_[pi].elems_from;
+  return h;
 }
 
 std::string EdgeOp::waiting_for() const {

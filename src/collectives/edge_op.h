@@ -67,9 +67,12 @@ class EdgeOp : public Operation {
 
  protected:
   // Setup, before start: this rank's header and its edges. `msgs_from` and
-  // `msgs_to` are the data messages the schedule exchanges with the peer.
+  // `msgs_to` are the data messages the schedule exchanges with the peer;
+  // `elems_from` and `elems_to` go into the edge's header (OpHeader's
+  // from_peer and to_peer), for schedules whose counts differ per edge.
   void set_header(const OpHeader& h) { header_ = h; }
-  int add_peer(int rank, int64_t msgs_from, int64_t msgs_to);
+  int add_peer(int rank, int64_t msgs_from, int64_t msgs_to, int64_t elems_from = 0,
+               int64_t elems_to = 0);
   // The first data message to this peer is at most kInlineBytes: if it is
   // not ready at start, the header waits for it and both travel as one
   // message (sent at once when this rank fails). Each data message a header
@@ -96,6 +99,7 @@ class EdgeOp : public Operation {
   struct Peer {
     int rank = -1;
     int64_t msgs_from = 0, msgs_to = 0;
+    int64_t elems_from = 0, elems_to = 0;
     OpHeader header_in;
     // The header messages: the header, then possibly the first data message.
     std::vector<unsigned char> header_out, header_buf;
@@ -128,6 +132,8 @@ class EdgeOp : public Operation {
 
   // start(): first contacts, this rank's edges and their header receives.
   void open_edges(Transport& t);
+  // This rank's header on edge `pi`.
+  OpHeader edge_header(int pi) const;
   void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
   void send_abort(Transport& t, int pi);
   void post_abort_recv(Transport& t, int pi);
@@ -137,7 +143,7 @@ class EdgeOp : public Operation {
   // run(), which posted them).
   void deliver_inline(Transport& t);
   void check_finished(Transport& t);
-  int tag(Channel c, const Transport& t) const { return collective_tag(header_.seq, c, t.max_tag()); }
+  int tag(Channel c, const Transport& t) const { return t.collective_tag(header_.seq, c); }
 
   std::string label_;
   OpHeader header_;

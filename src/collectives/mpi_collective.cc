@@ -5,13 +5,8 @@
 namespace relaxcc::mpi {
 
 MpiCollectiveOp::MpiCollectiveOp(std::string name, int priority, std::string label,
-                                 std::vector<OpHeader> headers, Launch launch, After after)
-    : Operation(std::move(name), priority),
-      label_(std::move(label)),
-      out_(std::move(headers)),
-      in_(out_.size()),
-      launch_(std::move(launch)),
-      after_(std::move(after)) {}
+                                 std::vector<OpHeader> headers)
+    : Operation(std::move(name), priority), label_(std::move(label)), out_(std::move(headers)), in_(out_.size()) {}
 
 void MpiCollectiveOp::start(Transport& t) {
   for (auto& h : out_) h.seq = seq();
@@ -79,31 +74,15 @@ void MpiCollectiveOp::on_complete(Transport& t, int64_t slot, const MPI_Status&,
         finish(t);
         return;
       }
-      stage_ = kData;
-      const MPI_Request req = launch_ ? launch_(t.coll_comm()) : MPI_REQUEST_NULL;
-      if (req == MPI_REQUEST_NULL) {
-        finish(t);
-        return;
-      }
-      t.track(*this, kData, req);
-      return;
-    }
-    case kData:
       finish(t);
       return;
+    }
     default:
       RELAXCC_THROW(InternalError, name(), ": unexpected completion ", slot);
   }
 }
 
 void MpiCollectiveOp::finish(Transport& t) {
-  if (!error() && after_) {
-    try {
-      after_(t.coll_comm());
-    } catch (...) {
-      set_error(std::current_exception());
-    }
-  }
   stage_ = kDone;
   done_ = true;
   t.end_collective_turn(*this);
@@ -123,7 +102,6 @@ std::string MpiCollectiveOp::waiting_for() const {
     case kWaitTurn: return "earlier collectives on this communicator";
     case kHeaders: return "every rank to enter (header exchange)";
     case kVerdict: return "every rank's verdict";
-    case kData: return "the MPI collective";
     default: return {};
   }
 }

@@ -1,5 +1,6 @@
-// MpiCollectiveOp: collectives that wrap MPI's own non-blocking collectives
-// (broadcast, alltoall(v), barrier, and the communicator handshake and split).
+// MpiCollectiveOp: an agreement over MPI's own non-blocking collectives, for
+// the communicator handshake (every other collective is an EdgeOp, which also
+// runs on groups). Only on a lane that spans its MPI communicator.
 //
 // Stages, all in the operation's collective turn (Transport::collective_turn)
 // so every rank starts MPI collectives in the same order:
@@ -8,13 +9,10 @@
 //   2. MPI_Iallreduce(MAX) of the verdicts, so a disagreement anywhere raises
 //      PeerMismatch on every rank (and a rank whose dependency failed,
 //      start_failed, makes every rank fail with CommunicationError);
-//   3. the data collective (if any), then an optional engine-thread action
-//      (the split itself).
-// Stages 1 and 2 complete only once every rank has entered, which makes the
-// whole operation a timed barrier as well.
+// Both complete only once every rank has entered, which makes the operation
+// a timed barrier as well.
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "../mpi/engine.h"
@@ -24,14 +22,8 @@ namespace relaxcc::mpi {
 
 class MpiCollectiveOp final : public Operation {
  public:
-  // Starts the data collective; returns MPI_REQUEST_NULL when there is none.
-  using Launch = std::function<MPI_Request(MPI_Comm)>;
-  // Runs on the engine thread after everything else succeeded.
-  using After = std::function<void(MPI_Comm)>;
-
   // `headers[p]` is what this rank tells rank p (per-edge fields set).
-  MpiCollectiveOp(std::string name, int priority, std::string label, std::vector<OpHeader> headers,
-                  Launch launch, After after = {});
+  MpiCollectiveOp(std::string name, int priority, std::string label, std::vector<OpHeader> headers);
 
   void start(Transport& t) override;
   void start_failed(Transport& t, std::exception_ptr error) override;
@@ -43,15 +35,13 @@ class MpiCollectiveOp final : public Operation {
   std::string waiting_for() const override;
 
  private:
-  enum Stage { kWaitTurn, kHeaders, kVerdict, kData, kDone };
+  enum Stage { kWaitTurn, kHeaders, kVerdict, kDone };
   // Verdicts, ordered: the largest over all ranks wins.
   enum Verdict : int { kAgree = 0, kMismatch = 1, kUpstreamFailed = 2 };
   void finish(Transport& t);
 
   std::string label_;
   std::vector<OpHeader> out_, in_;
-  Launch launch_;
-  After after_;
   Stage stage_ = kWaitTurn;
   int local_verdict_ = 0, global_verdict_ = 0;
   std::string mismatch_;

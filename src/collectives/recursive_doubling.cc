@@ -10,7 +10,7 @@ namespace relaxcc::mpi {
 
 RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::string label,
                                          const TensorView& data, ReduceOp op, int rank, int size,
-                                         const ExecContext& ctx, int algo_id)
+                                         const ExecContext& ctx, int algo_id, OpType type)
     : EdgeOp(std::move(name), priority, std::move(label)),
       data_(data),
       op_(op),
@@ -18,7 +18,7 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
       size_(size),
       ctx_(ctx) {
   OpHeader h;
-  h.type = OpType::allreduce;
+  h.type = type;
   h.dtype = data.dtype;
   h.op = op;
   h.algo = static_cast<uint8_t>(algo_id);

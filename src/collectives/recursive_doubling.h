@@ -18,8 +18,11 @@ namespace relaxcc::mpi {
 
 class RecursiveDoublingOp final : public EdgeOp {
  public:
+  // `type`: what the header says the call is (a barrier runs as an allreduce
+  // of one byte).
   RecursiveDoublingOp(std::string name, int priority, std::string label, const TensorView& data,
-                      ReduceOp op, int rank, int size, const ExecContext& ctx, int algo_id);
+                      ReduceOp op, int rank, int size, const ExecContext& ctx, int algo_id,
+                      OpType type = OpType::allreduce);
 
  private:
   struct Step {

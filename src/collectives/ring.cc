@@ -5,22 +5,16 @@
 #include <cstring>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/kernels/reduce.h"
 
 namespace relaxcc::mpi {
 
 namespace {
 uint64_t layout_hash(const std::vector<int64_t>& counts, int64_t segment_elems) {
-  uint64_t h = 14695981039346656037ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
-  for (int64_t c : counts) mix(static_cast<uint64_t>(c));
-  mix(static_cast<uint64_t>(segment_elems));
-  return h;
+  Fnv1a h;
+  for (int64_t c : counts) h.u64(static_cast<uint64_t>(c));
+  return h.u64(static_cast<uint64_t>(segment_elems)).value();
 }
 }  // namespace
 

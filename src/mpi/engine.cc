@@ -44,8 +44,8 @@ void Transport::isend(Operation& op, int64_t slot, const void* buf, size_t bytes
                       bool coll) {
   require_engine_thread(engine_);
   MPI_Request req;
-  check_mpi(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, peer, tag,
-                      coll ? engine_.coll_comm_ : engine_.p2p_comm_, &req),
+  check_mpi(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
+                      coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
             "MPI_Isend");
   engine_.add_request(op, slot, req, bytes, peer, true, false);
 }
@@ -54,8 +54,8 @@ void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int 
                       bool coll) {
   require_engine_thread(engine_);
   MPI_Request req;
-  check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, peer, tag,
-                      coll ? engine_.coll_comm_ : engine_.p2p_comm_, &req),
+  check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
+                      coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
             "MPI_Irecv");
   const int index = engine_.add_request(op, slot, req, bytes, peer, false, true);
   engine_.pending_[index].cancellable = true;
@@ -65,7 +65,8 @@ bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes) 
   require_engine_thread(engine_);
   int flag = 0;
   MPI_Status status;
-  check_mpi(MPI_Improbe(peer, tag, engine_.coll_comm_, &flag, message, &status), "MPI_Improbe");
+  check_mpi(MPI_Improbe(lane_.comm_rank(peer), tag, lane_.comms_->coll, &flag, message, &status),
+            "MPI_Improbe");
   if (!flag) return false;
   int count = 0;
   MPI_Get_count(&status, MPI_BYTE, &count);
@@ -99,10 +100,10 @@ void Transport::cancel_receives(Operation& op, int64_t slot) {
 }
 
 bool Transport::collective_turn(const Operation& op) const {
-  return !engine_.collective_turns_.empty() && engine_.collective_turns_.front() == &op;
+  return !lane_.collective_turns_.empty() && lane_.collective_turns_.front() == &op;
 }
 void Transport::end_collective_turn(const Operation& op) {
-  auto& turns = engine_.collective_turns_;
+  auto& turns = lane_.collective_turns_;
   turns.erase(std::remove(turns.begin(), turns.end(), &op), turns.end());
 }
 
@@ -112,41 +113,70 @@ bool Transport::throttled(const Operation& op) const {
   return false;
 }
 
-MPI_Comm Transport::coll_comm() const { return engine_.coll_comm_; }
-int Transport::rank() const { return engine_.rank_; }
-int Transport::size() const { return engine_.size_; }
-const Tunables& Transport::tunables() const { return engine_.tunables_; }
-int Transport::max_tag() const { return engine_.max_tag_; }
+MPI_Comm Transport::coll_comm() const {
+  RELAXCC_ENFORCE(lane_.spans_comm(), InternalError, "an MPI collective on a group of ",
+                  lane_.size(), " of ", lane_.comms_->size, " ranks");
+  return lane_.comms_->coll;
+}
+int Transport::rank() const { return lane_.rank_; }
+int Transport::size() const { return lane_.size_; }
+uint32_t Transport::lane_id() const { return lane_.id_; }
+const Tunables& Transport::tunables() const { return lane_.tunables_; }
+int Transport::collective_tag(uint64_t seq, Channel channel) const {
+  return mpi::collective_tag(lane_.id_, seq, channel, lane_.comms_->max_tag);
+}
 ScratchPool::Buffer Transport::scratch(size_t bytes) { return engine_.scratch_->acquire(bytes); }
+
+// ---- CommPair and Lane -------------------------------------------------------
+
+CommPair::CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm) : coll(coll_comm), p2p(p2p_comm) {
+  MPI_Comm_size(coll, &size);
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(coll, MPI_TAG_UB, &ub, &flag);
+  if (flag && ub != nullptr) max_tag = *ub;
+}
+
+CommPair::~CommPair() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (coll != MPI_COMM_NULL) MPI_Comm_free(&coll);
+  if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
+}
+
+Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
+           uint32_t id, Tunables tunables)
+    : engine_(engine),
+      transport_(engine, *this),
+      comms_(std::move(comms)),
+      members_(std::move(members)),
+      rank_(rank),
+      size_(members_.empty() ? comms_->size : static_cast<int>(members_.size())),
+      id_(id),
+      tunables_(std::move(tunables)) {
+  stats_.sent_to.assign(size_, 0);
+  stats_.received_from.assign(size_, 0);
+}
 
 // ---- Engine ----------------------------------------------------------------
 
-Engine::Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Polling polling)
-    : coll_comm_(coll_comm),
-      p2p_comm_(p2p_comm),
-      tunables_(std::move(tunables)),
+Engine::Engine(Tunables tunables, Polling polling)
+    : tunables_(std::move(tunables)),
       polling_(polling),
-      transport_(*this),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)),
       doorbell_(std::make_shared<Doorbell>()),
       mutex_(doorbell_->mutex),
       cv_(doorbell_->cv),
       signalled_(doorbell_->signalled) {
-  MPI_Comm_rank(coll_comm_, &rank_);
-  MPI_Comm_size(coll_comm_, &size_);
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(coll_comm_, MPI_TAG_UB, &ub, &flag);
-  if (flag && ub != nullptr) max_tag_ = *ub;
-  stats_.sent_to.assign(size_, 0);
-  stats_.received_from.assign(size_, 0);
+  MPI_Comm_rank(MPI_COMM_WORLD, &trace_pid_);
   if (!tunables_.trace_file.empty()) {
     // One file per engine: the process's first tracing engine writes
-    // <file>.<rank>.json, later ones (other communicators) <file>.<rank>.<k>.json.
+    // <file>.<rank>.json, later ones <file>.<rank>.<k>.json.
     static std::atomic<int> tracing_engines{0};
     const int k = tracing_engines.fetch_add(1);
     const std::string path =
-        detail::concat(tunables_.trace_file, ".", process_rank() >= 0 ? process_rank() : rank_,
+        detail::concat(tunables_.trace_file, ".", process_rank() >= 0 ? process_rank() : trace_pid_,
                        k > 0 ? detail::concat(".", k) : std::string(), ".json");
     trace_.open(path);
     if (trace_.good()) trace_ << "[\n";
@@ -166,6 +196,21 @@ Engine::~Engine() {
   if (trace_.is_open()) trace_ << "\n]\n";
 }
 
+std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
+                                       int rank, uint32_t id, Tunables tunables) {
+  return std::make_shared<Lane>(*this, std::move(comms), std::move(members), rank, id,
+                                std::move(tunables));
+}
+
+void Engine::close_lane(const std::shared_ptr<Lane>& lane) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lane->close_deadline_ =
+        Clock::now() + std::chrono::milliseconds(std::min<int64_t>(lane->tunables_.timeout_ms, 10000));
+    closing_.push_back(lane);
+  }
+}
+
 void Doorbell::ring_released() {
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -175,23 +220,25 @@ void Doorbell::ring_released() {
   cv.notify_all();
 }
 
-std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::string& details,
-                                     WorkPtr after) {
+std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
+                                     const std::string& details, WorkPtr after) {
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (poisoned_.load())
+    if (lane->poisoned())
       RELAXCC_THROW(CommunicatorPoisoned, op->name(), ": the communicator is poisoned (",
-                    poison_reason_, ") and accepts no more operations");
+                    lane->poison_reason_, ") and accepts no more operations");
     RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(), ": the communicator is shutting down");
-    op->seq_ = op->collective() ? next_seq_++ : next_p2p_seq_++;
+    op->seq_ = op->collective() ? lane->next_seq_++ : lane->next_p2p_seq_++;
     op->submitted_ = Clock::now();
+    op->lane_ = lane;
     work = std::make_shared<EngineWork>(
         detail::concat(op->name(), " #", op->seq_, " (tag ",
-                       collective_tag(op->seq_, Channel::header, max_tag_), ", ", details, ")"),
-        std::chrono::milliseconds(tunables_.timeout_ms),
-        std::chrono::microseconds(polling_.callers_poll ? tunables_.spin_us : 0), weak_from_this());
+                       lane->transport_.collective_tag(op->seq_, Channel::header), ", ", details, ")"),
+        std::chrono::milliseconds(lane->tunables_.timeout_ms),
+        std::chrono::microseconds(polling_.callers_poll ? lane->tunables_.spin_us : 0),
+        weak_from_this(), lane);
     op->work_ = work;
     op->after_ = after;
     queue_.push_back(std::move(op));
@@ -209,21 +256,22 @@ std::shared_ptr<Work> Engine::submit(std::shared_ptr<Operation> op, const std::s
   return work;
 }
 
-void Engine::poison(const std::string& reason) {
+void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (poisoned_.load()) return;
-    poison_reason_ = reason;
-    poisoned_.store(true);
+    if (lane->poisoned()) return;
+    lane->poison_reason_ = reason;
+    lane->poisoned_.store(true);
+    to_poison_.push_back(lane);
     signalled_.store(true, std::memory_order_release);
   }
   RELAXCC_LOG(warn, "communicator poisoned: ", reason);
   cv_.notify_all();
 }
 
-CommStats Engine::stats() const {
+CommStats Engine::stats(const Lane& lane) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  return lane.stats_;
 }
 
 int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer,
@@ -245,8 +293,8 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
   ++op.pending_;
   if (send) {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.bytes_sent += bytes;
-    stats_.sent_to[peer] += bytes;
+    op.lane_->stats_.bytes_sent += bytes;
+    op.lane_->stats_.sent_to[peer] += bytes;
   }
   return index;
 }
@@ -264,8 +312,10 @@ void Engine::test_requests(bool& progressed) {
                               indices_.data(), statuses_.data());
   if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
     const std::string reason = "MPI_Testsome failed: " + mpi_error_string(rc);
-    poison(reason);
-    abort_all(reason, false);
+    std::vector<std::shared_ptr<Lane>> lanes;
+    for (const auto& op : active_) lanes.push_back(op->lane_);
+    for (const auto& lane : lanes) poison(lane, reason);
+    abort_all(nullptr, reason);
     return;
   }
   if (outcount == MPI_UNDEFINED || outcount == 0) return;
@@ -286,17 +336,17 @@ void Engine::test_requests(bool& progressed) {
       int got = 0;
       if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
       std::lock_guard<std::mutex> lock(mutex_);
-      stats_.bytes_received += static_cast<uint64_t>(got);
-      stats_.received_from[p.peer] += static_cast<uint64_t>(got);
+      p.op->lane_->stats_.bytes_received += static_cast<uint64_t>(got);
+      p.op->lane_->stats_.received_from[p.peer] += static_cast<uint64_t>(got);
     }
     if (trace_.is_open() && (p.send || p.recv))
       trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
                   detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"", p.op->name(),
                                  "\",\"seq\":", p.op->seq()));
     try {
-      p.op->on_complete(transport_, p.slot, status, err);
+      p.op->on_complete(p.op->lane_->transport_, p.slot, status, err);
     } catch (...) {
-      p.op->abort(transport_, std::current_exception());
+      p.op->abort(p.op->lane_->transport_, std::current_exception());
     }
   }
 }
@@ -315,7 +365,7 @@ void Engine::retire_finished() {
                                  ",\"ok\":", op->error() ? "false" : "true"));
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.operations;
+      ++op->lane_->stats_.operations;
     }
     if (op->work_) op->work_->complete(op->error());
   }
@@ -329,19 +379,23 @@ void Engine::trace_event(const std::string& name, const char* cat, int tid, Cloc
                          const std::string& args) {
   if (!trace_.is_open()) return;
   trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << name << "\",\"cat\":\"" << cat
-         << "\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":" << tid << ",\"ts\":" << micros(start)
+         << "\",\"ph\":\"X\",\"pid\":" << trace_pid_ << ",\"tid\":" << tid << ",\"ts\":" << micros(start)
          << ",\"dur\":" << micros(Clock::now()) - micros(start) << ",\"args\":{" << args << "}}";
   trace_first_ = false;
 }
 
-void Engine::fail_waiting(const std::string& reason) {
-  for (const auto& op : waiting_) {
-    op->set_error(std::make_exception_ptr(CommunicationError(
-        detail::concat(op->name(), " #", op->seq(), " did not start: ", reason), __FILE__, __LINE__)));
-    transport_.end_collective_turn(*op);
-    op->work_->complete(op->error());
+void Engine::fail_waiting(const Lane* lane, const std::string& reason) {
+  auto it = std::stable_partition(waiting_.begin(), waiting_.end(), [&](const auto& op) {
+    return lane != nullptr && op->lane_.get() != lane;
+  });
+  for (auto failed = it; failed != waiting_.end(); ++failed) {
+    Operation& op = **failed;
+    op.set_error(std::make_exception_ptr(CommunicationError(
+        detail::concat(op.name(), " #", op.seq(), " did not start: ", reason), __FILE__, __LINE__)));
+    op.lane_->transport_.end_collective_turn(op);
+    op.work_->complete(op.error());
   }
-  waiting_.clear();
+  waiting_.erase(it, waiting_.end());
 }
 
 void Engine::start(const std::shared_ptr<Operation>& op) {
@@ -360,27 +414,28 @@ void Engine::start(const std::shared_ptr<Operation>& op) {
     return other->priority() < op->priority();
   });
   Operation& ref = **active_.insert(pos, op);
+  Transport& t = ref.lane_->transport_;
   try {
     if (failed) {
-      ref.start_failed(transport_, failed);
+      ref.start_failed(t, failed);
     } else {
       if (ref.prologue_) std::exchange(ref.prologue_, nullptr)();
-      ref.start(transport_);
+      ref.start(t);
     }
   } catch (...) {
-    ref.abort(transport_, std::current_exception());
+    ref.abort(t, std::current_exception());
   }
 }
 
-void Engine::abort_all(const std::string& reason, bool) {
-  fail_waiting(detail::concat("the communicator is poisoned (", reason, ")"));
+void Engine::abort_all(const Lane* lane, const std::string& reason) {
+  fail_waiting(lane, detail::concat("the communicator is poisoned (", reason, ")"));
   for (const auto& op : active_) {
-    if (op->done() && op->pending_ == 0) continue;
+    if ((op->done() && op->pending_ == 0) || (lane != nullptr && op->lane_.get() != lane)) continue;
     auto err = std::make_exception_ptr(CommunicatorPoisoned(
         detail::concat(op->name(), " #", op->seq(), " aborted: the communicator is poisoned (", reason, ")"),
         __FILE__, __LINE__));
     try {
-      op->abort(transport_, err);
+      op->abort(op->lane_->transport_, err);
     } catch (...) {
       RELAXCC_LOG(error, "abort of ", op->name(), " #", op->seq(), " failed");
     }
@@ -422,7 +477,7 @@ void Engine::loop() {
       const auto idle_since = Clock::now();
       while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin) sched_yield();
     }
-    bool apply_poison = false;
+    std::vector<std::shared_ptr<Lane>> apply_poison;
     bool released = false;
     // signalled_ is set under mutex_ whenever the queue, stop_ or the poison
     // flag changes, so a clear flag means there is nothing to pick up.
@@ -431,8 +486,7 @@ void Engine::loop() {
       if (active_.empty() && queue_.empty()) {
         if (stop_) break;
         cv_.wait(lock, [&] {
-          return stop_ || !queue_.empty() || doorbell_->released ||
-                 (poisoned_.load() && !poison_applied_);
+          return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty();
         });
         if (stop_ && queue_.empty() && active_.empty()) break;
       }
@@ -440,36 +494,39 @@ void Engine::loop() {
       signalled_.store(false, std::memory_order_relaxed);
       released = std::exchange(doorbell_->released, false);
 
-      if (poisoned_.load() && !poison_applied_) {
-        poison_applied_ = true;
-        apply_poison = true;
-      }
+      apply_poison.swap(to_poison_);
       if (stop_) {
         signalled_.store(true, std::memory_order_relaxed);  // keep checking the deadline under the lock
         if (shutdown_deadline == Clock::time_point{}) {
           // Operations still running get time to finish; requests parked by a
           // poisoning (their operations already done) only a short grace.
-          const bool running =
-              std::any_of(active_.begin(), active_.end(), [](const auto& op) { return !op->done(); });
-          shutdown_deadline = Clock::now() + (running && !poisoned_.load()
+          const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) {
+            return !op->done() && !op->lane_->poisoned();
+          });
+          shutdown_deadline = Clock::now() + (running
                                                   ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
                                                   : std::chrono::milliseconds(200));
         }
       }
     }
-    if (apply_poison) abort_all(poison_reason_, true);
+    for (const auto& lane : apply_poison) abort_all(lane.get(), lane->poison_reason_);
     // Operations arrive in sequence order: they take their turns now, and
     // start now unless they wait for a dependency.
     for (auto& op : incoming) {
       op->started_ = Clock::now();
-      if (poisoned_.load()) {
+      if (op->lane_->poisoned()) {
+        std::string reason;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          reason = op->lane_->poison_reason_;
+        }
         op->set_error(std::make_exception_ptr(CommunicatorPoisoned(
-            detail::concat(op->name(), " #", op->seq(), ": the communicator is poisoned (", poison_reason_, ")"),
+            detail::concat(op->name(), " #", op->seq(), ": the communicator is poisoned (", reason, ")"),
             __FILE__, __LINE__)));
         op->work_->complete(op->error());
         continue;
       }
-      if (op->uses_mpi_collectives()) collective_turns_.push_back(op.get());
+      if (op->uses_mpi_collectives()) op->lane_->collective_turns_.push_back(op.get());
       if (op->after_ && !op->released_.load(std::memory_order_acquire)) waiting_.push_back(op);
       else start(op);
     }
@@ -487,10 +544,11 @@ void Engine::loop() {
     }
     for (size_t i = 0; i < active_.size(); ++i) {
       Operation& op = *active_[i];
+      Transport& t = op.lane_->transport_;
       try {
-        op.progress(transport_);
+        op.progress(t);
       } catch (...) {
-        op.abort(transport_, std::current_exception());
+        op.abort(t, std::current_exception());
       }
     }
     bool progressed = !incoming.empty() || released;
@@ -502,6 +560,7 @@ void Engine::loop() {
     if (now - last_inspection > std::chrono::seconds(1)) {
       last_inspection = now;
       inspect_stalls();
+      expire_closed_lanes(now);
     }
     if (shutdown_deadline != Clock::time_point{} && now > shutdown_deadline) {
       drain_on_shutdown();
@@ -520,21 +579,32 @@ void Engine::loop() {
     sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
-      return !queue_.empty() || doorbell_->released || (poisoned_.load() && !poison_applied_);
+      return !queue_.empty() || doorbell_->released || !to_poison_.empty();
     });
     if (trace_.is_open()) trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
   }
-  fail_waiting("the communicator was destroyed before the Work it runs after completed");
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (num_pending_ == 0 && !finalized) {
-    MPI_Comm_free(&coll_comm_);
-    MPI_Comm_free(&p2p_comm_);
+  fail_waiting(nullptr, "the communicator was destroyed before the Work it runs after completed");
+}
+
+void Engine::expire_closed_lanes(Clock::time_point now) {
+  std::vector<std::shared_ptr<Lane>> expired;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto keep = std::remove_if(closing_.begin(), closing_.end(), [&](const std::weak_ptr<Lane>& weak) {
+      auto lane = weak.lock();
+      if (!lane) return true;  // no operation holds it any more
+      if (now < lane->close_deadline_) return false;
+      expired.push_back(std::move(lane));
+      return true;
+    });
+    closing_.erase(keep, closing_.end());
   }
+  for (const auto& lane : expired)
+    poison(lane, "the communicator was destroyed with operations in flight");
 }
 
 void Engine::drain_on_shutdown() {
-  abort_all("the communicator was destroyed with operations in flight", false);
+  abort_all(nullptr, "the communicator was destroyed with operations in flight");
   const auto deadline = Clock::now() + std::chrono::milliseconds(200);
   while (num_pending_ > 0 && Clock::now() < deadline) {
     bool progressed = false;
@@ -552,7 +622,9 @@ void Engine::drain_on_shutdown() {
 // ---- EngineWork --------------------------------------------------------------
 
 void EngineWork::on_timeout(const std::string& reason) {
-  if (auto engine = engine_.lock()) engine->poison(reason);
+  auto engine = engine_.lock();
+  auto lane = lane_.lock();
+  if (engine && lane) engine->poison(lane, reason);
 }
 
 }  // namespace relaxcc::mpi

@@ -1,6 +1,11 @@
-// The communication engine of one MPI communicator.
+// The communication engine: one thread that owns every MPI call of the
+// communicators that share it (a communicator, its splits and groups).
 //
-// One engine thread owns every MPI call on the communicator. Operations are
+// Each communicator is a lane of the engine (Lane): its members (ranks of an
+// MPI communicator), sequence numbers, tags, statistics and poison state.
+// Operations of a lane take their order in it; priorities apply across all
+// lanes, so a low-priority operation on one communicator posts one segment at
+// a time while a higher one on another is active. Operations are
 // resumable state machines. Each takes its sequence number (and so its tags)
 // when it is submitted; the engine starts it then, or, when it was submitted
 // to run after another Work, once that Work completed. It lets them post requests (in priority order, so that a large low-priority
@@ -34,22 +39,25 @@
 #include <thread>
 #include <vector>
 
+#include "op_header.h"
 #include "relaxcc/communicator.h"
-#include "scratch_pool.h"
 #include "relaxcc/tunables.h"
+#include "scratch_pool.h"
 
 namespace relaxcc::mpi {
 
 class Engine;
+class Lane;
 class Operation;
 class EngineWork;
 
 using Clock = std::chrono::steady_clock;
 
-// Posts MPI requests for operations. Valid on the engine thread only.
+// Posts MPI requests for the operations of one lane. Peers are ranks of the
+// lane; tags are the lane's. Valid on the engine thread only.
 class Transport {
  public:
-  explicit Transport(Engine& engine) : engine_(engine) {}
+  Transport(Engine& engine, Lane& lane) : engine_(engine), lane_(lane) {}
 
   // Non-blocking send/receive on the collective (coll == true) or the
   // point-to-point communicator. `slot` comes back in on_complete.
@@ -73,22 +81,84 @@ class Transport {
   // (Operation::uses_mpi_collectives) take turns, in sequence order, so
   // every rank starts those collectives in the same order: `op` may start
   // its collectives while collective_turn(op) holds, and gives the turn up
-  // with end_collective_turn(op).
+  // with end_collective_turn(op). Only on a lane that spans its whole MPI
+  // communicator.
   bool collective_turn(const Operation& op) const;
   void end_collective_turn(const Operation& op);
 
-  // A higher-priority operation is active: post one segment at a time.
+  // A higher-priority operation (of any lane) is active: post one segment at a time.
   bool throttled(const Operation& op) const;
+  // The collective communicator; valid only on a lane that spans it.
   MPI_Comm coll_comm() const;
   int rank() const;
   int size() const;
+  // The lane's identity (OpHeader::lane): 0 for a communicator, a hash of
+  // members and key for a group.
+  uint32_t lane_id() const;
   const Tunables& tunables() const;
-  int max_tag() const;
+  // The tag of `channel` for the lane's operation `seq` (op_header.h).
+  int collective_tag(uint64_t seq, Channel channel) const;
   // Scratch memory reused across operations (not zeroed).
   ScratchPool::Buffer scratch(size_t bytes);
 
  private:
   Engine& engine_;
+  Lane& lane_;
+};
+
+// The MPI communicators a set of lanes sends on: the collective one (relaxcc's
+// tags) and the point-to-point one (users' tags). Freed with the last lane
+// that uses them, unless MPI is finalized by then.
+struct CommPair {
+  CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm);
+  ~CommPair();
+  CommPair(const CommPair&) = delete;
+  CommPair& operator=(const CommPair&) = delete;
+  MPI_Comm coll = MPI_COMM_NULL;
+  MPI_Comm p2p = MPI_COMM_NULL;
+  int size = 1;
+  int max_tag = 32767;
+};
+
+// One communicator's (or group's) share of an engine. Created by
+// Engine::add_lane; operations keep their lane alive.
+class Lane {
+ public:
+  Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
+       uint32_t id, Tunables tunables);
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  uint32_t id() const { return id_; }
+  const Tunables& tunables() const { return tunables_; }
+  bool poisoned() const { return poisoned_.load(); }
+  // Rank in the MPI communicators of lane rank `r`.
+  int comm_rank(int r) const { return members_.empty() ? r : members_[r]; }
+  bool spans_comm() const { return members_.empty(); }
+  const std::shared_ptr<CommPair>& comms() const { return comms_; }
+
+ private:
+  friend class Engine;
+  friend class Transport;
+  Engine& engine_;
+  Transport transport_;
+  std::shared_ptr<CommPair> comms_;
+  std::vector<int> members_;  // empty: every rank of comms_, in order
+  int rank_ = 0;
+  int size_ = 1;
+  uint32_t id_ = 0;
+  Tunables tunables_;
+  // Under the engine's mutex.
+  uint64_t next_seq_ = 1;
+  uint64_t next_p2p_seq_ = 1;
+  std::string poison_reason_;
+  CommStats stats_;
+  Clock::time_point close_deadline_{};  // set when its communicator is gone
+  std::atomic<bool> poisoned_{false};
+  // Engine thread.
+  std::deque<const Operation*> collective_turns_;  // uses_mpi_collectives, in seq order
 };
 
 // A resumable operation. Every method runs on the engine thread.
@@ -156,6 +226,7 @@ class Operation {
   bool stall_reported_ = false;
   bool work_completed_ = false;
   std::shared_ptr<EngineWork> work_;
+  std::shared_ptr<Lane> lane_;
   // Submitted to run after this Work; reset when the operation starts.
   WorkPtr after_;
   std::function<void()> prologue_;
@@ -190,28 +261,34 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // it on every sched_yield instead.
     bool callers_poll = false;
   };
-  // Takes ownership of both communicators (freed on destruction).
-  Engine(MPI_Comm coll_comm, MPI_Comm p2p_comm, Tunables tunables, Polling polling);
+  // `tunables`: the engine's own (spin, sleep, stall warnings, trace); each
+  // lane has its own for its operations.
+  Engine(Tunables tunables, Polling polling);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Enqueues `op` with the next sequence number and returns its Work, whose
-  // description reads "<name> #<seq> <details>". With `after`, the operation
-  // keeps that place but starts only once `after` completed (OpOptions).
-  // Throws CommunicatorPoisoned when the engine is poisoned. The engine must
-  // be owned by a shared_ptr (its Works hold weak references to it).
-  std::shared_ptr<Work> submit(std::shared_ptr<Operation> op, const std::string& details,
-                               WorkPtr after = nullptr);
+  // A lane over `members` (ranks of comms; empty: all of them, in order), in
+  // which this process is rank `rank`.
+  std::shared_ptr<Lane> add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
+                                 uint32_t id, Tunables tunables);
+  // The lane's communicator is gone: operations still in flight get
+  // min(RELAXCC_TIMEOUT_MS, 10 s) to finish, then fail and poison the lane.
+  void close_lane(const std::shared_ptr<Lane>& lane);
 
-  void poison(const std::string& reason);
-  bool poisoned() const { return poisoned_.load(); }
+  // Enqueues `op` on `lane` with its next sequence number and returns its
+  // Work, whose description reads "<name> #<seq> <details>". With `after`,
+  // the operation keeps that place but starts only once `after` completed
+  // (OpOptions). Throws CommunicatorPoisoned when the lane is poisoned. The
+  // engine must be owned by a shared_ptr (Works hold weak references to it).
+  std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
+                               const std::string& details, WorkPtr after = nullptr);
+
+  // Poisons `lane` (see Communicator): its operations fail, later ones are refused.
+  void poison(const std::shared_ptr<Lane>& lane, const std::string& reason);
+  CommStats stats(const Lane& lane) const;
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
-  CommStats stats() const;
-  int rank() const { return rank_; }
-  int size() const { return size_; }
   const Tunables& tunables() const { return tunables_; }
-  int max_tag() const { return max_tag_; }
 
  private:
   friend class Transport;
@@ -219,7 +296,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     Operation* op = nullptr;
     int64_t slot = 0;
     size_t bytes = 0;
-    int peer = -1;
+    int peer = -1;  // lane rank
     bool send = false;
     bool recv = false;
     Clock::time_point posted;
@@ -232,28 +309,26 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void loop();
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
-  // Completes every operation still waiting for its dependency with `reason`.
-  void fail_waiting(const std::string& reason);
+  // Completes the operations of `lane` (every lane: null) still waiting for
+  // their dependency with `reason`.
+  void fail_waiting(const Lane* lane, const std::string& reason);
   int add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer, bool send,
                   bool recv);
   void test_requests(bool& progressed);
   void retire_finished();
-  void abort_all(const std::string& reason, bool from_timeout);
+  // Aborts the operations of `lane` (every lane: null) because it is poisoned.
+  void abort_all(const Lane* lane, const std::string& reason);
   void inspect_stalls();
+  // Poisons closed lanes whose grace period ended.
+  void expire_closed_lanes(Clock::time_point now);
   // One Chrome-trace "complete" event from `start` to now; `args` is the
   // inside of its JSON args object.
   void trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,
                    const std::string& args);
   void drain_on_shutdown();
 
-  MPI_Comm coll_comm_;
-  MPI_Comm p2p_comm_;
   Tunables tunables_;
   Polling polling_;
-  int rank_ = 0;
-  int size_ = 1;
-  int max_tag_ = 32767;
-  Transport transport_;
   std::shared_ptr<ScratchPool> scratch_;
 
   std::shared_ptr<Doorbell> doorbell_;
@@ -262,11 +337,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<bool>& signalled_;
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
-  uint64_t next_seq_ = 1;
-  uint64_t next_p2p_seq_ = 1;
-  std::atomic<bool> poisoned_{false};
-  std::string poison_reason_;
-  bool poison_applied_ = false;
+  std::vector<std::shared_ptr<Lane>> to_poison_;  // poisoned, not yet applied
+  std::vector<std::weak_ptr<Lane>> closing_;      // closed, with operations maybe in flight
 
   // Engine-thread state.
   std::vector<std::shared_ptr<Operation>> active_;  // sorted by priority, then seq
@@ -277,29 +349,30 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int num_pending_ = 0;
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
-  std::deque<const Operation*> collective_turns_;  // uses_mpi_collectives, in seq order
 
-  // Counters (written by the engine thread, read under mutex_).
-  CommStats stats_;
   std::ofstream trace_;
   bool trace_first_ = true;
+  int trace_pid_ = 0;
 
   std::thread thread_;
 };
 
-// The Work of an engine operation: an expiring wait() poisons the engine
-// (if it still exists).
+// The Work of an engine operation: an expiring wait() poisons its lane (if
+// the engine and the lane still exist).
 class EngineWork final : public Work {
  public:
   EngineWork(std::string description, std::chrono::milliseconds default_timeout,
-             std::chrono::microseconds spin, std::weak_ptr<Engine> engine)
-      : Work(std::move(description), default_timeout, spin), engine_(std::move(engine)) {}
+             std::chrono::microseconds spin, std::weak_ptr<Engine> engine, std::weak_ptr<Lane> lane)
+      : Work(std::move(description), default_timeout, spin),
+        engine_(std::move(engine)),
+        lane_(std::move(lane)) {}
 
  protected:
   void on_timeout(const std::string& reason) override;
 
  private:
   const std::weak_ptr<Engine> engine_;
+  const std::weak_ptr<Lane> lane_;
 };
 
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.

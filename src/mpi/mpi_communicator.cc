@@ -7,6 +7,14 @@
 #include <numeric>
 #include <thread>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "../collectives/alltoall_pairwise.h"
+#include "../collectives/broadcast_chain.h"
+#include "../collectives/buffer_checks.h"
 #include "../collectives/mpi_collective.h"
 #include "../collectives/point_to_point.h"
 #include "../collectives/recursive_doubling.h"
@@ -15,6 +23,7 @@
 #include "op_header.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 #include "shared_memory.h"
 
@@ -43,21 +52,75 @@ void ensure_mpi() {
                   " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
 }
 
-// Creation runs before any engine exists, so it waits on the caller thread.
-void timed_barrier(MPI_Comm comm, std::chrono::milliseconds timeout, const char* what) {
-  MPI_Request req;
-  check_mpi(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
+// Waits for `req` on the caller's thread (creation runs before any engine
+// exists). On timeout the request stays parked: MPI cannot cancel a
+// collective.
+void wait_request(MPI_Request& req, std::chrono::milliseconds timeout, const char* what) {
   const auto deadline = Clock::now() + timeout;
   int64_t sleep_us = 1;
   for (;;) {
     int flag = 0;
-    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
     if (flag) return;
     RELAXCC_ENFORCE(Clock::now() < deadline, Timeout, what, ": not every rank arrived within ",
-                    timeout.count(), " ms (the barrier request stays parked)");
+                    timeout.count(), " ms (the request stays parked)");
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     sleep_us = std::min<int64_t>(sleep_us * 2, 1000);
   }
+}
+
+// MPI_Comm_idup of `comm` with a timeout. While it runs, `comm` reports errors
+// (MPI_ERRORS_RETURN) instead of ending the job; its own handler is restored
+// afterwards. This is the only call relaxcc makes on a user's communicator,
+// so a rank that arrives after the others gave up (or while they retry) meets
+// another MPI_Comm_idup: both sides time out, nothing is mismatched.
+MPI_Comm timed_dup(MPI_Comm comm, std::chrono::milliseconds timeout, const char* what) {
+  MPI_Errhandler user_handler;
+  check_mpi(MPI_Comm_get_errhandler(comm, &user_handler), "MPI_Comm_get_errhandler");
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  struct Restore {
+    MPI_Comm comm;
+    MPI_Errhandler handler;
+    ~Restore() {
+      MPI_Comm_set_errhandler(comm, handler);
+      MPI_Errhandler_free(&handler);
+    }
+  } restore{comm, user_handler};
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_Request req;
+  check_mpi(MPI_Comm_idup(comm, &dup, &req), "MPI_Comm_idup");
+  wait_request(req, timeout, what);
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  return dup;
+}
+
+// This host's identity: ranks with the same key share memory (as
+// MPI_COMM_TYPE_SHARED sees it: one kernel, so hostname and boot id).
+uint64_t host_key() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  return Fnv1a().bytes(name).byte(0).bytes(boot_id).value();
+}
+
+// Node of every rank of `comm` (0, 1, ... in the order of each node's lowest
+// rank), from an allgather of host keys with a timeout.
+std::vector<int> gather_nodes(MPI_Comm comm, int size, std::chrono::milliseconds timeout) {
+  const uint64_t mine = host_key();
+  std::vector<uint64_t> keys(static_cast<size_t>(size));
+  MPI_Request req;
+  check_mpi(MPI_Iallgather(&mine, 1, MPI_UINT64_T, keys.data(), 1, MPI_UINT64_T, comm, &req),
+            "MPI_Iallgather (host keys)");
+  wait_request(req, timeout, "create_mpi_communicator (node layout)");
+  std::vector<int> node(static_cast<size_t>(size));
+  std::vector<uint64_t> seen;
+  for (int r = 0; r < size; ++r) {
+    auto it = std::find(seen.begin(), seen.end(), keys[r]);
+    node[r] = static_cast<int>(it - seen.begin());
+    if (it == seen.end()) seen.push_back(keys[r]);
+  }
+  return node;
 }
 
 void check_host(const TensorView& t, const ExecContext& ctx, const char* what) {
@@ -79,72 +142,122 @@ std::vector<int64_t> balanced_chunks(int64_t numel, int n) {
   return counts;
 }
 
-// Ranks of `comm` that share this rank's node. Collective over `comm`.
-int node_local_size(MPI_Comm comm) {
-  MPI_Comm local = MPI_COMM_NULL;
-  int rank = 0, local_size = 1;
-  MPI_Comm_rank(comm, &rank);
-  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local),
-            "MPI_Comm_split_type");
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm_free(&local);
-  return local_size;
-}
-
-// Whether all `size` ranks share one node (`local_size` of them share this
-// rank's), as topology sees it: RELAXCC_RANKS_PER_NODE can split one machine
-// into several nodes.
-bool on_one_node(int size, int local_size, int64_t ranks_per_node) {
-  if (ranks_per_node > 0 && ranks_per_node < size) return false;
-  return local_size == size;
-}
+// The node layout of the ranks of an MPI communicator (CommPair): each rank's
+// node, and RELAXCC_RANKS_PER_NODE, which splits one machine into emulated
+// nodes (ranks [k*N, (k+1)*N) form node k).
+struct NodeLayoutMap {
+  std::vector<int> node;
+  int64_t ranks_per_node = 0;
+  // Whether the ranks `members` (of the MPI communicator) share one node, as
+  // topology sees it, so that they can share memory.
+  bool one_node(const std::vector<int>& members) const {
+    for (int m : members) {
+      if (node[m] != node[members[0]]) return false;
+      if (ranks_per_node > 0 && m / ranks_per_node != members[0] / ranks_per_node) return false;
+    }
+    return true;
+  }
+};
 
 uint64_t handshake_hash(const Tunables& t) {
-  uint64_t h = t.agreement_hash();
-  for (DType d : kAllDTypes) h = h * 1099511628211ull + dtype_size(d);
-  return h * 1099511628211ull + sizeof(void*);
+  Fnv1a h;
+  h.u64(t.agreement_hash());
+  for (DType d : kAllDTypes) h.u64(dtype_size(d));
+  return h.u64(sizeof(void*)).value();
 }
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm coll, MPI_Comm p2p, Tunables tunables, Engine::Polling polling,
-                  bool one_node)
-      : selection_(AllreduceSelection::parse(tunables.allreduce_algo)),
-        polling_(polling),
-        shared_memory_(one_node ? std::make_shared<SharedMemory>() : nullptr),
-        engine_(std::make_shared<Engine>(coll, p2p, std::move(tunables), polling)) {}
+  // A communicator over `lane`; `shared_memory` is set when its members
+  // share one node (and may be its parent's).
+  MpiCommunicator(std::shared_ptr<Engine> engine, std::shared_ptr<Lane> lane,
+                  std::shared_ptr<const NodeLayoutMap> nodes,
+                  std::shared_ptr<SharedMemory> shared_memory)
+      : selection_(AllreduceSelection::parse(lane->tunables().allreduce_algo)),
+        engine_(std::move(engine)),
+        lane_(std::move(lane)),
+        nodes_(std::move(nodes)),
+        shared_memory_(std::move(shared_memory)) {}
+  ~MpiCommunicator() override { engine_->close_lane(lane_); }
 
-  int rank() const override { return engine_->rank(); }
-  int size() const override { return engine_->size(); }
-  bool poisoned() const override { return engine_->poisoned(); }
-  CommStats stats() const override { return engine_->stats(); }
-  int max_p2p_tag() const override { return (engine_->max_tag() - 1) / 2; }
+  int rank() const override { return lane_->rank(); }
+  int size() const override { return lane_->size(); }
+  bool poisoned() const override { return lane_->poisoned(); }
+  CommStats stats() const override { return engine_->stats(*lane_); }
+  int max_p2p_tag() const override { return (lane_->comms()->max_tag - 1) / 2; }
 
   void handshake(std::chrono::milliseconds timeout) {
     OpHeader h;
     h.type = OpType::handshake;
     h.count = build::kVersion;
-    h.layout = handshake_hash(engine_->tunables());
+    h.layout = handshake_hash(lane_->tunables());
     auto work = engine_->submit(
+        lane_,
         std::make_shared<MpiCollectiveOp>("handshake", 0, "library version, dtype sizes, Agree tunables",
-                                          std::vector<OpHeader>(size(), h), nullptr),
+                                          std::vector<OpHeader>(size(), h)),
         "all ranks");
     work->wait(timeout);
   }
 
-  CommunicatorPtr split(int color, int key, const SplitOptions& options) override {
-    return split_impl(options, "split", [color, key](MPI_Comm coll, MPI_Comm* out) {
-      check_mpi(MPI_Comm_split(coll, color < 0 ? MPI_UNDEFINED : color, key, out), "MPI_Comm_split");
-    });
+  CommunicatorPtr group(const std::vector<int>& members, const GroupOptions& options) override {
+    const int n = size();
+    std::vector<int> comm_members;
+    std::vector<char> seen(static_cast<size_t>(n), 0);
+    int my_rank = -1;
+    Fnv1a id;
+    id.u64(lane_->id()).u64(options.key);
+    for (size_t i = 0; i < members.size(); ++i) {
+      const int m = members[i];
+      RELAXCC_ENFORCE(m >= 0 && m < n, InvalidArgument, "group: member ", m,
+                      " is not a rank of this communicator of ", n);
+      RELAXCC_ENFORCE(!seen[m], InvalidArgument, "group: rank ", m, " is listed twice");
+      seen[m] = 1;
+      if (m == rank()) my_rank = static_cast<int>(i);
+      comm_members.push_back(lane_->comm_rank(m));
+      id.u64(static_cast<uint64_t>(comm_members.back()));
+    }
+    RELAXCC_ENFORCE(my_rank >= 0, InvalidArgument, "group: the members must include this rank (",
+                    rank(), ")");
+    RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, "group: the communicator is poisoned");
+    const uint32_t lane_id = static_cast<uint32_t>(id.value() ^ (id.value() >> 32)) | 1u;
+    const bool one_node = nodes_->one_node(comm_members);
+    std::shared_ptr<SharedMemory> shm =
+        one_node ? (shared_memory_ ? shared_memory_ : std::make_shared<SharedMemory>()) : nullptr;
+    return std::make_shared<MpiCommunicator>(
+        engine_, engine_->add_lane(lane_->comms(), std::move(comm_members), my_rank, lane_id, lane_->tunables()),
+        nodes_, std::move(shm));
   }
 
-  CommunicatorPtr split_node_local(const SplitOptions& options) override {
-    return split_impl(options, "split_node_local", [](MPI_Comm coll, MPI_Comm* out) {
-      int r = 0;
-      MPI_Comm_rank(coll, &r);
-      check_mpi(MPI_Comm_split_type(coll, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, out),
-                "MPI_Comm_split_type");
-    });
+  CommunicatorPtr split(int color, int key, const SplitOptions& options) override {
+    // Every rank's (color, key), then a group of the ranks of this color.
+    const int n = size();
+    auto pairs = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
+    int64_t mine[2] = {color, key};
+    AllgatherOptions o;
+    o.label = "split: colors and keys";
+    allgather(TensorView::host(mine, 2), TensorView::host(pairs->data(), 2 * n, pairs), ExecContext::host(), o)
+        ->wait(options.timeout);
+    const uint64_t split_index = splits_++;
+    if (color < 0) return nullptr;
+    std::vector<int> members;
+    for (int r = 0; r < n; ++r)
+      if ((*pairs)[2 * r] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return (*pairs)[2 * a + 1] < (*pairs)[2 * b + 1]; });
+    GroupOptions g;
+    g.key = split_index;
+    return group(members, g);
+  }
+
+  CommunicatorPtr split_node_local(const SplitOptions&) override {
+    // The node layout is known since creation: no communication.
+    std::vector<int> members;
+    const int my_node = nodes_->node[lane_->comm_rank(rank())];
+    for (int r = 0; r < size(); ++r)
+      if (nodes_->node[lane_->comm_rank(r)] == my_node) members.push_back(r);
+    GroupOptions g;
+    g.key = splits_++;
+    return group(members, g);
   }
 
   TensorView allocate(int64_t numel, DType dtype) override {
@@ -166,6 +279,7 @@ class MpiCommunicator final : public Communicator {
       RELAXCC_ENFORCE(op.tag >= 0 && op.tag <= max_p2p_tag(), InvalidArgument,
                       "point_to_point: tag ", op.tag, " outside [0, ", max_p2p_tag(), "]");
     }
+    check_aliasing(ops);
     return submit(std::make_shared<P2PBatchOp>(ops, options.priority, options.label), options,
                   detail::concat(ops.size(), " ops"));
   }
@@ -180,9 +294,7 @@ class MpiCommunicator final : public Communicator {
                        "allreduce: input and output dtypes");
     RELAXCC_ENFORCE_EQ(input.numel, output.numel, InvalidArgument,
                        "allreduce: input and output elements");
-    const bool in_place = input.data == output.data;
-    RELAXCC_ENFORCE(in_place || !overlap(input, output), InvalidArgument,
-                    "allreduce: input and output overlap without being the same view");
+    check_aliasing("allreduce", input, output, &output);
     const int n = size();
     AllreduceAlgo algo = options.algo;
     if (algo == AllreduceAlgo::automatic)
@@ -217,6 +329,7 @@ class MpiCommunicator final : public Communicator {
     RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument, "reduce_scatter: input and output dtypes");
     RELAXCC_ENFORCE_EQ(input.numel, output.numel * n, InvalidArgument,
                        "reduce_scatter: input elements must be size() x output elements");
+    check_aliasing("reduce_scatter", input, output, nullptr);
     if (n == 1) return completed("reduce_scatter", options, [input, output] { copy(input, output); });
     RingSpec spec = ring_spec(OpType::reduce_scatter, input.dtype, std::vector<int64_t>(n, output.numel));
     spec.gather_phase = false;
@@ -259,7 +372,9 @@ class MpiCommunicator final : public Communicator {
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
     RELAXCC_ENFORCE_EQ(output.numel, total, InvalidArgument, "allgather: output elements must be the sum of counts");
     const int64_t offset = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
-    auto copy_own = [input, slot = output.slice(offset, input.numel)] { copy(input, slot); };
+    const TensorView own_slot = output.slice(offset, input.numel);
+    check_aliasing("allgather", input, output, &own_slot);
+    auto copy_own = [input, own_slot] { copy(input, own_slot); };
     if (n == 1) return completed("allgather", options, copy_own);
     RingSpec spec = ring_spec(OpType::allgather, input.dtype, counts);
     spec.reduce_phase = false;
@@ -273,18 +388,12 @@ class MpiCommunicator final : public Communicator {
     check_host(data, ctx, "broadcast tensor");
     RELAXCC_ENFORCE(options.root >= 0 && options.root < size(), InvalidArgument, "broadcast: root ",
                     options.root, " is not a rank of this communicator of ", size());
-    const int bytes = checked_int(data.nbytes(), "broadcast");
-    OpHeader h = header(OpType::broadcast, data);
-    h.root = options.root;
-    TensorView keep = data;
-    const int root = options.root;
-    return submit_mpi("broadcast", options, std::vector<OpHeader>(size(), h),
-                      [keep, bytes, root](MPI_Comm comm) {
-                        MPI_Request req;
-                        check_mpi(MPI_Ibcast(keep.data, bytes, MPI_BYTE, root, comm, &req), "MPI_Ibcast");
-                        return req;
-                      },
-                      detail::concat("root ", root, ", ", data.numel, " x ", dtype_name(data.dtype)));
+    const int n = size(), r = rank(), root = options.root;
+    return submit(std::make_shared<BroadcastChainOp>("broadcast", options.priority, options.label, data,
+                                                     root, r, n, segment_bytes(), pipeline_depth()),
+                  options,
+                  detail::concat("chain from root ", root, ", ", data.numel, " x ", dtype_name(data.dtype),
+                                 ", peers ", (r - 1 + n) % n, ",", (r + 1) % n));
   }
 
   WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -306,43 +415,34 @@ class MpiCommunicator final : public Communicator {
     RELAXCC_ENFORCE(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
                     InvalidArgument, "alltoallv: one send and one receive count per rank");
     const int64_t esize = static_cast<int64_t>(dtype_size(input.dtype));
-    struct Layout {
-      std::vector<int> scounts, sdispls, rcounts, rdispls;
-    };
-    auto layout = std::make_shared<Layout>();
     int64_t soff = 0, roff = 0;
-    std::vector<OpHeader> headers(n, header(OpType::alltoall, input));
     for (int p = 0; p < n; ++p) {
-      RELAXCC_ENFORCE(send_counts[p] >= 0 && recv_counts[p] >= 0, InvalidArgument, "alltoallv: counts");
-      layout->scounts.push_back(checked_int(send_counts[p] * esize, "alltoallv"));
-      layout->sdispls.push_back(checked_int(soff * esize, "alltoallv"));
-      layout->rcounts.push_back(checked_int(recv_counts[p] * esize, "alltoallv"));
-      layout->rdispls.push_back(checked_int(roff * esize, "alltoallv"));
+      RELAXCC_ENFORCE(send_counts[p] >= 0 && recv_counts[p] >= 0, InvalidArgument,
+                      "alltoallv: negative count for rank ", p);
+      checked_int(send_counts[p] * esize, "alltoallv: one block");
+      checked_int(recv_counts[p] * esize, "alltoallv: one block");
       soff += send_counts[p];
       roff += recv_counts[p];
-      headers[p].count = 0;
-      headers[p].to_peer = send_counts[p];
-      headers[p].from_peer = recv_counts[p];
     }
     RELAXCC_ENFORCE_EQ(soff, input.numel, InvalidArgument, "alltoallv: input elements vs sum of send_counts");
     RELAXCC_ENFORCE_EQ(roff, output.numel, InvalidArgument, "alltoallv: output elements vs sum of recv_counts");
-    TensorView in = input, out = output;
-    return submit_mpi("alltoall", options, std::move(headers),
-                      [in, out, layout](MPI_Comm comm) {
-                        MPI_Request req;
-                        check_mpi(MPI_Ialltoallv(in.data, layout->scounts.data(), layout->sdispls.data(),
-                                                 MPI_BYTE, out.data, layout->rcounts.data(),
-                                                 layout->rdispls.data(), MPI_BYTE, comm, &req),
-                                  "MPI_Ialltoallv");
-                        return req;
-                      },
-                      detail::concat(input.numel, " x ", dtype_name(input.dtype), " out"));
+    check_aliasing("alltoall", input, output, nullptr);
+    return submit(std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
+                                                       send_counts, output, recv_counts, rank(), n),
+                  options, detail::concat(input.numel, " x ", dtype_name(input.dtype), " out, pairwise"));
   }
 
   WorkPtr barrier(const BarrierOptions& options) override {
-    OpHeader h;
-    h.type = OpType::barrier;
-    return submit_mpi("barrier", options, std::vector<OpHeader>(size(), h), nullptr, "all ranks");
+    // A recursive-doubling allreduce of one byte: each step depends on the
+    // one before, so it completes only once every rank has entered.
+    auto token = std::make_shared<uint8_t>(0);
+    const TensorView view(token.get(), 1, DType::u8, Device::host(), token);
+    if (size() == 1) return completed("barrier", options, [] {});
+    return submit(std::make_shared<RecursiveDoublingOp>("barrier", options.priority, options.label, view,
+                                                        ReduceOp::max, rank(), size(), ExecContext::host(),
+                                                        static_cast<int>(AllreduceAlgo::recursive_doubling),
+                                                        OpType::barrier),
+                  options, "recursive doubling, all ranks");
   }
 
  private:
@@ -354,20 +454,6 @@ class MpiCommunicator final : public Communicator {
 
   static void copy(const TensorView& from, const TensorView& to) {
     if (from.numel > 0 && from.data != to.data) std::memmove(to.data, from.data, from.nbytes());
-  }
-
-  static bool overlap(const TensorView& a, const TensorView& b) {
-    const auto* pa = static_cast<const unsigned char*>(a.data);
-    const auto* pb = static_cast<const unsigned char*>(b.data);
-    return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
-  }
-
-  static OpHeader header(OpType type, const TensorView& t) {
-    OpHeader h;
-    h.type = type;
-    h.dtype = t.dtype;
-    h.count = t.numel;
-    return h;
   }
 
   // Shared mode when the ring's full layout lies in this node's shared memory.
@@ -384,8 +470,8 @@ class MpiCommunicator final : public Communicator {
     spec.type = type;
     spec.dtype = dtype;
     spec.chunk_counts = std::move(chunks);
-    spec.segment_bytes = std::max<int64_t>(engine_->tunables().segment_bytes, 1);
-    spec.pipeline_depth = static_cast<int>(std::max<int64_t>(engine_->tunables().pipeline_depth, 1));
+    spec.segment_bytes = segment_bytes();
+    spec.pipeline_depth = pipeline_depth();
     spec.algo_id = static_cast<int>(AllreduceAlgo::ring);
     return spec;
   }
@@ -399,7 +485,7 @@ class MpiCommunicator final : public Communicator {
       if (options.after) op->set_prologue(std::move(prepare));
       else prepare();
     }
-    return engine_->submit(std::move(op), details, options.after);
+    return engine_->submit(lane_, std::move(op), details, options.after);
   }
 
   WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec, const ExecContext& ctx,
@@ -411,15 +497,6 @@ class MpiCommunicator final : public Communicator {
     return submit(std::make_shared<RingOp>(name, options.priority, options.label, std::move(spec), r,
                                            n, ctx, std::make_unique<IdentityCodec>()),
                   options, details, std::move(prepare));
-  }
-
-  WorkPtr submit_mpi(const char* name, const OpOptions& options, std::vector<OpHeader> headers,
-                     MpiCollectiveOp::Launch launch, const std::string& details,
-                     MpiCollectiveOp::After after = {}) {
-    return submit(std::make_shared<MpiCollectiveOp>(name, options.priority, options.label,
-                                                    std::move(headers), std::move(launch),
-                                                    std::move(after)),
-                  options, details);
   }
 
   // A single rank's operation: `run` (its local copy) now, or once
@@ -443,40 +520,20 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
-  template <typename SplitFn>
-  CommunicatorPtr split_impl(const SplitOptions& options, const char* name, SplitFn fn) {
-    struct Result {
-      MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
-      bool one_node = false;
-    };
-    auto result = std::make_shared<Result>();
-    OpHeader h;
-    h.type = OpType::barrier;
-    h.algo = 1;  // a split, not a plain barrier
-    const int64_t ranks_per_node = engine_->tunables().ranks_per_node;
-    auto work =
-        submit_mpi(name, OpOptions{}, std::vector<OpHeader>(size(), h), nullptr, "timed barrier, then split",
-                   [fn, result, ranks_per_node](MPI_Comm coll) {
-                     fn(coll, &result->coll);
-                     if (result->coll == MPI_COMM_NULL) return;
-                     MPI_Comm_set_errhandler(result->coll, MPI_ERRORS_RETURN);
-                     check_mpi(MPI_Comm_dup(result->coll, &result->p2p), "MPI_Comm_dup");
-                     int size = 1;
-                     MPI_Comm_size(result->coll, &size);
-                     result->one_node =
-                         on_one_node(size, node_local_size(result->coll), ranks_per_node);
-                   });
-    work->wait(options.timeout);
-    if (result->coll == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<MpiCommunicator>(result->coll, result->p2p, engine_->tunables(),
-                                             polling_, result->one_node);
+  int64_t segment_bytes() const { return std::max<int64_t>(lane_->tunables().segment_bytes, 1); }
+  int pipeline_depth() const {
+    return static_cast<int>(std::max<int64_t>(lane_->tunables().pipeline_depth, 1));
   }
 
   AllreduceSelection selection_;
-  Engine::Polling polling_;
+  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<Lane> lane_;
+  std::shared_ptr<const NodeLayoutMap> nodes_;
   // Set when every rank shares one node; outlives the engine's operations.
   std::shared_ptr<SharedMemory> shared_memory_;
-  std::shared_ptr<Engine> engine_;
+  // Splits so far (every rank splits in the same order): the key of the next
+  // split's group.
+  uint64_t splits_ = 0;
 };
 
 // RELAXCC_ENGINE_POLL: sleep, yield, or auto: yield when each of the
@@ -507,18 +564,30 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
                                                     : std::chrono::milliseconds(options.tunables.timeout_ms);
   // Validates the selection table before any collective call.
   AllreduceSelection::parse(options.tunables.allreduce_algo);
-  mpi::timed_barrier(options.comm, timeout, "create_mpi_communicator");
-  MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
-  mpi::check_mpi(MPI_Comm_dup(options.comm, &coll), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(coll, MPI_ERRORS_RETURN);
-  mpi::check_mpi(MPI_Comm_dup(coll, &p2p), "MPI_Comm_dup");
-  int size = 1;
-  MPI_Comm_size(coll, &size);
-  const int local_size = mpi::node_local_size(coll);
-  const auto polling = mpi::choose_polling(local_size, options.tunables.engine_poll);
-  const bool one_node = mpi::on_one_node(size, local_size, options.tunables.ranks_per_node);
-  auto comm =
-      std::make_shared<mpi::MpiCommunicator>(coll, p2p, options.tunables, polling, one_node);
+  // One collective on the caller's communicator; everything else on the dup.
+  MPI_Comm coll = mpi::timed_dup(options.comm, timeout, "create_mpi_communicator");
+  MPI_Comm p2p = MPI_COMM_NULL;
+  try {
+    p2p = mpi::timed_dup(coll, timeout, "create_mpi_communicator (point-to-point communicator)");
+  } catch (...) {
+    MPI_Comm_free(&coll);
+    throw;
+  }
+  auto comms = std::make_shared<mpi::CommPair>(coll, p2p);
+  auto nodes = std::make_shared<mpi::NodeLayoutMap>();
+  nodes->node = mpi::gather_nodes(coll, comms->size, timeout);
+  nodes->ranks_per_node = options.tunables.ranks_per_node;
+  int rank = 0;
+  MPI_Comm_rank(coll, &rank);
+  const int local_size = static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
+  auto engine = std::make_shared<mpi::Engine>(options.tunables,
+                                              mpi::choose_polling(local_size, options.tunables.engine_poll));
+  std::vector<int> everyone(static_cast<size_t>(comms->size));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  const bool one_node = nodes->one_node(everyone);
+  auto comm = std::make_shared<mpi::MpiCommunicator>(
+      engine, engine->add_lane(comms, {}, rank, 0, options.tunables), nodes,
+      one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);
   comm->handshake(timeout);
   return comm;
 }

@@ -23,7 +23,7 @@ const char* op_type_name(OpType t) noexcept {
 
 bool same_call(const OpHeader& a, const OpHeader& b) noexcept {
   return a.magic == b.magic && a.version == b.version && a.type == b.type && a.dtype == b.dtype &&
-         a.op == b.op && a.algo == b.algo && a.root == b.root && a.seq == b.seq &&
+         a.op == b.op && a.algo == b.algo && a.root == b.root && a.seq == b.seq && a.lane == b.lane &&
          a.count == b.count && a.layout == b.layout && a.to_peer == b.from_peer &&
          a.from_peer == b.to_peer && (a.shm_pid != 0) == (b.shm_pid != 0);
 }

@@ -1,7 +1,8 @@
 // Allreduce: every rank's output ends with the element-wise reduction of
 // every rank's input. In place when input and output are the same view;
 // otherwise the two must not overlap (InvalidArgument) and the input is left
-// as it was (Communicator::allreduce).
+// as it was (Communicator::allreduce). Aliasing: exactly the same view, or
+// no overlap at all.
 //
 // Algorithms:
 //   ring                pipelined reduce-scatter then allgather over the ring

@@ -5,6 +5,8 @@
 // dtype or count differs from the matching send raises PeerMismatch on the
 // receiver, and its buffer is never written past its end. Messages between
 // one pair of ranks with one tag arrive in the order they were posted.
+// Aliasing: a receive's buffer must not overlap any other buffer of the
+// batch (InvalidArgument); sends may share buffers.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,7 @@
 // input holds size() * output.numel elements; chunk r is
 // input[r * output.numel, (r + 1) * output.numel). Runs the pipelined ring
 // (the reduce-scatter half of the ring allreduce). The input is not modified.
+// Aliasing: the output must not overlap the input (InvalidArgument).
 #pragma once
 
 #include "relaxcc/collectives/options.h"

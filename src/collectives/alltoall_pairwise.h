@@ -1,0 +1,40 @@
+// Alltoall(v) over point-to-point messages: one message to and from every
+// other rank, all posted at once (receives once the edge's headers matched),
+// and the rank's own block copied locally. Each edge's header carries the
+// elements this rank sends the peer and expects from it, so counts that do
+// not match across ranks give PeerMismatch on every rank.
+#pragma once
+
+#include <vector>
+
+#include "edge_op.h"
+
+namespace relaxcc::mpi {
+
+class AlltoallPairwiseOp final : public EdgeOp {
+ public:
+  // Counts and displacements in elements, per rank of the lane.
+  AlltoallPairwiseOp(std::string name, int priority, std::string label, const TensorView& input,
+                     std::vector<int64_t> send_counts, const TensorView& output,
+                     std::vector<int64_t> recv_counts, int rank, int size);
+
+ private:
+  void run(Transport& t) override;
+  void on_sent(Transport& t, int pi, int64_t msg) override;
+  void on_received(Transport& t, int pi, int64_t msg) override;
+  bool data_done() const override { return sent_ == to_send_ && received_ == to_receive_; }
+
+  struct Peer {
+    int rank;
+    int index;  // EdgeOp peer index
+    bool send_posted = false, recv_posted = false;
+  };
+  TensorView input_, output_;
+  std::vector<int64_t> send_counts_, recv_counts_, send_offset_, recv_offset_;
+  int rank_;
+  std::vector<Peer> peers_;
+  bool copied_ = false;
+  int to_send_ = 0, to_receive_ = 0, sent_ = 0, received_ = 0;
+};
+
+}  // namespace relaxcc::mpi
