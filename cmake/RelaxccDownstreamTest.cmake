@@ -1,6 +1,15 @@
 # CTest script: install relaxcc into a scratch prefix, then configure, build
-# and run examples/downstream against it with find_package(relaxcc).
-# Inputs: SOURCE_DIR, BINARY_DIR, WORK_DIR, MPIEXEC.
+# and run one project of examples/ against it with find_package(relaxcc).
+# Inputs: SOURCE_DIR, BINARY_DIR, WORK_DIR, MPIEXEC; EXAMPLE, the folder
+# under examples/ (default downstream), whose executable has the folder's
+# name; RANKS, the mpiexec ranks to run it at (default 2; 0 runs it without
+# mpiexec).
+if(NOT DEFINED EXAMPLE)
+  set(EXAMPLE downstream)
+endif()
+if(NOT DEFINED RANKS)
+  set(RANKS 2)
+endif()
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
@@ -12,7 +21,11 @@ function(run)
 endfunction()
 
 run(${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${prefix})
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/downstream -B ${WORK_DIR}/build -G Ninja
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/${EXAMPLE} -B ${WORK_DIR}/build -G Ninja
     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${MPIEXEC} -n 2 --oversubscribe ${WORK_DIR}/build/downstream)
+if(RANKS EQUAL 0)
+  run(${WORK_DIR}/build/${EXAMPLE})
+else()
+  run(${MPIEXEC} -n ${RANKS} --oversubscribe ${WORK_DIR}/build/${EXAMPLE})
+endif()
