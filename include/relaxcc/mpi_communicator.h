@@ -1,13 +1,21 @@
 // MpiCommunicator: the Communicator over Open MPI (or any MPI-3 library).
 //
-// MPI thread level: relaxcc needs MPI_THREAD_MULTIPLE, because each
-// communicator's engine thread makes MPI calls while other threads (other
-// communicators' engines, the application) may make theirs.
-//   - If the application already called MPI_Init_thread, relaxcc never
-//     initializes MPI, and create() throws Unsupported when the provided
-//     level is below MPI_THREAD_MULTIPLE.
-//   - Otherwise create() calls MPI_Init_thread(MPI_THREAD_MULTIPLE) and
-//     registers MPI_Finalize to run at process exit.
+// MPI initialization and thread level. relaxcc needs MPI_THREAD_MULTIPLE,
+// because each communicator's engine thread makes MPI calls while other
+// threads (other communicators' engines, the application) may make theirs.
+//   - When MPI is not initialized, create_mpi_communicator() calls
+//     MPI_Init_thread(MPI_THREAD_MULTIPLE) itself and registers MPI_Finalize
+//     to run at process exit (std::atexit). An application that uses MPI
+//     only through relaxcc needs no MPI call of its own.
+//   - An application that makes MPI calls itself, or passes its own MPI_Comm
+//     in MpiCommunicatorOptions::comm, must call
+//     MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) before its first relaxcc
+//     call (plain MPI_Init gives a lower level). relaxcc then never
+//     initializes or finalizes MPI: the application calls MPI_Finalize
+//     itself, after releasing every relaxcc communicator (and every object
+//     that holds one, such as a Reducer).
+//   - create_mpi_communicator() throws Unsupported when MPI was initialized
+//     with a level below MPI_THREAD_MULTIPLE.
 //
 // Threading: one engine thread per communicator owns every MPI call on it.
 // Calling threads only enqueue operations and wait on Work. The engine
