@@ -98,7 +98,6 @@ std::string describe(const OpHeader& h, int peer) {
                              rank_name(peer), " and expects ", h.from_peer, " from it");
       break;
     case OpType::barrier:
-      if (h.algo == 1) what += " before a communicator split";
       break;
     case OpType::handshake:
       what = detail::concat("the creation handshake of relaxcc ", version_name(h.count));
@@ -134,8 +133,7 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
           type == OpType::allreduce
               ? "different algorithms (AllreduceOptions::algo, or RELAXCC_ALLREDUCE_ALGO's "
                 "choice by size)"
-          : type == OpType::barrier ? "a communicator split on one rank, a barrier on the other"
-                                    : "different algorithms");
+              : "different algorithms");
     }
     if (mine.root != theirs.root) diffs.emplace_back("different roots");
     // A layout follows from the count and the algorithm: only a difference
@@ -148,18 +146,22 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
           : type == OpType::allgather ? "different per-rank counts (allgatherv) or segment size"
                                       : "different segment size or per-rank counts");
     }
-    if (mine.to_peer != theirs.from_peer)
+    if (mine.lane != theirs.lane)
+      diffs.emplace_back("operations of different communicators or groups whose messages met");
+    // Per-edge counts follow from the count too (except alltoallv's): they
+    // are news only when nothing else differs.
+    const bool edges_news = diffs.empty();
+    if (edges_news && mine.to_peer != theirs.from_peer)
       diffs.push_back(detail::concat("rank ", me, " sends ", mine.to_peer, " elements to rank ",
                                      peer, ", which expects ", theirs.from_peer));
-    if (mine.from_peer != theirs.to_peer)
+    if (edges_news && mine.from_peer != theirs.to_peer)
       diffs.push_back(detail::concat("rank ", me, " expects ", mine.from_peer,
                                      " elements from rank ", peer, ", which sends ",
                                      theirs.to_peer));
     if ((mine.shm_pid != 0) != (theirs.shm_pid != 0))
       diffs.emplace_back(
           "a node-shared buffer (Communicator::allocate) on one rank and a private one on the "
-          "other; "
-          "shared buffers must be used on every rank or none");
+          "other; shared buffers must be used on every rank or none");
   }
   for (size_t i = 0; i < diffs.size(); ++i) text += (i == 0 ? ": " : "; ") + diffs[i];
   return text;
