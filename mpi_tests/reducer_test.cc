@@ -8,11 +8,16 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <gtest/gtest.h>
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
 #include "relaxcc/reducer.h"
 #include "test_util.h"
 
@@ -406,6 +411,269 @@ TEST(Reducer, BadInputRaisesClearErrors) {
       EXPECT_NE(std::string(e.what()).find("tensor #2"), std::string::npos) << e.what();
     }
   }
+}
+
+// The message of the PeerMismatch that constructing a Reducer over `specs`
+// throws ("" when it does not throw).
+std::string construction_mismatch(const std::vector<TensorSpec>& specs) {
+  try {
+    Reducer bad(test::world(), specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+  } catch (const PeerMismatch& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Reducer, PlanMismatchNamesBothRanksAndBothTensors) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "a single rank agrees with itself";
+  const std::string prefix = "Reducer: ranks registered different tensors: ";
+  {
+    // Rank 1's g1 has another shape; every rank raises the same message.
+    Model m({10, r == 1 ? 11 : 10});
+    const std::string what = construction_mismatch(m.specs);
+    EXPECT_NE(
+        what.find(
+            prefix +
+            "tensor #2 is 'g1' (11 x f32) on rank 1 but 'g1' (10 x f32) on rank 0; rank 1 has "
+            "4 tensors, rank 0 has 4"),
+        std::string::npos)
+        << what;
+  }
+  {
+    // Every rank but 0 has another name and dtype at #1: the lowest rank is named.
+    Model m({10});
+    std::vector<double> other(10);
+    if (r != 0) m.specs[1] = {"q0", TensorView::host(other.data(), 10), TensorRole::parameter};
+    const std::string what = construction_mismatch(m.specs);
+    EXPECT_NE(
+        what.find(
+            prefix +
+            "tensor #1 is 'q0' (10 x f64) on rank 1 but 'p0' (10 x f32) on rank 0; rank 1 has "
+            "2 tensors, rank 0 has 2"),
+        std::string::npos)
+        << what;
+  }
+  {
+    // The last rank registers a tensor more, or a tensor fewer, than rank 0.
+    Model more({10, 20, 5}), fewer({10});
+    Model base({10, 20});
+    const std::string last = std::to_string(n - 1);
+    std::string what = construction_mismatch(r == n - 1 ? more.specs : base.specs);
+    EXPECT_NE(
+        what.find(prefix + "tensor #4 is 'g2' (5 x f32) on rank " + last +
+                  " but does not exist on rank 0; rank " + last + " has 6 tensors, rank 0 has 4"),
+        std::string::npos)
+        << what;
+    what = construction_mismatch(r == n - 1 ? fewer.specs : base.specs);
+    EXPECT_NE(what.find(prefix + "tensor #2 does not exist on rank " + last +
+                        " but is 'g1' (20 x f32) on rank 0; rank " + last +
+                        " has 2 tensors, rank 0 has 4"),
+              std::string::npos)
+        << what;
+  }
+  {
+    // Same name and shape, another role: the roles are shown.
+    Model m({10});
+    if (r == 1) m.specs[1].role = TensorRole::gradient;
+    const std::string what = construction_mismatch(m.specs);
+    EXPECT_NE(
+        what.find(
+            prefix +
+            "tensor #1 is 'p0' (10 x f32, gradient) on rank 1 but 'p0' (10 x f32, parameter) on "
+            "rank 0"),
+        std::string::npos)
+        << what;
+  }
+  // Ranks that agree construct normally afterwards.
+  Model m({10});
+  EXPECT_EQ(construction_mismatch(m.specs), "");
+}
+
+TEST(Reducer, IterationsCountBackwardPassesAndNameReadinessErrors) {
+  auto comm = test::world();
+  Model m({10, 10});
+  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+  Sgd sgd(SgdOptions{0.1f});
+  // Iteration 0 (with an optimizer step), 1 (begun implicitly), 2 (no_sync).
+  reducer.begin_step();
+  reducer.mark_ready(0);
+  reducer.mark_ready(2);
+  reducer.synchronize();
+  reducer.optimizer_step(sgd);
+  reducer.mark_ready(2);
+  reducer.synchronize();
+  reducer.set_no_sync(true);
+  reducer.begin_step();
+  reducer.mark_ready(0);
+  reducer.synchronize();
+  reducer.set_no_sync(false);
+  EXPECT_EQ(reducer.iteration(), 3);
+  EXPECT_EQ(reducer.step(), 1);
+  reducer.begin_step();
+  try {
+    reducer.begin_step();
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "Reducer: begin_step inside iteration 3, which synchronize() has not ended"),
+              std::string::npos)
+        << e.what();
+  }
+  reducer.mark_ready(0);
+  try {
+    reducer.mark_ready(0);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "Reducer: tensor 'g0' marked ready twice in iteration 3 (iterations count "
+                  "backward passes since construction, from 0, each ended by synchronize(); "
+                  "optimizer steps so far: 1)"),
+              std::string::npos)
+        << e.what();
+  }
+  reducer.mark_ready(2);
+  reducer.synchronize();
+  EXPECT_EQ(reducer.iteration(), 4);
+  EXPECT_EQ(reducer.step(), 1);
+}
+
+// Captures what this process writes to stderr (file descriptor 2), where
+// RELAXCC_LOG writes, from construction to finish().
+class StderrCapture {
+ public:
+  StderrCapture() : file_(std::tmpfile()) {
+    std::fflush(stderr);
+    saved_ = dup(2);
+    dup2(fileno(file_), 2);
+  }
+  ~StderrCapture() {
+    if (file_) finish();
+  }
+  std::string finish() {
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    std::string out;
+    std::rewind(file_);
+    char buf[4096];
+    for (size_t got; (got = std::fread(buf, 1, sizeof buf, file_)) > 0;) out.append(buf, got);
+    std::fclose(file_);
+    file_ = nullptr;
+    return out;
+  }
+
+ private:
+  std::FILE* file_;
+  int saved_ = -1;
+};
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
+}
+
+TEST(Reducer, TensorMarkedOnSomeRanksOnlyIsWarnedOncePerTensor) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "a single rank marks a tensor everywhere or nowhere";
+  Model m({100, 100, 100});
+  Reducer reducer(comm, m.specs,
+                  std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                  ExecContext::host());
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::warn);
+  StderrCapture capture;
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    m.fill(r, iteration);
+    reducer.begin_step();
+    // g0: forgotten by the last rank from iteration 1 on; g1: by rank 0
+    // always; g2: unused everywhere (no warning).
+    if (r != n - 1 || iteration == 0) reducer.mark_ready(Model::grad_index(0));
+    if (r != 0) reducer.mark_ready(Model::grad_index(1));
+    reducer.synchronize();
+  }
+  const std::string logged = capture.finish();
+  set_log_level(level);
+  // "rank 1", "ranks 1,2", "ranks 1-3"; "rank 0", "ranks 0,1", "ranks 0-2".
+  auto span = [](int lo, int hi) {
+    if (lo == hi) return "rank " + std::to_string(lo);
+    return "ranks " + std::to_string(lo) + (hi == lo + 1 ? "," : "-") + std::to_string(hi);
+  };
+  const std::string g1 =
+      "Reducer: tensor 'g1' was marked ready on " + span(1, n - 1) +
+      " but not on rank 0 in iteration 0: where it was not marked it counts as unused";
+  const std::string g0 = "Reducer: tensor 'g0' was marked ready on " + span(0, n - 2) +
+                         " but not on rank " + std::to_string(n - 1) + " in iteration 1";
+  if (r == 0) {
+    EXPECT_EQ(occurrences(logged, g1), 1u) << logged;
+    EXPECT_EQ(occurrences(logged, g0), 1u) << logged;
+    EXPECT_EQ(occurrences(logged, "relaxcc WARN Reducer: tensor '"), 2u) << logged;
+  } else {
+    EXPECT_EQ(logged.find("Reducer: tensor '"), std::string::npos) << logged;  // rank 0 warns
+  }
+  // The warning changes nothing: g1 is what the other ranks contributed.
+  for (size_t j = 0; j < 100; j += 11) ASSERT_EQ(m.grads[1][j], m.expected_sum(n, 1, j, 2, 0));
+}
+
+// A rank configured differently (bucket tuning on rank 0 only) runs other
+// internal collectives: the PeerMismatch names what each was for.
+TEST(Reducer, InternalCollectivesNameWhatTheyAreFor) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "a single rank cannot disagree";
+  Model m({10});
+  ReducerOptions o;
+  o.auto_tune_buckets = r == 0;  // rank 0 agrees on bucket memory once more
+  try {
+    Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host(), o);
+    reducer.begin_step();
+    reducer.synchronize();  // g0 unused: nothing on the wire but the agreement
+    FAIL() << "no throw";
+  } catch (const PeerMismatch& e) {
+    const std::string what = e.what();
+    if (r == 0) {
+      EXPECT_NE(what.find("of 'Reducer: agreement on bucket memory (node-shared or ordinary)'"),
+                std::string::npos)
+          << what;
+    } else {
+      EXPECT_NE(what.find("Reducer: agreement on unused tensors of iteration 0"), std::string::npos)
+          << what;
+    }
+  }
+}
+
+// A rank late past the timeout: the Timeout names the agreement it was in.
+TEST(Reducer, TimeoutNamesTheAgreement) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "a single rank waits for nobody";
+  Model m({10});
+  ReducerOptions o;
+  o.timeout = 2s;
+  MPI_Barrier(MPI_COMM_WORLD);
+  int timed_out = 0;
+  {
+    Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host(), o);
+    reducer.begin_step();
+    if (r == 1) std::this_thread::sleep_for(5s);
+    const std::string label = "Reducer: agreement on unused tensors of iteration 0";
+    try {
+      reducer.synchronize();
+      FAIL() << "no throw";
+    } catch (const Timeout& e) {
+      timed_out = 1;
+      EXPECT_NE(std::string(e.what()).find(label + ": allreduce #"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("did not complete within 2000 ms"), std::string::npos)
+          << e.what();
+    } catch (const CommunicationError& e) {  // told by a rank that timed out
+      EXPECT_NE(std::string(e.what()).find(label), std::string::npos) << e.what();
+    }
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &timed_out, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_GE(timed_out, 1);
 }
 
 // Rejects bucket 1 while `reject` is set (on every rank alike).

@@ -21,18 +21,39 @@
 //                            bucket views); after synchronize() every
 //                            gradient holds its result.
 //
-// Unused tensors: a tensor that gets no gradient in a step is settled by
-// agreement, never by a hang. At synchronize() ranks OR a bitmap of the
+// Iterations and steps. An iteration is one backward pass, as in PyTorch
+// DDP: it starts at begin_step() (or implicitly at the first mark_ready() or
+// at synchronize()) and ends when synchronize() returns or throws, no_sync
+// iterations included. iteration() counts the iterations that ended, so the
+// one in progress is number iteration(), from 0. step() counts optimizer
+// steps (optimizer_step() calls): the step algorithms see (StepInfo::step);
+// with gradient accumulation several iterations make one step. The rules on
+// readiness hold per iteration (each gradient is marked ready at most once),
+// and the errors and warnings about them name the iteration.
+//
+// Unused tensors: a tensor that gets no gradient in an iteration is settled
+// by agreement, never by a hang. At synchronize() ranks OR a bitmap of the
 // tensors they marked (on a communicator of the Reducer's own, so the
 // agreement never interleaves with bucket traffic). A tensor used somewhere
 // contributes zeros where it was not used; a tensor unused everywhere is left
-// untouched, as in DDP.
+// untouched, as in DDP. A tensor marked on some ranks but not on others may
+// be a gradient a rank forgot to mark (its gradient is then lost): the first
+// time that happens to a tensor, ranks exchange who marked it and rank 0
+// logs a warning naming the tensor and both sets of ranks, once per tensor
+// for the Reducer's lifetime.
 //
 // The plan is verified across ranks at construction (PeerMismatch names the
-// first tensor that differs) and, with rebuild_after_first_step, rebuilt once
-// from the order in which gradients became ready in the first step (rank 0's
-// order, broadcast), as PyTorch DDP does; on_plan_changed callbacks fire so
-// frontends re-fetch bucket views.
+// first tensor that differs, with its name, shape and dtype on both ranks)
+// and, with rebuild_after_first_step, rebuilt once from the order in which
+// gradients became ready in the first iteration (rank 0's order, broadcast),
+// as PyTorch DDP does; on_plan_changed callbacks fire so frontends re-fetch
+// bucket views.
+//
+// Errors of the Reducer's own collectives (plan agreement, bucket memory,
+// unused tensors, tuning, rebuild) and of the waits on bucket and algorithm
+// Works keep their type and name what they were for: their OpOptions::label
+// ("Reducer: agreement on unused tensors of iteration 3") is in front of, or
+// inside, the message.
 #pragma once
 
 #include <atomic>
@@ -73,17 +94,21 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Starts a step: resets readiness and calls Algorithm::on_step_begin.
+  // Starts an iteration: resets readiness and calls
+  // Algorithm::on_step_begin. Throws InvalidArgument inside an iteration
+  // that synchronize() has not ended.
   void begin_step();
   // Tensor `index` (registration order) has its gradient. Throws
-  // InvalidArgument for an unknown tensor or one marked twice in a step.
+  // InvalidArgument for an unknown tensor or one marked twice in an
+  // iteration.
   // With copied gradients a failure to dispatch a bucket is raised by
   // synchronize(); with bucket views, by the mark_ready that completed it.
   void mark_ready(int index);
   void mark_ready(const std::string& name);
-  // End of backward; see above. Throws what the communication threw.
+  // End of backward and of the iteration; see above. Throws what the
+  // communication threw.
   void synchronize();
-  // Gradient accumulation: while set, steps communicate nothing.
+  // Gradient accumulation: while set, iterations communicate nothing.
   void set_no_sync(bool no_sync);
   // The optimizer step and its hooks: `optimizer` updates each gradient's
   // partner parameter (TensorSpec::partner) from the reduced gradient,
@@ -96,7 +121,10 @@ class Reducer {
   void on_plan_changed(std::function<void()> callback);
   const BucketPlan& plan() const { return plan_; }
   uint64_t plan_version() const { return plan_version_; }
+  // Optimizer steps completed (see above).
   int64_t step() const { return step_; }
+  // Iterations (backward passes) ended (see above).
+  int64_t iteration() const;
   Algorithm& algorithm() { return *algorithm_; }
   // Seconds since construction at which each bucket of the last step was
   // handed to the algorithm (for overlap measurements and tests).
@@ -113,8 +141,21 @@ class Reducer {
   // ordinary memory on every rank if any rank could not get it. Collective.
   std::vector<TensorView> allocate_buckets(const BucketPlan& plan);
   void verify_plan_across_ranks();
+  // Submits one of the Reducer's own collectives (`submit` is given the
+  // label for its options) and waits for it with the Reducer's timeout. A
+  // failure is rethrown as the same type, with `label` in front when its
+  // message does not already name it.
+  void run_labeled(const std::string& label,
+                   const std::function<WorkPtr(const std::string&)>& submit);
   void dispatch_ready_buckets_locked();
+  // Collective: the unused-tensor agreement, and the once-per-tensor warning
+  // about tensors marked on some ranks only.
   void settle_unused();
+  // Collective, given the agreed flags of settle_unused (this rank's marks
+  // in `local`): rank 0 warns about each tensor that is marked on some ranks
+  // but not on others for the first time.
+  void warn_partly_marked(const std::vector<uint8_t>& agreed, const std::vector<uint8_t>& local,
+                          int64_t iteration);
   void rebuild_from_ready_order();
   void tune_at_step_boundary();
   void copy_out(int bucket);
@@ -151,7 +192,8 @@ class Reducer {
   std::vector<int> ready_order_;
   std::vector<std::function<void()>> plan_callbacks_;
   std::vector<double> dispatch_times_;
-  std::vector<char> untouched_;  // unused on every rank in this step
+  std::vector<char> untouched_;      // unused on every rank in this iteration
+  std::vector<char> warned_;         // partly marked, warned about (same on every rank)
   std::vector<WorkPtr> step_works_;  // from on_step_begin
   std::chrono::steady_clock::time_point created_;
   std::unique_ptr<BucketTuner> tuner_;
@@ -159,8 +201,9 @@ class Reducer {
 
   mutable std::mutex mutex_;
   std::mutex start_mutex_;
-  int64_t step_ = 0;
-  bool in_step_ = false;
+  int64_t step_ = 0;       // optimizer steps
+  int64_t iteration_ = 0;  // iterations ended (under mutex_)
+  bool in_step_ = false;   // an iteration is in progress
   bool no_sync_ = false;
   bool rebuilt_ = false;
 

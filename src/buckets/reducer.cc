@@ -24,19 +24,113 @@ void wake_copier(std::atomic<uint64_t>& wake) {
   wake.notify_all();
 }
 
-// Waits for every Work and rethrows the first failure.
-void wait_all(std::vector<WorkPtr>& works, std::chrono::milliseconds timeout) {
+// Rethrows `e` as its own type with `label` in front of its message, unless
+// the message already names the label.
+template <typename E>
+[[noreturn]] void throw_labeled(const E& e, const std::string& label) {
+  if (e.message().find(label) != std::string::npos) throw;
+  throw E(detail::concat(label, ": ", e.message()), e.file(), e.line());
+}
+
+// Called inside a catch block: rethrows the current exception with `label`
+// (throw_labeled) when it is one of relaxcc's errors, unchanged otherwise.
+[[noreturn]] void rethrow_labeled(const std::string& label) {
+  try {
+    throw;
+  } catch (const Timeout& e) {
+    throw_labeled(e, label);
+  } catch (const PeerMismatch& e) {
+    throw_labeled(e, label);
+  } catch (const CommunicatorPoisoned& e) {
+    throw_labeled(e, label);
+  } catch (const CommunicationError& e) {
+    throw_labeled(e, label);
+  } catch (const InvalidArgument& e) {
+    throw_labeled(e, label);
+  } catch (const Unsupported& e) {
+    throw_labeled(e, label);
+  } catch (const CorruptPayload& e) {
+    throw_labeled(e, label);
+  } catch (const InternalError& e) {
+    throw_labeled(e, label);
+  }
+}
+
+// Waits for `work` and rethrows its failure with `label` (rethrow_labeled).
+void wait_labeled(const WorkPtr& work, std::chrono::milliseconds timeout,
+                  const std::string& label) {
+  try {
+    work->wait(timeout);
+  } catch (...) {
+    rethrow_labeled(label);
+  }
+}
+
+// Waits for every Work and rethrows the first failure, with `label`.
+void wait_all(std::vector<WorkPtr>& works, std::chrono::milliseconds timeout,
+              const std::string& label) {
   std::exception_ptr first;
   for (auto& w : works) {
     if (!w) continue;
     try {
-      w->wait(timeout);
+      wait_labeled(w, timeout, label);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
   }
   works.clear();
   if (first) std::rethrow_exception(first);
+}
+
+const char* role_name(TensorRole role) {
+  switch (role) {
+    case TensorRole::gradient:
+      return "gradient";
+    case TensorRole::parameter:
+      return "parameter";
+    case TensorRole::optimizer_state:
+      return "optimizer state";
+  }
+  return "unknown role";
+}
+
+// One rank's tensor #index, as the plan agreement reports it.
+struct TensorSummary {
+  int64_t count = 0;  // tensors the rank registered
+  bool present = false;
+  std::string name;
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+  TensorRole role = TensorRole::gradient;
+};
+
+// "'layer2' (4096 x f32) on rank 1", with the role when `show_role`, or
+// "does not exist on rank 1"; `verb` goes before a tensor that exists.
+std::string describe(const TensorSummary& t, int rank, bool show_role, const char* verb) {
+  if (!t.present) return detail::concat("does not exist on rank ", rank);
+  return detail::concat(verb, "'", t.name, "' (", t.numel, " x ", dtype_name(t.dtype),
+                        show_role ? std::string(", ") + role_name(t.role) : std::string(),
+                        ") on rank ", rank);
+}
+
+// "rank 0", "ranks 1-3", "ranks 0,2-5,7": the ranks r with marks[r] == want.
+std::string rank_list(const std::vector<uint8_t>& marks, uint8_t want) {
+  std::string out;
+  int listed = 0;
+  const int n = static_cast<int>(marks.size());
+  for (int r = 0; r < n;) {
+    if (marks[r] != want) {
+      ++r;
+      continue;
+    }
+    int last = r;
+    while (last + 1 < n && marks[last + 1] == want) ++last;
+    if (!out.empty()) out += ",";
+    out += last == r ? std::to_string(r) : detail::concat(r, last == r + 1 ? "," : "-", last);
+    listed += last - r + 1;
+    r = last + 1;
+  }
+  return detail::concat(listed == 1 ? "rank " : "ranks ", out);
 }
 
 }  // namespace
@@ -64,6 +158,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
     context_.flat_offset.push_back(flat);
     flat += t.view.numel;
   }
+  warned_.assign(tensors_.size(), 0);
   side_ = comm_->split(0, comm_->rank());
   context_.comm = comm_;
   context_.tensors = &tensors_;
@@ -96,9 +191,19 @@ void Reducer::tune_at_step_boundary() {
   last_begin_ = now;
   if (first) return;
   double step_seconds = local;  // the slowest rank's step
-  AllreduceOptions o;
-  o.op = ReduceOp::max;
-  side_->allreduce(TensorView::host(&step_seconds, 1), ExecContext::host(), o)->wait(timeout());
+  int64_t iteration = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    iteration = iteration_;
+  }
+  run_labeled(
+      detail::concat("Reducer: bucket tuning: the slowest step time before iteration ", iteration),
+      [&](const std::string& label) {
+        AllreduceOptions o;
+        o.op = ReduceOp::max;
+        o.label = label;
+        return side_->allreduce(TensorView::host(&step_seconds, 1), ExecContext::host(), o);
+      });
   if (!tuner_->record(step_seconds)) return;
   options_.plan.cap_bytes = tuner_->current_cap();
   options_.plan.first_cap_bytes = std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
@@ -143,9 +248,13 @@ std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
         e.what());
     shared_ok = 0;
   }
-  AllreduceOptions o;
-  o.op = ReduceOp::min;
-  side_->allreduce(TensorView::host(&shared_ok, 1), ExecContext::host(), o)->wait(timeout());
+  run_labeled("Reducer: agreement on bucket memory (node-shared or ordinary)",
+              [&](const std::string& label) {
+                AllreduceOptions o;
+                o.op = ReduceOp::min;
+                o.label = label;
+                return side_->allreduce(TensorView::host(&shared_ok, 1), ExecContext::host(), o);
+              });
   if (!shared_ok) {
     auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
     arena = TensorView(memory->data(), total, DType::u8, Device::host(), memory);
@@ -183,12 +292,29 @@ void Reducer::install_plan(BucketPlan plan) {
   untouched_.assign(tensors_.size(), 0);
 }
 
+void Reducer::run_labeled(const std::string& label,
+                          const std::function<WorkPtr(const std::string&)>& submit) {
+  WorkPtr work;
+  try {
+    work = submit(label);  // throws CommunicatorPoisoned on a poisoned communicator
+  } catch (...) {
+    rethrow_labeled(label);
+  }
+  wait_labeled(work, timeout(), label);
+}
+
 void Reducer::verify_plan_across_ranks() {
-  // Rank 0's description of every tensor; each rank finds its first
-  // difference, and the minimum over ranks is raised everywhere.
+  // Rank 0's description of every tensor (name hash, dtype, numel, role);
+  // each rank finds its first difference, and the lowest (tensor, rank) pair
+  // over ranks is raised everywhere, with that rank's and rank 0's tensor.
+  const std::string label = "Reducer: plan agreement";
   const int64_t count = static_cast<int64_t>(tensors_.size());
   int64_t root_count = count;
-  side_->broadcast(TensorView::host(&root_count, 1), ExecContext::host())->wait(timeout());
+  run_labeled(label + " (rank 0's tensor count)", [&](const std::string& l) {
+    BroadcastOptions o;
+    o.label = l;
+    return side_->broadcast(TensorView::host(&root_count, 1), ExecContext::host(), o);
+  });
   std::vector<int64_t> mine(static_cast<size_t>(count) * 4);
   for (int64_t i = 0; i < count; ++i) {
     const TensorSpec& t = tensors_[i];
@@ -199,24 +325,83 @@ void Reducer::verify_plan_across_ranks() {
   }
   std::vector<int64_t> root(static_cast<size_t>(root_count) * 4 + 1);
   if (comm_->rank() == 0) std::copy(mine.begin(), mine.end(), root.begin());
-  side_->broadcast(TensorView::host(root.data(), root_count * 4), ExecContext::host())->wait(timeout());
-  int64_t first = std::numeric_limits<int64_t>::max();
+  if (root_count > 0) {
+    run_labeled(label + " (rank 0's tensors)", [&](const std::string& l) {
+      BroadcastOptions o;
+      o.label = l;
+      return side_->broadcast(TensorView::host(root.data(), root_count * 4), ExecContext::host(),
+                              o);
+    });
+  }
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  int64_t first = kNone;
   for (int64_t i = 0; i < std::max(count, root_count); ++i) {
     if (i >= count || i >= root_count || !std::equal(mine.begin() + 4 * i, mine.begin() + 4 * i + 4, root.begin() + 4 * i)) {
       first = i;
       break;
     }
   }
-  int64_t global = first;
-  AllreduceOptions o;
-  o.op = ReduceOp::min;
-  side_->allreduce(TensorView::host(&global, 1), ExecContext::host(), o)->wait(timeout());
-  if (global == std::numeric_limits<int64_t>::max()) return;
-  const std::string here = global < count ? detail::concat("'", tensors_[global].name, "' (", tensors_[global].view.numel,
-                                                           " x ", tensors_[global].view.dtype, ")")
-                                          : std::string("no tensor");
-  RELAXCC_THROW(PeerMismatch, "Reducer: ranks registered different tensors: the first difference is tensor #", global,
-                "; rank ", comm_->rank(), " has ", here, " (", count, " tensors), rank 0 has ", root_count, " tensors");
+  // (first difference, rank) packed so that the minimum over ranks is the
+  // lowest tensor, then the lowest rank.
+  const int n = comm_->size();
+  int64_t key = first == kNone ? kNone : first * n + comm_->rank();
+  run_labeled(label + " (first difference)", [&](const std::string& l) {
+    AllreduceOptions o;
+    o.op = ReduceOp::min;
+    o.label = l;
+    return side_->allreduce(TensorView::host(&key, 1), ExecContext::host(), o);
+  });
+  if (key == kNone) return;
+  const int64_t index = key / n;
+  const int other = static_cast<int>(key % n);
+  // `root`'s tensor #index, broadcast: a fixed header, then the name.
+  auto summary_of = [&](int from) {
+    TensorSummary t;
+    const bool here = index < count;
+    int64_t header[6] = {count, here ? 1 : 0, 0, 0, 0, 0};
+    std::string name;
+    if (here) {
+      const TensorSpec& spec = tensors_[index];
+      header[2] = spec.view.numel;
+      header[3] = static_cast<int64_t>(spec.view.dtype);
+      header[4] = static_cast<int64_t>(spec.role);
+      header[5] = static_cast<int64_t>(spec.name.size());
+      name = spec.name;
+    }
+    const std::string what = detail::concat(label, " (rank ", from, "'s tensor #", index, ")");
+    run_labeled(what, [&](const std::string& l) {
+      BroadcastOptions o;
+      o.root = from;
+      o.label = l;
+      return side_->broadcast(TensorView::host(header, 6), ExecContext::host(), o);
+    });
+    name.resize(static_cast<size_t>(header[5]));
+    if (header[5] > 0) {
+      run_labeled(what, [&](const std::string& l) {
+        BroadcastOptions o;
+        o.root = from;
+        o.label = l;
+        return side_->broadcast(TensorView(name.data(), header[5], DType::u8), ExecContext::host(),
+                                o);
+      });
+    }
+    t.count = header[0];
+    t.present = header[1] != 0;
+    t.numel = header[2];
+    t.dtype = static_cast<DType>(header[3]);
+    t.role = static_cast<TensorRole>(header[4]);
+    t.name = std::move(name);
+    return t;
+  };
+  const TensorSummary theirs = summary_of(other);
+  const TensorSummary ours = summary_of(0);
+  const bool show_role = theirs.present && ours.present && theirs.role != ours.role;
+  // "tensor #3 is 'a' (8 x f32) on rank 1 but 'a' (4 x f32) on rank 0",
+  // "tensor #5 does not exist on rank 1 but is 'b' (2 x f32) on rank 0".
+  RELAXCC_THROW(PeerMismatch, "Reducer: ranks registered different tensors: tensor #", index, " ",
+                describe(theirs, other, show_role, "is "), " but ",
+                describe(ours, 0, show_role, theirs.present ? "" : "is "), "; rank ", other,
+                " has ", theirs.count, " tensors, rank 0 has ", ours.count);
 }
 
 void Reducer::begin_step() { start_step(false); }
@@ -227,7 +412,11 @@ void Reducer::start_step(bool implicit) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_step_ && implicit) return;
-    RELAXCC_ENFORCE(!in_step_, InvalidArgument, "Reducer: begin_step while step ", step_, " is not synchronized");
+    if (in_step_)
+      RELAXCC_THROW(InvalidArgument, "Reducer: begin_step inside iteration ", iteration_,
+                    ", which synchronize() has not ended (iterations count backward passes since "
+                    "construction, "
+                    "from 0)");
   }
   if (tuner_ && !tuner_->done() && !no_sync_) tune_at_step_boundary();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -260,8 +449,12 @@ void Reducer::mark_ready(int index) {
                   tensors_[index].name, "', which is not a gradient");
   start_step(true);
   std::lock_guard<std::mutex> lock(mutex_);
-  RELAXCC_ENFORCE(!marked_[index], InvalidArgument, "Reducer: tensor '", tensors_[index].name,
-                  "' marked ready twice in step ", step_);
+  if (marked_[index])
+    RELAXCC_THROW(InvalidArgument, "Reducer: tensor '", tensors_[index].name,
+                  "' marked ready twice in iteration ", iteration_,
+                  " (iterations count backward passes since construction, from 0, each ended by "
+                  "synchronize(); optimizer steps so far: ",
+                  step_, ")");
   marked_[index] = 1;
   ready_order_.push_back(index);
   if (no_sync_) return;
@@ -353,48 +546,112 @@ void Reducer::dispatch_ready_buckets_locked() {
 }
 
 void Reducer::settle_unused() {
-  std::vector<uint8_t> used(tensors_.size(), 0);
+  // flags[i]: tensor i is marked here; flags[count + i]: a gradient not
+  // marked here. After the max over ranks: used somewhere, unused somewhere.
+  const size_t count = tensors_.size();
+  std::vector<uint8_t> flags(2 * count, 0);
+  int64_t iteration = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < tensors_.size(); ++i) used[i] = marked_[i] ? 1 : 0;
+    iteration = iteration_;
+    for (size_t i = 0; i < count; ++i) {
+      if (tensors_[i].role != TensorRole::gradient) continue;
+      flags[i] = marked_[i] ? 1 : 0;
+      flags[count + i] = marked_[i] ? 0 : 1;
+    }
   }
-  AllreduceOptions o;
-  o.op = ReduceOp::max;
-  side_->allreduce(TensorView(used.data(), static_cast<int64_t>(used.size()), DType::u8), ExecContext::host(), o)
-      ->wait(timeout());
+  const std::vector<uint8_t> local(flags.begin(),
+                                   flags.begin() + static_cast<std::ptrdiff_t>(count));
+  run_labeled(detail::concat("Reducer: agreement on unused tensors of iteration ", iteration),
+              [&](const std::string& label) {
+                AllreduceOptions o;
+                o.op = ReduceOp::max;
+                o.label = label;
+                return side_->allreduce(
+                    TensorView(flags.data(), static_cast<int64_t>(flags.size()), DType::u8),
+                    ExecContext::host(), o);
+              });
+  warn_partly_marked(flags, local, iteration);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     if (tensors_[i].role != TensorRole::gradient || marked_[i]) continue;
     // Not used here: contribute zeros; if unused everywhere, leave it alone.
     const auto [b, e] = plan_.locate(static_cast<int>(i));
     const Bucket& bucket = plan_.buckets()[b];
     std::memset(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), 0, tensors_[i].view.nbytes());
-    untouched_[i] = used[i] ? 0 : 1;
+    untouched_[i] = flags[i] ? 0 : 1;
     marked_[i] = 1;
     --pending_[b];
   }
   dispatch_ready_buckets_locked();
 }
 
+void Reducer::warn_partly_marked(const std::vector<uint8_t>& agreed,
+                                 const std::vector<uint8_t>& local, int64_t iteration) {
+  // The agreed flags and warned_ are the same on every rank, so every rank
+  // finds the same tensors and takes part in the allgather, or none does.
+  const size_t count = tensors_.size();
+  std::vector<int> fresh;
+  for (size_t i = 0; i < count; ++i) {
+    if (agreed[i] && agreed[count + i] && !warned_[i]) {
+      fresh.push_back(static_cast<int>(i));
+      warned_[i] = 1;
+    }
+  }
+  if (fresh.empty()) return;
+  const int n = comm_->size();
+  const int64_t k = static_cast<int64_t>(fresh.size());
+  std::vector<uint8_t> mine(fresh.size()), all(fresh.size() * static_cast<size_t>(n));
+  for (size_t j = 0; j < fresh.size(); ++j) mine[j] = local[fresh[j]];
+  run_labeled(detail::concat("Reducer: which ranks marked the partly marked tensors of iteration ",
+                             iteration),
+              [&](const std::string& label) {
+                AllgatherOptions o;
+                o.label = label;
+                return side_->allgather(TensorView(mine.data(), k, DType::u8),
+                                        TensorView(all.data(), k * n, DType::u8),
+                                        ExecContext::host(), o);
+              });
+  if (comm_->rank() != 0) return;
+  for (int64_t j = 0; j < k; ++j) {
+    std::vector<uint8_t> by_rank(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) by_rank[r] = all[static_cast<size_t>(r * k + j)];
+    RELAXCC_LOG(warn, "Reducer: tensor '", tensors_[fresh[j]].name, "' was marked ready on ",
+                rank_list(by_rank, 1), " but not on ", rank_list(by_rank, 0), " in iteration ",
+                iteration,
+                ": where it was not marked it counts as unused and contributes zeros, so a "
+                "gradient computed "
+                "there but never marked ready is lost. Mark it ready on every rank that computes "
+                "it (if it is "
+                "unused there by design, ignore this; warned once per tensor)");
+  }
+}
+
 void Reducer::synchronize() {
-  start_step(true);  // a step with no gradient at all on this rank starts here
+  start_step(true);  // an iteration with no gradient at all on this rank starts here
+  int64_t iteration = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (no_sync_) {
       in_step_ = false;
+      ++iteration_;
       return;
     }
+    iteration = iteration_;
   }
+  // Ends the iteration however synchronize() leaves.
   struct EndStep {
     Reducer* r;
     ~EndStep() {
       std::unique_lock<std::mutex> lock(r->mutex_);
-      // A copy still running (after an error) finishes before the step ends.
+      // A copy still running (after an error) finishes before the iteration ends.
       r->copier_idle_cv_.wait(lock, [this] { return r->copier_idle(); });
       r->next_copy_out_ = r->next_dispatch_;
       r->in_step_ = false;
+      ++r->iteration_;
     }
   } end_step{this};
+  const std::string of_iteration = detail::concat(" of iteration ", iteration);
   {
     std::unique_lock<std::mutex> lock(mutex_);
     wait_copier_idle(lock);  // every marked gradient is in its bucket
@@ -405,7 +662,7 @@ void Reducer::synchronize() {
       std::vector<WorkPtr> works = works_;
       lock.unlock();
       try {
-        wait_all(works, timeout());
+        wait_all(works, timeout(), "Reducer: buckets in flight" + of_iteration);
       } catch (const std::exception& e) {
         RELAXCC_LOG(warn, "Reducer: after a failed dispatch, a bucket in flight failed too: ", e.what());
       }
@@ -413,7 +670,7 @@ void Reducer::synchronize() {
     }
   }
   settle_unused();
-  wait_all(step_works_, timeout());
+  wait_all(step_works_, timeout(), "Reducer: the algorithm's on_step_begin work" + of_iteration);
   std::vector<WorkPtr> works;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -424,7 +681,8 @@ void Reducer::synchronize() {
   std::exception_ptr first_error;
   for (size_t b = 0; b < works.size(); ++b) {
     try {
-      if (works[b]) works[b]->wait(timeout());
+      if (works[b])
+        wait_labeled(works[b], timeout(), detail::concat("Reducer: bucket ", b, of_iteration));
       if (!first_error) {
         std::unique_lock<std::mutex> lock(mutex_);
         copy_out_completed(lock);
@@ -439,7 +697,7 @@ void Reducer::synchronize() {
   }
   if (first_error) std::rethrow_exception(first_error);
   if (WorkPtr w = algorithm_->on_backward_end(StepInfo{step_})) {
-    w->wait(timeout());
+    wait_labeled(w, timeout(), "Reducer: the algorithm's on_backward_end work" + of_iteration);
     for (size_t b = 0; b < works.size(); ++b) copy_out(static_cast<int>(b));  // it may have changed buckets
   }
   if (options_.rebuild_after_first_step && !rebuilt_) rebuild_from_ready_order();
@@ -469,7 +727,18 @@ void Reducer::rebuild_from_ready_order() {
     for (int i = count - 1; i >= 0; --i)
       if (!placed[i]) order[k++] = i;
   }
-  side_->broadcast(TensorView::host(order.data(), count), ExecContext::host())->wait(timeout());
+  int64_t iteration = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    iteration = iteration_;
+  }
+  run_labeled(
+      detail::concat("Reducer: plan rebuild: rank 0's ready order of iteration ", iteration),
+      [&](const std::string& label) {
+        BroadcastOptions o;
+        o.label = label;
+        return side_->broadcast(TensorView::host(order.data(), count), ExecContext::host(), o);
+      });
   std::vector<int> new_order(order.begin(), order.end());
   BucketPlan next = BucketPlan::build(tensors_, new_order, options_.plan);
   if (next.hash(tensors_) == plan_.hash(tensors_)) return;
@@ -482,7 +751,9 @@ void Reducer::rebuild_from_ready_order() {
 
 void Reducer::set_no_sync(bool no_sync) {
   std::lock_guard<std::mutex> lock(mutex_);
-  RELAXCC_ENFORCE(!in_step_, InvalidArgument, "Reducer: set_no_sync inside a step");
+  RELAXCC_ENFORCE(
+      !in_step_, InvalidArgument,
+      "Reducer: set_no_sync inside an iteration (call it before begin_step or after synchronize)");
   no_sync_ = no_sync;
 }
 
@@ -499,8 +770,16 @@ void Reducer::optimizer_step(Optimizer& optimizer) {
     }
   }
   optimizer.finish_step();
-  if (WorkPtr w = algorithm_->after_optimizer_step(info)) w->wait(timeout());
+  if (WorkPtr w = algorithm_->after_optimizer_step(info))
+    wait_labeled(
+        w, timeout(),
+        detail::concat("Reducer: the algorithm's after_optimizer_step work of step ", step_));
   ++step_;
+}
+
+int64_t Reducer::iteration() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return iteration_;
 }
 
 TensorView Reducer::gradient_view(int index) const {
