@@ -1,14 +1,15 @@
-# relaxcc_add_mpi_test(<target> SOURCES ... RANKS 1 2 3 4 [TIMEOUT s] [LIBS ...] [ENV ...])
-# relaxcc_add_mpi_test(<target> REUSE SUFFIX <s> RANKS ... ENV ...)
+# relaxcc_add_mpi_test(<target> SOURCES ... RANKS 1 2 3 4 [TIMEOUT s] [LIBS ...] [ENV ...]
+#                      [MPIEXEC_ARGS ...] [ARGS ...])
+# relaxcc_add_mpi_test(<target> REUSE SUFFIX <s> RANKS ... [ENV ...] [MPIEXEC_ARGS ...] [ARGS ...])
 #   registers more entries "<target>.<s>.np<N>" for a program built already.
 #
 # Builds one GoogleTest program with the MPI-aware main and registers one CTest
 # entry per rank count, "<target>.np<N>", run as
-#   mpiexec --oversubscribe -n N <program>
+#   mpiexec -n N --oversubscribe --bind-to none <MPIEXEC_ARGS> <program> <ARGS>
 # Each entry reserves N processors; entries with 4 or more ranks run serially.
 # The gtest cases run inside one mpiexec: they are not discovered one by one.
 function(relaxcc_add_mpi_test target)
-  cmake_parse_arguments(ARG "REUSE" "TIMEOUT;SUFFIX" "SOURCES;RANKS;LIBS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "REUSE" "TIMEOUT;SUFFIX" "SOURCES;RANKS;LIBS;ENV;MPIEXEC_ARGS;ARGS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
@@ -25,7 +26,7 @@ function(relaxcc_add_mpi_test target)
     set(name ${prefix}.np${n})
     add_test(NAME ${name}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
-                     --bind-to none $<TARGET_FILE:${target}>)
+                     --bind-to none ${ARG_MPIEXEC_ARGS} $<TARGET_FILE:${target}> ${ARG_ARGS})
     set_tests_properties(${name} PROPERTIES
       PROCESSORS ${n} TIMEOUT ${ARG_TIMEOUT} LABELS "mpi;np${n}"
       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${ARG_ENV}")

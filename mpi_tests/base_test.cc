@@ -255,14 +255,18 @@ TEST(ThreadPool, CoversEveryIndexOnceAndPropagatesErrors) {
                InternalError);
 }
 
-// Counts expired waits instead of poisoning a communicator.
+// Counts expired waits instead of poisoning a communicator, and says what it
+// waited for.
 class CountingWork final : public Work {
  public:
   using Work::Work;
   std::atomic<int> timeouts{0};
 
  protected:
-  void on_timeout(const std::string&) override { ++timeouts; }
+  std::string on_timeout(const std::string&) override {
+    ++timeouts;
+    return "waiting for: rank 9 (header)";
+  }
 };
 
 TEST(Work, ThenRunsOnCompletionOrAtOnce) {
@@ -321,7 +325,14 @@ TEST(Work, WaitForLooksWaitPoisons) {
   EXPECT_EQ(work->timeouts.load(), 0);
   // wait: Timeout, and the hook that poisons a communicator ran, also when the
   // wait was on a Work derived with then().
-  EXPECT_THROW(work->wait(5ms), Timeout);
+  try {
+    work->wait(5ms);
+    ADD_FAILURE() << "no Timeout";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("; waiting for: rank 9 (header); the communicator is now poisoned"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(work->timeouts.load(), 1);
   EXPECT_THROW(next->wait(5ms), Timeout);
   EXPECT_EQ(work->timeouts.load(), 2);

@@ -11,11 +11,24 @@
 // with PeerMismatch on every rank whose result depends on them (every rank for
 // allreduce, reduce_scatter and allgather; see broadcast.h and alltoall.h for
 // the ranks that can complete normally); the communicator stays usable. A Work that
-// times out throws Timeout from wait() and POISONS the communicator:
+// times out throws Timeout from wait(), naming the peers the operation still
+// waited for, and POISONS the communicator:
 //   - every later call throws CommunicatorPoisoned;
 //   - operations in flight complete with CommunicatorPoisoned (the timed-out
-//     one with Timeout), and peers they owe data are told to abort, so they
-//     fail fast instead of timing out in turn;
+//     one with Timeout);
+//   - every other member is sent a poison notice and poisons its copy of the
+//     communicator: its operations in flight complete with
+//     CommunicatorPoisoned ("... poisoned (by rank 0: timeout of allreduce #7
+//     ...; waiting for: rank 3 (header))") as soon as the notice arrives, and
+//     an operation it calls after the notice arrived fails before it starts.
+//     The one outcome that can differ across ranks: a member that had
+//     received everything its part of the failed operation needed before the
+//     notice arrived completes it normally (its next call fails);
+//   - a transport error about a peer (a lost connection, a dead process)
+//     fails the operation at once with CommunicationError naming the peer
+//     and poisons the communicator the same way, notices included. Without
+//     `mpirun --enable-recovery`, Open MPI itself ends the job when a rank
+//     dies (see mpi_communicator.h);
 //   - requests already posted to the transport are parked until they drain;
 //     the buffers they use stay alive through the operation's keep-alives
 //     (TensorView::owner) until then. A view without an owner gets no such

@@ -17,16 +17,35 @@
 //   - create_mpi_communicator() throws Unsupported when MPI was initialized
 //     with a level below MPI_THREAD_MULTIPLE.
 //
-// Threading: one engine thread per communicator owns every MPI call on it.
-// Calling threads only enqueue operations and wait on Work. The engine
+// Threading: one engine thread per communicator family (a communicator made
+// by create_mpi_communicator, with its groups and splits) owns every MPI call
+// on it. Calling threads only enqueue operations and wait on Work. The engine
 // sleeps on a condition variable when idle; while requests are pending it
 // polls for RELAXCC_SPIN_US, then backs off with sleeps up to
 // RELAXCC_MAX_SLEEP_US, so oversubscribed ranks do not starve each other.
 //
-// create() works on its own MPI_Comm_dup of the given communicator with
-// MPI_ERRORS_RETURN, so MPI failures become relaxcc exceptions. Ranks then
-// exchange a handshake (library version, dtype sizes, hash of the Agree-scoped
-// tunables); any difference raises PeerMismatch on every rank.
+// create_mpi_communicator() makes one call on the given communicator, a
+// timed MPI_Comm_idup under MPI_ERRORS_RETURN (its own handler is restored
+// afterwards), and works on the duplicate with MPI_ERRORS_RETURN, so MPI
+// failures become relaxcc exceptions. Ranks then exchange a handshake
+// (library version, dtype sizes, hash of the Agree-scoped tunables); any
+// difference raises PeerMismatch on every rank. When a rank does not arrive
+// within the timeout, every rank that called gets Timeout, also when the
+// others retry or the late rank arrives after they gave up. MPI cannot
+// cancel a collective: the timed-out MPI_Comm_idup stays parked on the given
+// communicator (and its duplicate is never freed), so the application should
+// not free that communicator after such a Timeout.
+//
+// Lost peers. Without `mpirun --enable-recovery`, Open MPI ends the whole job
+// when a rank dies. With it, the job goes on, but Open MPI 4.1 (no ULFM)
+// reports nothing about the dead rank through its API: requests to and from
+// it stay pending. relaxcc then detects the loss by its timeout, whose
+// message names the ranks the operation waited for, and the poison notice
+// fails the other ranks' operations at once (communicator.h). A transport
+// that does report a failed peer (an MPI error in a request's status) fails
+// the operation at once, naming the peer, and poisons the communicator.
+// MPI_Finalize after a rank died may hang in Open MPI 4.1: such a job should
+// end its surviving ranks with _exit once it has reported the failure.
 #pragma once
 
 #include <mpi.h>

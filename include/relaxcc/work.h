@@ -98,8 +98,10 @@ class Work : public std::enable_shared_from_this<Work> {
 
  protected:
   // Called (once per expired wait) when wait() times out, before it throws:
-  // a transport's Work poisons its communicator here.
-  virtual void on_timeout(const std::string& reason);
+  // a transport's Work poisons its communicator here. Returns the state of
+  // the operation for the Timeout message ("waiting for: rank 3 (header)");
+  // empty when unknown.
+  virtual std::string on_timeout(const std::string& reason);
 
  private:
   friend class detail::ThenWork;

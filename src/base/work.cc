@@ -21,7 +21,7 @@ class ThenWork final : public Work {
       : Work(std::move(description)), parent_(std::move(parent)) {}
 
  protected:
-  void on_timeout(const std::string& reason) override;
+  std::string on_timeout(const std::string& reason) override;
 
  private:
   std::weak_ptr<Work> parent_;
@@ -71,10 +71,10 @@ void Work::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0) timeout = default_timeout_;
   if (wait_for(timeout)) return;
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
-  on_timeout(detail::concat("timeout of ", description_));
+  const std::string state = on_timeout(detail::concat("timeout of ", description_));
   RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
-                " ms (elapsed ", elapsed.count(), " ms since it was posted); the communicator "
-                "is now poisoned");
+                " ms (elapsed ", elapsed.count(), " ms since it was posted); ",
+                state.empty() ? "" : state + "; ", "the communicator is now poisoned");
 }
 
 WorkPtr Work::then(Callback callback, std::string description) {
@@ -106,10 +106,11 @@ void Work::block_stream(void* stream) {
                   ": block_stream on a host operation (call wait())");
 }
 
-void Work::on_timeout(const std::string&) {}
+std::string Work::on_timeout(const std::string&) { return {}; }
 
-void detail::ThenWork::on_timeout(const std::string& reason) {
-  if (auto parent = parent_.lock()) parent->on_timeout(reason);
+std::string detail::ThenWork::on_timeout(const std::string& reason) {
+  auto parent = parent_.lock();
+  return parent ? parent->on_timeout(reason) : std::string();
 }
 
 }  // namespace relaxcc

@@ -211,8 +211,8 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
         if (p.inline_in) p.posted_in = p.completed_in = 1;
         post_abort_recv(t, pi);
         const std::string what = detail::concat(
-            name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: rank ", t.rank(),
-            " calls ", describe(edge_header(pi)), ", rank ", p.rank, " calls ", describe(p.header_in));
+            name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: ",
+            describe_mismatch(t.rank(), edge_header(pi), p.rank, p.header_in));
         fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what, AbortKind::mismatch);
         send_abort(t, pi);
       }
@@ -366,14 +366,19 @@ OpHeader EdgeOp::edge_header(int pi) const {
 }
 
 std::string EdgeOp::waiting_for() const {
+  // Only the peers this rank still expects something from or sends to.
   std::ostringstream os;
+  const char* sep = "";
   for (const Peer& p : peers_) {
-    os << "rank " << p.rank << " (";
-    if (!p.header_received) os << "header";
+    const bool header = !p.header_received;
+    if (!header && p.completed_in >= p.limit_in() && p.completed_out >= p.msgs_to) continue;
+    os << sep << "rank " << p.rank << " (";
+    if (header) os << "header";
     else
-      os << "data " << p.completed_in << "/" << p.limit_in() << " in, " << p.posted_out << "/"
+      os << "data " << p.completed_in << "/" << p.limit_in() << " in, " << p.completed_out << "/"
          << p.msgs_to << " out";
-    os << ") ";
+    os << ")";
+    sep = ", ";
   }
   return os.str();
 }

@@ -41,8 +41,7 @@ void MpiCollectiveOp::on_complete(Transport& t, int64_t slot, const MPI_Status&,
       for (int p = 0; p < static_cast<int>(in_.size()) && local_verdict_ == 0; ++p) {
         if (!same_call(out_[p], in_[p])) {
           local_verdict_ = kMismatch;
-          mismatch_ = detail::concat("rank ", me, " calls ", describe(out_[p]), ", rank ", p,
-                                     " calls ", describe(in_[p]));
+          mismatch_ = describe_mismatch(me, out_[p], p, in_[p]);
         }
       }
       stage_ = kVerdict;
@@ -63,7 +62,7 @@ void MpiCollectiveOp::on_complete(Transport& t, int64_t slot, const MPI_Status&,
         } else if (global_verdict_ == kMismatch) {
           set_error(std::make_exception_ptr(PeerMismatch(
               detail::concat(where, ": ranks disagree: another rank's call differs from its peer's "
-                                    "(this rank calls ", describe(out_[t.rank()]), ")"),
+                                    "(this rank calls ", describe(out_[t.rank()], t.rank()), ")"),
               __FILE__, __LINE__)));
         } else {
           set_error(std::make_exception_ptr(CommunicationError(

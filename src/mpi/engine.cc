@@ -198,8 +198,11 @@ Engine::~Engine() {
 
 std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
                                        int rank, uint32_t id, Tunables tunables) {
-  return std::make_shared<Lane>(*this, std::move(comms), std::move(members), rank, id,
-                                std::move(tunables));
+  auto lane = std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(tunables));
+  std::lock_guard<std::mutex> lock(mutex_);
+  lanes_.push_back(lane);
+  to_listen_.push_back(std::move(comms));
+  return lane;
 }
 
 void Engine::close_lane(const std::shared_ptr<Lane>& lane) {
@@ -256,17 +259,58 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::sha
   return work;
 }
 
-void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason) {
+void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (lane->poisoned()) return;
     lane->poison_reason_ = reason;
+    lane->notify_peers_ = notify_peers;
     lane->poisoned_.store(true);
     to_poison_.push_back(lane);
     signalled_.store(true, std::memory_order_release);
   }
   RELAXCC_LOG(warn, "communicator poisoned: ", reason);
   cv_.notify_all();
+}
+
+std::string Engine::poison_on_timeout(const std::shared_ptr<Lane>& lane, const Work& work,
+                                      const std::string& reason) {
+  auto report = std::make_shared<TimeoutReport>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (lane->poisoned()) return detail::concat("the communicator was poisoned first (", lane->poison_reason_, ")");
+    lane->timed_out_ = &work;
+    lane->timeout_report_ = report;
+  }
+  poison(lane, reason);
+  std::unique_lock<std::mutex> lock(report->mutex);
+  report->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return report->ready; });
+  return report->waiting.empty() ? std::string() : "waiting for: " + report->waiting;
+}
+
+void Engine::report_timeout(Lane& lane) {
+  std::shared_ptr<TimeoutReport> report;
+  const Work* work = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    report = std::exchange(lane.timeout_report_, nullptr);
+    work = std::exchange(lane.timed_out_, nullptr);
+  }
+  if (!report) return;
+  std::string waiting;
+  for (const auto* ops : {&active_, &waiting_})
+    for (const auto& op : *ops)
+      if (op->work_.get() == work) waiting = op->waiting_for();
+  if (!waiting.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lane.poison_reason_ += "; waiting for: " + waiting;
+  }
+  {
+    std::lock_guard<std::mutex> lock(report->mutex);
+    report->waiting = std::move(waiting);
+    report->ready = true;
+  }
+  report->cv.notify_all();
 }
 
 CommStats Engine::stats(const Lane& lane) const {
@@ -348,6 +392,11 @@ void Engine::test_requests(bool& progressed) {
     } catch (...) {
       p.op->abort(p.op->lane_->transport_, std::current_exception());
     }
+    // The transport gave up on a peer (a lost connection, a dead process):
+    // nothing more on this lane can be trusted to complete.
+    if (err != MPI_SUCCESS && p.peer >= 0)
+      poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ",
+                                         p.peer, ": ", mpi_error_string(err)));
   }
 }
 
@@ -459,6 +508,11 @@ void Engine::inspect_stalls() {
   }
 }
 
+namespace {
+// How often an idle engine (nothing in flight) picks up poison notices.
+constexpr auto kIdleNoticePoll = std::chrono::milliseconds(10);
+}  // namespace
+
 void Engine::loop() {
   // Short back-off sleeps must stay short: the default 50 us timer slack
   // would stretch every one of them.
@@ -485,9 +539,12 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       if (active_.empty() && queue_.empty()) {
         if (stop_) break;
-        cv_.wait(lock, [&] {
+        // Idle: wake every kIdleNoticePoll to pick up poison notices.
+        const auto woken = [&] {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty();
-        });
+        };
+        if (listeners_.empty()) cv_.wait(lock, woken);
+        else cv_.wait_for(lock, kIdleNoticePoll, woken);
         if (stop_ && queue_.empty() && active_.empty()) break;
       }
       incoming.swap(queue_);
@@ -509,7 +566,15 @@ void Engine::loop() {
         }
       }
     }
-    for (const auto& lane : apply_poison) abort_all(lane.get(), lane->poison_reason_);
+    for (const auto& lane : apply_poison) {
+      report_timeout(*lane);
+      if (lane->notify_peers_) send_notices(*lane);
+      abort_all(lane.get(), lane->poison_reason_);
+    }
+    // A notice that is already here poisons its lane before the lane's next
+    // operations start; otherwise notices are picked up every millisecond.
+    if (!incoming.empty() || Clock::now() - last_notice_poll_ > std::chrono::milliseconds(1))
+      poll_notices();
     // Operations arrive in sequence order: they take their turns now, and
     // start now unless they wait for a dependency.
     for (auto& op : incoming) {
@@ -584,6 +649,7 @@ void Engine::loop() {
     if (trace_.is_open()) trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
   }
   fail_waiting(nullptr, "the communicator was destroyed before the Work it runs after completed");
+  release_listeners(true);
 }
 
 void Engine::expire_closed_lanes(Clock::time_point now) {
@@ -601,6 +667,131 @@ void Engine::expire_closed_lanes(Clock::time_point now) {
   }
   for (const auto& lane : expired)
     poison(lane, "the communicator was destroyed with operations in flight");
+  release_listeners(false);
+}
+
+// ---- Poison notices ------------------------------------------------------------
+
+namespace {
+bool post_listener(MPI_Comm comm, PoisonNotice* notice, MPI_Request* request) {
+  *notice = PoisonNotice{};
+  const int rc = MPI_Irecv(notice, sizeof(PoisonNotice), MPI_BYTE, MPI_ANY_SOURCE, kNoticeTag, comm, request);
+  if (rc == MPI_SUCCESS) return true;
+  RELAXCC_LOG(warn, "cannot listen for poison notices: ", mpi_error_string(rc));
+  *request = MPI_REQUEST_NULL;
+  return false;
+}
+}  // namespace
+
+void Engine::poll_notices() {
+  last_notice_poll_ = Clock::now();
+  std::vector<std::shared_ptr<CommPair>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fresh.swap(to_listen_);
+  }
+  for (auto& comms : fresh) {
+    const bool known = std::any_of(listeners_.begin(), listeners_.end(),
+                                   [&](const auto& l) { return l->comms == comms; });
+    if (known || comms->size < 2) continue;
+    auto listener = std::make_unique<Listener>();
+    listener->comms = std::move(comms);
+    if (post_listener(listener->comms->coll, &listener->notice, &listener->request))
+      listeners_.push_back(std::move(listener));
+  }
+  for (auto& l : listeners_) {
+    // Several notices may be waiting.
+    while (l->request != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Test(&l->request, &flag, &status) != MPI_SUCCESS || !flag) break;
+      l->request = MPI_REQUEST_NULL;
+      on_notice(*l->comms, l->notice, status.MPI_SOURCE);
+      post_listener(l->comms->coll, &l->notice, &l->request);
+    }
+  }
+  test_notice_sends();
+}
+
+void Engine::test_notice_sends() {
+  auto done = std::remove_if(notice_sends_.begin(), notice_sends_.end(), [](NoticeSend& n) {
+    int flag = 0;
+    return MPI_Test(&n.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag;
+  });
+  notice_sends_.erase(done, notice_sends_.end());
+}
+
+void Engine::on_notice(const CommPair& comms, PoisonNotice notice, int source) {
+  if (notice.magic != kHeaderMagic) {
+    RELAXCC_LOG(warn, "ignored a corrupt poison notice from rank ", source);
+    return;
+  }
+  notice.reason[sizeof(notice.reason) - 1] = '\0';
+  std::vector<std::shared_ptr<Lane>> hit;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& weak : lanes_) {
+      auto lane = weak.lock();
+      if (lane && lane->comms_.get() == &comms && lane->id_ == notice.lane && notice.origin >= 0 &&
+          notice.origin < lane->size_ && notice.origin != lane->rank_ &&
+          lane->comm_rank(notice.origin) == source)
+        hit.push_back(std::move(lane));
+    }
+  }
+  for (const auto& lane : hit)
+    poison(lane, detail::concat("by rank ", notice.origin, ": ", notice.reason), false);
+}
+
+void Engine::send_notices(const Lane& lane) {
+  auto notice = std::make_shared<PoisonNotice>();
+  notice->lane = lane.id_;
+  notice->origin = lane.rank_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    notice->set_reason(lane.poison_reason_);
+  }
+  for (int r = 0; r < lane.size_; ++r) {
+    if (r == lane.rank_) continue;
+    NoticeSend send{notice, MPI_REQUEST_NULL};
+    const int rc = MPI_Isend(notice.get(), sizeof(PoisonNotice), MPI_BYTE, lane.comm_rank(r), kNoticeTag,
+                             lane.comms_->coll, &send.request);
+    if (rc == MPI_SUCCESS) notice_sends_.push_back(std::move(send));
+    else RELAXCC_LOG(warn, "cannot send a poison notice to rank ", r, ": ", mpi_error_string(rc));
+  }
+}
+
+void Engine::release_listeners(bool all) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(), [](const auto& w) { return w.expired(); }),
+                 lanes_.end());
+    if (all) to_listen_.clear();
+  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+  auto unused = std::stable_partition(listeners_.begin(), listeners_.end(), [&](const auto& l) {
+    return !all && l->comms.use_count() > 1;
+  });
+  for (auto it = unused; it != listeners_.end(); ++it) {
+    Listener& l = **it;
+    if (l.request == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&l.request);
+    int flag = 0;
+    while (MPI_Test(&l.request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (!flag) {
+      RELAXCC_LOG(warn, "a poison-notice receive did not cancel; its buffer is kept (leaked)");
+      new std::unique_ptr<Listener>(std::move(*it));  // intentional leak: the transport may still write it
+    }
+  }
+  listeners_.erase(unused, listeners_.end());
+  if (all) {
+    while (!notice_sends_.empty() && Clock::now() < deadline) {
+      test_notice_sends();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (!notice_sends_.empty())
+      new std::vector<NoticeSend>(std::move(notice_sends_));  // intentional leak: sends in flight
+  }
 }
 
 void Engine::drain_on_shutdown() {
@@ -621,10 +812,10 @@ void Engine::drain_on_shutdown() {
 
 // ---- EngineWork --------------------------------------------------------------
 
-void EngineWork::on_timeout(const std::string& reason) {
+std::string EngineWork::on_timeout(const std::string& reason) {
   auto engine = engine_.lock();
   auto lane = lane_.lock();
-  if (engine && lane) engine->poison(lane, reason);
+  return engine && lane ? engine->poison_on_timeout(lane, *this, reason) : std::string();
 }
 
 }  // namespace relaxcc::mpi

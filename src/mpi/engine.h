@@ -50,6 +50,7 @@ class Engine;
 class Lane;
 class Operation;
 class EngineWork;
+struct TimeoutReport;
 
 using Clock = std::chrono::steady_clock;
 
@@ -156,6 +157,11 @@ class Lane {
   std::string poison_reason_;
   CommStats stats_;
   Clock::time_point close_deadline_{};  // set when its communicator is gone
+  bool notify_peers_ = false;           // its poisoning started here: tell the members
+  // Its poisoning started with a wait on this Work that timed out; the
+  // engine thread reports what the operation still waited for.
+  const Work* timed_out_ = nullptr;
+  std::shared_ptr<TimeoutReport> timeout_report_;
   std::atomic<bool> poisoned_{false};
   // Engine thread.
   std::deque<const Operation*> collective_turns_;  // uses_mpi_collectives, in seq order
@@ -248,6 +254,14 @@ struct Doorbell {
   void ring_released();
 };
 
+// What a timed-out operation still waited for: filled by the engine thread.
+struct TimeoutReport {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool ready = false;
+  std::string waiting;
+};
+
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
   enum class Backoff { sleep, yield };
@@ -284,8 +298,22 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
                                const std::string& details, WorkPtr after = nullptr);
 
-  // Poisons `lane` (see Communicator): its operations fail, later ones are refused.
-  void poison(const std::shared_ptr<Lane>& lane, const std::string& reason);
+  // Poisons `lane` (see Communicator): its operations fail, later ones are
+  // refused. With `notify_peers` (the poisoning starts on this rank: a
+  // timeout, a transport error), every other member of the lane gets a
+  // PoisonNotice and poisons its copy of the lane when it arrives: at once
+  // when it waits in an operation of the lane, and before it starts its next
+  // one otherwise. A member whose part of the failed operation completed
+  // before the notice arrived keeps that result; its next call on the lane
+  // throws CommunicatorPoisoned.
+  void poison(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers = true);
+  // poison() for a wait on `work` that timed out: the poison reason (and so
+  // the peers' notice) names the peers the operation still waited for.
+  // Returns them ("waiting for: rank 3 (header)"), or the reason the lane
+  // was poisoned already, for the Timeout message (empty if the engine
+  // thread did not answer within 200 ms).
+  std::string poison_on_timeout(const std::shared_ptr<Lane>& lane, const Work& work,
+                                const std::string& reason);
   CommStats stats(const Lane& lane) const;
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
   const Tunables& tunables() const { return tunables_; }
@@ -326,6 +354,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,
                    const std::string& args);
   void drain_on_shutdown();
+  // Poison notices: posts a listener on every new CommPair, tests the
+  // listeners (poisoning the lanes that notices name) and the notices this
+  // rank sent.
+  void poll_notices();
+  // Poisoning of `lane` from a timeout: adds what the operation waited for
+  // to its reason and answers its TimeoutReport.
+  void report_timeout(Lane& lane);
+  // `notice` came from comm rank `source` of `comms`.
+  void on_notice(const CommPair& comms, PoisonNotice notice, int source);
+  void test_notice_sends();
+  // Sends `lane`'s PoisonNotice to its other members.
+  void send_notices(const Lane& lane);
+  // Cancels the listeners of CommPairs no lane uses any more (every one: all).
+  void release_listeners(bool all);
 
   Tunables tunables_;
   Polling polling_;
@@ -339,6 +381,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool stop_ = false;
   std::vector<std::shared_ptr<Lane>> to_poison_;  // poisoned, not yet applied
   std::vector<std::weak_ptr<Lane>> closing_;      // closed, with operations maybe in flight
+  std::vector<std::weak_ptr<Lane>> lanes_;        // every lane, for poison notices
+  std::vector<std::shared_ptr<CommPair>> to_listen_;  // new CommPairs, no listener yet
 
   // Engine-thread state.
   std::vector<std::shared_ptr<Operation>> active_;  // sorted by priority, then seq
@@ -349,6 +393,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int num_pending_ = 0;
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
+  // A posted receive of PoisonNotices from any member, per CommPair; it
+  // keeps its CommPair until no lane uses it.
+  struct Listener {
+    std::shared_ptr<CommPair> comms;
+    MPI_Request request = MPI_REQUEST_NULL;
+    PoisonNotice notice;
+  };
+  std::vector<std::unique_ptr<Listener>> listeners_;
+  struct NoticeSend {
+    std::shared_ptr<PoisonNotice> notice;  // shared by the sends of one lane
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::vector<NoticeSend> notice_sends_;
+  Clock::time_point last_notice_poll_{};
 
   std::ofstream trace_;
   bool trace_first_ = true;
@@ -368,7 +426,7 @@ class EngineWork final : public Work {
         lane_(std::move(lane)) {}
 
  protected:
-  void on_timeout(const std::string& reason) override;
+  std::string on_timeout(const std::string& reason) override;
 
  private:
   const std::weak_ptr<Engine> engine_;

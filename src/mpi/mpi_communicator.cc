@@ -567,15 +567,22 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   // One collective on the caller's communicator; everything else on the dup.
   MPI_Comm coll = mpi::timed_dup(options.comm, timeout, "create_mpi_communicator");
   MPI_Comm p2p = MPI_COMM_NULL;
+  auto nodes = std::make_shared<mpi::NodeLayoutMap>();
   try {
     p2p = mpi::timed_dup(coll, timeout, "create_mpi_communicator (point-to-point communicator)");
+    int size = 0;
+    MPI_Comm_size(coll, &size);
+    nodes->node = mpi::gather_nodes(coll, size, timeout);
+  } catch (const Timeout&) {
+    // A collective that cannot be cancelled stays parked on `coll`: freeing
+    // it (or `p2p`) would free what that request still uses.
+    throw;
   } catch (...) {
     MPI_Comm_free(&coll);
+    if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
     throw;
   }
   auto comms = std::make_shared<mpi::CommPair>(coll, p2p);
-  auto nodes = std::make_shared<mpi::NodeLayoutMap>();
-  nodes->node = mpi::gather_nodes(coll, comms->size, timeout);
   nodes->ranks_per_node = options.tunables.ranks_per_node;
   int rank = 0;
   MPI_Comm_rank(coll, &rank);

@@ -9,6 +9,9 @@
 //                how many data messages the sender had posted to the receiver,
 //                so the receiver drains exactly those and no message is left
 //                behind in MPI's queues.
+//   PoisonNotice "I poisoned this lane": sent by the rank where a lane's
+//                poisoning started (a timeout, a transport error) to every
+//                other member, on tag kNoticeTag, so they poison it too.
 #pragma once
 
 #include <algorithm>
@@ -83,6 +86,14 @@ std::string describe(const OpHeader& h, int peer = -1);
 // field that differs, in terms of the public API.
 std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHeader& theirs);
 
+// Copies `text` into `dst`, cut to fit, always NUL-terminated.
+template <size_t N>
+void copy_text(char (&dst)[N], const std::string& text) {
+  const size_t n = std::min(text.size(), N - 1);
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
 enum class AbortKind : int32_t { error = 0, mismatch = 1, poisoned = 2 };
 
 // Why an operation is being aborted: `poisoned` for CommunicatorPoisoned
@@ -101,13 +112,24 @@ struct AbortRecord {
   int64_t sent = 0;     // data messages the sender posted to the receiver
   char reason[232] = {};
 
-  void set_reason(const std::string& text) {
-    const size_t n = std::min(text.size(), sizeof(reason) - 1);
-    std::memcpy(reason, text.data(), n);
-    reason[n] = '\0';
-  }
+  void set_reason(const std::string& text) { copy_text(reason, text); }
 };
 static_assert(sizeof(AbortRecord) == 256);
+
+// Tag of PoisonNotice messages on the collective communicator; collective
+// tags start at 1.
+inline constexpr int kNoticeTag = 0;
+
+struct PoisonNotice {
+  uint32_t magic = kHeaderMagic;
+  uint32_t lane = 0;    // OpHeader::lane of the poisoned lane
+  int32_t origin = -1;  // lane rank where the poisoning started
+  int32_t pad = 0;
+  char reason[240] = {};
+
+  void set_reason(const std::string& text) { copy_text(reason, text); }
+};
+static_assert(sizeof(PoisonNotice) == 256);
 
 // Tags of the collective communicator. Each lane owns a window of
 // kLaneSeqs sequence numbers (its operations' seq modulo kLaneSeqs, far more
