@@ -760,8 +760,8 @@ TEST(Stats, TraceFilePerCommunicator) {
           << path << " line " << i + 1 << ": " << lines[i];
       ops += lines[i].find("\"cat\":\"op\"") != std::string::npos ? 1 : 0;
     }
-    // The handshake, and on 2 or more ranks the 20 allreduces.
-    EXPECT_GE(ops, test::world_size() > 1 ? 21 : 1) << path;
+    // On 2 or more ranks the handshake (an allgather) and the 20 allreduces.
+    EXPECT_GE(ops, test::world_size() > 1 ? 21 : 0) << path;
     std::remove(path.c_str());
   }
 }

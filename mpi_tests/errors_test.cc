@@ -335,9 +335,12 @@ TEST(Timeout, MissingRankTimesOutAndPoisons) {
     WorkPtr first = comm->allreduce(a.view(), ExecContext::host());
     WorkPtr second = comm->allreduce(b.view(), ExecContext::host());
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string what = expect_throw<Timeout>([&] { first->wait(1500ms); });
+    // Timeout; or, on 3 or more ranks, CommunicatorPoisoned from the rank
+    // that timed out first (its notice may arrive just before this rank's
+    // own timeout).
+    const std::string what = expect_throw<CommunicationError>([&] { first->wait(1500ms); });
     const auto elapsed = std::chrono::steady_clock::now() - t0;
-    EXPECT_GE(elapsed, 1500ms);
+    EXPECT_GE(elapsed, 1200ms);
     EXPECT_LT(elapsed, 10000ms);  // generous: CI machines run tests side by side
     EXPECT_NE(what.find("allreduce #"), std::string::npos) << what;
     EXPECT_NE(what.find("peers"), std::string::npos) << what;

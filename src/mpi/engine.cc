@@ -82,11 +82,6 @@ void Transport::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI
   engine_.add_request(op, slot, req, bytes, peer, false, true);
 }
 
-void Transport::track(Operation& op, int64_t slot, MPI_Request request) {
-  require_engine_thread(engine_);
-  engine_.add_request(op, slot, request, 0, -1, false, false);
-}
-
 void Transport::cancel_receives(Operation& op, int64_t slot) {
   require_engine_thread(engine_);
   for (size_t i = 0; i < engine_.pending_.size(); ++i) {
@@ -99,25 +94,12 @@ void Transport::cancel_receives(Operation& op, int64_t slot) {
   }
 }
 
-bool Transport::collective_turn(const Operation& op) const {
-  return !lane_.collective_turns_.empty() && lane_.collective_turns_.front() == &op;
-}
-void Transport::end_collective_turn(const Operation& op) {
-  auto& turns = lane_.collective_turns_;
-  turns.erase(std::remove(turns.begin(), turns.end(), &op), turns.end());
-}
-
 bool Transport::throttled(const Operation& op) const {
   for (const auto& other : engine_.active_)
     if (other->priority() > op.priority() && !other->done()) return true;
   return false;
 }
 
-MPI_Comm Transport::coll_comm() const {
-  RELAXCC_ENFORCE(lane_.spans_comm(), InternalError, "an MPI collective on a group of ",
-                  lane_.size(), " of ", lane_.comms_->size, " ranks");
-  return lane_.comms_->coll;
-}
 int Transport::rank() const { return lane_.rank_; }
 int Transport::size() const { return lane_.size_; }
 uint32_t Transport::lane_id() const { return lane_.id_; }
@@ -163,7 +145,8 @@ Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> mem
 
 Engine::Engine(Tunables tunables, Polling polling)
     : tunables_(std::move(tunables)),
-      polling_(polling),
+      backoff_(polling.backoff),
+      callers_poll_(polling.callers_poll),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)),
       doorbell_(std::make_shared<Doorbell>()),
       mutex_(doorbell_->mutex),
@@ -183,6 +166,11 @@ Engine::Engine(Tunables tunables, Polling polling)
     else RELAXCC_LOG(warn, "cannot open trace file ", path);
   }
   thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::set_polling(Polling polling) {
+  backoff_.store(polling.backoff);
+  callers_poll_.store(polling.callers_poll);
 }
 
 Engine::~Engine() {
@@ -224,7 +212,8 @@ void Doorbell::ring_released() {
 }
 
 std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
-                                     const std::string& details, WorkPtr after) {
+                                     const std::string& details, const OpOptions& options) {
+  const WorkPtr& after = options.after;
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
   {
@@ -237,10 +226,10 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::sha
     op->submitted_ = Clock::now();
     op->lane_ = lane;
     work = std::make_shared<EngineWork>(
-        detail::concat(op->name(), " #", op->seq_, " (tag ",
+        detail::concat(op->name(), " #", op->seq_, options.label.empty() ? "" : " of '" + options.label + "'", " (tag ",
                        lane->transport_.collective_tag(op->seq_, Channel::header), ", ", details, ")"),
         std::chrono::milliseconds(lane->tunables_.timeout_ms),
-        std::chrono::microseconds(polling_.callers_poll ? lane->tunables_.spin_us : 0),
+        std::chrono::microseconds(callers_poll_.load(std::memory_order_relaxed) ? lane->tunables_.spin_us : 0),
         weak_from_this(), lane);
     op->work_ = work;
     op->after_ = after;
@@ -441,7 +430,6 @@ void Engine::fail_waiting(const Lane* lane, const std::string& reason) {
     Operation& op = **failed;
     op.set_error(std::make_exception_ptr(CommunicationError(
         detail::concat(op.name(), " #", op.seq(), " did not start: ", reason), __FILE__, __LINE__)));
-    op.lane_->transport_.end_collective_turn(op);
     op.work_->complete(op.error());
   }
   waiting_.erase(it, waiting_.end());
@@ -526,7 +514,7 @@ void Engine::loop() {
   for (;;) {
     // Idle: poll for new operations for spin_us before blocking (yield
     // mode), so back-to-back calls skip the condition-variable wake-up.
-    if (active_.empty() && polling_.backoff == Backoff::yield &&
+    if (active_.empty() && backoff_.load(std::memory_order_relaxed) == Backoff::yield &&
         !signalled_.load(std::memory_order_acquire)) {
       const auto idle_since = Clock::now();
       while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin) sched_yield();
@@ -591,7 +579,6 @@ void Engine::loop() {
         op->work_->complete(op->error());
         continue;
       }
-      if (op->uses_mpi_collectives()) op->lane_->collective_turns_.push_back(op.get());
       if (op->after_ && !op->released_.load(std::memory_order_acquire)) waiting_.push_back(op);
       else start(op);
     }
@@ -637,7 +624,7 @@ void Engine::loop() {
       continue;
     }
     if (now - last_progress < spin) continue;
-    if (polling_.backoff == Backoff::yield) {
+    if (backoff_.load(std::memory_order_relaxed) == Backoff::yield) {
       sched_yield();
       continue;
     }

@@ -72,25 +72,12 @@ class Transport {
   bool improbe(int peer, int tag, MPI_Message* message, size_t* bytes);
   // Receives a probed message into `buf` (at least `bytes` long).
   void imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message, int peer);
-  // Tracks a request the operation started itself (a non-blocking collective).
-  void track(Operation& op, int64_t slot, MPI_Request request);
   // Cancels every pending receive of `op` posted with `slot` (posted with
   // irecv and not cancelled before; others are left to complete).
   void cancel_receives(Operation& op, int64_t slot);
 
-  // Operations that start MPI's own non-blocking collectives
-  // (Operation::uses_mpi_collectives) take turns, in sequence order, so
-  // every rank starts those collectives in the same order: `op` may start
-  // its collectives while collective_turn(op) holds, and gives the turn up
-  // with end_collective_turn(op). Only on a lane that spans its whole MPI
-  // communicator.
-  bool collective_turn(const Operation& op) const;
-  void end_collective_turn(const Operation& op);
-
   // A higher-priority operation (of any lane) is active: post one segment at a time.
   bool throttled(const Operation& op) const;
-  // The collective communicator; valid only on a lane that spans it.
-  MPI_Comm coll_comm() const;
   int rank() const;
   int size() const;
   // The lane's identity (OpHeader::lane): 0 for a communicator, a hash of
@@ -163,8 +150,6 @@ class Lane {
   const Work* timed_out_ = nullptr;
   std::shared_ptr<TimeoutReport> timeout_report_;
   std::atomic<bool> poisoned_{false};
-  // Engine thread.
-  std::deque<const Operation*> collective_turns_;  // uses_mpi_collectives, in seq order
 };
 
 // A resumable operation. Every method runs on the engine thread.
@@ -193,8 +178,6 @@ class Operation {
   // (their tags derive from it), so every rank numbers them alike.
   // Point-to-point operations involve only some ranks and count separately.
   virtual bool collective() const { return true; }
-  // Starts MPI's own collectives (see Transport::collective_turn).
-  virtual bool uses_mpi_collectives() const { return false; }
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
@@ -278,6 +261,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // `tunables`: the engine's own (spin, sleep, stall warnings, trace); each
   // lane has its own for its operations.
   Engine(Tunables tunables, Polling polling);
+  // Changes the polling (creation learns the node's layout after the engine
+  // started).
+  void set_polling(Polling polling);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -291,12 +277,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void close_lane(const std::shared_ptr<Lane>& lane);
 
   // Enqueues `op` on `lane` with its next sequence number and returns its
-  // Work, whose description reads "<name> #<seq> <details>". With `after`,
-  // the operation keeps that place but starts only once `after` completed
-  // (OpOptions). Throws CommunicatorPoisoned when the lane is poisoned. The
-  // engine must be owned by a shared_ptr (Works hold weak references to it).
+  // Work, whose description reads "<name> #<seq> of '<label>' (tag <t>,
+  // <details>)" (OpOptions::label; without one, no "of"). With
+  // options.after, the operation keeps that place but starts only once that
+  // Work completed. Throws CommunicatorPoisoned when the lane is poisoned.
+  // The engine must be owned by a shared_ptr (Works hold weak references to
+  // it).
   std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
-                               const std::string& details, WorkPtr after = nullptr);
+                               const std::string& details, const OpOptions& options);
 
   // Poisons `lane` (see Communicator): its operations fail, later ones are
   // refused. With `notify_peers` (the poisoning starts on this rank: a
@@ -370,7 +358,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void release_listeners(bool all);
 
   Tunables tunables_;
-  Polling polling_;
+  std::atomic<Backoff> backoff_;
+  std::atomic<bool> callers_poll_;
   std::shared_ptr<ScratchPool> scratch_;
 
   std::shared_ptr<Doorbell> doorbell_;

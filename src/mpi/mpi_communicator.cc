@@ -15,7 +15,6 @@
 #include "../collectives/alltoall_pairwise.h"
 #include "../collectives/broadcast_chain.h"
 #include "../collectives/buffer_checks.h"
-#include "../collectives/mpi_collective.h"
 #include "../collectives/point_to_point.h"
 #include "../collectives/recursive_doubling.h"
 #include "../collectives/ring.h"
@@ -52,29 +51,34 @@ void ensure_mpi() {
                   " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
 }
 
-// Waits for `req` on the caller's thread (creation runs before any engine
-// exists). On timeout the request stays parked: MPI cannot cancel a
-// collective.
-void wait_request(MPI_Request& req, std::chrono::milliseconds timeout, const char* what) {
-  const auto deadline = Clock::now() + timeout;
-  int64_t sleep_us = 1;
-  for (;;) {
-    int flag = 0;
-    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
-    if (flag) return;
-    RELAXCC_ENFORCE(Clock::now() < deadline, Timeout, what, ": not every rank arrived within ",
-                    timeout.count(), " ms (the request stays parked)");
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-    sleep_us = std::min<int64_t>(sleep_us * 2, 1000);
-  }
+// The two MPI_Comm_idup requests of a creation on a user's communicator that
+// timed out. MPI cannot cancel a collective, so they stay parked; they are
+// cached on that communicator (an MPI attribute), and the next creation on it
+// waits for them instead of posting two more: when the late rank arrives, its
+// creation completes them, and ranks that retry get the same communicators.
+// Never freed: MPI writes the new handles into it when the requests complete.
+struct ParkedDup {
+  MPI_Comm comms[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+int parked_dup_keyval() {
+  static const int keyval = [] {
+    int k = MPI_KEYVAL_INVALID;
+    check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k, nullptr),
+              "MPI_Comm_create_keyval");
+    return k;
+  }();
+  return keyval;
 }
 
-// MPI_Comm_idup of `comm` with a timeout. While it runs, `comm` reports errors
+// Two duplicates of `comm` (relaxcc's collective and point-to-point
+// communicators, with MPI_ERRORS_RETURN), from two MPI_Comm_idup posted
+// together, with a timeout. While it runs, `comm` reports errors
 // (MPI_ERRORS_RETURN) instead of ending the job; its own handler is restored
-// afterwards. This is the only call relaxcc makes on a user's communicator,
-// so a rank that arrives after the others gave up (or while they retry) meets
-// another MPI_Comm_idup: both sides time out, nothing is mismatched.
-MPI_Comm timed_dup(MPI_Comm comm, std::chrono::milliseconds timeout, const char* what) {
+// afterwards. These are the only calls relaxcc makes on a user's
+// communicator.
+std::pair<MPI_Comm, MPI_Comm> timed_dup_pair(MPI_Comm comm, std::chrono::milliseconds timeout) {
   MPI_Errhandler user_handler;
   check_mpi(MPI_Comm_get_errhandler(comm, &user_handler), "MPI_Comm_get_errhandler");
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -86,12 +90,33 @@ MPI_Comm timed_dup(MPI_Comm comm, std::chrono::milliseconds timeout, const char*
       MPI_Errhandler_free(&handler);
     }
   } restore{comm, user_handler};
-  MPI_Comm dup = MPI_COMM_NULL;
-  MPI_Request req;
-  check_mpi(MPI_Comm_idup(comm, &dup, &req), "MPI_Comm_idup");
-  wait_request(req, timeout, what);
-  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  return dup;
+  ParkedDup* dup = nullptr;
+  int parked = 0;
+  check_mpi(MPI_Comm_get_attr(comm, parked_dup_keyval(), &dup, &parked), "MPI_Comm_get_attr");
+  if (!parked) {
+    dup = new ParkedDup;
+    for (int i = 0; i < 2; ++i)
+      check_mpi(MPI_Comm_idup(comm, &dup->comms[i], &dup->requests[i]), "MPI_Comm_idup");
+  }
+  const auto deadline = Clock::now() + timeout;
+  for (int64_t sleep_us = 1;; sleep_us = std::min<int64_t>(sleep_us * 2, 1000)) {
+    int flag = 0;
+    check_mpi(MPI_Testall(2, dup->requests, &flag, MPI_STATUSES_IGNORE), "create_mpi_communicator");
+    if (flag) break;
+    if (Clock::now() >= deadline) {
+      if (!parked) check_mpi(MPI_Comm_set_attr(comm, parked_dup_keyval(), dup), "MPI_Comm_set_attr");
+      RELAXCC_THROW(Timeout, "create_mpi_communicator: not every rank arrived within ", timeout.count(),
+                    " ms (its MPI_Comm_idup stays parked on the communicator; the next creation on it "
+                    "waits for the same)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+  }
+  if (parked) MPI_Comm_delete_attr(comm, parked_dup_keyval());
+  const std::pair<MPI_Comm, MPI_Comm> out{dup->comms[0], dup->comms[1]};
+  delete dup;
+  MPI_Comm_set_errhandler(out.first, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(out.second, MPI_ERRORS_RETURN);
+  return out;
 }
 
 // This host's identity: ranks with the same key share memory (as
@@ -104,18 +129,12 @@ uint64_t host_key() {
   return Fnv1a().bytes(name).byte(0).bytes(boot_id).value();
 }
 
-// Node of every rank of `comm` (0, 1, ... in the order of each node's lowest
-// rank), from an allgather of host keys with a timeout.
-std::vector<int> gather_nodes(MPI_Comm comm, int size, std::chrono::milliseconds timeout) {
-  const uint64_t mine = host_key();
-  std::vector<uint64_t> keys(static_cast<size_t>(size));
-  MPI_Request req;
-  check_mpi(MPI_Iallgather(&mine, 1, MPI_UINT64_T, keys.data(), 1, MPI_UINT64_T, comm, &req),
-            "MPI_Iallgather (host keys)");
-  wait_request(req, timeout, "create_mpi_communicator (node layout)");
-  std::vector<int> node(static_cast<size_t>(size));
+// Node of every rank (0, 1, ... in the order of each node's lowest rank)
+// from the ranks' host keys.
+std::vector<int> nodes_of(const std::vector<uint64_t>& keys) {
+  std::vector<int> node(keys.size());
   std::vector<uint64_t> seen;
-  for (int r = 0; r < size; ++r) {
+  for (size_t r = 0; r < keys.size(); ++r) {
     auto it = std::find(seen.begin(), seen.end(), keys[r]);
     node[r] = static_cast<int>(it - seen.begin());
     if (it == seen.end()) seen.push_back(keys[r]);
@@ -159,6 +178,10 @@ struct NodeLayoutMap {
   }
 };
 
+std::string version_name(uint64_t v) {
+  return detail::concat(v / 10000, ".", v / 100 % 100, ".", v % 100);
+}
+
 uint64_t handshake_hash(const Tunables& t) {
   Fnv1a h;
   h.u64(t.agreement_hash());
@@ -186,17 +209,41 @@ class MpiCommunicator final : public Communicator {
   CommStats stats() const override { return engine_->stats(*lane_); }
   int max_p2p_tag() const override { return (lane_->comms()->max_tag - 1) / 2; }
 
-  void handshake(std::chrono::milliseconds timeout) {
-    OpHeader h;
-    h.type = OpType::handshake;
-    h.count = build::kVersion;
-    h.layout = handshake_hash(lane_->tunables());
-    auto work = engine_->submit(
-        lane_,
-        std::make_shared<MpiCollectiveOp>("handshake", 0, "library version, dtype sizes, Agree tunables",
-                                          std::vector<OpHeader>(size(), h)),
-        "all ranks");
-    work->wait(timeout);
+  // Checks that every rank runs the same relaxcc version, with the same
+  // dtype sizes and Agree-scoped tunables, and returns every rank's host key:
+  // an allgather, so a rank that does not arrive gives Timeout, and a
+  // difference PeerMismatch, on every rank.
+  std::vector<uint64_t> handshake(std::chrono::milliseconds timeout) {
+    const int n = size();
+    constexpr int kFields = 3;  // version, agreement hash, host key
+    // Carried as i64 (relaxcc has no u64 dtype); compared bit for bit.
+    auto mine = std::make_shared<std::vector<int64_t>>(std::initializer_list<int64_t>{
+        static_cast<int64_t>(build::kVersion), static_cast<int64_t>(handshake_hash(lane_->tunables())),
+        static_cast<int64_t>(host_key())});
+    auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(kFields) * n);
+    AllgatherOptions o;
+    o.label = "create_mpi_communicator handshake: relaxcc version, dtype sizes, Agree tunables, hosts";
+    allgather(TensorView::host(mine->data(), kFields, mine), TensorView::host(all->data(), kFields * n, all),
+              ExecContext::host(), o)
+        ->wait(timeout);
+    std::vector<uint64_t> hosts(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      const int64_t* theirs = all->data() + static_cast<size_t>(kFields) * r;
+      RELAXCC_ENFORCE(theirs[0] == (*mine)[0], PeerMismatch, "create_mpi_communicator (handshake): rank ", r,
+                      " runs relaxcc ", version_name(static_cast<uint64_t>(theirs[0])), ", rank ", rank(),
+                      " runs ", version_name(static_cast<uint64_t>((*mine)[0])));
+      RELAXCC_ENFORCE(theirs[1] == (*mine)[1], PeerMismatch, "create_mpi_communicator (handshake): ranks ", r,
+                      " and ", rank(), " differ in the RELAXCC_* tunables that must agree (relaxcc-bench "
+                      "--print-config lists them) or in their builds (dtype sizes, pointer width)");
+      hosts[r] = static_cast<uint64_t>(theirs[2]);
+    }
+    return hosts;
+  }
+
+  // Known after the handshake, before the communicator is handed out.
+  void set_node_layout(std::shared_ptr<const NodeLayoutMap> nodes, std::shared_ptr<SharedMemory> shared_memory) {
+    nodes_ = std::move(nodes);
+    shared_memory_ = std::move(shared_memory);
   }
 
   CommunicatorPtr group(const std::vector<int>& members, const GroupOptions& options) override {
@@ -485,7 +532,7 @@ class MpiCommunicator final : public Communicator {
       if (options.after) op->set_prologue(std::move(prepare));
       else prepare();
     }
-    return engine_->submit(lane_, std::move(op), details, options.after);
+    return engine_->submit(lane_, std::move(op), details, options);
   }
 
   WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec, const ExecContext& ctx,
@@ -503,7 +550,8 @@ class MpiCommunicator final : public Communicator {
   // options.after completed (if it failed, fails as Engine::start would).
   WorkPtr completed(const char* name, const OpOptions& options, std::function<void()> run) {
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, name, ": the communicator is poisoned");
-    const std::string description = detail::concat(name, " (single rank)");
+    const std::string description =
+        detail::concat(name, options.label.empty() ? "" : " of '" + options.label + "'", " (single rank)");
     if (options.after) {
       return options.after->then(
           [run = std::move(run), description](const Work& after) {
@@ -562,40 +610,31 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   mpi::ensure_mpi();
   const auto timeout = options.timeout.count() >= 0 ? options.timeout
                                                     : std::chrono::milliseconds(options.tunables.timeout_ms);
-  // Validates the selection table before any collective call.
+  // Validates the selection table and the polling policy before any
+  // collective call.
   AllreduceSelection::parse(options.tunables.allreduce_algo);
+  mpi::choose_polling(1, options.tunables.engine_poll);
   // One collective on the caller's communicator; everything else on the dup.
-  MPI_Comm coll = mpi::timed_dup(options.comm, timeout, "create_mpi_communicator");
-  MPI_Comm p2p = MPI_COMM_NULL;
-  auto nodes = std::make_shared<mpi::NodeLayoutMap>();
-  try {
-    p2p = mpi::timed_dup(coll, timeout, "create_mpi_communicator (point-to-point communicator)");
-    int size = 0;
-    MPI_Comm_size(coll, &size);
-    nodes->node = mpi::gather_nodes(coll, size, timeout);
-  } catch (const Timeout&) {
-    // A collective that cannot be cancelled stays parked on `coll`: freeing
-    // it (or `p2p`) would free what that request still uses.
-    throw;
-  } catch (...) {
-    MPI_Comm_free(&coll);
-    if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
-    throw;
-  }
+  const auto [coll, p2p] = mpi::timed_dup_pair(options.comm, timeout);
   auto comms = std::make_shared<mpi::CommPair>(coll, p2p);
-  nodes->ranks_per_node = options.tunables.ranks_per_node;
   int rank = 0;
   MPI_Comm_rank(coll, &rank);
-  const int local_size = static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
-  auto engine = std::make_shared<mpi::Engine>(options.tunables,
-                                              mpi::choose_polling(local_size, options.tunables.engine_poll));
   std::vector<int> everyone(static_cast<size_t>(comms->size));
   std::iota(everyone.begin(), everyone.end(), 0);
-  const bool one_node = nodes->one_node(everyone);
+  // Until the handshake tells the hosts: every rank on a node of its own
+  // (no shared memory), the engine sleeping between polls.
+  auto provisional = std::make_shared<mpi::NodeLayoutMap>();
+  provisional->node = everyone;
+  auto engine = std::make_shared<mpi::Engine>(options.tunables, mpi::Engine::Polling{});
   auto comm = std::make_shared<mpi::MpiCommunicator>(
-      engine, engine->add_lane(comms, {}, rank, 0, options.tunables), nodes,
-      one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);
-  comm->handshake(timeout);
+      engine, engine->add_lane(comms, {}, rank, 0, options.tunables), provisional, nullptr);
+  auto nodes = std::make_shared<mpi::NodeLayoutMap>();
+  nodes->node = mpi::nodes_of(comm->handshake(timeout));
+  nodes->ranks_per_node = options.tunables.ranks_per_node;
+  const int local_size = static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
+  engine->set_polling(mpi::choose_polling(local_size, options.tunables.engine_poll));
+  const bool one_node = nodes->one_node(everyone);
+  comm->set_node_layout(nodes, one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);
   return comm;
 }
 

@@ -16,7 +16,6 @@ const char* op_type_name(OpType t) noexcept {
     case OpType::broadcast: return "broadcast";
     case OpType::alltoall: return "alltoall";
     case OpType::barrier: return "barrier";
-    case OpType::handshake: return "handshake";
   }
   return "unknown";
 }
@@ -58,10 +57,6 @@ std::string algorithm_name(uint8_t algo) {
 }
 
 // build::kVersion as "major.minor.patch".
-std::string version_name(int64_t v) {
-  return detail::concat(v / 10000, ".", v / 100 % 100, ".", v % 100);
-}
-
 std::string rank_name(int rank) {
   return rank < 0 ? "the other rank" : detail::concat("rank ", rank);
 }
@@ -99,9 +94,6 @@ std::string describe(const OpHeader& h, int peer) {
       break;
     case OpType::barrier:
       break;
-    case OpType::handshake:
-      what = detail::concat("the creation handshake of relaxcc ", version_name(h.count));
-      break;
     default:
       return detail::concat("an unknown operation (type ", int(h.type), ") #", h.seq);
   }
@@ -125,8 +117,7 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
       diffs.emplace_back("different points of the call sequence (a rank skipped or added a call)");
     if (mine.dtype != theirs.dtype) diffs.emplace_back("different dtypes");
     if (mine.count != theirs.count)
-      diffs.emplace_back(type == OpType::handshake ? "different relaxcc versions"
-                                                   : "different element counts");
+      diffs.emplace_back("different element counts");
     if (mine.op != theirs.op) diffs.emplace_back("different reduce ops");
     if (mine.algo != theirs.algo) {
       diffs.emplace_back(
@@ -139,12 +130,8 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
     // A layout follows from the count and the algorithm: only a difference
     // in it alone is news.
     if (mine.layout != theirs.layout && mine.count == theirs.count && mine.algo == theirs.algo) {
-      diffs.emplace_back(
-          type == OpType::handshake
-              ? "different values of the RELAXCC_* tunables that must agree (relaxcc-bench "
-                "--print-config lists them), or different builds (dtype sizes, pointer width)"
-          : type == OpType::allgather ? "different per-rank counts (allgatherv) or segment size"
-                                      : "different segment size or per-rank counts");
+      diffs.emplace_back(type == OpType::allgather ? "different per-rank counts (allgatherv) or segment size"
+                                                   : "different segment size or per-rank counts");
     }
     if (mine.lane != theirs.lane)
       diffs.emplace_back("operations of different communicators or groups whose messages met");

@@ -32,7 +32,6 @@ enum class OpType : uint8_t {
   broadcast = 4,
   alltoall = 5,
   barrier = 6,
-  handshake = 7,
 };
 const char* op_type_name(OpType t) noexcept;
 
