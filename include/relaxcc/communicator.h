@@ -95,7 +95,8 @@ class Communicator {
   // poison state of their own: a group that times out is poisoned, its
   // parent is not. Point-to-point tags are shared with the parent (and its
   // other groups). The group shares node memory (allocate) when its members
-  // share a node. Throws InvalidArgument for a rank out of range or listed
+  // share a node. A poison notice names a group by its members and key: a
+  // group re-created after it was poisoned needs a new key. Throws InvalidArgument for a rank out of range or listed
   // twice, or a list without this rank.
   virtual std::shared_ptr<Communicator> group(const std::vector<int>& members,
                                               const GroupOptions& options = {}) = 0;

@@ -24,17 +24,22 @@
 // polls for RELAXCC_SPIN_US, then backs off with sleeps up to
 // RELAXCC_MAX_SLEEP_US, so oversubscribed ranks do not starve each other.
 //
-// create_mpi_communicator() makes one call on the given communicator, a
-// timed MPI_Comm_idup under MPI_ERRORS_RETURN (its own handler is restored
-// afterwards), and works on the duplicate with MPI_ERRORS_RETURN, so MPI
-// failures become relaxcc exceptions. Ranks then exchange a handshake
-// (library version, dtype sizes, hash of the Agree-scoped tunables); any
-// difference raises PeerMismatch on every rank. When a rank does not arrive
-// within the timeout, every rank that called gets Timeout, also when the
-// others retry or the late rank arrives after they gave up. MPI cannot
-// cancel a collective: the timed-out MPI_Comm_idup stays parked on the given
-// communicator (and its duplicate is never freed), so the application should
-// not free that communicator after such a Timeout.
+// create_mpi_communicator() duplicates the given communicator twice (two
+// MPI_Comm_idup posted together, under MPI_ERRORS_RETURN; its own handler is
+// restored afterwards), the only calls it makes on it, and works on the
+// duplicates with MPI_ERRORS_RETURN, so MPI failures become relaxcc
+// exceptions. Ranks then exchange a handshake, a relaxcc allgather of the
+// library version, a hash of the dtype sizes and Agree-scoped tunables, and
+// the host; any difference raises PeerMismatch on every rank. Each of the
+// two steps has the full timeout. When a rank does not arrive in time, the
+// ranks that called get Timeout (or CommunicatorPoisoned, when another
+// rank's handshake timed out first: both are CommunicationError). MPI cannot
+// cancel a collective: the timed-out pair of MPI_Comm_idup stays parked,
+// cached on the given communicator (an MPI attribute), and the next creation
+// on it waits for the same pair. So ranks that retry while the late rank
+// arrives all get a working communicator; a late rank whose peers gave up
+// gets Timeout from the handshake. The application should not free a
+// communicator that holds such a parked pair.
 //
 // Lost peers. Without `mpirun --enable-recovery`, Open MPI ends the whole job
 // when a rank dies. With it, the job goes on, but Open MPI 4.1 (no ULFM)

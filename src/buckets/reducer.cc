@@ -1,6 +1,7 @@
 #include "relaxcc/reducer.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -190,7 +191,10 @@ void Reducer::tune_at_step_boundary() {
   const double local = std::chrono::duration<double>(now - last_begin_).count();
   last_begin_ = now;
   if (first) return;
-  double step_seconds = local;  // the slowest rank's step
+  // The slowest rank's step. Owned by its view (as every buffer of the
+  // Reducer's own collectives): a timed-out collective's parked requests
+  // never write freed memory.
+  auto step_seconds = std::make_shared<double>(local);
   int64_t iteration = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -202,9 +206,9 @@ void Reducer::tune_at_step_boundary() {
         AllreduceOptions o;
         o.op = ReduceOp::max;
         o.label = label;
-        return side_->allreduce(TensorView::host(&step_seconds, 1), ExecContext::host(), o);
+        return side_->allreduce(TensorView::host(step_seconds.get(), 1, step_seconds), ExecContext::host(), o);
       });
-  if (!tuner_->record(step_seconds)) return;
+  if (!tuner_->record(*step_seconds)) return;
   options_.plan.cap_bytes = tuner_->current_cap();
   options_.plan.first_cap_bytes = std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
   install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
@@ -239,23 +243,23 @@ std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
     total += (bucket.numel * static_cast<int64_t>(dtype_size(bucket.dtype)) + 63) / 64 * 64;
   }
   TensorView arena;
-  int32_t shared_ok = 1;
+  auto shared_ok = std::make_shared<int32_t>(1);
   try {
     arena = comm_->allocate(total, DType::u8);
   } catch (const CommunicationError& e) {
     RELAXCC_LOG(
         warn, "Reducer: no communicator memory for the buckets, every rank uses ordinary memory: ",
         e.what());
-    shared_ok = 0;
+    *shared_ok = 0;
   }
   run_labeled("Reducer: agreement on bucket memory (node-shared or ordinary)",
               [&](const std::string& label) {
                 AllreduceOptions o;
                 o.op = ReduceOp::min;
                 o.label = label;
-                return side_->allreduce(TensorView::host(&shared_ok, 1), ExecContext::host(), o);
+                return side_->allreduce(TensorView::host(shared_ok.get(), 1, shared_ok), ExecContext::host(), o);
               });
-  if (!shared_ok) {
+  if (!*shared_ok) {
     auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
     arena = TensorView(memory->data(), total, DType::u8, Device::host(), memory);
   }
@@ -309,12 +313,13 @@ void Reducer::verify_plan_across_ranks() {
   // over ranks is raised everywhere, with that rank's and rank 0's tensor.
   const std::string label = "Reducer: plan agreement";
   const int64_t count = static_cast<int64_t>(tensors_.size());
-  int64_t root_count = count;
+  auto root_count_buf = std::make_shared<int64_t>(count);
   run_labeled(label + " (rank 0's tensor count)", [&](const std::string& l) {
     BroadcastOptions o;
     o.label = l;
-    return side_->broadcast(TensorView::host(&root_count, 1), ExecContext::host(), o);
+    return side_->broadcast(TensorView::host(root_count_buf.get(), 1, root_count_buf), ExecContext::host(), o);
   });
+  const int64_t root_count = *root_count_buf;
   std::vector<int64_t> mine(static_cast<size_t>(count) * 4);
   for (int64_t i = 0; i < count; ++i) {
     const TensorSpec& t = tensors_[i];
@@ -323,13 +328,14 @@ void Reducer::verify_plan_across_ranks() {
     mine[4 * i + 2] = t.view.numel;
     mine[4 * i + 3] = static_cast<int64_t>(t.role);
   }
-  std::vector<int64_t> root(static_cast<size_t>(root_count) * 4 + 1);
+  auto root_buf = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(root_count) * 4 + 1);
+  std::vector<int64_t>& root = *root_buf;
   if (comm_->rank() == 0) std::copy(mine.begin(), mine.end(), root.begin());
   if (root_count > 0) {
     run_labeled(label + " (rank 0's tensors)", [&](const std::string& l) {
       BroadcastOptions o;
       o.label = l;
-      return side_->broadcast(TensorView::host(root.data(), root_count * 4), ExecContext::host(),
+      return side_->broadcast(TensorView::host(root.data(), root_count * 4, root_buf), ExecContext::host(),
                               o);
     });
   }
@@ -344,13 +350,14 @@ void Reducer::verify_plan_across_ranks() {
   // (first difference, rank) packed so that the minimum over ranks is the
   // lowest tensor, then the lowest rank.
   const int n = comm_->size();
-  int64_t key = first == kNone ? kNone : first * n + comm_->rank();
+  auto key_of_min = std::make_shared<int64_t>(first == kNone ? kNone : first * n + comm_->rank());
   run_labeled(label + " (first difference)", [&](const std::string& l) {
     AllreduceOptions o;
     o.op = ReduceOp::min;
     o.label = l;
-    return side_->allreduce(TensorView::host(&key, 1), ExecContext::host(), o);
+    return side_->allreduce(TensorView::host(key_of_min.get(), 1, key_of_min), ExecContext::host(), o);
   });
+  const int64_t key = *key_of_min;
   if (key == kNone) return;
   const int64_t index = key / n;
   const int other = static_cast<int>(key % n);
@@ -358,8 +365,10 @@ void Reducer::verify_plan_across_ranks() {
   auto summary_of = [&](int from) {
     TensorSummary t;
     const bool here = index < count;
-    int64_t header[6] = {count, here ? 1 : 0, 0, 0, 0, 0};
-    std::string name;
+    auto header_buf = std::make_shared<std::array<int64_t, 6>>(std::array<int64_t, 6>{count, here ? 1 : 0, 0, 0, 0, 0});
+    std::array<int64_t, 6>& header = *header_buf;
+    auto name_buf = std::make_shared<std::string>();
+    std::string& name = *name_buf;
     if (here) {
       const TensorSpec& spec = tensors_[index];
       header[2] = spec.view.numel;
@@ -373,7 +382,7 @@ void Reducer::verify_plan_across_ranks() {
       BroadcastOptions o;
       o.root = from;
       o.label = l;
-      return side_->broadcast(TensorView::host(header, 6), ExecContext::host(), o);
+      return side_->broadcast(TensorView::host(header.data(), 6, header_buf), ExecContext::host(), o);
     });
     name.resize(static_cast<size_t>(header[5]));
     if (header[5] > 0) {
@@ -381,8 +390,8 @@ void Reducer::verify_plan_across_ranks() {
         BroadcastOptions o;
         o.root = from;
         o.label = l;
-        return side_->broadcast(TensorView(name.data(), header[5], DType::u8), ExecContext::host(),
-                                o);
+        return side_->broadcast(TensorView(name.data(), header[5], DType::u8, Device::host(), name_buf),
+                                ExecContext::host(), o);
       });
     }
     t.count = header[0];
@@ -390,7 +399,7 @@ void Reducer::verify_plan_across_ranks() {
     t.numel = header[2];
     t.dtype = static_cast<DType>(header[3]);
     t.role = static_cast<TensorRole>(header[4]);
-    t.name = std::move(name);
+    t.name = name;
     return t;
   };
   const TensorSummary theirs = summary_of(other);

@@ -26,6 +26,12 @@ void check_mpi(int rc, const char* what) {
     RELAXCC_THROW(CommunicationError, what, " failed: ", mpi_error_string(rc));
 }
 
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
 // ---- Transport -------------------------------------------------------------
 
 namespace {
@@ -120,9 +126,7 @@ CommPair::CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm) : coll(coll_comm), p2p
 }
 
 CommPair::~CommPair() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (mpi_finalized()) return;
   if (coll != MPI_COMM_NULL) MPI_Comm_free(&coll);
   if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
 }
@@ -251,15 +255,20 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::sha
 void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (lane->poisoned()) return;
-    lane->poison_reason_ = reason;
-    lane->notify_peers_ = notify_peers;
-    lane->poisoned_.store(true);
-    to_poison_.push_back(lane);
-    signalled_.store(true, std::memory_order_release);
+    if (!poison_locked(lane, reason, notify_peers)) return;
   }
-  RELAXCC_LOG(warn, "communicator poisoned: ", reason);
   cv_.notify_all();
+}
+
+bool Engine::poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers) {
+  if (lane->poisoned()) return false;
+  lane->poison_reason_ = reason;
+  lane->notify_peers_ = notify_peers;
+  lane->poisoned_.store(true);
+  to_poison_.push_back(lane);
+  signalled_.store(true, std::memory_order_release);
+  RELAXCC_LOG(warn, "communicator poisoned: ", reason);
+  return true;
 }
 
 std::string Engine::poison_on_timeout(const std::shared_ptr<Lane>& lane, const Work& work,
@@ -267,17 +276,18 @@ std::string Engine::poison_on_timeout(const std::shared_ptr<Lane>& lane, const W
   auto report = std::make_shared<TimeoutReport>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (lane->poisoned()) return detail::concat("the communicator was poisoned first (", lane->poison_reason_, ")");
+    if (lane->poisoned()) return detail::concat("the communicator was poisoned before (", lane->poison_reason_, ")");
     lane->timed_out_ = &work;
     lane->timeout_report_ = report;
+    poison_locked(lane, reason, true);
   }
-  poison(lane, reason);
+  cv_.notify_all();
   std::unique_lock<std::mutex> lock(report->mutex);
   report->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return report->ready; });
   return report->waiting.empty() ? std::string() : "waiting for: " + report->waiting;
 }
 
-void Engine::report_timeout(Lane& lane) {
+std::shared_ptr<TimeoutReport> Engine::report_timeout(Lane& lane) {
   std::shared_ptr<TimeoutReport> report;
   const Work* work = nullptr;
   {
@@ -285,21 +295,18 @@ void Engine::report_timeout(Lane& lane) {
     report = std::exchange(lane.timeout_report_, nullptr);
     work = std::exchange(lane.timed_out_, nullptr);
   }
-  if (!report) return;
+  if (!report) return nullptr;
   std::string waiting;
   for (const auto* ops : {&active_, &waiting_})
     for (const auto& op : *ops)
-      if (op->work_.get() == work) waiting = op->waiting_for();
+      if (op->lane_.get() == &lane && op->work_.get() == work) waiting = op->waiting_for();
   if (!waiting.empty()) {
     std::lock_guard<std::mutex> lock(mutex_);
     lane.poison_reason_ += "; waiting for: " + waiting;
   }
-  {
-    std::lock_guard<std::mutex> lock(report->mutex);
-    report->waiting = std::move(waiting);
-    report->ready = true;
-  }
-  report->cv.notify_all();
+  std::lock_guard<std::mutex> lock(report->mutex);
+  report->waiting = std::move(waiting);
+  return report;
 }
 
 CommStats Engine::stats(const Lane& lane) const {
@@ -356,7 +363,8 @@ void Engine::test_requests(bool& progressed) {
   for (int k = 0; k < outcount; ++k) {
     const int index = indices_[k];
     const Pending p = pending_[index];
-    const MPI_Status& status = statuses_[k];
+    // A copy: on_complete may post requests, and add_request may grow statuses_.
+    const MPI_Status status = statuses_[k];
     const int err = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
     requests_[index] = MPI_REQUEST_NULL;
     pending_[index] = Pending{};
@@ -420,6 +428,20 @@ void Engine::trace_event(const std::string& name, const char* cat, int tid, Cloc
          << "\",\"ph\":\"X\",\"pid\":" << trace_pid_ << ",\"tid\":" << tid << ",\"ts\":" << micros(start)
          << ",\"dur\":" << micros(Clock::now()) - micros(start) << ",\"args\":{" << args << "}}";
   trace_first_ = false;
+}
+
+bool Engine::fail_if_poisoned(Operation& op) {
+  if (!op.lane_->poisoned()) return false;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    reason = op.lane_->poison_reason_;
+  }
+  op.set_error(std::make_exception_ptr(CommunicatorPoisoned(
+      detail::concat(op.name(), " #", op.seq(), ": the communicator is poisoned (", reason, ")"), __FILE__,
+      __LINE__)));
+  op.work_->complete(op.error());
+  return true;
 }
 
 void Engine::fail_waiting(const Lane* lane, const std::string& reason) {
@@ -496,11 +518,6 @@ void Engine::inspect_stalls() {
   }
 }
 
-namespace {
-// How often an idle engine (nothing in flight) picks up poison notices.
-constexpr auto kIdleNoticePoll = std::chrono::milliseconds(10);
-}  // namespace
-
 void Engine::loop() {
   // Short back-off sleeps must stay short: the default 50 us timer slack
   // would stretch every one of them.
@@ -527,12 +544,11 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       if (active_.empty() && queue_.empty()) {
         if (stop_) break;
-        // Idle: wake every kIdleNoticePoll to pick up poison notices.
-        const auto woken = [&] {
+        // Idle: no MPI call until there is work (notices that came in the
+        // meantime are picked up before new operations start).
+        cv_.wait(lock, [&] {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty();
-        };
-        if (listeners_.empty()) cv_.wait(lock, woken);
-        else cv_.wait_for(lock, kIdleNoticePoll, woken);
+        });
         if (stop_ && queue_.empty() && active_.empty()) break;
       }
       incoming.swap(queue_);
@@ -555,9 +571,18 @@ void Engine::loop() {
       }
     }
     for (const auto& lane : apply_poison) {
-      report_timeout(*lane);
+      const std::shared_ptr<TimeoutReport> report = report_timeout(*lane);
       if (lane->notify_peers_) send_notices(*lane);
       abort_all(lane.get(), lane->poison_reason_);
+      // Answered once the operation stopped: its caller may then free what
+      // the operation used.
+      if (report) {
+        {
+          std::lock_guard<std::mutex> lock(report->mutex);
+          report->ready = true;
+        }
+        report->cv.notify_all();
+      }
     }
     // A notice that is already here poisons its lane before the lane's next
     // operations start; otherwise notices are picked up every millisecond.
@@ -567,18 +592,7 @@ void Engine::loop() {
     // start now unless they wait for a dependency.
     for (auto& op : incoming) {
       op->started_ = Clock::now();
-      if (op->lane_->poisoned()) {
-        std::string reason;
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          reason = op->lane_->poison_reason_;
-        }
-        op->set_error(std::make_exception_ptr(CommunicatorPoisoned(
-            detail::concat(op->name(), " #", op->seq(), ": the communicator is poisoned (", reason, ")"),
-            __FILE__, __LINE__)));
-        op->work_->complete(op->error());
-        continue;
-      }
+      if (fail_if_poisoned(*op)) continue;
       if (op->after_ && !op->released_.load(std::memory_order_acquire)) waiting_.push_back(op);
       else start(op);
     }
@@ -589,9 +603,10 @@ void Engine::loop() {
       std::vector<std::shared_ptr<Operation>> ready(std::make_move_iterator(it),
                                                     std::make_move_iterator(waiting_.end()));
       waiting_.erase(it, waiting_.end());
+      if (!ready.empty()) poll_notices();
       for (const auto& op : ready) {
         op->started_ = Clock::now();
-        start(op);
+        if (!fail_if_poisoned(*op)) start(op);
       }
     }
     for (size_t i = 0; i < active_.size(); ++i) {
@@ -653,7 +668,7 @@ void Engine::expire_closed_lanes(Clock::time_point now) {
     closing_.erase(keep, closing_.end());
   }
   for (const auto& lane : expired)
-    poison(lane, "the communicator was destroyed with operations in flight");
+    poison(lane, "the communicator was destroyed with operations in flight", false);
   release_listeners(false);
 }
 
@@ -691,7 +706,9 @@ void Engine::poll_notices() {
     while (l->request != MPI_REQUEST_NULL) {
       int flag = 0;
       MPI_Status status;
-      if (MPI_Test(&l->request, &flag, &status) != MPI_SUCCESS || !flag) break;
+      const int rc = MPI_Test(&l->request, &flag, &status);
+      if (rc != MPI_SUCCESS) RELAXCC_LOG(warn, "poison-notice receive failed: ", mpi_error_string(rc));
+      if (rc != MPI_SUCCESS || !flag) break;
       l->request = MPI_REQUEST_NULL;
       on_notice(*l->comms, l->notice, status.MPI_SOURCE);
       post_listener(l->comms->coll, &l->notice, &l->request);
@@ -701,9 +718,11 @@ void Engine::poll_notices() {
 }
 
 void Engine::test_notice_sends() {
+  // A buffer goes only with its request (an MPI_Test error leaves it posted).
   auto done = std::remove_if(notice_sends_.begin(), notice_sends_.end(), [](NoticeSend& n) {
     int flag = 0;
-    return MPI_Test(&n.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag;
+    MPI_Test(&n.request, &flag, MPI_STATUS_IGNORE);
+    return n.request == MPI_REQUEST_NULL;
   });
   notice_sends_.erase(done, notice_sends_.end());
 }
@@ -754,6 +773,15 @@ void Engine::release_listeners(bool all) {
                  lanes_.end());
     if (all) to_listen_.clear();
   }
+  if (mpi_finalized()) {
+    // Communicators that outlived MPI_Finalize (the application's error):
+    // no MPI call any more; the buffers stay (leaked).
+    if (all) {
+      new std::vector<std::unique_ptr<Listener>>(std::move(listeners_));
+      new std::vector<NoticeSend>(std::move(notice_sends_));
+    }
+    return;
+  }
   const auto deadline = Clock::now() + std::chrono::milliseconds(200);
   auto unused = std::stable_partition(listeners_.begin(), listeners_.end(), [&](const auto& l) {
     return !all && l->comms.use_count() > 1;
@@ -782,6 +810,12 @@ void Engine::release_listeners(bool all) {
 }
 
 void Engine::drain_on_shutdown() {
+  if (mpi_finalized()) {
+    RELAXCC_LOG(error, "a communicator outlived MPI_Finalize with ", active_.size(),
+                " operation(s) in flight; they are leaked");
+    new std::vector<std::shared_ptr<Operation>>(std::move(active_));  // intentional leak
+    return;
+  }
   abort_all(nullptr, "the communicator was destroyed with operations in flight");
   const auto deadline = Clock::now() + std::chrono::milliseconds(200);
   while (num_pending_ > 0 && Clock::now() < deadline) {

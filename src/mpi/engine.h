@@ -325,6 +325,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void loop();
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
+  // Completes `op` with CommunicatorPoisoned, without starting it, when its
+  // lane is poisoned.
+  bool fail_if_poisoned(Operation& op);
   // Completes the operations of `lane` (every lane: null) still waiting for
   // their dependency with `reason`.
   void fail_waiting(const Lane* lane, const std::string& reason);
@@ -347,8 +350,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // rank sent.
   void poll_notices();
   // Poisoning of `lane` from a timeout: adds what the operation waited for
-  // to its reason and answers its TimeoutReport.
-  void report_timeout(Lane& lane);
+  // to its reason and fills its TimeoutReport, returned for the caller to
+  // mark ready (null when the poisoning did not come from a timeout).
+  std::shared_ptr<TimeoutReport> report_timeout(Lane& lane);
+  // poison() under mutex_; false when the lane was poisoned already.
+  bool poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers);
   // `notice` came from comm rank `source` of `comms`.
   void on_notice(const CommPair& comms, PoisonNotice notice, int source);
   void test_notice_sends();
@@ -425,5 +431,7 @@ class EngineWork final : public Work {
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
 std::string mpi_error_string(int rc);
+// Whether MPI_Finalize has run (relaxcc then makes no MPI call).
+bool mpi_finalized();
 
 }  // namespace relaxcc::mpi

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 
 #include "../collectives/alltoall_pairwise.h"
@@ -279,10 +280,11 @@ class MpiCommunicator final : public Communicator {
     // Every rank's (color, key), then a group of the ranks of this color.
     const int n = size();
     auto pairs = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
-    int64_t mine[2] = {color, key};
+    auto mine = std::make_shared<std::array<int64_t, 2>>(std::array<int64_t, 2>{color, key});
     AllgatherOptions o;
     o.label = "split: colors and keys";
-    allgather(TensorView::host(mine, 2), TensorView::host(pairs->data(), 2 * n, pairs), ExecContext::host(), o)
+    allgather(TensorView::host(mine->data(), 2, mine), TensorView::host(pairs->data(), 2 * n, pairs),
+              ExecContext::host(), o)
         ->wait(options.timeout);
     const uint64_t split_index = splits_++;
     if (color < 0) return nullptr;
