@@ -52,9 +52,12 @@ namespace {
 
 template <typename T>
 T from_f64(double v) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return to_bfloat16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 // fill_encoded's element i on rank r.
@@ -65,8 +68,10 @@ T encoded(int rank, int64_t i) {
 
 template <typename T>
 bool same(T a, T b) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return a.bits == b.bits;
-  else return a == b;
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return a.bits == b.bits;
+  else
+    return a == b;
 }
 
 // The exact result at index i: the sum/min/max of (r + i) % 4 over ranks,
@@ -81,10 +86,14 @@ T expected(int64_t i, ReduceOp op, int ranks) {
     hi = std::max(hi, v);
   }
   switch (op) {
-    case ReduceOp::sum: return from_f64<T>(static_cast<double>(sum));
-    case ReduceOp::min: return from_f64<T>(static_cast<double>(lo));
-    case ReduceOp::max: return from_f64<T>(static_cast<double>(hi));
-    case ReduceOp::avg: break;
+    case ReduceOp::sum:
+      return from_f64<T>(static_cast<double>(sum));
+    case ReduceOp::min:
+      return from_f64<T>(static_cast<double>(lo));
+    case ReduceOp::max:
+      return from_f64<T>(static_cast<double>(hi));
+    case ReduceOp::avg:
+      break;
   }
   T out = from_f64<T>(static_cast<double>(sum));
   kernels::finish_average(TensorView{&out, 1, dtype_of<T>()}, ranks, ExecContext::host());
@@ -169,20 +178,34 @@ void f32_pick(void* in, void* inout, int* len, bool bf, Pick pick) {
     if (pick(x, y)) b[i] = a[i];
   }
 }
-void f16_min(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, false, std::less<float>()); }
-void f16_max(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, false, std::greater<float>()); }
-void bf16_min(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, true, std::less<float>()); }
-void bf16_max(void* a, void* b, int* n, MPI_Datatype*) { f32_pick(a, b, n, true, std::greater<float>()); }
+void f16_min(void* a, void* b, int* n, MPI_Datatype*) {
+  f32_pick(a, b, n, false, std::less<float>());
+}
+void f16_max(void* a, void* b, int* n, MPI_Datatype*) {
+  f32_pick(a, b, n, false, std::greater<float>());
+}
+void bf16_min(void* a, void* b, int* n, MPI_Datatype*) {
+  f32_pick(a, b, n, true, std::less<float>());
+}
+void bf16_max(void* a, void* b, int* n, MPI_Datatype*) {
+  f32_pick(a, b, n, true, std::greater<float>());
+}
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
     case DType::f16:
-    case DType::bf16: return MPI_UINT16_T;
+    case DType::bf16:
+      return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -269,7 +292,8 @@ AllreduceFn p2p_ring_allreduce_fn(BenchWorld& world) {
         const int64_t len = std::min(seg, dst.numel - off);
         void* target = reduce ? scratch->data() + off * esize : dst.slice(off, len).data;
         recvs.emplace_back();
-        MPI_Irecv(target, static_cast<int>(len * esize), MPI_BYTE, left, tag, MPI_COMM_WORLD, &recvs.back());
+        MPI_Irecv(target, static_cast<int>(len * esize), MPI_BYTE, left, tag, MPI_COMM_WORLD,
+                  &recvs.back());
       }
       for (int64_t off = 0; off < src.numel; off += seg) {
         const int64_t len = std::min(seg, src.numel - off);

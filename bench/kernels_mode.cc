@@ -37,7 +37,8 @@ double median_us(int iters, Fn&& fn) {
   for (int i = 0; i < iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -46,7 +47,8 @@ double median_us(int iters, Fn&& fn) {
 void run_kernels(const KernelsArgs& args) {
   Report report(true, args.json);
   const int64_t n = parse_size(args.elements);
-  RELAXCC_ENFORCE(n > 0 && n <= int64_t{UINT32_MAX}, InvalidArgument, "kernels: -n must be in [1, 2^32)");
+  RELAXCC_ENFORCE(n > 0 && n <= int64_t{UINT32_MAX}, InvalidArgument,
+                  "kernels: -n must be in [1, 2^32)");
   std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
   {
     std::mt19937 rng(1);
@@ -54,15 +56,17 @@ void run_kernels(const KernelsArgs& args) {
     for (auto& v : x) v = d(rng);
   }
   const double f32_bytes = static_cast<double>(n) * 4;
-  report.print(detail::concat("# relaxcc-bench kernels: ", n, " f32 elements, median of ", args.iters,
-                              " iterations; gbps counts the f32 side"));
+  report.print(detail::concat("# relaxcc-bench kernels: ", n, " f32 elements, median of ",
+                              args.iters, " iterations; gbps counts the f32 side"));
   char line[256];
-  std::snprintf(line, sizeof line, "%-18s %5s %8s %12s %10s %12s %8s %8s %10s", "kernel", "bits", "threads",
-                "time(us)", "GB/s", "memcpy GB/s", "ratio", "recall", "k");
+  std::snprintf(line, sizeof line, "%-18s %5s %8s %12s %10s %12s %8s %8s %10s", "kernel", "bits",
+                "threads", "time(us)", "GB/s", "memcpy GB/s", "ratio", "recall", "k");
   report.print(line);
 
   for (int requested : args.threads) {
-    const int threads = requested > 0 ? requested : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = requested > 0
+                            ? requested
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     auto pool = std::make_unique<ThreadPool>(threads);
     const ExecContext ctx = ExecContext::host(threads > 1 ? pool.get() : nullptr);
     const double memcpy_us = median_us(args.iters, [&] {
@@ -71,15 +75,23 @@ void run_kernels(const KernelsArgs& args) {
       });
     });
     const double memcpy_gbps = f32_bytes / memcpy_us / 1e3;
-    auto emit = [&](const std::string& kernel, int bits, double us, double recall = -1, int64_t k = -1) {
+    auto emit = [&](const std::string& kernel, int bits, double us, double recall = -1,
+                    int64_t k = -1) {
       const double gbps = f32_bytes / us / 1e3;
-      std::snprintf(line, sizeof line, "%-18s %5d %8d %12.1f %10.3f %12.3f %8.3f %8s %10s", kernel.c_str(), bits,
-                    threads, us, gbps, memcpy_gbps, gbps / memcpy_gbps,
-                    recall >= 0 ? detail::concat(recall).c_str() : "", k >= 0 ? std::to_string(k).c_str() : "");
+      std::snprintf(line, sizeof line, "%-18s %5d %8d %12.1f %10.3f %12.3f %8.3f %8s %10s",
+                    kernel.c_str(), bits, threads, us, gbps, memcpy_gbps, gbps / memcpy_gbps,
+                    recall >= 0 ? detail::concat(recall).c_str() : "",
+                    k >= 0 ? std::to_string(k).c_str() : "");
       report.print(line);
       Row row;
-      row.set("mode", "kernels").set("kernel", kernel).set("bits", bits).set("threads", threads)
-          .set("elements", n).set("time_us", us).set("gbps", gbps).set("memcpy_gbps", memcpy_gbps)
+      row.set("mode", "kernels")
+          .set("kernel", kernel)
+          .set("bits", bits)
+          .set("threads", threads)
+          .set("elements", n)
+          .set("time_us", us)
+          .set("gbps", gbps)
+          .set("memcpy_gbps", memcpy_gbps)
           .set("ratio_to_memcpy", gbps / memcpy_gbps);
       if (recall >= 0) row.set("recall", recall).set("k", k);
       report.add(row);
@@ -91,7 +103,10 @@ void run_kernels(const KernelsArgs& args) {
       const TensorView in = TensorView::host(x.data(), n), out = TensorView::host(y.data(), n);
       const double enc = median_us(args.iters, [&] { kernels::encode(in, payload, c, ctx); });
       const double dec = median_us(args.iters, [&] { kernels::decode(payload, out, ctx); });
-      const int bits = c.kind == kernels::CompressorKind::minmax || c.kind == kernels::CompressorKind::cocktail ? c.bits : 0;
+      const int bits =
+          c.kind == kernels::CompressorKind::minmax || c.kind == kernels::CompressorKind::cocktail
+              ? c.bits
+              : 0;
       emit(name + "_encode", bits, enc);
       emit(name + "_decode", bits, dec);
     };
@@ -106,8 +121,8 @@ void run_kernels(const KernelsArgs& args) {
     c.kind = kernels::CompressorKind::minmax;
     c.rounding = kernels::Rounding::stochastic;
     codec("minmax_sr", c);
-    for (auto kind : {kernels::CompressorKind::f16, kernels::CompressorKind::bf16, kernels::CompressorKind::sign,
-                      kernels::CompressorKind::randomk}) {
+    for (auto kind : {kernels::CompressorKind::f16, kernels::CompressorKind::bf16,
+                      kernels::CompressorKind::sign, kernels::CompressorKind::randomk}) {
       c = {};
       c.kind = kind;
       codec(kernels::compressor_name(kind), c);
@@ -137,13 +152,15 @@ void run_kernels(const KernelsArgs& args) {
       c.keep = k;
       c.approximate = approximate;
       std::vector<std::byte> payload(kernels::encoded_size(n, c));
-      const double us = median_us(args.iters, [&] { kernels::encode(TensorView::host(x.data(), n), payload, c, ctx); });
+      const double us = median_us(
+          args.iters, [&] { kernels::encode(TensorView::host(x.data(), n), payload, c, ctx); });
       const kernels::PayloadHeader h = kernels::read_header(payload);
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
       std::memcpy(idx.data(), payload.data() + sizeof(kernels::PayloadHeader), idx.size() * 4);
       int64_t hits = 0;
       for (uint32_t i : idx) hits += std::fabs(x[i]) >= kth;
-      emit(approximate ? "topk_approx" : "topk_exact", 32, us, static_cast<double>(hits) / static_cast<double>(k), h.k);
+      emit(approximate ? "topk_approx" : "topk_exact", 32, us,
+           static_cast<double>(hits) / static_cast<double>(k), h.k);
     }
   }
 }

@@ -6,7 +6,9 @@ namespace relaxcc::bench {
 
 std::vector<Layer> resnet50_layers() {
   std::vector<Layer> l;
-  auto conv = [&](const std::string& n, int64_t in, int64_t out, int64_t k) { l.push_back({n + ".weight", in * out * k * k}); };
+  auto conv = [&](const std::string& n, int64_t in, int64_t out, int64_t k) {
+    l.push_back({n + ".weight", in * out * k * k});
+  };
   auto bn = [&](const std::string& n, int64_t c) {
     l.push_back({n + ".weight", c});
     l.push_back({n + ".bias", c});
@@ -46,7 +48,8 @@ std::vector<Layer> bert_base_layers() {
                        {"embeddings.LayerNorm.bias", h}};
   for (int i = 0; i < 12; ++i) {
     const std::string p = "encoder.layer." + std::to_string(i);
-    for (const char* m : {".attention.self.query", ".attention.self.key", ".attention.self.value", ".attention.output.dense"}) {
+    for (const char* m : {".attention.self.query", ".attention.self.key", ".attention.self.value",
+                          ".attention.output.dense"}) {
       l.push_back({p + m + ".weight", h * h});
       l.push_back({p + m + ".bias", h});
     }

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "relaxcc/algorithms/gradient_allreduce.h"
 #include "model_layers.h"
 #include "modes.h"
+#include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/reducer.h"
@@ -39,8 +39,8 @@ using Clock = std::chrono::steady_clock;
 struct OverlapArgs {
   std::vector<std::string> models{"resnet50", "bert-base"};
   std::vector<std::string> compute{"sleep", "busy"};
-  double compute_ms = 0;  // 0: equal to the measured communication time
-  std::string cap = "25M";  // bucket cap of the a/b/c rows (PyTorch DDP's default)
+  double compute_ms = 0;     // 0: equal to the measured communication time
+  std::string cap = "25M";   // bucket cap of the a/b/c rows (PyTorch DDP's default)
   bool bucket_view = false;  // gradient_as_bucket_view
   int iters = 8, warmup = 2;
   bool tune = false;
@@ -82,8 +82,11 @@ void backward(const Job& job, double compute_ms, bool busy, Reducer* overlap) {
   const auto start = Clock::now();
   double done_ms = 0;
   for (int i = static_cast<int>(job.layers.size()) - 1; i >= 0; --i) {
-    done_ms += compute_ms * static_cast<double>(job.layers[i].numel) / static_cast<double>(job.total);
-    compute_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(done_ms)), busy);
+    done_ms +=
+        compute_ms * static_cast<double>(job.layers[i].numel) / static_cast<double>(job.total);
+    compute_until(start + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double, std::milli>(done_ms)),
+                  busy);
     if (overlap) overlap->mark_ready(i);
   }
 }
@@ -102,7 +105,8 @@ std::vector<double> interleaved_step_ms(BenchWorld& world, int warmup, int iters
       MPI_Barrier(MPI_COMM_WORLD);
       const auto t0 = Clock::now();
       fns[k]();
-      if (i >= warmup) times[k].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      if (i >= warmup)
+        times[k].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
   }
   std::vector<double> out;
@@ -117,8 +121,8 @@ double step_ms(BenchWorld& world, int warmup, int iters, Fn&& step) {
 }
 
 std::unique_ptr<Reducer> make_reducer(CommunicatorPtr comm, const Job& job, ReducerOptions o) {
-  return std::make_unique<Reducer>(comm, job.specs, std::make_shared<algorithms::GradientAllreduce>(),
-                                   ExecContext::host(), o);
+  return std::make_unique<Reducer>(
+      comm, job.specs, std::make_shared<algorithms::GradientAllreduce>(), ExecContext::host(), o);
 }
 
 void run_overlap(const OverlapArgs& args) {
@@ -127,11 +131,12 @@ void run_overlap(const OverlapArgs& args) {
   MpiCommunicatorOptions mo;
   mo.tunables = world.tunables;
   CommunicatorPtr comm = create_mpi_communicator(mo);
-  report.print(detail::concat("# relaxcc-bench overlap: ", world.size, " ranks, gradient_allreduce, bucket cap ", args.cap,
+  report.print(detail::concat("# relaxcc-bench overlap: ", world.size,
+                              " ranks, gradient_allreduce, bucket cap ", args.cap,
                               ", times are the max over ranks of the median step"));
   char line[320];
-  std::snprintf(line, sizeof line, "%-10s %-6s %12s %12s %12s %12s %12s %10s", "model", "kind", "params", "compute(ms)",
-                "comm(ms)", "serial(ms)", "overlap(ms)", "efficiency");
+  std::snprintf(line, sizeof line, "%-10s %-6s %12s %12s %12s %12s %12s %10s", "model", "kind",
+                "params", "compute(ms)", "comm(ms)", "serial(ms)", "overlap(ms)", "efficiency");
   report.print(line);
   for (const std::string& model : args.models) {
     Job job = make_job(model, world.rank);
@@ -147,32 +152,43 @@ void run_overlap(const OverlapArgs& args) {
     });
     const double compute_ms = args.compute_ms > 0 ? args.compute_ms : comm_ms;
     for (const std::string& kind : args.compute) {
-      RELAXCC_ENFORCE(kind == "sleep" || kind == "busy", InvalidArgument, "overlap: --compute sleep or busy, got ", kind);
+      RELAXCC_ENFORCE(kind == "sleep" || kind == "busy", InvalidArgument,
+                      "overlap: --compute sleep or busy, got ", kind);
       const bool busy = kind == "busy";
-      const std::vector<double> abc = interleaved_step_ms(
-          world, args.warmup, args.iters,
-          {[&] { backward(job, compute_ms, busy, nullptr); },
-           [&] {
-             backward(job, compute_ms, busy, nullptr);
-             reducer->begin_step();
-             communicate_all(*reducer, job);
-             reducer->synchronize();
-           },
-           [&] {
-             reducer->begin_step();
-             backward(job, compute_ms, busy, reducer.get());
-             reducer->synchronize();
-           }});
+      const std::vector<double> abc =
+          interleaved_step_ms(world, args.warmup, args.iters,
+                              {[&] { backward(job, compute_ms, busy, nullptr); },
+                               [&] {
+                                 backward(job, compute_ms, busy, nullptr);
+                                 reducer->begin_step();
+                                 communicate_all(*reducer, job);
+                                 reducer->synchronize();
+                               },
+                               [&] {
+                                 reducer->begin_step();
+                                 backward(job, compute_ms, busy, reducer.get());
+                                 reducer->synchronize();
+                               }});
       const double a = abc[0], b = abc[1], c = abc[2];
       const double comm_part = b - a;
       const double efficiency = (b - c) / std::max(1e-9, std::min(a, comm_part));
-      std::snprintf(line, sizeof line, "%-10s %-6s %12lld %12.1f %12.1f %12.1f %12.1f %10.3f", model.c_str(), kind.c_str(),
-                    static_cast<long long>(job.total), a, comm_part, b, c, efficiency);
+      std::snprintf(line, sizeof line, "%-10s %-6s %12lld %12.1f %12.1f %12.1f %12.1f %10.3f",
+                    model.c_str(), kind.c_str(), static_cast<long long>(job.total), a, comm_part, b,
+                    c, efficiency);
       report.print(line);
-      report.add(Row().set("mode", "overlap").set("model", model).set("compute_kind", kind).set("ranks", world.size)
-                     .set("cap_bytes", parse_size(args.cap)).set("bucket_view", args.bucket_view ? 1 : 0)
-                     .set("params", job.total).set("compute_ms", a).set("comm_ms", comm_part).set("serial_ms", b)
-                     .set("overlapped_ms", c).set("overlap_efficiency", efficiency));
+      report.add(Row()
+                     .set("mode", "overlap")
+                     .set("model", model)
+                     .set("compute_kind", kind)
+                     .set("ranks", world.size)
+                     .set("cap_bytes", parse_size(args.cap))
+                     .set("bucket_view", args.bucket_view ? 1 : 0)
+                     .set("params", job.total)
+                     .set("compute_ms", a)
+                     .set("comm_ms", comm_part)
+                     .set("serial_ms", b)
+                     .set("overlapped_ms", c)
+                     .set("overlap_efficiency", efficiency));
     }
     if (!args.tune) continue;
     // The tuner against an exhaustive sweep of its 13 candidate caps.
@@ -208,13 +224,20 @@ void run_overlap(const OverlapArgs& args) {
     const std::vector<double> pair = interleaved_step_ms(
         world, 1, 2 * args.iters, {[&] { overlapped_step(*t); }, [&] { overlapped_step(*best); }});
     const double tuned_ms = pair[0], best_ms = pair[1];
-    report.print(detail::concat("# tuner (", model, ", sleep compute): cap ", format_bytes(tuned_cap), " -> ", tuned_ms,
-                                " ms; sweep best: cap ", format_bytes(best_cap), " -> ", best_ms,
-                                " ms (alternating steps; ", sweep_best_ms, " ms in the sweep); ratio ",
-                                tuned_ms / best_ms));
-    report.add(Row().set("mode", "overlap_tuner").set("model", model).set("compute_kind", "sleep").set("ranks", world.size)
-                   .set("tuned_cap_bytes", tuned_cap).set("tuned_step_ms", tuned_ms).set("best_cap_bytes", best_cap)
-                   .set("best_step_ms", best_ms).set("sweep_best_step_ms", sweep_best_ms));
+    report.print(detail::concat("# tuner (", model, ", sleep compute): cap ",
+                                format_bytes(tuned_cap), " -> ", tuned_ms, " ms; sweep best: cap ",
+                                format_bytes(best_cap), " -> ", best_ms, " ms (alternating steps; ",
+                                sweep_best_ms, " ms in the sweep); ratio ", tuned_ms / best_ms));
+    report.add(Row()
+                   .set("mode", "overlap_tuner")
+                   .set("model", model)
+                   .set("compute_kind", "sleep")
+                   .set("ranks", world.size)
+                   .set("tuned_cap_bytes", tuned_cap)
+                   .set("tuned_step_ms", tuned_ms)
+                   .set("best_cap_bytes", best_cap)
+                   .set("best_step_ms", best_ms)
+                   .set("sweep_best_step_ms", sweep_best_ms));
   }
 }
 
@@ -223,16 +246,23 @@ void run_overlap(const OverlapArgs& args) {
 void add_overlap_mode(CLI::App& app) {
   auto args = std::make_shared<OverlapArgs>();
   CLI::App* sub = app.add_subcommand("overlap", "Communication hidden behind a synthetic backward");
-  sub->add_option("--model", args->models, "resnet50, bert-base")->delimiter(',')->capture_default_str();
-  sub->add_option("--compute", args->compute, "sleep (GPU-like: host idle) and/or busy")->delimiter(',')->capture_default_str();
-  sub->add_option("--compute-ms", args->compute_ms, "Backward compute per step; 0 = the measured communication time")
+  sub->add_option("--model", args->models, "resnet50, bert-base")
+      ->delimiter(',')
       ->capture_default_str();
-  sub->add_option("--cap", args->cap, "Bucket cap of the compute/serial/overlapped rows")->capture_default_str();
+  sub->add_option("--compute", args->compute, "sleep (GPU-like: host idle) and/or busy")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--compute-ms", args->compute_ms,
+                  "Backward compute per step; 0 = the measured communication time")
+      ->capture_default_str();
+  sub->add_option("--cap", args->cap, "Bucket cap of the compute/serial/overlapped rows")
+      ->capture_default_str();
   sub->add_flag("--bucket-view", args->bucket_view, "Gradients live in bucket memory (no copies)");
   sub->add_option("-n,--iters", args->iters, "Timed steps")->capture_default_str();
   sub->add_option("-w,--warmup_iters", args->warmup, "Untimed steps first")->capture_default_str();
   // Not "--tune": mpirun takes that for its own option even after the program.
-  sub->add_flag("--bucket-tuner", args->tune, "Add the BucketTuner against an exhaustive sweep of its 13 caps");
+  sub->add_flag("--bucket-tuner", args->tune,
+                "Add the BucketTuner against an exhaustive sweep of its 13 caps");
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
   sub->callback([args] { run_overlap(*args); });
 }

@@ -26,7 +26,8 @@ namespace {
 void write_string(std::ostringstream& os, const std::string& s) {
   os << '"';
   for (char c : s) {
-    if (c == '"' || c == '\\') os << '\\' << c;
+    if (c == '"' || c == '\\')
+      os << '\\' << c;
     else if (static_cast<unsigned char>(c) < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
@@ -48,8 +49,10 @@ std::string Row::to_json() const {
     first = false;
     write_string(os, key);
     os << ": ";
-    if (const auto* s = std::get_if<std::string>(&value)) write_string(os, *s);
-    else if (const auto* i = std::get_if<int64_t>(&value)) os << *i;
+    if (const auto* s = std::get_if<std::string>(&value))
+      write_string(os, *s);
+    else if (const auto* i = std::get_if<int64_t>(&value))
+      os << *i;
     else {
       const double d = std::get<double>(value);
       if (std::isfinite(d)) {

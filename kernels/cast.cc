@@ -23,7 +23,9 @@ void run_host(const TensorView& in, const TensorView& out, const ExecContext& ct
 }
 }  // namespace
 
-const char* cpu_f16_path() noexcept { return cpu::has_f16c() ? "f16c" : "scalar"; }
+const char* cpu_f16_path() noexcept {
+  return cpu::has_f16c() ? "f16c" : "scalar";
+}
 
 void cast(const TensorView& in, const TensorView& out, const ExecContext& ctx) {
   in.check_valid("cast input");
@@ -39,10 +41,14 @@ void cast(const TensorView& in, const TensorView& out, const ExecContext& ctx) {
   if (ctx.device.is_cuda()) return cuda::cast(in, out, ctx.stream);
   using F = float;
   using H = uint16_t;
-  if (in.dtype == DType::f32 && out.dtype == DType::f16) return run_host<F, H>(in, out, ctx, cpu::f32_to_f16);
-  if (in.dtype == DType::f16 && out.dtype == DType::f32) return run_host<H, F>(in, out, ctx, cpu::f16_to_f32);
-  if (in.dtype == DType::f32 && out.dtype == DType::bf16) return run_host<F, H>(in, out, ctx, cpu::f32_to_bf16);
-  if (in.dtype == DType::bf16 && out.dtype == DType::f32) return run_host<H, F>(in, out, ctx, cpu::bf16_to_f32);
+  if (in.dtype == DType::f32 && out.dtype == DType::f16)
+    return run_host<F, H>(in, out, ctx, cpu::f32_to_f16);
+  if (in.dtype == DType::f16 && out.dtype == DType::f32)
+    return run_host<H, F>(in, out, ctx, cpu::f16_to_f32);
+  if (in.dtype == DType::f32 && out.dtype == DType::bf16)
+    return run_host<F, H>(in, out, ctx, cpu::f32_to_bf16);
+  if (in.dtype == DType::bf16 && out.dtype == DType::f32)
+    return run_host<H, F>(in, out, ctx, cpu::bf16_to_f32);
   RELAXCC_THROW(Unsupported, "cast from ", in.dtype, " to ", out.dtype,
                 ": supported pairs are f32<->f16 and f32<->bf16");
 }

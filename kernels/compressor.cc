@@ -18,13 +18,20 @@ namespace relaxcc::kernels {
 
 const char* compressor_name(CompressorKind kind) noexcept {
   switch (kind) {
-    case CompressorKind::f16: return "f16";
-    case CompressorKind::bf16: return "bf16";
-    case CompressorKind::minmax: return "minmax";
-    case CompressorKind::sign: return "sign";
-    case CompressorKind::topk: return "topk";
-    case CompressorKind::randomk: return "randomk";
-    case CompressorKind::cocktail: return "cocktail";
+    case CompressorKind::f16:
+      return "f16";
+    case CompressorKind::bf16:
+      return "bf16";
+    case CompressorKind::minmax:
+      return "minmax";
+    case CompressorKind::sign:
+      return "sign";
+    case CompressorKind::topk:
+      return "topk";
+    case CompressorKind::randomk:
+      return "randomk";
+    case CompressorKind::cocktail:
+      return "cocktail";
   }
   return "unknown";
 }
@@ -32,34 +39,42 @@ const char* compressor_name(CompressorKind kind) noexcept {
 void CompressorConfig::validate() const {
   const int kind_value = static_cast<int>(kind);
   RELAXCC_ENFORCE(kind_value >= 1 && kind_value <= 7, InvalidArgument,
-                  "CompressorConfig.kind must be one of f16 (1), bf16, minmax, sign, topk, randomk, cocktail (7), got ",
+                  "CompressorConfig.kind must be one of f16 (1), bf16, minmax, sign, topk, "
+                  "randomk, cocktail (7), got ",
                   kind_value);
   const char* name = compressor_name(kind);
   const bool quantizes = kind == CompressorKind::minmax || kind == CompressorKind::cocktail;
   const bool chunked = quantizes || kind == CompressorKind::sign;
-  const bool sparse = kind == CompressorKind::topk || kind == CompressorKind::randomk || kind == CompressorKind::cocktail;
+  const bool sparse = kind == CompressorKind::topk || kind == CompressorKind::randomk ||
+                      kind == CompressorKind::cocktail;
   const bool random = kind == CompressorKind::randomk || kind == CompressorKind::cocktail;
-  RELAXCC_ENFORCE(!quantizes || bits == 8 || bits == 4 || bits == 2 || bits == 1, InvalidArgument, name,
-                  ": CompressorConfig.bits must be 8, 4, 2 or 1, got ", bits);
+  RELAXCC_ENFORCE(!quantizes || bits == 8 || bits == 4 || bits == 2 || bits == 1, InvalidArgument,
+                  name, ": CompressorConfig.bits must be 8, 4, 2 or 1, got ", bits);
   RELAXCC_ENFORCE(!chunked || (chunk >= 1 && chunk <= (int64_t{1} << 30)), InvalidArgument, name,
                   ": CompressorConfig.chunk must be in [1, 2^30], got ", chunk);
   // Both enums travel in the header, so every kind checks them.
-  RELAXCC_ENFORCE(rounding == Rounding::nearest || rounding == Rounding::stochastic, InvalidArgument, name,
+  RELAXCC_ENFORCE(rounding == Rounding::nearest || rounding == Rounding::stochastic,
+                  InvalidArgument, name,
                   ": CompressorConfig.rounding must be nearest (0) or stochastic (1), got ",
                   static_cast<int>(rounding));
-  RELAXCC_ENFORCE(random_mode == RandomKMode::stratified || random_mode == RandomKMode::rolling, InvalidArgument,
-                  name, ": CompressorConfig.random_mode must be stratified (0) or rolling (1), got ",
+  RELAXCC_ENFORCE(random_mode == RandomKMode::stratified || random_mode == RandomKMode::rolling,
+                  InvalidArgument, name,
+                  ": CompressorConfig.random_mode must be stratified (0) or rolling (1), got ",
                   static_cast<int>(random_mode));
   RELAXCC_ENFORCE(!sparse || (ratio > 0 && ratio <= 1), InvalidArgument, name,
                   ": CompressorConfig.ratio must be in (0, 1], got ", ratio);
   // The rolling stride round(1 / ratio) travels in the header's 32-bit chunk field.
-  RELAXCC_ENFORCE(!random || random_mode != RandomKMode::rolling || ratio >= 1.0 / static_cast<double>(1 << 30),
-                  InvalidArgument, name,
-                  ": CompressorConfig.ratio must be in [2^-30, 1] with random_mode rolling (a stride of at most 2^30), got ",
-                  ratio);
-  RELAXCC_ENFORCE(!sparse || keep >= 0, InvalidArgument, name, ": CompressorConfig.keep must be >= 0, got ", keep);
-  RELAXCC_ENFORCE(kind != CompressorKind::cocktail || (topk_ratio > 0 && topk_ratio <= 1), InvalidArgument,
-                  "cocktail: CompressorConfig.topk_ratio must be in (0, 1], got ", topk_ratio);
+  RELAXCC_ENFORCE(
+      !random || random_mode != RandomKMode::rolling || ratio >= 1.0 / static_cast<double>(1 << 30),
+      InvalidArgument, name,
+      ": CompressorConfig.ratio must be in [2^-30, 1] with random_mode rolling (a stride of at "
+      "most 2^30), got ",
+      ratio);
+  RELAXCC_ENFORCE(!sparse || keep >= 0, InvalidArgument, name,
+                  ": CompressorConfig.keep must be >= 0, got ", keep);
+  RELAXCC_ENFORCE(kind != CompressorKind::cocktail || (topk_ratio > 0 && topk_ratio <= 1),
+                  InvalidArgument, "cocktail: CompressorConfig.topk_ratio must be in (0, 1], got ",
+                  topk_ratio);
 }
 
 namespace {
@@ -76,7 +91,9 @@ int64_t fraction_of(int64_t n, double ratio) {
   return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(ratio * static_cast<double>(n))), 1, n);
 }
 
-int64_t rolling_stride(double ratio) { return std::max<int64_t>(1, std::llround(1.0 / ratio)); }
+int64_t rolling_stride(double ratio) {
+  return std::max<int64_t>(1, std::llround(1.0 / ratio));
+}
 
 int64_t rolling_count(int64_t n, int64_t stride, uint64_t step) {
   const int64_t offset = static_cast<int64_t>(step % static_cast<uint64_t>(stride));
@@ -84,15 +101,17 @@ int64_t rolling_count(int64_t n, int64_t stride, uint64_t step) {
 }
 
 int64_t random_count(int64_t n, const CompressorConfig& c) {
-  if (c.random_mode == RandomKMode::rolling) return rolling_count(n, rolling_stride(c.ratio), c.step);
-  return c.keep > 0 && c.kind == CompressorKind::randomk ? std::min(c.keep, n) : fraction_of(n, c.ratio);
+  if (c.random_mode == RandomKMode::rolling)
+    return rolling_count(n, rolling_stride(c.ratio), c.step);
+  return c.keep > 0 && c.kind == CompressorKind::randomk ? std::min(c.keep, n)
+                                                         : fraction_of(n, c.ratio);
 }
 
 // The selection of randomk (and of cocktail's first stage), ascending: k
 // indices, one drawn from Philox(seed, step) in each of k equal blocks, or
 // every stride-th from step mod stride.
-std::vector<uint32_t> random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride, uint64_t seed,
-                                     uint64_t step) {
+std::vector<uint32_t> random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride,
+                                     uint64_t seed, uint64_t step) {
   std::vector<uint32_t> idx(static_cast<size_t>(k));
   if (mode == RandomKMode::rolling) {
     const int64_t offset = static_cast<int64_t>(step % static_cast<uint64_t>(stride));
@@ -108,10 +127,13 @@ std::vector<uint32_t> random_indices(int64_t n, int64_t k, RandomKMode mode, int
 }
 
 std::vector<uint32_t> random_indices(int64_t n, const CompressorConfig& c) {
-  return random_indices(n, random_count(n, c), c.random_mode, rolling_stride(c.ratio), c.seed, c.step);
+  return random_indices(n, random_count(n, c), c.random_mode, rolling_stride(c.ratio), c.seed,
+                        c.step);
 }
 
-int64_t chunk_count(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
+int64_t chunk_count(int64_t n, int64_t chunk) {
+  return (n + chunk - 1) / chunk;
+}
 
 // Bytes of a min-max body for n values.
 size_t minmax_body(int64_t n, int bits, int64_t chunk) {
@@ -140,11 +162,16 @@ int64_t topk_kept(int64_t n, const CompressorConfig& c) {
 size_t body_size(int64_t n, const CompressorConfig& c) {
   switch (c.kind) {
     case CompressorKind::f16:
-    case CompressorKind::bf16: return static_cast<size_t>(n) * 2;
-    case CompressorKind::minmax: return minmax_body(n, c.bits, c.chunk);
-    case CompressorKind::sign: return sign_body(n, c.chunk);
-    case CompressorKind::topk: return static_cast<size_t>(topk_kept(n, c)) * 8;
-    case CompressorKind::randomk: return static_cast<size_t>(random_count(n, c)) * 4;
+    case CompressorKind::bf16:
+      return static_cast<size_t>(n) * 2;
+    case CompressorKind::minmax:
+      return minmax_body(n, c.bits, c.chunk);
+    case CompressorKind::sign:
+      return sign_body(n, c.chunk);
+    case CompressorKind::topk:
+      return static_cast<size_t>(topk_kept(n, c)) * 8;
+    case CompressorKind::randomk:
+      return static_cast<size_t>(random_count(n, c)) * 4;
     case CompressorKind::cocktail: {
       const int64_t k = cocktail_kept(n, c);
       return static_cast<size_t>(k) * 4 + minmax_body(k, c.bits, c.chunk);
@@ -186,17 +213,20 @@ void encode_minmax(const float* x, int64_t n, const CompressorConfig& c, const E
   for_chunks(chunks, ctx, [&](int64_t ch) {
     const int64_t first = ch * c.chunk, len = std::min(c.chunk, n - first);
     const cpu::ChunkRange r = cpu::chunk_range(x + first, len);
-    if (r.first_non_finite >= 0) require_finite(x + first, len, "minmax encode", index_base + first);
+    if (r.first_non_finite >= 0)
+      require_finite(x + first, len, "minmax encode", index_base + first);
     // (x - min) * scale must be computable for every x of the chunk.
-    RELAXCC_ENFORCE(std::isfinite(r.max - r.min), InvalidArgument, compressor_name(c.kind), " encode: chunk ", ch,
-                    " (elements from ", index_base + first, ") spans [", r.min, ", ", r.max,
-                    "], whose width overflows f32; compressors take chunks whose max - min is finite");
+    RELAXCC_ENFORCE(
+        std::isfinite(r.max - r.min), InvalidArgument, compressor_name(c.kind), " encode: chunk ",
+        ch, " (elements from ", index_base + first, ") spans [", r.min, ", ", r.max,
+        "], whose width overflows f32; compressors take chunks whose max - min is finite");
     const float scale = cpu::minmax_scale(r.min, r.max, c.bits);
     std::byte* p = out + ch * stride;
     std::memcpy(p, &r.min, 4);
     std::memcpy(p + 4, &scale, 4);
-    cpu::quantize_chunk(x + first, len, r.min, scale, c.bits, c.rounding, ctx.rng.seed, ctx.rng.offset,
-                        index_base + first, reinterpret_cast<unsigned char*>(p + 8));
+    cpu::quantize_chunk(x + first, len, r.min, scale, c.bits, c.rounding, ctx.rng.seed,
+                        ctx.rng.offset, index_base + first,
+                        reinterpret_cast<unsigned char*>(p + 8));
   });
 }
 
@@ -207,13 +237,14 @@ void check_minmax_chunk(int64_t ch, float min, float scale, int bits, const char
                   " payload: chunk ", ch, " has min ", min, " and scale ", scale,
                   " (expected both finite and scale >= 0)");
   const float top = cpu::minmax_decoded_max(min, scale, bits);
-  RELAXCC_ENFORCE(std::isfinite(top), CorruptPayload, what, " payload: chunk ", ch, " with min ", min,
-                  " and scale ", scale, " decodes up to min + ", (1u << bits) - 1u, " / scale = ", top,
+  RELAXCC_ENFORCE(std::isfinite(top), CorruptPayload, what, " payload: chunk ", ch, " with min ",
+                  min, " and scale ", scale, " decodes up to min + ", (1u << bits) - 1u,
+                  " / scale = ", top,
                   " (expected a finite decoded range; a scale this small is corrupt)");
 }
 
-void decode_minmax(const std::byte* body, int64_t n, int bits, int64_t chunk, float* out, bool accumulate,
-                   const ExecContext& ctx, const char* what) {
+void decode_minmax(const std::byte* body, int64_t n, int bits, int64_t chunk, float* out,
+                   bool accumulate, const ExecContext& ctx, const char* what) {
   const int64_t chunks = chunk_count(n, chunk);
   const int64_t stride = 8 + (chunk * bits + 7) / 8;
   // Validate every chunk header before writing anything.
@@ -228,8 +259,8 @@ void decode_minmax(const std::byte* body, int64_t n, int bits, int64_t chunk, fl
     float min, scale;
     std::memcpy(&min, body + ch * stride, 4);
     std::memcpy(&scale, body + ch * stride + 4, 4);
-    cpu::dequantize_chunk(reinterpret_cast<const unsigned char*>(body + ch * stride + 8), len, min, scale, bits,
-                          out + first, accumulate);
+    cpu::dequantize_chunk(reinterpret_cast<const unsigned char*>(body + ch * stride + 8), len, min,
+                          scale, bits, out + first, accumulate);
   });
 }
 
@@ -255,15 +286,15 @@ void decode_sign(const std::byte* body, int64_t n, int64_t chunk, float* out, bo
   for (int64_t ch = 0; ch < chunks; ++ch) {
     float scale;
     std::memcpy(&scale, body + ch * stride, 4);
-    RELAXCC_ENFORCE(std::isfinite(scale) && scale >= 0.0f, CorruptPayload, "sign payload: chunk ", ch,
-                    " has scale ", scale, " (expected finite and >= 0)");
+    RELAXCC_ENFORCE(std::isfinite(scale) && scale >= 0.0f, CorruptPayload, "sign payload: chunk ",
+                    ch, " has scale ", scale, " (expected finite and >= 0)");
   }
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const int64_t first = ch * chunk, len = std::min(chunk, n - first);
     float scale;
     std::memcpy(&scale, body + ch * stride, 4);
-    cpu::sign_unpack(reinterpret_cast<const unsigned char*>(body + ch * stride + 4), len, scale, out + first,
-                     accumulate);
+    cpu::sign_unpack(reinterpret_cast<const unsigned char*>(body + ch * stride + 4), len, scale,
+                     out + first, accumulate);
   }
 }
 
@@ -283,18 +314,21 @@ void check_indices(const uint32_t* idx, int64_t k, int64_t n, const char* what) 
 
 void check_values(const float* vals, int64_t k, const char* what) {
   for (int64_t j = 0; j < k; ++j)
-    RELAXCC_ENFORCE(std::isfinite(vals[j]), CorruptPayload, what, " payload: value ", j, " is ", vals[j],
-                    " (expected finite)");
+    RELAXCC_ENFORCE(std::isfinite(vals[j]), CorruptPayload, what, " payload: value ", j, " is ",
+                    vals[j], " (expected finite)");
 }
 
 // Writes the (validated) sparse values: zeros elsewhere unless `accumulate`.
-void scatter(const uint32_t* idx, const float* vals, int64_t k, float* out, int64_t n, bool accumulate) {
+void scatter(const uint32_t* idx, const float* vals, int64_t k, float* out, int64_t n,
+             bool accumulate) {
   if (!accumulate) std::fill(out, out + n, 0.0f);
   for (int64_t j = 0; j < k; ++j) out[idx[j]] = accumulate ? out[idx[j]] + vals[j] : vals[j];
 }
 
 // An f16 or bf16 value is Inf or NaN when its exponent bits are all ones.
-constexpr uint16_t half_exponent_mask(CompressorKind kind) { return kind == CompressorKind::f16 ? 0x7c00 : 0x7f80; }
+constexpr uint16_t half_exponent_mask(CompressorKind kind) {
+  return kind == CompressorKind::f16 ? 0x7c00 : 0x7f80;
+}
 
 int64_t first_non_finite_half(const uint16_t* bits, int64_t n, CompressorKind kind) {
   const uint16_t mask = half_exponent_mask(kind);
@@ -309,13 +343,16 @@ int64_t first_non_finite_half(const uint16_t* bits, int64_t n, CompressorKind ki
 PayloadHeader header_for(int64_t n, const CompressorConfig& c) {
   PayloadHeader h;
   h.kind = c.kind;
-  h.bits = static_cast<uint8_t>(c.kind == CompressorKind::minmax || c.kind == CompressorKind::cocktail ? c.bits : 0);
+  h.bits = static_cast<uint8_t>(
+      c.kind == CompressorKind::minmax || c.kind == CompressorKind::cocktail ? c.bits : 0);
   h.rounding = c.rounding;
   h.random_mode = c.random_mode;
   h.chunk = static_cast<uint32_t>(c.chunk);
   if (c.kind == CompressorKind::randomk)
-    h.chunk = c.random_mode == RandomKMode::rolling ? static_cast<uint32_t>(rolling_stride(c.ratio)) : 0;
-  else if (c.kind == CompressorKind::topk || c.kind == CompressorKind::f16 || c.kind == CompressorKind::bf16)
+    h.chunk =
+        c.random_mode == RandomKMode::rolling ? static_cast<uint32_t>(rolling_stride(c.ratio)) : 0;
+  else if (c.kind == CompressorKind::topk || c.kind == CompressorKind::f16 ||
+           c.kind == CompressorKind::bf16)
     h.chunk = 0;
   h.n = n;
   h.k = kept_elements(n, c);
@@ -324,7 +361,8 @@ PayloadHeader header_for(int64_t n, const CompressorConfig& c) {
   return h;
 }
 
-void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool accumulate, const ExecContext& ctx) {
+void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool accumulate,
+                 const ExecContext& ctx) {
   check_f32(out, "decode output");
   if (ctx.device.is_cuda()) return cuda::decode(payload, out, accumulate, ctx.stream);
   const PayloadHeader h = read_header(payload);
@@ -341,19 +379,23 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
       if (bad >= 0) {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%04x", static_cast<unsigned>(bits[bad]));
-        RELAXCC_THROW(CorruptPayload, compressor_name(h.kind), " payload: element ", bad, " has bits ", hex,
+        RELAXCC_THROW(CorruptPayload, compressor_name(h.kind), " payload: element ", bad,
+                      " has bits ", hex,
                       ", an Inf or NaN (expected a finite value: encode never writes these)");
       }
       if (!accumulate) {
         (h.kind == CompressorKind::f16 ? cpu::f16_to_f32 : cpu::bf16_to_f32)(bits, o, h.n);
       } else {
         for (int64_t i = 0; i < h.n; ++i)
-          o[i] += h.kind == CompressorKind::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
+          o[i] +=
+              h.kind == CompressorKind::f16 ? f16_bits_to_f32(bits[i]) : bf16_bits_to_f32(bits[i]);
       }
       return;
     }
-    case CompressorKind::minmax: return decode_minmax(body, h.n, h.bits, h.chunk, o, accumulate, ctx, "minmax");
-    case CompressorKind::sign: return decode_sign(body, h.n, h.chunk, o, accumulate);
+    case CompressorKind::minmax:
+      return decode_minmax(body, h.n, h.bits, h.chunk, o, accumulate, ctx, "minmax");
+    case CompressorKind::sign:
+      return decode_sign(body, h.n, h.chunk, o, accumulate);
     case CompressorKind::topk: {
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
       std::vector<float> vals(static_cast<size_t>(h.k));
@@ -367,7 +409,8 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
       std::vector<float> vals(static_cast<size_t>(h.k));
       copy_bytes(vals.data(), body, vals.size() * 4);
       check_values(vals.data(), h.k, "randomk");
-      const std::vector<uint32_t> idx = random_indices(h.n, h.k, h.random_mode, h.chunk, h.seed, h.step);
+      const std::vector<uint32_t> idx =
+          random_indices(h.n, h.k, h.random_mode, h.chunk, h.seed, h.step);
       return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
     }
     case CompressorKind::cocktail: {
@@ -375,7 +418,8 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
       copy_bytes(idx.data(), body, idx.size() * 4);
       check_indices(idx.data(), h.k, h.n, "cocktail");
       std::vector<float> vals(static_cast<size_t>(h.k));
-      decode_minmax(body + idx.size() * 4, h.k, h.bits, h.chunk, vals.data(), false, ctx, "cocktail");
+      decode_minmax(body + idx.size() * 4, h.k, h.bits, h.chunk, vals.data(), false, ctx,
+                    "cocktail");
       return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
     }
   }
@@ -385,16 +429,21 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
 
 int64_t kept_elements(int64_t n, const CompressorConfig& c) {
   switch (c.kind) {
-    case CompressorKind::topk: return topk_kept(n, c);
-    case CompressorKind::randomk: return random_count(n, c);
-    case CompressorKind::cocktail: return cocktail_kept(n, c);
-    default: return 0;
+    case CompressorKind::topk:
+      return topk_kept(n, c);
+    case CompressorKind::randomk:
+      return random_count(n, c);
+    case CompressorKind::cocktail:
+      return cocktail_kept(n, c);
+    default:
+      return 0;
   }
 }
 
 size_t encoded_size(int64_t n, const CompressorConfig& c) {
   c.validate();
-  RELAXCC_ENFORCE(n >= 0 && n <= int64_t{UINT32_MAX}, InvalidArgument, "compressors take at most 2^32-1 elements, got ", n);
+  RELAXCC_ENFORCE(n >= 0 && n <= int64_t{UINT32_MAX}, InvalidArgument,
+                  "compressors take at most 2^32-1 elements, got ", n);
   return kHeader + body_size(n, c);
 }
 
@@ -435,32 +484,40 @@ void validate_header(const PayloadHeader& h, size_t payload_bytes) {
   RELAXCC_ENFORCE_EQ(h.magic, kPayloadMagic, CorruptPayload, "payload magic");
   RELAXCC_ENFORCE_EQ(h.version, kPayloadVersion, CorruptPayload, "payload version");
   const int kind = static_cast<int>(h.kind);
-  RELAXCC_ENFORCE(kind >= 1 && kind <= 7, CorruptPayload, "payload: unknown compressor kind ", kind);
-  RELAXCC_ENFORCE(h.n >= 0 && h.n <= int64_t{UINT32_MAX}, CorruptPayload, "payload: element count ", h.n);
-  RELAXCC_ENFORCE(static_cast<int>(h.rounding) <= 1 && static_cast<int>(h.random_mode) <= 1 && h.reserved == 0,
-                  CorruptPayload, "payload: bad flags");
+  RELAXCC_ENFORCE(kind >= 1 && kind <= 7, CorruptPayload, "payload: unknown compressor kind ",
+                  kind);
+  RELAXCC_ENFORCE(h.n >= 0 && h.n <= int64_t{UINT32_MAX}, CorruptPayload, "payload: element count ",
+                  h.n);
+  RELAXCC_ENFORCE(
+      static_cast<int>(h.rounding) <= 1 && static_cast<int>(h.random_mode) <= 1 && h.reserved == 0,
+      CorruptPayload, "payload: bad flags");
   const bool quantizes = h.kind == CompressorKind::minmax || h.kind == CompressorKind::cocktail;
-  RELAXCC_ENFORCE(!quantizes || h.bits == 8 || h.bits == 4 || h.bits == 2 || h.bits == 1, CorruptPayload,
-                  "payload: ", int(h.bits), " bits per element");
+  RELAXCC_ENFORCE(!quantizes || h.bits == 8 || h.bits == 4 || h.bits == 2 || h.bits == 1,
+                  CorruptPayload, "payload: ", int(h.bits), " bits per element");
   const bool chunked = quantizes || h.kind == CompressorKind::sign;
-  RELAXCC_ENFORCE(!chunked || (h.chunk >= 1 && h.chunk <= (1u << 30)), CorruptPayload, "payload: chunk ", h.chunk);
+  RELAXCC_ENFORCE(!chunked || (h.chunk >= 1 && h.chunk <= (1u << 30)), CorruptPayload,
+                  "payload: chunk ", h.chunk);
   CompressorConfig c = config_of(h);
   // The kept count cannot be recomputed for topk and cocktail (their ratios
   // do not travel): bound it by n; randomk recomputes it from seed and step.
   switch (h.kind) {
     case CompressorKind::topk:
-      RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "topk payload: k ", h.k, " for ", h.n, " elements");
+      RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "topk payload: k ", h.k, " for ", h.n,
+                      " elements");
       break;
     case CompressorKind::cocktail:
-      RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "cocktail payload: k ", h.k, " for ", h.n, " elements");
+      RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "cocktail payload: k ", h.k, " for ",
+                      h.n, " elements");
       break;
     case CompressorKind::randomk:
-      RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "randomk payload: k ", h.k, " for ", h.n, " elements");
+      RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "randomk payload: k ", h.k, " for ",
+                      h.n, " elements");
       if (h.random_mode == RandomKMode::rolling) {
-        RELAXCC_ENFORCE(h.chunk >= 1 && h.chunk <= (1u << 30), CorruptPayload, "randomk payload: rolling stride ",
-                        h.chunk, " (expected [1, 2^30])");
+        RELAXCC_ENFORCE(h.chunk >= 1 && h.chunk <= (1u << 30), CorruptPayload,
+                        "randomk payload: rolling stride ", h.chunk, " (expected [1, 2^30])");
         RELAXCC_ENFORCE_EQ(h.k, rolling_count(h.n, h.chunk, h.step), CorruptPayload,
-                           "randomk payload: kept elements for stride ", h.chunk, " at step ", h.step);
+                           "randomk payload: kept elements for stride ", h.chunk, " at step ",
+                           h.step);
       } else {
         RELAXCC_ENFORCE(h.chunk == 0 && (h.k > 0 || h.n == 0), CorruptPayload,
                         "stratified randomk payload: stride ", h.chunk, ", k ", h.k);
@@ -472,22 +529,38 @@ void validate_header(const PayloadHeader& h, size_t payload_bytes) {
   size_t expect = kHeader;
   switch (h.kind) {
     case CompressorKind::f16:
-    case CompressorKind::bf16: expect += static_cast<size_t>(h.n) * 2; break;
-    case CompressorKind::minmax: expect += minmax_body(h.n, h.bits, c.chunk); break;
-    case CompressorKind::sign: expect += sign_body(h.n, c.chunk); break;
-    case CompressorKind::topk: expect += static_cast<size_t>(h.k) * 8; break;
-    case CompressorKind::randomk: expect += static_cast<size_t>(h.k) * 4; break;
-    case CompressorKind::cocktail: expect += static_cast<size_t>(h.k) * 4 + minmax_body(h.k, h.bits, c.chunk); break;
+    case CompressorKind::bf16:
+      expect += static_cast<size_t>(h.n) * 2;
+      break;
+    case CompressorKind::minmax:
+      expect += minmax_body(h.n, h.bits, c.chunk);
+      break;
+    case CompressorKind::sign:
+      expect += sign_body(h.n, c.chunk);
+      break;
+    case CompressorKind::topk:
+      expect += static_cast<size_t>(h.k) * 8;
+      break;
+    case CompressorKind::randomk:
+      expect += static_cast<size_t>(h.k) * 4;
+      break;
+    case CompressorKind::cocktail:
+      expect += static_cast<size_t>(h.k) * 4 + minmax_body(h.k, h.bits, c.chunk);
+      break;
   }
-  RELAXCC_ENFORCE_EQ(payload_bytes, expect, CorruptPayload, compressor_name(h.kind), " payload of ", h.n,
-                     " elements: size");
+  RELAXCC_ENFORCE_EQ(payload_bytes, expect, CorruptPayload, compressor_name(h.kind), " payload of ",
+                     h.n, " elements: size");
 }
 
-size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorConfig& c, const ExecContext& ctx) {
+size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorConfig& c,
+              const ExecContext& ctx) {
   check_f32(in, "encode input");
   const size_t bytes = encoded_size(in.numel, c);
-  RELAXCC_ENFORCE_GE(out.size(), bytes, InvalidArgument, compressor_name(c.kind), " encode: output buffer bytes");
-  if (ctx.device.is_cuda()) return cuda::encode(in, out, c, header_for(in.numel, c), ctx.stream, ctx.rng.seed, ctx.rng.offset);
+  RELAXCC_ENFORCE_GE(out.size(), bytes, InvalidArgument, compressor_name(c.kind),
+                     " encode: output buffer bytes");
+  if (ctx.device.is_cuda())
+    return cuda::encode(in, out, c, header_for(in.numel, c), ctx.stream, ctx.rng.seed,
+                        ctx.rng.offset);
   const PayloadHeader h = header_for(in.numel, c);
   std::memcpy(out.data(), &h, kHeader);
   std::byte* body = out.data() + kHeader;
@@ -495,21 +568,23 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
   const int64_t n = in.numel;
   switch (c.kind) {
     case CompressorKind::f16:
-    case CompressorKind::bf16:
-    {
+    case CompressorKind::bf16: {
       require_finite(x, n, compressor_name(c.kind), 0, ctx);
       auto* bits = reinterpret_cast<uint16_t*>(body);
       (c.kind == CompressorKind::f16 ? cpu::f32_to_f16 : cpu::f32_to_bf16)(x, bits, n);
       // A finite value that rounds to Inf would decode as corrupt: refuse it here.
       const int64_t bad = first_non_finite_half(bits, n, c.kind);
       if (bad >= 0)
-        RELAXCC_THROW(InvalidArgument, compressor_name(c.kind), ": element ", bad, " is ", x[bad], ", which overflows ",
-                      compressor_name(c.kind), " (largest finite ",
-                      c.kind == CompressorKind::f16 ? f16_bits_to_f32(0x7bff) : bf16_bits_to_f32(0x7f7f),
-                      "); scale it down first (check for overflow first)");
+        RELAXCC_THROW(
+            InvalidArgument, compressor_name(c.kind), ": element ", bad, " is ", x[bad],
+            ", which overflows ", compressor_name(c.kind), " (largest finite ",
+            c.kind == CompressorKind::f16 ? f16_bits_to_f32(0x7bff) : bf16_bits_to_f32(0x7f7f),
+            "); scale it down first (check for overflow first)");
       break;
     }
-    case CompressorKind::minmax: encode_minmax(x, n, c, ctx, 0, body); break;
+    case CompressorKind::minmax:
+      encode_minmax(x, n, c, ctx, 0, body);
+      break;
     case CompressorKind::sign:
       require_finite(x, n, "sign", 0, ctx);
       encode_sign(x, n, c.chunk, body);
@@ -523,7 +598,8 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
     case CompressorKind::randomk: {
       const std::vector<uint32_t> idx = random_indices(n, c);
       for (size_t j = 0; j < idx.size(); ++j) {
-        RELAXCC_ENFORCE(std::isfinite(x[idx[j]]), InvalidArgument, "randomk: element ", idx[j], " is not finite");
+        RELAXCC_ENFORCE(std::isfinite(x[idx[j]]), InvalidArgument, "randomk: element ", idx[j],
+                        " is not finite");
         std::memcpy(body + j * 4, x + idx[j], 4);
       }
       break;
@@ -533,7 +609,8 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       std::vector<float> picked(r.size());
       for (size_t j = 0; j < r.size(); ++j) picked[j] = x[r[j]];
       require_finite(picked.data(), static_cast<int64_t>(picked.size()), "cocktail");
-      const cpu::Selection top = cpu::topk(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx);
+      const cpu::Selection top =
+          cpu::topk(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx);
       for (size_t j = 0; j < top.indices.size(); ++j) {
         const uint32_t absolute = r[top.indices[j]];
         std::memcpy(body + j * 4, &absolute, 4);
@@ -550,13 +627,16 @@ void decode(std::span<const std::byte> payload, const TensorView& out, const Exe
   decode_impl(payload, out, false, ctx);
 }
 
-void decode_accumulate(std::span<const std::byte> payload, const TensorView& acc, const ExecContext& ctx) {
+void decode_accumulate(std::span<const std::byte> payload, const TensorView& acc,
+                       const ExecContext& ctx) {
   decode_impl(payload, acc, true, ctx);
 }
 
-size_t requantize_sum(std::span<const std::byte> payload_in, const TensorView& local, const TensorView& acc,
-                      std::span<std::byte> payload_out, const ExecContext& ctx) {
-  RELAXCC_ENFORCE(ctx.device.is_host(), Unsupported, "requantize_sum on ", ctx.device, ": host payloads only");
+size_t requantize_sum(std::span<const std::byte> payload_in, const TensorView& local,
+                      const TensorView& acc, std::span<std::byte> payload_out,
+                      const ExecContext& ctx) {
+  RELAXCC_ENFORCE(ctx.device.is_host(), Unsupported, "requantize_sum on ", ctx.device,
+                  ": host payloads only");
   const PayloadHeader h = read_header(payload_in);
   check_f32(local, "requantize_sum local");
   RELAXCC_ENFORCE_EQ(h.n, local.numel, CorruptPayload, compressor_name(h.kind),

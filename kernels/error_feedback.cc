@@ -4,11 +4,11 @@
 
 namespace relaxcc::kernels {
 
-size_t ErrorFeedback::compress(const TensorView& in, std::span<std::byte> out, const CompressorConfig& config,
-                               const ExecContext& ctx) {
+size_t ErrorFeedback::compress(const TensorView& in, std::span<std::byte> out,
+                               const CompressorConfig& config, const ExecContext& ctx) {
   in.check_valid("error feedback input");
-  RELAXCC_ENFORCE(in.dtype == DType::f32 && in.device.is_host() && ctx.device.is_host(), Unsupported,
-                  "error feedback: host f32 tensors");
+  RELAXCC_ENFORCE(in.dtype == DType::f32 && in.device.is_host() && ctx.device.is_host(),
+                  Unsupported, "error feedback: host f32 tensors");
   RELAXCC_ENFORCE_EQ(in.numel, static_cast<int64_t>(residual_.size()), InvalidArgument,
                      "error feedback: tensor elements vs the residual's");
   const auto* x = in.as<const float>();

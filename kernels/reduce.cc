@@ -19,7 +19,8 @@ constexpr int64_t kBlock = 1024;  // f16/bf16 are widened to f32 in blocks of th
 // time (the AVX2 build runs the same operations on wider vectors, so results
 // are identical; in-cache reductions run about 1.6x faster).
 template <typename T>
-[[gnu::always_inline]] inline void combine_loop(T* out, const T* a, const T* b, int64_t n, ReduceOp op) {
+[[gnu::always_inline]] inline void combine_loop(T* out, const T* a, const T* b, int64_t n,
+                                                ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
@@ -64,8 +65,10 @@ void combine_16(uint16_t* out, const uint16_t* a, const uint16_t* b, int64_t n, 
       cpu::f16_to_f32(b + off, y, m);
     }
     combine_n(x, x, y, m, op);
-    if (is_bf16) cpu::f32_to_bf16(x, out + off, m);
-    else cpu::f32_to_f16(x, out + off, m);
+    if (is_bf16)
+      cpu::f32_to_bf16(x, out + off, m);
+    else
+      cpu::f32_to_f16(x, out + off, m);
   }
 }
 
@@ -84,11 +87,15 @@ void divide_16(uint16_t* dst, int64_t n, int64_t divisor, bool is_bf16) {
   float a[kBlock];
   for (int64_t off = 0; off < n; off += kBlock) {
     const int64_t m = std::min(kBlock, n - off);
-    if (is_bf16) cpu::bf16_to_f32(dst + off, a, m);
-    else cpu::f16_to_f32(dst + off, a, m);
+    if (is_bf16)
+      cpu::bf16_to_f32(dst + off, a, m);
+    else
+      cpu::f16_to_f32(dst + off, a, m);
     divide(a, m, divisor);
-    if (is_bf16) cpu::f32_to_bf16(a, dst + off, m);
-    else cpu::f32_to_f16(a, dst + off, m);
+    if (is_bf16)
+      cpu::f32_to_bf16(a, dst + off, m);
+    else
+      cpu::f32_to_f16(a, dst + off, m);
   }
 }
 
@@ -131,12 +138,14 @@ void combine(const TensorView& out, const TensorView& a, const TensorView& b, Re
       auto* o = out.as<T>();
       const auto* x = a.as<const T>();
       const auto* y = b.as<const T>();
-      for_range(ctx, out.numel, [&](int64_t lo, int64_t hi) { combine_n(o + lo, x + lo, y + lo, hi - lo, op); });
+      for_range(ctx, out.numel,
+                [&](int64_t lo, int64_t hi) { combine_n(o + lo, x + lo, y + lo, hi - lo, op); });
     }
   });
 }
 
-void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op, const ExecContext& ctx) {
+void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op,
+                 const ExecContext& ctx) {
   combine(dst, dst, src, op, ctx);
 }
 

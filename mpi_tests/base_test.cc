@@ -1,11 +1,11 @@
 // Core types: dtypes, devices, tensor views, f16/bf16 conversions, errors,
 // tunables, logging levels, the thread pool and Work.
 #include <atomic>
-#include <thread>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -73,16 +73,18 @@ TEST(TensorView, SliceAndValidity) {
 
 // ---- f16 -----------------------------------------------------------------
 
-float from_bits(uint32_t b) { return std::bit_cast<float>(b); }
+float from_bits(uint32_t b) {
+  return std::bit_cast<float>(b);
+}
 
 TEST(Half, KnownBitPatterns) {
   EXPECT_EQ(f32_to_f16_bits(0.0f), 0x0000);
   EXPECT_EQ(f32_to_f16_bits(-0.0f), 0x8000);
   EXPECT_EQ(f32_to_f16_bits(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16_bits(-2.0f), 0xc000);
-  EXPECT_EQ(f32_to_f16_bits(65504.0f), 0x7bff);                  // max normal
-  EXPECT_EQ(f32_to_f16_bits(65519.996f), 0x7bff);                // just below the rounding edge
-  EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7c00);                  // ties to even -> inf
+  EXPECT_EQ(f32_to_f16_bits(65504.0f), 0x7bff);    // max normal
+  EXPECT_EQ(f32_to_f16_bits(65519.996f), 0x7bff);  // just below the rounding edge
+  EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7c00);    // ties to even -> inf
   EXPECT_EQ(f32_to_f16_bits(std::numeric_limits<float>::infinity()), 0x7c00);
   EXPECT_EQ(f32_to_f16_bits(-std::numeric_limits<float>::infinity()), 0xfc00);
   EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);     // min normal
@@ -329,7 +331,8 @@ TEST(Work, WaitForLooksWaitPoisons) {
     work->wait(5ms);
     ADD_FAILURE() << "no Timeout";
   } catch (const Timeout& e) {
-    EXPECT_NE(std::string(e.what()).find("; waiting for: rank 9 (header); the communicator is now poisoned"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "; waiting for: rank 9 (header); the communicator is now poisoned"),
               std::string::npos)
         << e.what();
   }

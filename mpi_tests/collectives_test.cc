@@ -284,7 +284,9 @@ TEST_P(ReduceScatterTest, EveryDtypeOpAndCountIsExact) {
         if (in.numel > 0) std::memcpy(in.bytes().data(), input.data, input.nbytes());
         for_each_dtype(t, [&](auto tag) {
           using T = decltype(tag);
-          ASSERT_EQ(count_wrong<T>(in, [&](int64_t i) { return test::from_i64<T>(test::encode(r, i)); }), 0);
+          ASSERT_EQ(
+              count_wrong<T>(in, [&](int64_t i) { return test::from_i64<T>(test::encode(r, i)); }),
+              0);
         });
       }
     }
@@ -358,9 +360,13 @@ TEST_P(AllgatherTest, EqualAndVariableCounts) {
       });
       for_each_dtype(t, [&](auto tag) {
         using T = decltype(tag);
-        ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
-                    return test::from_i64<T>(test::encode(static_cast<int>(i / std::max<int64_t>(count, 1)), i));
-                  }), 0) << "dtype " << t << " count " << count;
+        ASSERT_EQ(count_wrong<T>(out,
+                                 [&](int64_t i) {
+                                   return test::from_i64<T>(test::encode(
+                                       static_cast<int>(i / std::max<int64_t>(count, 1)), i));
+                                 }),
+                  0)
+            << "dtype " << t << " count " << count;
       });
     }
     // allgatherv: rank p contributes p * 100000 + 1 elements (rank 1 none when n > 2).
@@ -376,12 +382,19 @@ TEST_P(AllgatherTest, EqualAndVariableCounts) {
     });
     for_each_dtype(t, [&](auto tag) {
       using T = decltype(tag);
-      ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
-                  const int owner = static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), i) - offsets.begin()) - 1;
-                  int p = owner;
-                  while (counts[p] == 0 || i >= offsets[p] + counts[p]) --p;
-                  return test::from_i64<T>(test::encode(p, i));
-                }), 0) << "allgatherv dtype " << t;
+      ASSERT_EQ(count_wrong<T>(out,
+                               [&](int64_t i) {
+                                 const int owner =
+                                     static_cast<int>(
+                                         std::upper_bound(offsets.begin(), offsets.end(), i) -
+                                         offsets.begin()) -
+                                     1;
+                                 int p = owner;
+                                 while (counts[p] == 0 || i >= offsets[p] + counts[p]) --p;
+                                 return test::from_i64<T>(test::encode(p, i));
+                               }),
+                0)
+          << "allgatherv dtype " << t;
     });
   }
 }
@@ -403,7 +416,9 @@ TEST(Broadcast, FromEveryRoot) {
         comm->broadcast(b.view(), ExecContext::host(), o)->wait();
         for_each_dtype(t, [&](auto tag) {
           using T = decltype(tag);
-          ASSERT_EQ(count_wrong<T>(b, [&](int64_t i) { return test::from_i64<T>(test::encode(root, i)); }), 0);
+          ASSERT_EQ(count_wrong<T>(
+                        b, [&](int64_t i) { return test::from_i64<T>(test::encode(root, i)); }),
+                    0);
         });
       }
     }
@@ -421,9 +436,13 @@ TEST(Alltoall, EqualAndVariableBlocks) {
     for_each_dtype(t, [&](auto tag) {
       using T = decltype(tag);
       // Block p of the output came from rank p's block r.
-      ASSERT_EQ(count_wrong<T>(out, [&](int64_t i) {
-                  return test::from_i64<T>(test::encode(static_cast<int>(i / block), r * block + i % block));
-                }), 0) << t;
+      ASSERT_EQ(count_wrong<T>(out,
+                               [&](int64_t i) {
+                                 return test::from_i64<T>(test::encode(static_cast<int>(i / block),
+                                                                       r * block + i % block));
+                               }),
+                0)
+          << t;
     });
   }
   // alltoallv: rank r sends (r + p + 1) elements to rank p.
@@ -441,7 +460,8 @@ TEST(Alltoall, EqualAndVariableBlocks) {
   comm->alltoallv(in.view(), send, out.view(), recv, ExecContext::host())->wait();
   k = 0;
   for (int p = 0; p < n; ++p)
-    for (int64_t j = 0; j < recv[p]; ++j) ASSERT_EQ(out.as<int64_t>()[k++], p * 1000000 + r * 1000 + j);
+    for (int64_t j = 0; j < recv[p]; ++j)
+      ASSERT_EQ(out.as<int64_t>()[k++], p * 1000000 + r * 1000 + j);
 }
 
 TEST(PointToPoint, RingExchangeInOneBatch) {
@@ -455,7 +475,9 @@ TEST(PointToPoint, RingExchangeInOneBatch) {
     comm->point_to_point({P2POp::send(right, out.view(), 5), P2POp::recv(left, in.view(), 5)},
                          ExecContext::host())
         ->wait();
-    ASSERT_EQ(count_wrong<int32_t>(in, [&](int64_t i) { return static_cast<int32_t>(test::encode(left, i)); }), 0);
+    ASSERT_EQ(count_wrong<int32_t>(
+                  in, [&](int64_t i) { return static_cast<int32_t>(test::encode(left, i)); }),
+              0);
   }
 }
 
@@ -503,10 +525,15 @@ TEST(Async, ConcurrentPrioritiesCompleteCorrectly) {
   for (auto& w : works) w->wait();
   big_work->wait();
   for (int k = 0; k < 8; ++k)
-    ASSERT_EQ(count_wrong<int64_t>(small[k], [&](int64_t i) {
-                return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n);
-              }), 0);
-  ASSERT_EQ(count_wrong<float>(big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }), 0);
+    ASSERT_EQ(
+        count_wrong<int64_t>(
+            small[k],
+            [&](int64_t i) { return test::expected_reduction<int64_t>(i + k, ReduceOp::sum, n); }),
+        0);
+  ASSERT_EQ(
+      count_wrong<float>(
+          big, [&](int64_t i) { return test::expected_reduction<float>(i, ReduceOp::sum, n); }),
+      0);
 }
 
 // Two communicators of one process trace into two files, each a whole
@@ -528,7 +555,8 @@ TEST(After, StagesOnTwoCommunicatorsReadTheirInputInOrder) {
     WorkPtr second = other->allreduce(b.view(), out.view(), ExecContext::host(), second_options);
     AllgatherOptions third_options;
     third_options.after = second;
-    WorkPtr third = comm->allgather(out.view(), gathered.view(), ExecContext::host(), third_options);
+    WorkPtr third =
+        comm->allgather(out.view(), gathered.view(), ExecContext::host(), third_options);
     BroadcastOptions fourth_options;
     fourth_options.after = third;
     fourth_options.root = n - 1;
@@ -580,8 +608,10 @@ std::pair<int, int64_t> threads_and_rss_kib() {
   int threads = 0;
   int64_t rss = 0;
   while (status >> key) {
-    if (key == "Threads:") status >> threads;
-    else if (key == "VmRSS:") status >> rss;
+    if (key == "Threads:")
+      status >> threads;
+    else if (key == "VmRSS:")
+      status >> rss;
   }
   return {threads, rss};
 }
@@ -604,45 +634,62 @@ TEST(Groups, EveryCollectiveInGroupRanks) {
       AllreduceOptions o;
       o.algo = algo;
       g->allreduce(b.view(), ExecContext::host(), o)->wait();
-      ASSERT_EQ(count_wrong<int64_t>(b, [&](int64_t i) { return test::expected_reduction<int64_t>(i, ReduceOp::sum, n); }), 0)
+      ASSERT_EQ(
+          count_wrong<int64_t>(
+              b, [&](int64_t i) { return test::expected_reduction<int64_t>(i, ReduceOp::sum, n); }),
+          0)
           << "count " << count;
     }
     Buffer in(DType::i32, count * n), out(DType::i32, count);
     test::fill(in, gr);
     g->reduce_scatter(in.view(), out.view(), ExecContext::host())->wait();
-    ASSERT_EQ(count_wrong<int32_t>(out, [&](int64_t i) {
-                return test::expected_reduction<int32_t>(gr * count + i, ReduceOp::sum, n);
-              }), 0);
+    ASSERT_EQ(count_wrong<int32_t>(out,
+                                   [&](int64_t i) {
+                                     return test::expected_reduction<int32_t>(gr * count + i,
+                                                                              ReduceOp::sum, n);
+                                   }),
+              0);
     Buffer mine(DType::i32, count), all(DType::i32, count * n);
     test::fill(mine, gr);
     g->allgather(mine.view(), all.view(), ExecContext::host())->wait();
-    ASSERT_EQ(count_wrong<int32_t>(all, [&](int64_t i) {
-                return static_cast<int32_t>(test::encode(static_cast<int>(i / std::max<int64_t>(count, 1)), i % std::max<int64_t>(count, 1)));
-              }), 0);
+    ASSERT_EQ(count_wrong<int32_t>(all,
+                                   [&](int64_t i) {
+                                     return static_cast<int32_t>(test::encode(
+                                         static_cast<int>(i / std::max<int64_t>(count, 1)),
+                                         i % std::max<int64_t>(count, 1)));
+                                   }),
+              0);
     for (int root = 0; root < n; ++root) {
       Buffer bc(DType::f32, count);
       test::fill(bc, gr == root ? root : 99);
       BroadcastOptions bo;
       bo.root = root;
       g->broadcast(bc.view(), ExecContext::host(), bo)->wait();
-      ASSERT_EQ(count_wrong<float>(bc, [&](int64_t i) { return static_cast<float>(test::encode(root, i)); }), 0)
+      ASSERT_EQ(count_wrong<float>(
+                    bc, [&](int64_t i) { return static_cast<float>(test::encode(root, i)); }),
+                0)
           << "root " << root << " count " << count;
     }
     Buffer a_in(DType::i64, count * n), a_out(DType::i64, count * n);
     for (int p = 0; p < n; ++p)
-      for (int64_t j = 0; j < count; ++j) a_in.as<int64_t>()[p * count + j] = gr * 1000000 + p * 1000 + j;
+      for (int64_t j = 0; j < count; ++j)
+        a_in.as<int64_t>()[p * count + j] = gr * 1000000 + p * 1000 + j;
     g->alltoall(a_in.view(), a_out.view(), ExecContext::host())->wait();
     for (int p = 0; p < n; ++p)
-      for (int64_t j = 0; j < count; ++j) ASSERT_EQ(a_out.as<int64_t>()[p * count + j], p * 1000000 + gr * 1000 + j);
+      for (int64_t j = 0; j < count; ++j)
+        ASSERT_EQ(a_out.as<int64_t>()[p * count + j], p * 1000000 + gr * 1000 + j);
   }
   g->barrier()->wait();
   if (n > 1) {
     const int right = (gr + 1) % n, left = (gr - 1 + n) % n;
     Buffer out(DType::i32, 100), in(DType::i32, 100);
     test::fill(out, gr);
-    g->point_to_point({P2POp::send(right, out.view(), 3), P2POp::recv(left, in.view(), 3)}, ExecContext::host())
+    g->point_to_point({P2POp::send(right, out.view(), 3), P2POp::recv(left, in.view(), 3)},
+                      ExecContext::host())
         ->wait();
-    ASSERT_EQ(count_wrong<int32_t>(in, [&](int64_t i) { return static_cast<int32_t>(test::encode(left, i)); }), 0);
+    ASSERT_EQ(count_wrong<int32_t>(
+                  in, [&](int64_t i) { return static_cast<int32_t>(test::encode(left, i)); }),
+              0);
   }
 }
 
@@ -670,8 +717,14 @@ TEST(Groups, SameMembersDifferentKeysDoNotMix) {
   }
   wa->wait();
   wb->wait();
-  ASSERT_EQ(count_wrong<int32_t>(a, [&](int64_t i) { return test::expected_reduction<int32_t>(i, ReduceOp::sum, n); }), 0);
-  ASSERT_EQ(count_wrong<int32_t>(b, [&](int64_t i) { return test::expected_reduction<int32_t>(i + 5, ReduceOp::sum, n); }), 0);
+  ASSERT_EQ(
+      count_wrong<int32_t>(
+          a, [&](int64_t i) { return test::expected_reduction<int32_t>(i, ReduceOp::sum, n); }),
+      0);
+  ASSERT_EQ(
+      count_wrong<int32_t>(
+          b, [&](int64_t i) { return test::expected_reduction<int32_t>(i + 5, ReduceOp::sum, n); }),
+      0);
 }
 
 // Moshpit and gossip make thousands of groups: 10,000 group allreduces over
@@ -710,7 +763,8 @@ TEST(Groups, TenThousandGroupAllreducesOverChangingMembers) {
   const auto after = threads_and_rss_kib();
   EXPECT_EQ(after.first, before.first) << "threads";
   bound_kib = 8 * 1024;
-  EXPECT_LT(after.second - before.second, bound_kib) << "resident memory grew by " << after.second - before.second << " KiB";
+  EXPECT_LT(after.second - before.second, bound_kib)
+      << "resident memory grew by " << after.second - before.second << " KiB";
 }
 
 TEST(Groups, BadMembersAreRejected) {

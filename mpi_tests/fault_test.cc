@@ -42,8 +42,12 @@ constexpr auto kMargin = 3000ms;
 // "At once": well before any timeout could have expired.
 constexpr auto kAtOnce = 800ms;
 
-int world_rank() { return test::world_rank(); }
-int world_size() { return test::world_size(); }
+int world_rank() {
+  return test::world_rank();
+}
+int world_size() {
+  return test::world_size();
+}
 
 // A duplicate of MPI_COMM_WORLD for one scenario. Freed by MPI when its last
 // pending operation completes (a parked one may never).
@@ -83,13 +87,14 @@ Outcome expect_error(const std::function<void()>& fn) {
   return out;
 }
 
-#define EXPECT_WITHIN(outcome, lo, hi)                                                     \
-  do {                                                                                     \
-    EXPECT_GE((outcome).elapsed, (lo)) << (outcome).what;                                  \
-    EXPECT_LE((outcome).elapsed, (hi)) << (outcome).what;                                  \
+#define EXPECT_WITHIN(outcome, lo, hi)                    \
+  do {                                                    \
+    EXPECT_GE((outcome).elapsed, (lo)) << (outcome).what; \
+    EXPECT_LE((outcome).elapsed, (hi)) << (outcome).what; \
   } while (0)
-#define EXPECT_NAMES(outcome, text) \
-  EXPECT_NE((outcome).what.find(text), std::string::npos) << "expected \"" << (text) << "\" in: " << (outcome).what
+#define EXPECT_NAMES(outcome, text)                       \
+  EXPECT_NE((outcome).what.find(text), std::string::npos) \
+      << "expected \"" << (text) << "\" in: " << (outcome).what
 
 // ---- a rank that skips a collective ------------------------------------------
 
@@ -106,7 +111,8 @@ TEST(SkipCollective, MismatchAtOnceThenTimeoutReachesEveryRank) {
     EXPECT_WITHIN(mismatch, 0ms, kAtOnce);
     EXPECT_NAMES(mismatch, "rank 0 calls allreduce #");
     EXPECT_NAMES(mismatch, "of 100 x f32");
-    const Outcome timeout = expect_error<Timeout>([&] { comm->allreduce(b.view(), ExecContext::host())->wait(); });
+    const Outcome timeout =
+        expect_error<Timeout>([&] { comm->allreduce(b.view(), ExecContext::host())->wait(); });
     EXPECT_WITHIN(timeout, kTimeout, kTimeout + kMargin);
     EXPECT_NAMES(timeout, "waiting for: rank ");
     EXPECT_NAMES(timeout, "(header)");
@@ -118,8 +124,8 @@ TEST(SkipCollective, MismatchAtOnceThenTimeoutReachesEveryRank) {
     // Rank 0 is now stuck in its second call; once it timed out, its notice
     // fails this rank's next call before it starts.
     std::this_thread::sleep_for(kTimeout + 500ms);
-    const Outcome refused =
-        expect_error<CommunicatorPoisoned>([&] { comm->allreduce(b.view(), ExecContext::host())->wait(); });
+    const Outcome refused = expect_error<CommunicatorPoisoned>(
+        [&] { comm->allreduce(b.view(), ExecContext::host())->wait(); });
     EXPECT_WITHIN(refused, 0ms, kAtOnce);
     EXPECT_NAMES(refused, "by rank 0: timeout of allreduce #");
   }
@@ -169,7 +175,8 @@ TEST(LateSplit, FailsAtOnceAfterPeerTimedOut) {
     EXPECT_WITHIN(timeout, kTimeout, kTimeout + kMargin);
   } else {
     std::this_thread::sleep_for(kTimeout + 500ms);
-    const Outcome late = expect_error<CommunicatorPoisoned>([&] { comm->split(0, comm->rank(), so); });
+    const Outcome late =
+        expect_error<CommunicatorPoisoned>([&] { comm->split(0, comm->rank(), so); });
     EXPECT_WITHIN(late, 0ms, kAtOnce);
     EXPECT_NAMES(late, "by rank 0");
   }
@@ -202,7 +209,8 @@ TEST_P(LateCreate, TimesOutCleanlyOrSucceedsOnRetry) {
     if (others_retry) {
       comm = create_mpi_communicator(options(c, 3 * kTimeout));
     } else {
-      const Outcome arrival = expect_error<Timeout>([&] { create_mpi_communicator(options(c, 2 * kTimeout)); });
+      const Outcome arrival =
+          expect_error<Timeout>([&] { create_mpi_communicator(options(c, 2 * kTimeout)); });
       EXPECT_WITHIN(arrival, 2 * kTimeout, 2 * kTimeout + kMargin);
       EXPECT_NAMES(arrival, "create_mpi_communicator handshake");
     }
@@ -212,7 +220,8 @@ TEST_P(LateCreate, TimesOutCleanlyOrSucceedsOnRetry) {
     test::fill(b, comm->rank());
     comm->allreduce(b.view(), ExecContext::host())->wait();
     for (int64_t i = 0; i < b.numel; ++i)
-      ASSERT_EQ(b.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, world_size()));
+      ASSERT_EQ(b.as<int32_t>()[i],
+                test::expected_reduction<int32_t>(i, ReduceOp::sum, world_size()));
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -232,8 +241,8 @@ TEST(NeverSynchronize, OthersTimeOutNamingTheRank) {
   std::vector<TensorSpec> specs{{"layer1.weight", g0.view()}, {"layer2.weight", g1.view()}};
   Tunables tunables;
   tunables.timeout_ms = kTimeout.count();
-  Reducer reducer(comm, specs, std::make_shared<algorithms::GradientAllreduce>(), ExecContext::host(), {},
-                  tunables);
+  Reducer reducer(comm, specs, std::make_shared<algorithms::GradientAllreduce>(),
+                  ExecContext::host(), {}, tunables);
   reducer.begin_step();
   reducer.mark_ready(0);
   reducer.mark_ready(1);
@@ -268,7 +277,8 @@ TEST(NeverSynchronize, OthersTimeOutNamingTheRank) {
 // whatever the ranks did: CTest reads the output instead).
 TEST(Killed, RankKilledMidLoopIsNamed) {
   if (std::getenv("RELAXCC_FAULT_KILL") == nullptr)
-    GTEST_SKIP() << "runs in its own entry, under mpirun --enable-recovery, with RELAXCC_FAULT_KILL=1";
+    GTEST_SKIP()
+        << "runs in its own entry, under mpirun --enable-recovery, with RELAXCC_FAULT_KILL=1";
   if (world_size() < 3) GTEST_SKIP() << "needs 3 or more ranks: two survivors";
   constexpr int kVictim = 1;
   constexpr int kKillStep = 5;
@@ -287,7 +297,8 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
       break;
     }
     for (int64_t i = 0; i < data.numel; ++i)
-      ASSERT_EQ(data.as<int32_t>()[i], test::expected_reduction<int32_t>(i + step, ReduceOp::sum, comm->size()));
+      ASSERT_EQ(data.as<int32_t>()[i],
+                test::expected_reduction<int32_t>(i + step, ReduceOp::sum, comm->size()));
   }
   EXPECT_EQ(step, kKillStep);
   EXPECT_WITHIN(failure, 0ms, kTimeout + kMargin);
@@ -322,10 +333,14 @@ TEST(OverlappingViews, EveryCollectiveRejectsThem) {
   };
   const std::vector<Case> cases{
       {"allreduce", "allreduce", [&] { comm->allreduce(at(0, m), at(m / 2, m), host); }},
-      {"reduce_scatter", "reduce_scatter", [&] { comm->reduce_scatter(at(0, m * n), at(m * n / 2, m), host); }},
+      {"reduce_scatter", "reduce_scatter",
+       [&] { comm->reduce_scatter(at(0, m * n), at(m * n / 2, m), host); }},
       {"allgather", "allgather", [&] { comm->allgather(at(1, m), at(0, m * n), host); }},
       {"allgatherv", "allgather",
-       [&] { comm->allgatherv(at(1, m), at(0, m * n), std::vector<int64_t>(static_cast<size_t>(n), m), host); }},
+       [&] {
+         comm->allgatherv(at(1, m), at(0, m * n), std::vector<int64_t>(static_cast<size_t>(n), m),
+                          host);
+       }},
       {"alltoall", "alltoall", [&] { comm->alltoall(at(0, m * n), at(10, m * n), host); }},
       {"alltoallv", "alltoall",
        [&] {
@@ -377,7 +392,8 @@ TEST(CorruptPayloads, EveryCodec) {
   std::vector<float> out(n);
   const TensorView out_view = TensorView::host(out.data(), n);
   for (const CompressorConfig& config : configs) {
-    SCOPED_TRACE(compressor_name(config.kind) + std::string(" bits=") + std::to_string(config.bits));
+    SCOPED_TRACE(compressor_name(config.kind) + std::string(" bits=") +
+                 std::to_string(config.bits));
     std::vector<std::byte> payload(encoded_size(n, config));
     payload.resize(encode(TensorView::host(x.data(), n), payload, config, host));
     const auto decode_of = [&](std::vector<std::byte> bytes) {
@@ -385,8 +401,8 @@ TEST(CorruptPayloads, EveryCodec) {
     };
     // Truncated by one byte, and cut to half the header.
     for (size_t cut : {payload.size() - 1, sizeof(PayloadHeader) / 2}) {
-      const Outcome o = expect_error<CorruptPayload>(
-          decode_of(std::vector<std::byte>(payload.begin(), payload.begin() + static_cast<ptrdiff_t>(cut))));
+      const Outcome o = expect_error<CorruptPayload>(decode_of(
+          std::vector<std::byte>(payload.begin(), payload.begin() + static_cast<ptrdiff_t>(cut))));
       EXPECT_WITHIN(o, 0ms, kAtOnce);
     }
     // A damaged magic number and a damaged element count.
@@ -401,10 +417,12 @@ TEST(CorruptPayloads, EveryCodec) {
     int rejected = 0;
     for (int trial = 0; trial < 300; ++trial) {
       std::vector<std::byte> bad = payload;
-      for (int f = 0; f < 3; ++f) bad[where(gen)] ^= std::byte{static_cast<unsigned char>(1u << (gen() % 8))};
+      for (int f = 0; f < 3; ++f)
+        bad[where(gen)] ^= std::byte{static_cast<unsigned char>(1u << (gen() % 8))};
       try {
         decode(bad, out_view, host);
-        for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(out[i])) << "element " << i << " = " << out[i];
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(std::isfinite(out[i])) << "element " << i << " = " << out[i];
       } catch (const CorruptPayload&) {
         ++rejected;
       }

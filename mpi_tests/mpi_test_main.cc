@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) {
-    std::fprintf(stderr, "MPI provides thread level %d, tests need MPI_THREAD_MULTIPLE\n", provided);
+    std::fprintf(stderr, "MPI provides thread level %d, tests need MPI_THREAD_MULTIPLE\n",
+                 provided);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   int rank = 0;

@@ -40,15 +40,17 @@ struct Model {
       params.emplace_back(sizes[i]);
     }
     for (size_t i = 0; i < sizes.size(); ++i) {
-      specs.push_back({"g" + std::to_string(i), TensorView::host(grads[i].data(), sizes[i]), TensorRole::gradient,
-                       static_cast<int>(2 * i + 1)});
-      specs.push_back({"p" + std::to_string(i), TensorView::host(params[i].data(), sizes[i]), TensorRole::parameter});
+      specs.push_back({"g" + std::to_string(i), TensorView::host(grads[i].data(), sizes[i]),
+                       TensorRole::gradient, static_cast<int>(2 * i + 1)});
+      specs.push_back({"p" + std::to_string(i), TensorView::host(params[i].data(), sizes[i]),
+                       TensorRole::parameter});
     }
   }
   // gradient i, element j on rank r: a small integer that encodes all three
   void fill(int rank, int step = 0) {
     for (size_t i = 0; i < grads.size(); ++i)
-      for (size_t j = 0; j < grads[i].size(); ++j) grads[i][j] = static_cast<float>(test::encode(rank, j + 7 * i + step));
+      for (size_t j = 0; j < grads[i].size(); ++j)
+        grads[i][j] = static_cast<float>(test::encode(rank, j + 7 * i + step));
   }
   float expected_sum(int ranks, size_t i, size_t j, int step = 0, int skip_rank = -1) const {
     float s = 0;
@@ -94,15 +96,18 @@ class RecordingAllreduce final : public Algorithm {
 TEST(BucketPlan, SizesAlignmentOrderAndDtypes) {
   std::vector<float> a(100), b(300), c(0), d(50);
   std::vector<double> e(40);
-  std::vector<TensorSpec> t{{"a", TensorView::host(a.data(), 100)}, {"b", TensorView::host(b.data(), 300)},
-                            {"c", TensorView::host(c.data(), 0)},   {"d", TensorView::host(d.data(), 50)},
+  std::vector<TensorSpec> t{{"a", TensorView::host(a.data(), 100)},
+                            {"b", TensorView::host(b.data(), 300)},
+                            {"c", TensorView::host(c.data(), 0)},
+                            {"d", TensorView::host(d.data(), 50)},
                             {"e", TensorView::host(e.data(), 40)}};
   BucketPlanOptions o;
   o.first_cap_bytes = 256;
   o.cap_bytes = 1600;
   o.alignment_bytes = 64;
   const BucketPlan plan = BucketPlan::build(t, {}, o);
-  // Reverse order: e (f64) opens its own bucket; d fits the small first f32 bucket? 50*4=200 <= 256.
+  // Reverse order: e (f64) opens its own bucket; d fits the small first f32 bucket? 50*4=200 <=
+  // 256.
   ASSERT_EQ(plan.order(), (std::vector<int>{4, 3, 2, 1, 0}));
   const auto& bs = plan.buckets();
   ASSERT_EQ(bs.size(), 3u);
@@ -135,7 +140,8 @@ TEST(Reducer, GradientAllreduceEqualsMpiAllreduce) {
     o.plan.first_cap_bytes = 4096;
     o.plan.cap_bytes = 100000;
     o.gradient_as_bucket_view = view;
-    Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+    Reducer reducer(comm, m.specs,
+                    std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
                     ExecContext::host(), o);
     for (int step = 0; step < 3; ++step) {
       m.fill(r, step);
@@ -151,10 +157,13 @@ TEST(Reducer, GradientAllreduceEqualsMpiAllreduce) {
       // MPI_Allreduce of the same data is the reference.
       for (size_t i = 0; i < m.grads.size(); ++i) {
         std::vector<float> want(m.grads[i].size());
-        for (size_t j = 0; j < want.size(); ++j) want[j] = static_cast<float>(test::encode(r, j + 7 * i + step));
-        MPI_Allreduce(MPI_IN_PLACE, want.data(), static_cast<int>(want.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (size_t j = 0; j < want.size(); ++j)
+          want[j] = static_cast<float>(test::encode(r, j + 7 * i + step));
+        MPI_Allreduce(MPI_IN_PLACE, want.data(), static_cast<int>(want.size()), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
         const TensorView got = reducer.gradient_view(Model::grad_index(static_cast<int>(i)));
-        ASSERT_EQ(std::memcmp(got.data, want.data(), got.nbytes()), 0) << "view " << view << " tensor " << i;
+        ASSERT_EQ(std::memcmp(got.data, want.data(), got.nbytes()), 0)
+            << "view " << view << " tensor " << i;
       }
     }
     EXPECT_EQ(n, comm->size());
@@ -169,7 +178,8 @@ TEST(Reducer, ReadinessOutOfOrderAndFromSeveralThreads) {
   ReducerOptions o;
   o.plan.first_cap_bytes = 4096;
   o.plan.cap_bytes = 8192;
-  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+  Reducer reducer(comm, m.specs,
+                  std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
                   ExecContext::host(), o);
   m.fill(r);
   reducer.begin_step();
@@ -181,7 +191,8 @@ TEST(Reducer, ReadinessOutOfOrderAndFromSeveralThreads) {
   for (auto& th : threads) th.join();
   reducer.synchronize();
   for (size_t i = 0; i < sizes.size(); ++i)
-    for (size_t j = 0; j < m.grads[i].size(); ++j) ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j));
+    for (size_t j = 0; j < m.grads[i].size(); ++j)
+      ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j));
 }
 
 TEST(Reducer, CommunicationOverlapsTheRestOfBackward) {
@@ -207,7 +218,8 @@ TEST(Reducer, CommunicationOverlapsTheRestOfBackward) {
     if (!first) std::this_thread::sleep_for(1ms);
   }
   ASSERT_TRUE(first) << "bucket 0 was not dispatched";
-  while (!first->is_completed() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  while (!first->is_completed() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
   EXPECT_TRUE(first->is_completed());
   reducer.mark_ready(Model::grad_index(0));
   reducer.synchronize();
@@ -221,7 +233,8 @@ TEST(Reducer, UnusedTensorsAreSettledByAgreement) {
   Model m({100, 100, 100});
   ReducerOptions o;
   o.plan.first_cap_bytes = 1 << 20;
-  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+  Reducer reducer(comm, m.specs,
+                  std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
                   ExecContext::host(), o);
   m.fill(r);
   std::fill(m.grads[2].begin(), m.grads[2].end(), 42.0f);
@@ -234,7 +247,8 @@ TEST(Reducer, UnusedTensorsAreSettledByAgreement) {
     ASSERT_EQ(m.grads[0][j], m.expected_sum(n, 0, j));
     // Rank 0 contributed zeros and receives the others' sum; with one rank
     // the tensor is unused everywhere and keeps its value.
-    const float want1 = n > 1 ? m.expected_sum(n, 1, j, 0, 0) : static_cast<float>(test::encode(0, j + 7));
+    const float want1 =
+        n > 1 ? m.expected_sum(n, 1, j, 0, 0) : static_cast<float>(test::encode(0, j + 7));
     ASSERT_EQ(m.grads[1][j], want1);
     ASSERT_EQ(m.grads[2][j], 42.0f);  // untouched
   }
@@ -244,7 +258,8 @@ TEST(Reducer, NoSyncSkipsCommunication) {
   auto comm = test::world();
   const int n = comm->size(), r = comm->rank();
   Model m({1000});
-  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+  Reducer reducer(comm, m.specs,
+                  std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
                   ExecContext::host());
   const uint64_t ops_before = comm->stats().operations;
   reducer.set_no_sync(true);
@@ -290,7 +305,8 @@ TEST(Reducer, PlanRebuildKeepsStateAndResults) {
     for (int i = 0; i < 4; ++i) {
       const TensorView g = reducer.gradient_view(Model::grad_index(i));
       for (int64_t j = 0; j < g.numel; ++j)
-        ASSERT_EQ(g.as<float>()[j], m.expected_sum(n, i, j, step) / static_cast<float>(n)) << "step " << step;
+        ASSERT_EQ(g.as<float>()[j], m.expected_sum(n, i, j, step) / static_cast<float>(n))
+            << "step " << step;
     }
   }
   EXPECT_EQ(changes, 1);
@@ -335,9 +351,11 @@ TEST(Hierarchical, EqualsFlatUnderEmulatedNodes) {
   auto comm = test::world();
   const int n = comm->size(), r = comm->rank();
   Model flat({5000, 17}), hier({5000, 17});
-  Reducer a(comm, flat.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{true, false}),
+  Reducer a(comm, flat.specs,
+            std::make_shared<GradientAllreduce>(GradientAllreduceOptions{true, false}),
             ExecContext::host());
-  Reducer b(comm, hier.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{true, true}),
+  Reducer b(comm, hier.specs,
+            std::make_shared<GradientAllreduce>(GradientAllreduceOptions{true, true}),
             ExecContext::host(), {}, Tunables::from_env());
   flat.fill(r);
   hier.fill(r);
@@ -365,7 +383,8 @@ TEST(Hierarchical, EqualBucketsWithRandomDelaysStayInOrder) {
   Model m(std::vector<int64_t>(kTensors, kElems));
   ReducerOptions o = fixed_buckets(kElems * 4);
   o.timeout = 20s;
-  Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, true}),
+  Reducer reducer(comm, m.specs,
+                  std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, true}),
                   ExecContext::host(), o);
   ASSERT_EQ(reducer.plan().buckets().size(), static_cast<size_t>(kTensors));
   std::mt19937 rng(1234 + 77 * r);
@@ -380,7 +399,8 @@ TEST(Hierarchical, EqualBucketsWithRandomDelaysStayInOrder) {
     reducer.synchronize();
     for (int i = 0; i < kTensors; ++i)
       for (int64_t j = 0; j < kElems; ++j)
-        ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j, step)) << "step " << step << " tensor " << i << " element " << j;
+        ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j, step))
+            << "step " << step << " tensor " << i << " element " << j;
   }
 }
 
@@ -665,7 +685,8 @@ TEST(Reducer, TimeoutNamesTheAgreement) {
       FAIL() << "no throw";
     } catch (const Timeout& e) {
       timed_out = 1;
-      EXPECT_NE(std::string(e.what()).find("allreduce #5 of '" + label + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allreduce #5 of '" + label + "'"), std::string::npos)
+          << e.what();
       EXPECT_NE(std::string(e.what()).find("did not complete within 2000 ms"), std::string::npos)
           << e.what();
     } catch (const CommunicationError& e) {  // told by a rank that timed out
@@ -716,7 +737,8 @@ TEST(Reducer, CopyThreadErrorsReachSynchronize) {
   for (int i = 2; i >= 0; --i) reducer.mark_ready(Model::grad_index(i));
   reducer.synchronize();
   for (size_t i = 0; i < 3; ++i)
-    for (size_t j = 0; j < 1000; j += 97) ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j, 1)) << i << "," << j;
+    for (size_t j = 0; j < 1000; j += 97)
+      ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j, 1)) << i << "," << j;
 }
 
 TEST(StateDicts, SaveLoadRoundTrip) {
@@ -743,9 +765,11 @@ TEST(StateDicts, SaveLoadRoundTrip) {
   // SGD with Nesterov momentum follows PyTorch's update.
   Sgd sgd(SgdOptions{0.1f, 0.9f, 0.0f, 0.0f, true});
   std::vector<float> q{1.0f}, gq{1.0f};
-  sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1), 0);  // b = 1; d = 1 + 0.9
+  sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1),
+             0);  // b = 1; d = 1 + 0.9
   EXPECT_FLOAT_EQ(q[0], 1.0f - 0.1f * 1.9f);
-  sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1), 0);  // b = 1.9; d = 1 + 1.71
+  sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1),
+             0);  // b = 1.9; d = 1 + 1.71
   EXPECT_FLOAT_EQ(q[0], 1.0f - 0.1f * 1.9f - 0.1f * 2.71f);
 }
 

@@ -44,25 +44,34 @@ inline CommunicatorPtr world() {
 
 // A small integer that encodes (rank, index): exact in every dtype, sums
 // over 4 ranks included (at most 4 * 17 = 68 < 256, exact in bf16 and u8).
-inline int64_t encode(int rank, int64_t index) { return (rank + 1) + (index % 7) * 2; }
+inline int64_t encode(int rank, int64_t index) {
+  return (rank + 1) + (index % 7) * 2;
+}
 
 template <typename T>
 T from_i64(int64_t v) {
-  if constexpr (std::is_same_v<T, Half>) return to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return to_bfloat16(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return to_bfloat16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 template <typename T>
 bool same_bits(T a, T b) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return a.bits == b.bits;
-  else return a == b;
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return a.bits == b.bits;
+  else
+    return a == b;
 }
 
 template <typename T>
 double as_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return to_f32(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return to_f32(v);
+  else
+    return static_cast<double>(v);
 }
 
 // A typed host buffer viewed as a TensorView.
@@ -73,20 +82,24 @@ struct Buffer {
   DType dtype = DType::f32;
   int64_t numel = 0;
   Buffer(DType t, int64_t n)
-      : storage(std::make_shared<std::vector<unsigned char>>(std::max<size_t>(1, n * dtype_size(t)))),
+      : storage(
+            std::make_shared<std::vector<unsigned char>>(std::max<size_t>(1, n * dtype_size(t)))),
         dtype(t),
         numel(n) {}
   std::vector<unsigned char>& bytes() { return *storage; }
   TensorView view() { return TensorView(storage->data(), numel, dtype, Device::host(), storage); }
   template <typename T>
-  T* as() { return reinterpret_cast<T*>(storage->data()); }
+  T* as() {
+    return reinterpret_cast<T*>(storage->data());
+  }
 };
 
 // element i = encode(rank, i + index_offset)
 inline void fill(Buffer& b, int rank, int64_t index_offset = 0) {
   visit_dtype(b.dtype, [&](auto tag) {
     using T = decltype(tag);
-    for (int64_t i = 0; i < b.numel; ++i) b.as<T>()[i] = from_i64<T>(encode(rank, i + index_offset));
+    for (int64_t i = 0; i < b.numel; ++i)
+      b.as<T>()[i] = from_i64<T>(encode(rank, i + index_offset));
   });
 }
 

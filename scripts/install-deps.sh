@@ -11,8 +11,8 @@ packages=(
   openmpi-bin libopenmpi-dev libhwloc-dev hwloc
   # command line, tests
   libcli11-dev googletest libgtest-dev
-  # fuzzing the kernel decoders (clang + libFuzzer runtime)
-  clang-14 libclang-rt-14-dev
+  # fuzzing the kernel decoders (clang + libFuzzer runtime), the format check
+  clang-14 libclang-rt-14-dev clang-format-14
   # emulated hosts on shaped links, and plots
   iproute2 iputils-ping iperf3 gnuplot-nox
   # libtorch frontend, PyTorch DDP baseline and the training demo

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs the packages,
-# configures and builds with the CI preset (-Werror on relaxcc's targets),
+# checks the formatting (.clang-format), configures and builds with the CI preset (-Werror on relaxcc's targets),
 # runs every CTest entry, then the decoder fuzzers for a bounded time.
 # Prints the time of each stage.
 set -euo pipefail
@@ -17,6 +17,7 @@ stage() {
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 stage install-deps bash scripts/install-deps.sh
+stage format bash scripts/check-format.sh
 stage configure cmake --preset ci
 stage build cmake --build --preset ci
 stage test ctest --preset ci -j "$(nproc)"

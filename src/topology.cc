@@ -19,7 +19,8 @@ std::string describe_hardware() {
     const int pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
     const int numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
     const int packages = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE);
-    out = detail::concat(packages, " package(s), ", cores, " cores, ", pus, " PUs, ", numa, " NUMA node(s)");
+    out = detail::concat(packages, " package(s), ", cores, " cores, ", pus, " PUs, ", numa,
+                         " NUMA node(s)");
   }
   hwloc_topology_destroy(topo);
   return out;
@@ -48,17 +49,20 @@ HierarchicalComms build_hierarchy(Communicator& comm, const Tunables& tunables) 
     int32_t leader = rank;
     h.intra->broadcast(TensorView::host(&leader, 1), ExecContext::host(), {})->wait();
     std::vector<int32_t> leaders(size);
-    comm.allgather(TensorView::host(&leader, 1), TensorView::host(leaders.data(), size), ExecContext::host())
+    comm.allgather(TensorView::host(&leader, 1), TensorView::host(leaders.data(), size),
+                   ExecContext::host())
         ->wait();
     std::vector<int32_t> distinct = leaders;
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     layout.num_nodes = static_cast<int>(distinct.size());
-    layout.node = static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), leader) - distinct.begin());
+    layout.node = static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), leader) -
+                                   distinct.begin());
   }
   h.inter = comm.split(layout.local_rank == 0 ? 0 : -1, rank);
   RELAXCC_LOG(info, "node layout: node ", layout.node, "/", layout.num_nodes, ", local rank ",
-              layout.local_rank, "/", layout.local_size, layout.overridden ? " (RELAXCC_RANKS_PER_NODE)" : "",
+              layout.local_rank, "/", layout.local_size,
+              layout.overridden ? " (RELAXCC_RANKS_PER_NODE)" : "",
               "; hardware: ", layout.hardware);
   return h;
 }

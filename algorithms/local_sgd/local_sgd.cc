@@ -6,7 +6,8 @@ namespace relaxcc::algorithms {
 
 LocalSgd::LocalSgd(LocalSgdOptions options) : options_(options) {
   RELAXCC_ENFORCE(options_.period >= 1 && options_.warmup_steps >= 0, InvalidArgument,
-                  "local_sgd: period >= 1 and warmup_steps >= 0, got ", options_.period, " and ", options_.warmup_steps);
+                  "local_sgd: period >= 1 and warmup_steps >= 0, got ", options_.period, " and ",
+                  options_.warmup_steps);
 }
 
 AlgorithmCapabilities LocalSgd::capabilities() const {
@@ -47,6 +48,8 @@ StateDict LocalSgd::state_dict() const {
   return sd;
 }
 
-void LocalSgd::load_state_dict(const StateDict& state) { averages_ = state.get_int("local_sgd/averages"); }
+void LocalSgd::load_state_dict(const StateDict& state) {
+  averages_ = state.get_int("local_sgd/averages");
+}
 
 }  // namespace relaxcc::algorithms

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   {
     auto comm = relaxcc::create_mpi_communicator();
     std::vector<int> v(1000, comm->rank() + 1);
-    comm->allreduce(relaxcc::TensorView::host(v.data(), 1000), relaxcc::ExecContext::host())->wait();
+    comm->allreduce(relaxcc::TensorView::host(v.data(), 1000), relaxcc::ExecContext::host())
+        ->wait();
     const int want = comm->size() * (comm->size() + 1) / 2;
     for (int x : v) rc |= x != want;
     std::printf("rank %d: relaxcc %s, allreduce %s\n", comm->rank(),

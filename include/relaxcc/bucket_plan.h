@@ -32,8 +32,8 @@ struct BucketPlanOptions {
 };
 
 struct BucketEntry {
-  int tensor = 0;       // index in registration order
-  int64_t offset = 0;   // elements from the bucket's start
+  int tensor = 0;      // index in registration order
+  int64_t offset = 0;  // elements from the bucket's start
   int64_t numel = 0;
 };
 

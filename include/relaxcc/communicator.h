@@ -96,14 +96,15 @@ class Communicator {
   // parent is not. Point-to-point tags are shared with the parent (and its
   // other groups). The group shares node memory (allocate) when its members
   // share a node. A poison notice names a group by its members and key: a
-  // group re-created after it was poisoned needs a new key. Throws InvalidArgument for a rank out of range or listed
-  // twice, or a list without this rank.
+  // group re-created after it was poisoned needs a new key. Throws InvalidArgument for a rank out
+  // of range or listed twice, or a list without this rank.
   virtual std::shared_ptr<Communicator> group(const std::vector<int>& members,
                                               const GroupOptions& options = {}) = 0;
   // Collective over this communicator: ranks with equal color form a group
   // (see group()), ordered by key then rank. A negative color returns null.
   // Every rank must call split() and split_node_local() in the same order.
-  virtual std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options = {}) = 0;
+  virtual std::shared_ptr<Communicator> split(int color, int key,
+                                              const SplitOptions& options = {}) = 0;
   // The group of the ranks that share this rank's node (memory domain), known
   // since creation: no communication.
   virtual std::shared_ptr<Communicator> split_node_local(const SplitOptions& options = {}) = 0;
@@ -129,7 +130,8 @@ class Communicator {
     return allreduce(data, data, ctx, options);
   }
   virtual WorkPtr reduce_scatter(const TensorView& input, const TensorView& output,
-                                 const ExecContext& ctx, const ReduceScatterOptions& options = {}) = 0;
+                                 const ExecContext& ctx,
+                                 const ReduceScatterOptions& options = {}) = 0;
   virtual WorkPtr allgather(const TensorView& input, const TensorView& output,
                             const ExecContext& ctx, const AllgatherOptions& options = {}) = 0;
   virtual WorkPtr allgatherv(const TensorView& input, const TensorView& output,

@@ -43,36 +43,88 @@ DType parse_dtype(std::string_view name);
 std::ostream& operator<<(std::ostream& os, DType t);
 
 // The C++ type behind a dtype, and back.
-template <DType T> struct DTypeTraits;
-template <> struct DTypeTraits<DType::f32> { using type = float; };
-template <> struct DTypeTraits<DType::f16> { using type = Half; };
-template <> struct DTypeTraits<DType::bf16> { using type = BFloat16; };
-template <> struct DTypeTraits<DType::f64> { using type = double; };
-template <> struct DTypeTraits<DType::i32> { using type = int32_t; };
-template <> struct DTypeTraits<DType::i64> { using type = int64_t; };
-template <> struct DTypeTraits<DType::u8> { using type = uint8_t; };
-template <DType T> using dtype_t = typename DTypeTraits<T>::type;
+template <DType T>
+struct DTypeTraits;
+template <>
+struct DTypeTraits<DType::f32> {
+  using type = float;
+};
+template <>
+struct DTypeTraits<DType::f16> {
+  using type = Half;
+};
+template <>
+struct DTypeTraits<DType::bf16> {
+  using type = BFloat16;
+};
+template <>
+struct DTypeTraits<DType::f64> {
+  using type = double;
+};
+template <>
+struct DTypeTraits<DType::i32> {
+  using type = int32_t;
+};
+template <>
+struct DTypeTraits<DType::i64> {
+  using type = int64_t;
+};
+template <>
+struct DTypeTraits<DType::u8> {
+  using type = uint8_t;
+};
+template <DType T>
+using dtype_t = typename DTypeTraits<T>::type;
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<Half>() { return DType::f16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
 
 // Calls fn(T{}) with a value of the C++ type of `t`.
 template <typename Fn>
 decltype(auto) visit_dtype(DType t, Fn&& fn) {
   switch (t) {
-    case DType::f32: return fn(float{});
-    case DType::f16: return fn(Half{});
-    case DType::bf16: return fn(BFloat16{});
-    case DType::f64: return fn(double{});
-    case DType::i32: return fn(int32_t{});
-    case DType::i64: return fn(int64_t{});
-    case DType::u8: break;
+    case DType::f32:
+      return fn(float{});
+    case DType::f16:
+      return fn(Half{});
+    case DType::bf16:
+      return fn(BFloat16{});
+    case DType::f64:
+      return fn(double{});
+    case DType::i32:
+      return fn(int32_t{});
+    case DType::i64:
+      return fn(int64_t{});
+    case DType::u8:
+      break;
   }
   return fn(uint8_t{});
 }

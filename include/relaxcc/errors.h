@@ -41,15 +41,15 @@ class Error : public std::runtime_error {
   int rank_;
 };
 
-#define RELAXCC_DEFINE_ERROR(Name, Base)                                  \
-  class Name : public Base {                                              \
-   public:                                                                \
-    Name(std::string message, const char* file, int line)                 \
-        : Base(#Name, std::move(message), file, line) {}                  \
-                                                                          \
-   protected:                                                             \
+#define RELAXCC_DEFINE_ERROR(Name, Base)                                         \
+  class Name : public Base {                                                     \
+   public:                                                                       \
+    Name(std::string message, const char* file, int line)                        \
+        : Base(#Name, std::move(message), file, line) {}                         \
+                                                                                 \
+   protected:                                                                    \
     Name(std::string_view kind, std::string message, const char* file, int line) \
-        : Base(kind, std::move(message), file, line) {}                   \
+        : Base(kind, std::move(message), file, line) {}                          \
   }
 
 // A caller passed something the operation cannot accept (null data with a
@@ -85,8 +85,9 @@ void append(std::string& out, const T& v) {
     out.append(v != nullptr ? std::string_view(v) : std::string_view("(null)"));
   } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
     out.append(std::string_view(v));
-  } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> && !std::is_same_v<U, char> &&
-                       !std::is_same_v<U, signed char> && !std::is_same_v<U, unsigned char>) {
+  } else if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool> &&
+                       !std::is_same_v<U, char> && !std::is_same_v<U, signed char> &&
+                       !std::is_same_v<U, unsigned char>) {
     char buf[24];
     const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
     out.append(buf, end);
@@ -110,19 +111,19 @@ std::string concat(const Args&... args) {
 #define RELAXCC_THROW(Type, ...) \
   throw ::relaxcc::Type(::relaxcc::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
 
-#define RELAXCC_ENFORCE(cond, Type, ...)                                            \
-  do {                                                                              \
-    if (!(cond)) [[unlikely]]                                                       \
-      RELAXCC_THROW(Type, __VA_ARGS__, ": check failed: " #cond);                   \
+#define RELAXCC_ENFORCE(cond, Type, ...)                          \
+  do {                                                            \
+    if (!(cond)) [[unlikely]]                                     \
+      RELAXCC_THROW(Type, __VA_ARGS__, ": check failed: " #cond); \
   } while (0)
 
-#define RELAXCC_ENFORCE_OP_(a, b, op, Type, ...)                                    \
-  do {                                                                              \
-    const auto& relaxcc_a_ = (a);                                                   \
-    const auto& relaxcc_b_ = (b);                                                   \
-    if (!(relaxcc_a_ op relaxcc_b_)) [[unlikely]]                                   \
-      RELAXCC_THROW(Type, __VA_ARGS__, ": expected " #a " " #op " " #b ", got ",    \
-                    relaxcc_a_, " vs ", relaxcc_b_);                                \
+#define RELAXCC_ENFORCE_OP_(a, b, op, Type, ...)                                             \
+  do {                                                                                       \
+    const auto& relaxcc_a_ = (a);                                                            \
+    const auto& relaxcc_b_ = (b);                                                            \
+    if (!(relaxcc_a_ op relaxcc_b_)) [[unlikely]]                                            \
+      RELAXCC_THROW(Type, __VA_ARGS__, ": expected " #a " " #op " " #b ", got ", relaxcc_a_, \
+                    " vs ", relaxcc_b_);                                                     \
   } while (0)
 
 #define RELAXCC_ENFORCE_EQ(a, b, Type, ...) RELAXCC_ENFORCE_OP_(a, b, ==, Type, __VA_ARGS__)

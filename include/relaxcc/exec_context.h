@@ -23,8 +23,13 @@ struct RngCounter {
 
 struct ExecContext {
   Device device = Device::host();
-  void* stream = nullptr;        // cudaStream_t on cuda devices; null on the host
-  ThreadPool* pool = nullptr;    // optional; null runs host kernels on the caller's thread
+  void* stream = nullptr;  // cudaStream_t on cuda devices; null on the host
+  // Optional; null runs host kernels on the calling thread (for a
+  // communicator's operations, the engine thread). Not owned: it must outlive
+  // every operation given this context, until its Work completed. The engine
+  // queues its reductions there behind whatever else runs on the pool, so a
+  // pool shared with the application's own work can delay communication.
+  ThreadPool* pool = nullptr;
   RngCounter rng;
 
   static ExecContext host(ThreadPool* pool = nullptr) noexcept {

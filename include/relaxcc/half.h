@@ -29,16 +29,16 @@ constexpr uint16_t f32_to_f16_bits(float value) noexcept {
     return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (abs >= 0x38800000u) {  // normal f16 (>= 2^-14)
+  if (abs >= 0x38800000u) {                                              // normal f16 (>= 2^-14)
     // Rebias the exponent (127 -> 15) and round the 13 dropped bits to even.
     const uint32_t rounded = abs + 0x0fffu + ((abs >> 13) & 1u);
     return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
   }
   if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the min subnormal
   // Subnormal f16: shift the full significand right and round to even.
-  const uint32_t exponent = abs >> 23;                      // 102..112
+  const uint32_t exponent = abs >> 23;  // 102..112
   const uint32_t significand = (abs & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126u - exponent;                   // 14..24
+  const uint32_t shift = 126u - exponent;  // 14..24
   const uint32_t half_ulp = 1u << (shift - 1);
   const uint32_t rest = significand & ((1u << shift) - 1u);
   uint32_t q = significand >> shift;
@@ -80,9 +80,17 @@ constexpr float bf16_bits_to_f32(uint16_t b) noexcept {
   return std::bit_cast<float>(x);
 }
 
-constexpr float to_f32(Half h) noexcept { return f16_bits_to_f32(h.bits); }
-constexpr float to_f32(BFloat16 b) noexcept { return bf16_bits_to_f32(b.bits); }
-constexpr Half to_half(float f) noexcept { return Half{f32_to_f16_bits(f)}; }
-constexpr BFloat16 to_bfloat16(float f) noexcept { return BFloat16{f32_to_bf16_bits(f)}; }
+constexpr float to_f32(Half h) noexcept {
+  return f16_bits_to_f32(h.bits);
+}
+constexpr float to_f32(BFloat16 b) noexcept {
+  return bf16_bits_to_f32(b.bits);
+}
+constexpr Half to_half(float f) noexcept {
+  return Half{f32_to_f16_bits(f)};
+}
+constexpr BFloat16 to_bfloat16(float f) noexcept {
+  return BFloat16{f32_to_bf16_bits(f)};
+}
 
 }  // namespace relaxcc

@@ -26,8 +26,8 @@ void log_message(LogLevel level, std::string_view message) noexcept;
 
 }  // namespace relaxcc
 
-#define RELAXCC_LOG(level, ...)                                                          \
-  do {                                                                                   \
-    if (::relaxcc::log_enabled(::relaxcc::LogLevel::level))                              \
+#define RELAXCC_LOG(level, ...)                                                                   \
+  do {                                                                                            \
+    if (::relaxcc::log_enabled(::relaxcc::LogLevel::level))                                       \
       ::relaxcc::log_message(::relaxcc::LogLevel::level, ::relaxcc::detail::concat(__VA_ARGS__)); \
   } while (0)

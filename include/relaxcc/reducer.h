@@ -89,7 +89,8 @@ class Reducer {
   // Collective over comm. Throws PeerMismatch when ranks registered different
   // tensors.
   Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, AlgorithmPtr algorithm,
-          const ExecContext& exec, ReducerOptions options = {}, Tunables tunables = Tunables::from_env());
+          const ExecContext& exec, ReducerOptions options = {},
+          Tunables tunables = Tunables::from_env());
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -184,8 +185,8 @@ class Reducer {
 
   BucketPlan plan_;
   uint64_t plan_version_ = 0;
-  std::vector<TensorView> storage_;              // one view per bucket, into one arena
-  std::vector<int> pending_;                     // tensors still to mark, per bucket
+  std::vector<TensorView> storage_;  // one view per bucket, into one arena
+  std::vector<int> pending_;         // tensors still to mark, per bucket
   std::vector<WorkPtr> works_;
   int next_dispatch_ = 0;
   std::vector<char> marked_;
@@ -216,7 +217,7 @@ class Reducer {
   int copies_running_ = 0;                  // batches or buckets being copied
   int next_copy_out_ = 0;                   // first bucket not yet copied back
   bool copier_stop_ = false;
-  std::exception_ptr copier_error_;         // from a dispatch on the copy thread
+  std::exception_ptr copier_error_;  // from a dispatch on the copy thread
   std::thread copier_;
 };
 

@@ -37,8 +37,7 @@ struct TensorView {
 
   template <typename T>
   static TensorView host(T* ptr, int64_t n, std::shared_ptr<const void> keep_alive = {}) {
-    return TensorView{ptr, n, dtype_of<T>(), Device::host(),
-                      std::move(keep_alive)};
+    return TensorView{ptr, n, dtype_of<T>(), Device::host(), std::move(keep_alive)};
   }
 };
 

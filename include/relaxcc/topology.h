@@ -14,7 +14,7 @@
 namespace relaxcc {
 
 struct NodeLayout {
-  int node = 0;        // this rank's node, 0-based, ordered by lowest rank
+  int node = 0;  // this rank's node, 0-based, ordered by lowest rank
   int num_nodes = 1;
   int local_rank = 0;  // rank within the node
   int local_size = 1;

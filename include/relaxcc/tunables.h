@@ -15,9 +15,9 @@ struct TunableInfo {
   std::string env_name;
   std::string type;
   std::string default_value;
-  std::string value;   // current value, formatted
-  bool from_env;       // value came from the environment
-  bool agree;          // must match across ranks
+  std::string value;  // current value, formatted
+  bool from_env;      // value came from the environment
+  bool agree;         // must match across ranks
   std::string doc;
 };
 

@@ -26,7 +26,7 @@ bool has_f16c() noexcept {
 namespace {
 
 __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* in, uint16_t* out,
-                                                            int64_t n) {
+                                                          int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(in + i);
@@ -37,7 +37,7 @@ __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* in, uint1
 }
 
 __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* in, float* out,
-                                                           int64_t n) {
+                                                          int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));

@@ -67,8 +67,9 @@ __attribute__((target("avx2"))) ChunkRange chunk_range_avx2(const float* x, int6
 
 // Round-to-nearest codes, one byte each, clamped to [0, levels]: 32
 // elements per iteration.
-__attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t len, float min, float scale,
-                                                       uint32_t levels, unsigned char* out) {
+__attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t len, float min,
+                                                       float scale, uint32_t levels,
+                                                       unsigned char* out) {
   const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
   const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(static_cast<int>(levels));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -77,18 +78,20 @@ __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t l
     __m256i q[4];
     for (int k = 0; k < 4; ++k) {
       const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs);
-      q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo), hi);  // rint: MXCSR nearest-even
+      q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo),
+                              hi);  // rint: MXCSR nearest-even
     }
     const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
     const __m256i b = _mm256_packus_epi32(q[2], q[3]);
-    const __m256i c = _mm256_packus_epi16(a, b);       // 8-bit, in 32-bit groups per lane
+    const __m256i c = _mm256_packus_epi16(a, b);  // 8-bit, in 32-bit groups per lane
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(c, perm));
   }
   return i;
 }
 
-__attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* codes, int64_t len, float min,
-                                                         float inv, float* out, bool accumulate) {
+__attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* codes, int64_t len,
+                                                         float min, float inv, float* out,
+                                                         bool accumulate) {
   const __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv);
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
@@ -105,8 +108,9 @@ __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* co
 // multiple of 4: Philox4x32-10 on four counters at once (64-bit lanes holding
 // 32-bit words, as _mm256_mul_epu32 wants), then the same IEEE operations as
 // the scalar loop. Returns the number of elements done.
-__attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t len, float min, float scale,
-                                                         uint32_t levels, uint64_t seed, uint64_t offset,
+__attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t len, float min,
+                                                         float scale, uint32_t levels,
+                                                         uint64_t seed, uint64_t offset,
                                                          int64_t index0, unsigned char* out) {
   const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
   const __m256 vzero = _mm256_setzero_ps(), vlevels = _mm256_set1_ps(static_cast<float>(levels));
@@ -123,8 +127,10 @@ __attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t
     uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
     for (int round = 0; round < 10; ++round) {
       const __m256i p0 = _mm256_mul_epu32(c0, m0), p1 = _mm256_mul_epu32(c2, m1);
-      const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), _mm256_set1_epi64x(k0));
-      const __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), _mm256_set1_epi64x(k1));
+      const __m256i n0 =
+          _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), _mm256_set1_epi64x(k0));
+      const __m256i n2 =
+          _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), _mm256_set1_epi64x(k1));
       c1 = _mm256_and_si256(p1, low32);
       c3 = _mm256_and_si256(p0, low32);
       c0 = n0;
@@ -136,35 +142,41 @@ __attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t
     const __m256i c01 = _mm256_or_si256(c0, _mm256_slli_epi64(c1, 32));
     const __m256i c23 = _mm256_or_si256(c2, _mm256_slli_epi64(c3, 32));
     const __m256i lo = _mm256_unpacklo_epi64(c01, c23), hi = _mm256_unpackhi_epi64(c01, c23);
-    const __m256i words[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+    const __m256i words[2] = {_mm256_permute2x128_si256(lo, hi, 0x20),
+                              _mm256_permute2x128_si256(lo, hi, 0x31)};
     __m256i q[2];
     for (int k = 0; k < 2; ++k) {
       const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), inv24);
-      const __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs), u);
+      const __m256 t =
+          _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs), u);
       const __m256 v = _mm256_floor_ps(t);
       q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, vzero), vlevels));
     }
     const __m256i packed16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(q[0], q[1]), 0xD8);
-    const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(packed16), _mm256_extracti128_si256(packed16, 1));
+    const __m128i bytes =
+        _mm_packus_epi16(_mm256_castsi256_si128(packed16), _mm256_extracti128_si256(packed16, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), bytes);
   }
   return i;
 }
 
-__attribute__((target("avx2"))) int64_t sign_pack_avx2(const float* x, int64_t len, unsigned char* bits) {
+__attribute__((target("avx2"))) int64_t sign_pack_avx2(const float* x, int64_t len,
+                                                       unsigned char* bits) {
   int64_t i = 0;
-  for (; i + 8 <= len; i += 8) bits[i / 8] = static_cast<unsigned char>(_mm256_movemask_ps(_mm256_loadu_ps(x + i)));
+  for (; i + 8 <= len; i += 8)
+    bits[i / 8] = static_cast<unsigned char>(_mm256_movemask_ps(_mm256_loadu_ps(x + i)));
   return i;
 }
 
-__attribute__((target("avx2"))) int64_t sign_unpack_avx2(const unsigned char* bits, int64_t len, float scale,
-                                                         float* out, bool accumulate) {
+__attribute__((target("avx2"))) int64_t sign_unpack_avx2(const unsigned char* bits, int64_t len,
+                                                         float scale, float* out, bool accumulate) {
   const __m256 vscale = _mm256_set1_ps(scale);
   const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
-    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits[i / 8]), lane_bit), lane_bit);
+    const __m256i set =
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits[i / 8]), lane_bit), lane_bit);
     __m256 v = _mm256_xor_ps(vscale, _mm256_castsi256_ps(_mm256_and_si256(set, sign)));
     if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
     _mm256_storeu_ps(out + i, v);
@@ -203,21 +215,24 @@ float minmax_scale(float min, float max, int bits) {
 namespace {
 
 // One byte per code; packed afterwards for fewer bits.
-void codes_bytewise(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
-                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* out) {
+void codes_bytewise(const float* x, int64_t len, float min, float scale, int bits,
+                    Rounding rounding, uint64_t seed, uint64_t offset, int64_t index0,
+                    unsigned char* out) {
   const uint32_t levels = (1u << bits) - 1u;
   if (rounding == Rounding::nearest) {
     const int64_t done = has_avx2() ? quantize8_avx2(x, len, min, scale, levels, out) : 0;
-    for (int64_t i = done; i < len; ++i) out[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
+    for (int64_t i = done; i < len; ++i)
+      out[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
     return;
   }
   // Stochastic: one Philox block gives the uniforms of 4 consecutive indices.
   // The scalar loop takes the elements before the first multiple of 4 and
   // after the last whole group of 16; AVX2 the groups between.
   const int64_t head = std::min<int64_t>(len, (4 - index0 % 4) % 4);
-  const int64_t vector_end = has_avx2() ? head + stochastic8_avx2(x + head, len - head, min, scale, levels, seed,
-                                                                  offset, index0 + head, out + head)
-                                        : head;
+  const int64_t vector_end = has_avx2()
+                                 ? head + stochastic8_avx2(x + head, len - head, min, scale, levels,
+                                                           seed, offset, index0 + head, out + head)
+                                 : head;
   auto scalar = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end;) {
       const uint64_t index = static_cast<uint64_t>(index0 + i);
@@ -225,7 +240,10 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
       for (uint64_t lane = index & 3; lane < 4 && i < end; ++lane, ++i) {
         const float u = static_cast<float>(r.v[lane] >> 8) * (1.0f / 16777216.0f);
         const float v = std::floor((x[i] - min) * scale + u);
-        out[i] = static_cast<unsigned char>(v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v));
+        out[i] = static_cast<unsigned char>(v <= 0.0f ? 0u
+                                            : v >= static_cast<float>(levels)
+                                                ? levels
+                                                : static_cast<uint32_t>(v));
       }
     }
   };
@@ -240,7 +258,8 @@ void unpack(const unsigned char* codes, int64_t len, unsigned char* out) {
   constexpr unsigned kMask = (1u << BITS) - 1u;
   const int64_t whole = len / kPer;
   for (int64_t b = 0; b < whole; ++b)
-    for (int j = 0; j < kPer; ++j) out[b * kPer + j] = static_cast<unsigned char>((codes[b] >> (j * BITS)) & kMask);
+    for (int j = 0; j < kPer; ++j)
+      out[b * kPer + j] = static_cast<unsigned char>((codes[b] >> (j * BITS)) & kMask);
   for (int64_t i = whole * kPer; i < len; ++i)
     out[i] = static_cast<unsigned char>((codes[i / kPer] >> ((i % kPer) * BITS)) & kMask);
 }
@@ -253,9 +272,11 @@ std::vector<unsigned char>& scratch_codes(int64_t len) {
 
 }  // namespace
 
-void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
-                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* codes) {
-  if (bits == 8) return codes_bytewise(x, len, min, scale, 8, rounding, seed, offset, index0, codes);
+void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits,
+                    Rounding rounding, uint64_t seed, uint64_t offset, int64_t index0,
+                    unsigned char* codes) {
+  if (bits == 8)
+    return codes_bytewise(x, len, min, scale, 8, rounding, seed, offset, index0, codes);
   unsigned char* q = scratch_codes(len).data();
   codes_bytewise(x, len, min, scale, bits, rounding, seed, offset, index0, q);
   const int per_byte = 8 / bits;
@@ -270,17 +291,23 @@ void quantize_chunk(const float* x, int64_t len, float min, float scale, int bit
   }
 }
 
-void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
-                      bool accumulate) {
+void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits,
+                      float* out, bool accumulate) {
   // The same inverse and operations as minmax_decoded_max.
   const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
   const unsigned char* q = codes;
   if (bits != 8) {  // unpack to one byte per code, then the 8-bit path
     unsigned char* unpacked = scratch_codes(len).data();
     switch (bits) {
-      case 4: unpack<4>(codes, len, unpacked); break;
-      case 2: unpack<2>(codes, len, unpacked); break;
-      default: unpack<1>(codes, len, unpacked); break;
+      case 4:
+        unpack<4>(codes, len, unpacked);
+        break;
+      case 2:
+        unpack<2>(codes, len, unpacked);
+        break;
+      default:
+        unpack<1>(codes, len, unpacked);
+        break;
     }
     q = unpacked;
   }

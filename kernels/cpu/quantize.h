@@ -33,11 +33,12 @@ float minmax_decoded_max(float min, float scale, int bits);
 // Codes of one chunk, packed little-endian, `bits` per element; writes
 // ceil(len * bits / 8) bytes. `index0` is the chunk's first element index in
 // the tensor (the stochastic-rounding counter).
-void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits, Rounding rounding,
-                    uint64_t seed, uint64_t offset, int64_t index0, unsigned char* codes);
+void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits,
+                    Rounding rounding, uint64_t seed, uint64_t offset, int64_t index0,
+                    unsigned char* codes);
 // out[i] = min + q[i] * (1 / scale), or out[i] += that when `accumulate`.
-void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits, float* out,
-                      bool accumulate);
+void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits,
+                      float* out, bool accumulate);
 
 // Sign bits of x (bit i of byte i / 8 set when x[i] has its sign bit set),
 // (len + 7) / 8 bytes.

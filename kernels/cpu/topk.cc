@@ -43,7 +43,8 @@ __attribute__((target("avx2"))) void scan_avx2(const float* x, int64_t begin, in
     uint32_t bits = 0, bad = 0;
     for (int k = 0; k < 4; ++k) {
       const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i + 8 * k), abs_mask);
-      bits |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ))) << (8 * k);
+      bits |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)))
+              << (8 * k);
       bad |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ)));
     }
     if (bad != 0) {
@@ -61,12 +62,15 @@ __attribute__((target("avx2"))) void scan_avx2(const float* x, int64_t begin, in
 }
 
 void scan(const float* x, int64_t begin, int64_t end, float t, Candidates& out) {
-  if (has_avx2()) scan_avx2(x, begin, end, t, out);
-  else scan_scalar(x, begin, end, t, out);
+  if (has_avx2())
+    scan_avx2(x, begin, end, t, out);
+  else
+    scan_scalar(x, begin, end, t, out);
 }
 
 // Candidates with |x| >= t over [0, n), in index order, split over the pool.
-Candidates candidates(const float* x, int64_t n, float t, const ExecContext& ctx, int64_t expected) {
+Candidates candidates(const float* x, int64_t n, float t, const ExecContext& ctx,
+                      int64_t expected) {
   const int parts = ctx.pool ? ctx.pool->num_threads() : 1;
   Candidates out;
   if (parts == 1 || n < (1 << 20)) {
@@ -130,7 +134,8 @@ __attribute__((target("avx2"))) int64_t first_bad_avx2(const float* x, int64_t b
   for (; i + 32 <= end; i += 32) {
     __m256 bad = _mm256_setzero_ps();
     for (int k = 0; k < 4; ++k)
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 8 * k), abs_mask), inf, _CMP_NLT_UQ));
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i + 8 * k), abs_mask),
+                                            inf, _CMP_NLT_UQ));
     if (_mm256_movemask_ps(bad) != 0) break;
   }
   for (; i < end; ++i)
@@ -176,7 +181,8 @@ Selection topk(const float* x, int64_t n, int64_t k, bool approximate, const Exe
     }
     int64_t rank = std::min<int64_t>(m, (k * m * 3) / (2 * n) + 16);
     for (int attempt = 0; attempt < 4; ++attempt) {
-      std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<float>());
+      std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
+                       std::greater<float>());
       const Candidates cand = candidates(x, n, sample[rank - 1], ctx, rank * n / m + 1024);
       if (static_cast<int64_t>(cand.idx.size()) >= k) return trim(cand, k);
       if (rank == m) break;

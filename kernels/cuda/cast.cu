@@ -26,8 +26,8 @@ void launch(const In* in, Out* out, int64_t n, cudaStream_t stream, Convert conv
   const int grid = static_cast<int>(blocks < 65535 ? blocks : 65535);
   convert_kernel<<<grid, kThreads, 0, stream>>>(in, out, n, convert);
   const cudaError_t err = cudaGetLastError();
-  RELAXCC_ENFORCE(err == cudaSuccess, CommunicationError, "CUDA cast kernel launch failed: ",
-                  cudaGetErrorString(err));
+  RELAXCC_ENFORCE(err == cudaSuccess, CommunicationError,
+                  "CUDA cast kernel launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -39,13 +39,17 @@ void cast(const TensorView& in, const TensorView& out, void* stream_ptr) {
   auto* out16 = static_cast<uint16_t*>(out.data);
   auto* out32 = static_cast<float*>(out.data);
   if (in.dtype == DType::f32 && out.dtype == DType::f16)
-    return launch(in32, out16, in.numel, stream, [] __device__(float x) { return f32_to_f16_bits(x); });
+    return launch(in32, out16, in.numel, stream,
+                  [] __device__(float x) { return f32_to_f16_bits(x); });
   if (in.dtype == DType::f16 && out.dtype == DType::f32)
-    return launch(in16, out32, in.numel, stream, [] __device__(uint16_t h) { return f16_bits_to_f32(h); });
+    return launch(in16, out32, in.numel, stream,
+                  [] __device__(uint16_t h) { return f16_bits_to_f32(h); });
   if (in.dtype == DType::f32 && out.dtype == DType::bf16)
-    return launch(in32, out16, in.numel, stream, [] __device__(float x) { return f32_to_bf16_bits(x); });
+    return launch(in32, out16, in.numel, stream,
+                  [] __device__(float x) { return f32_to_bf16_bits(x); });
   if (in.dtype == DType::bf16 && out.dtype == DType::f32)
-    return launch(in16, out32, in.numel, stream, [] __device__(uint16_t b) { return bf16_bits_to_f32(b); });
+    return launch(in16, out32, in.numel, stream,
+                  [] __device__(uint16_t b) { return bf16_bits_to_f32(b); });
   RELAXCC_THROW(Unsupported, "CUDA cast from ", in.dtype, " to ", out.dtype);
 }
 

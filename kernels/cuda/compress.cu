@@ -43,9 +43,13 @@ struct DeviceFlag {
   ~DeviceFlag() { cudaFreeAsync(ptr, nullptr); }
 };
 
-__device__ void raise_flag(unsigned long long* flag, unsigned long long code) { atomicCAS(flag, 0ull, code); }
+__device__ void raise_flag(unsigned long long* flag, unsigned long long code) {
+  atomicCAS(flag, 0ull, code);
+}
 
-__device__ bool finite(float x) { return isfinite(x); }
+__device__ bool finite(float x) {
+  return isfinite(x);
+}
 
 // Error codes of the device flag (code << 40 | element or chunk); report()
 // turns them into the host's exceptions and messages.
@@ -76,8 +80,9 @@ __device__ bool half_non_finite(uint16_t bits, int bf16) {
 // ---- min-max ----------------------------------------------------------------
 
 // One block per chunk: range, scale, codes. `index0` of chunk ch is ch * chunk.
-__global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bits, int stochastic, uint64_t seed,
-                                uint64_t offset, unsigned char* body, unsigned long long* flag) {
+__global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bits, int stochastic,
+                                uint64_t seed, uint64_t offset, unsigned char* body,
+                                unsigned long long* flag) {
   const int64_t ch = blockIdx.x;
   const int64_t first = ch * chunk;
   const int64_t len = min(chunk, n - first);
@@ -105,12 +110,14 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
     __syncthreads();
   }
   if (s_bad) {
-    if (threadIdx.x == 0) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(ch));
+    if (threadIdx.x == 0)
+      raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(ch));
     return;
   }
   const float mn = s_min[0], mx = s_max[0];
   if (!finite(__fsub_rn(mx, mn))) {
-    if (threadIdx.x == 0) raise_flag(flag, kRangeOverflow << 40 | static_cast<unsigned long long>(ch));
+    if (threadIdx.x == 0)
+      raise_flag(flag, kRangeOverflow << 40 | static_cast<unsigned long long>(ch));
     return;
   }
   // cpu::minmax_scale: capped to FLT_MAX, then raised by ulps until the
@@ -141,7 +148,9 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
       } else {
         r = rintf(v);
       }
-      const uint32_t q = r <= 0.0f ? 0u : r >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(r);
+      const uint32_t q = r <= 0.0f                         ? 0u
+                         : r >= static_cast<float>(levels) ? levels
+                                                           : static_cast<uint32_t>(r);
       packed |= q << (j * bits);
     }
     p[8 + b] = static_cast<unsigned char>(packed);
@@ -164,8 +173,8 @@ __global__ void check_minmax_kernel(const unsigned char* body, int64_t n, int64_
     raise_flag(flag, kDecodedOverflow << 40 | static_cast<unsigned long long>(ch));
 }
 
-__global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t chunk, int bits, float* out,
-                                  int accumulate, unsigned long long* flag) {
+__global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t chunk, int bits,
+                                  float* out, int accumulate, unsigned long long* flag) {
   const int64_t ch = blockIdx.x;
   const int64_t first = ch * chunk;
   const int64_t len = min(chunk, n - first);
@@ -192,18 +201,21 @@ __global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t 
 // ---- sparse -----------------------------------------------------------------
 
 // randomk (stratified): one index per block b of [b*n/k, (b+1)*n/k).
-__device__ uint32_t stratified_index(int64_t n, int64_t k, int64_t b, uint64_t seed, uint64_t step) {
+__device__ uint32_t stratified_index(int64_t n, int64_t k, int64_t b, uint64_t seed,
+                                     uint64_t step) {
   const int64_t lo = b * n / k, hi = (b + 1) * n / k;
   const uint32_t r = philox4x32(seed, step, static_cast<uint64_t>(b)).v[0];
   return static_cast<uint32_t>(lo + static_cast<int64_t>(r % static_cast<uint64_t>(hi - lo)));
 }
 
-__global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int rolling, int64_t stride,
-                                     uint64_t seed, uint64_t step, float* vals, unsigned long long* flag) {
+__global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int rolling,
+                                     int64_t stride, uint64_t seed, uint64_t step, float* vals,
+                                     unsigned long long* flag) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= k) return;
-  const int64_t i = rolling ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
-                            : stratified_index(n, k, j, seed, step);
+  const int64_t i = rolling
+                        ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
+                        : stratified_index(n, k, j, seed, step);
   const float v = x[i];
   if (!finite(v)) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(i));
   vals[j] = v;
@@ -226,24 +238,28 @@ __global__ void check_sparse_kernel(const uint32_t* idx, const float* vals, int6
   if (!finite(vals[j])) raise_flag(flag, kBadValue << 40 | static_cast<unsigned long long>(j));
 }
 
-__global__ void scatter_kernel(const uint32_t* idx, const float* vals, int64_t k, int64_t n, int rolling,
-                               int64_t stride, uint64_t seed, uint64_t step, float* out, int accumulate) {
+__global__ void scatter_kernel(const uint32_t* idx, const float* vals, int64_t k, int64_t n,
+                               int rolling, int64_t stride, uint64_t seed, uint64_t step,
+                               float* out, int accumulate) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= k) return;
   int64_t i;
-  if (idx != nullptr) i = idx[j];
-  else i = rolling ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
-                   : stratified_index(n, k, j, seed, step);
+  if (idx != nullptr)
+    i = idx[j];
+  else
+    i = rolling ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
+                : stratified_index(n, k, j, seed, step);
   out[i] = accumulate ? __fadd_rn(out[i], vals[j]) : vals[j];
 }
 
 // f16/bf16 payloads never hold Inf or NaN (encode refuses values that
 // round to Inf): such a pattern is corrupt on decode, and an overflow on
 // encode (a finite input, checked first by finite_kernel).
-__global__ void check_half_kernel(const uint16_t* bits, int64_t n, int bf16, unsigned long long code,
-                                  unsigned long long* flag) {
+__global__ void check_half_kernel(const uint16_t* bits, int64_t n, int bf16,
+                                  unsigned long long code, unsigned long long* flag) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n && half_non_finite(bits[i], bf16)) raise_flag(flag, code << 40 | static_cast<unsigned long long>(i));
+  if (i < n && half_non_finite(bits[i], bf16))
+    raise_flag(flag, code << 40 | static_cast<unsigned long long>(i));
 }
 
 __global__ void half_kernel(const uint16_t* in, int64_t n, int bf16, float* out, int accumulate) {
@@ -255,10 +271,13 @@ __global__ void half_kernel(const uint16_t* in, int64_t n, int bf16, float* out,
 
 __global__ void finite_kernel(const float* x, int64_t n, unsigned long long* flag) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n && !finite(x[i])) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(i));
+  if (i < n && !finite(x[i]))
+    raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(i));
 }
 
-int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+int blocks_for(int64_t n) {
+  return static_cast<int>((n + kThreads - 1) / kThreads);
+}
 
 void report(unsigned long long code, const char* what) {
   if (code == 0) return;
@@ -269,23 +288,29 @@ void report(unsigned long long code, const char* what) {
                     "; compressors take finite values");
     case kBadChunk:
       RELAXCC_THROW(CorruptPayload, what, " payload: chunk ", where,
-                    " has a non-finite min or scale, or a negative scale (expected both finite and scale >= 0)");
+                    " has a non-finite min or scale, or a negative scale (expected both finite and "
+                    "scale >= 0)");
     case kBadIndex:
-      RELAXCC_THROW(CorruptPayload, what, " payload: index at position ", where, " is out of range or order");
+      RELAXCC_THROW(CorruptPayload, what, " payload: index at position ", where,
+                    " is out of range or order");
     case kRangeOverflow:
       RELAXCC_THROW(InvalidArgument, what, " encode: chunk ", where,
-                    " has a range max - min that overflows f32; compressors take chunks whose max - min is finite");
+                    " has a range max - min that overflows f32; compressors take chunks whose max "
+                    "- min is finite");
     case kHalfOverflow:
       RELAXCC_THROW(InvalidArgument, what, ": element ", where, " overflows ", what,
                     "; scale it down first (check for overflow first)");
     case kDecodedOverflow:
       RELAXCC_THROW(CorruptPayload, what, " payload: chunk ", where,
-                    " decodes up to min + (2^bits - 1) / scale, which overflows f32 (expected a finite decoded range;"
+                    " decodes up to min + (2^bits - 1) / scale, which overflows f32 (expected a "
+                    "finite decoded range;"
                     " a scale this small is corrupt)");
     case kBadHalf:
-      RELAXCC_THROW(CorruptPayload, what, " payload: element ", where,
-                    " is an Inf or NaN bit pattern (expected a finite value: encode never writes these)");
-    default: RELAXCC_THROW(CorruptPayload, what, " payload: value at position ", where, " is not finite");
+      RELAXCC_THROW(
+          CorruptPayload, what, " payload: element ", where,
+          " is an Inf or NaN bit pattern (expected a finite value: encode never writes these)");
+    default:
+      RELAXCC_THROW(CorruptPayload, what, " payload: value at position ", where, " is not finite");
   }
 }
 
@@ -295,7 +320,8 @@ size_t encode(const TensorView& in, std::span<std::byte> payload, const Compress
               const PayloadHeader& h, void* stream_ptr, uint64_t rng_seed, uint64_t rng_offset) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const size_t bytes = encoded_size(in.numel, c);
-  check(cudaMemcpyAsync(payload.data(), &h, kHeader, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(payload.data(), &h, kHeader, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync");
   auto* body = reinterpret_cast<unsigned char*>(payload.data() + kHeader);
   const auto* x = static_cast<const float*>(in.data);
   const int64_t n = in.numel;
@@ -305,17 +331,21 @@ size_t encode(const TensorView& in, std::span<std::byte> payload, const Compress
     case CompressorKind::bf16:
       if (n > 0) {
         finite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, flag.ptr);
-        cast(in, TensorView(body, n, c.kind == CompressorKind::f16 ? DType::f16 : DType::bf16, in.device), stream);
-        check_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(body), n,
-                                                                  c.kind == CompressorKind::bf16, kHalfOverflow,
-                                                                  flag.ptr);
+        cast(in,
+             TensorView(body, n, c.kind == CompressorKind::f16 ? DType::f16 : DType::bf16,
+                        in.device),
+             stream);
+        check_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            reinterpret_cast<const uint16_t*>(body), n, c.kind == CompressorKind::bf16,
+            kHalfOverflow, flag.ptr);
       }
       break;
     case CompressorKind::minmax: {
       const int64_t chunks = (n + c.chunk - 1) / c.chunk;
       if (chunks > 0)
         quantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-            x, n, c.chunk, c.bits, c.rounding == Rounding::stochastic, rng_seed, rng_offset, body, flag.ptr);
+            x, n, c.chunk, c.bits, c.rounding == Rounding::stochastic, rng_seed, rng_offset, body,
+            flag.ptr);
       break;
     }
     case CompressorKind::randomk:
@@ -329,31 +359,39 @@ size_t encode(const TensorView& in, std::span<std::byte> payload, const Compress
       // into the payload and the device gathers the values.
       if (h.k == 0) break;
       std::vector<float> host(static_cast<size_t>(n));
-      check(cudaMemcpyAsync(host.data(), x, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+      check(cudaMemcpyAsync(host.data(), x, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost,
+                            stream),
+            "cudaMemcpyAsync");
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       const cpu::Selection sel = cpu::topk(host.data(), n, h.k, c.approximate, ExecContext::host());
-      check(cudaMemcpyAsync(body, sel.indices.data(), sel.indices.size() * 4, cudaMemcpyHostToDevice, stream),
+      check(cudaMemcpyAsync(body, sel.indices.data(), sel.indices.size() * 4,
+                            cudaMemcpyHostToDevice, stream),
             "cudaMemcpyAsync");
-      gather_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(x, reinterpret_cast<const uint32_t*>(body), h.k,
-                                                               reinterpret_cast<float*>(body + h.k * 4));
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // sel's host memory is read by the copy
+      gather_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(
+          x, reinterpret_cast<const uint32_t*>(body), h.k,
+          reinterpret_cast<float*>(body + h.k * 4));
+      check(cudaStreamSynchronize(stream),
+            "cudaStreamSynchronize");  // sel's host memory is read by the copy
       break;
     }
     default:
-      RELAXCC_THROW(Unsupported, compressor_name(c.kind),
-                    " encode on a CUDA device: device kernels cover casts, minmax, randomk and topk");
+      RELAXCC_THROW(
+          Unsupported, compressor_name(c.kind),
+          " encode on a CUDA device: device kernels cover casts, minmax, randomk and topk");
   }
   check(cudaGetLastError(), "compression kernel launch");
   report(flag.read(stream), compressor_name(c.kind));
   return bytes;
 }
 
-void decode(std::span<const std::byte> payload, const TensorView& out, bool accumulate, void* stream_ptr) {
+void decode(std::span<const std::byte> payload, const TensorView& out, bool accumulate,
+            void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   // The header is validated on the host against the payload's size.
   RELAXCC_ENFORCE_GE(payload.size(), kHeader, CorruptPayload, "payload shorter than its header");
   PayloadHeader h;
-  check(cudaMemcpyAsync(&h, payload.data(), kHeader, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(&h, payload.data(), kHeader, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   validate_header(h, payload.size());
   // The output is the caller's; a payload that disagrees with it is corrupt.
@@ -367,26 +405,29 @@ void decode(std::span<const std::byte> payload, const TensorView& out, bool accu
   // Sparse kinds zero the output (unless accumulating) once the payload
   // has been validated: nothing is written for a corrupt payload.
   auto zero_output = [&] {
-    if (!accumulate && n > 0) check(cudaMemsetAsync(o, 0, static_cast<size_t>(n) * 4, stream), "cudaMemsetAsync");
+    if (!accumulate && n > 0)
+      check(cudaMemsetAsync(o, 0, static_cast<size_t>(n) * 4, stream), "cudaMemsetAsync");
   };
   switch (h.kind) {
     case CompressorKind::f16:
     case CompressorKind::bf16:
       if (n > 0) {
-        check_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(body), n,
-                                                                  h.kind == CompressorKind::bf16, kBadHalf, flag.ptr);
+        check_half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            reinterpret_cast<const uint16_t*>(body), n, h.kind == CompressorKind::bf16, kBadHalf,
+            flag.ptr);
         report(flag.read(stream), compressor_name(h.kind));
-        half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(body), n,
-                                                            h.kind == CompressorKind::bf16, o, acc);
+        half_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            reinterpret_cast<const uint16_t*>(body), n, h.kind == CompressorKind::bf16, o, acc);
       }
       break;
     case CompressorKind::minmax: {
       const int64_t chunks = (n + h.chunk - 1) / h.chunk;
       if (chunks > 0) {
-        check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body, n, h.chunk, h.bits, flag.ptr);
+        check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body, n, h.chunk, h.bits,
+                                                                         flag.ptr);
         report(flag.read(stream), "minmax");
-        dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(body, n, h.chunk, h.bits, o, acc,
-                                                                                  flag.ptr);
+        dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+            body, n, h.chunk, h.bits, o, acc, flag.ptr);
       }
       break;
     }
@@ -402,9 +443,9 @@ void decode(std::span<const std::byte> payload, const TensorView& out, bool accu
       check_sparse_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, flag.ptr);
       report(flag.read(stream), compressor_name(h.kind));
       zero_output();
-      scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n,
-                                                               h.random_mode == RandomKMode::rolling,
-                                                               h.chunk ? h.chunk : 1, h.seed, h.step, o, acc);
+      scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(
+          idx, vals, h.k, n, h.random_mode == RandomKMode::rolling, h.chunk ? h.chunk : 1, h.seed,
+          h.step, o, acc);
       break;
     }
     case CompressorKind::cocktail: {
@@ -414,17 +455,19 @@ void decode(std::span<const std::byte> payload, const TensorView& out, bool accu
       }
       const auto* idx = reinterpret_cast<const uint32_t*>(body);
       float* vals = nullptr;
-      check(cudaMallocAsync(reinterpret_cast<void**>(&vals), static_cast<size_t>(h.k) * 4, stream), "cudaMallocAsync");
+      check(cudaMallocAsync(reinterpret_cast<void**>(&vals), static_cast<size_t>(h.k) * 4, stream),
+            "cudaMallocAsync");
       const int64_t chunks = (h.k + h.chunk - 1) / h.chunk;
-      check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body + h.k * 4, h.k, h.chunk, h.bits,
-                                                                       flag.ptr);
-      dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(body + h.k * 4, h.k, h.chunk, h.bits,
-                                                                                vals, 0, flag.ptr);
+      check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body + h.k * 4, h.k, h.chunk,
+                                                                       h.bits, flag.ptr);
+      dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+          body + h.k * 4, h.k, h.chunk, h.bits, vals, 0, flag.ptr);
       check_sparse_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, flag.ptr);
       const unsigned long long code = flag.read(stream);
       if (code == 0) {
         zero_output();
-        scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, 0, 1, 0, 0, o, acc);
+        scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, 0, 1, 0, 0, o,
+                                                                 acc);
       }
       cudaFreeAsync(vals, stream);
       report(code, "cocktail");

@@ -21,6 +21,7 @@ void cast(const TensorView& in, const TensorView& out, void* stream);
 // synchronize `stream` to report errors.
 size_t encode(const TensorView& in, std::span<std::byte> payload, const CompressorConfig& config,
               const PayloadHeader& header, void* stream, uint64_t rng_seed, uint64_t rng_offset);
-void decode(std::span<const std::byte> payload, const TensorView& out, bool accumulate, void* stream);
+void decode(std::span<const std::byte> payload, const TensorView& out, bool accumulate,
+            void* stream);
 
 }  // namespace relaxcc::kernels::cuda

@@ -14,8 +14,8 @@ namespace cuda {
 void cast(const TensorView& in, const TensorView&, void*) {
   RELAXCC_THROW(Unsupported, "cast on ", in.device, ": relaxcc was built without CUDA");
 }
-size_t encode(const TensorView& in, std::span<std::byte>, const CompressorConfig&, const PayloadHeader&, void*,
-              uint64_t, uint64_t) {
+size_t encode(const TensorView& in, std::span<std::byte>, const CompressorConfig&,
+              const PayloadHeader&, void*, uint64_t, uint64_t) {
   RELAXCC_THROW(Unsupported, "encode on ", in.device, ": relaxcc was built without CUDA");
 }
 void decode(std::span<const std::byte>, const TensorView& out, bool, void*) {

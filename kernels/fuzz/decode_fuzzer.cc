@@ -69,14 +69,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::byte> again(kernels::encoded_size(n, kernels::config_of(h)));
   size_t bytes = 0;
   try {
-    bytes = kernels::requantize_sum(payload, TensorView(local.data(), n, DType::f32),
-                                    TensorView(sum.data(), n, DType::f32), again, ExecContext::host());
+    bytes =
+        kernels::requantize_sum(payload, TensorView(local.data(), n, DType::f32),
+                                TensorView(sum.data(), n, DType::f32), again, ExecContext::host());
   } catch (const InvalidArgument&) {
     return 0;  // the sum is not encodable by this kind (documented encode refusals)
   }
   std::vector<float> round_trip(static_cast<size_t>(n) + 1, 0.0f);
-  kernels::decode(std::span<const std::byte>(again.data(), bytes), TensorView(round_trip.data(), n, DType::f32),
-                  ExecContext::host());
+  kernels::decode(std::span<const std::byte>(again.data(), bytes),
+                  TensorView(round_trip.data(), n, DType::f32), ExecContext::host());
   require_finite(round_trip, n, "decode of an encoded sum wrote a non-finite value");
   return 0;
 }

@@ -35,11 +35,13 @@ int main(int argc, char** argv) {
           c.random_mode = mode;
           c.step = static_cast<uint64_t>(seed);
           std::vector<float> x(static_cast<size_t>(n));
-          for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.7f * static_cast<float>(i + seed)) * (1 + i % 5);
+          for (int64_t i = 0; i < n; ++i)
+            x[i] = std::sin(0.7f * static_cast<float>(i + seed)) * (1 + i % 5);
           std::vector<std::byte> out(encoded_size(n, c));
           encode(TensorView::host(x.data(), n), out, c, ExecContext::host());
           std::ofstream f(dir / ("seed_" + std::to_string(seed++)), std::ios::binary);
-          f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+          f.write(reinterpret_cast<const char*>(out.data()),
+                  static_cast<std::streamsize>(out.size()));
           ++written;
         }
       }

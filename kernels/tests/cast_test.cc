@@ -7,12 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include "gpu_buffer.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cast.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/thread_pool.h"
-#include "gpu_buffer.h"
 
 namespace relaxcc::kernels {
 namespace {
@@ -23,9 +23,10 @@ std::vector<float> probe_floats() {
   std::vector<float> v;
   for (uint32_t h = 0; h < 65536; ++h) v.push_back(f16_bits_to_f32(static_cast<uint16_t>(h)));
   for (uint32_t h = 0; h < 0x7bff; ++h) {
-    const float mid = static_cast<float>(
-        (static_cast<double>(f16_bits_to_f32(static_cast<uint16_t>(h))) +
-         f16_bits_to_f32(static_cast<uint16_t>(h + 1))) / 2);
+    const float mid =
+        static_cast<float>((static_cast<double>(f16_bits_to_f32(static_cast<uint16_t>(h))) +
+                            f16_bits_to_f32(static_cast<uint16_t>(h + 1))) /
+                           2);
     v.push_back(mid);
     v.push_back(-mid);
     v.push_back(std::bit_cast<float>(std::bit_cast<uint32_t>(mid) + 1));
@@ -53,7 +54,8 @@ TEST(Cast, HostMatchesReferenceBitForBit) {
     cast(TensorView::host(floats.data(), n), TensorView{b.data(), n, DType::bf16}, ctx);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(h[i], f32_to_f16_bits(floats[i])) << std::hex << std::bit_cast<uint32_t>(floats[i]);
-      ASSERT_EQ(b[i], f32_to_bf16_bits(floats[i])) << std::hex << std::bit_cast<uint32_t>(floats[i]);
+      ASSERT_EQ(b[i], f32_to_bf16_bits(floats[i]))
+          << std::hex << std::bit_cast<uint32_t>(floats[i]);
     }
     auto bits = all_16bit();
     std::vector<float> back(65536);
@@ -79,7 +81,8 @@ TEST(Cast, RejectsBadInput) {
   EXPECT_THROW(cast(TensorView{nullptr, 4, DType::f32}, TensorView{h.data(), 4, DType::f16}, ctx),
                InvalidArgument);
   std::vector<int32_t> i(4);
-  EXPECT_THROW(cast(TensorView::host(f.data(), 4), TensorView::host(i.data(), 4), ctx), Unsupported);
+  EXPECT_THROW(cast(TensorView::host(f.data(), 4), TensorView::host(i.data(), 4), ctx),
+               Unsupported);
 }
 
 TEST(CastGpu, MatchesCpuBitForBit) {
@@ -91,7 +94,8 @@ TEST(CastGpu, MatchesCpuBitForBit) {
   const int64_t n = static_cast<int64_t>(floats.size());
   for (DType t : {DType::f16, DType::bf16}) {
     test::GpuBuffer in(floats.data(), n * 4), out(nullptr, n * 2);
-    cast(TensorView{in.get(), n, DType::f32, gpu.device}, TensorView{out.get(), n, t, gpu.device}, gpu);
+    cast(TensorView{in.get(), n, DType::f32, gpu.device}, TensorView{out.get(), n, t, gpu.device},
+         gpu);
     std::vector<uint16_t> got(n), want(n);
     out.copy_to_host(got.data());
     cast(TensorView::host(floats.data(), n), TensorView{want.data(), n, t}, ExecContext::host());

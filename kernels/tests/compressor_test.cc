@@ -38,11 +38,13 @@ struct Encoded {
   std::span<const std::byte> span() const { return bytes; }
 };
 
-Encoded encode_vec(const std::vector<float>& x, const CompressorConfig& c, const ExecContext& ctx = ExecContext::host()) {
+Encoded encode_vec(const std::vector<float>& x, const CompressorConfig& c,
+                   const ExecContext& ctx = ExecContext::host()) {
   Encoded e;
   e.bytes.resize(encoded_size(static_cast<int64_t>(x.size()), c));
-  const size_t written = encode(TensorView::host(const_cast<float*>(x.data()), static_cast<int64_t>(x.size())),
-                                e.bytes, c, ctx);
+  const size_t written =
+      encode(TensorView::host(const_cast<float*>(x.data()), static_cast<int64_t>(x.size())),
+             e.bytes, c, ctx);
   EXPECT_EQ(written, e.bytes.size());
   return e;
 }
@@ -61,8 +63,9 @@ CompressorConfig make(CompressorKind kind, int bits = 8, int64_t chunk = 2048) {
   return c;
 }
 
-const CompressorKind kKinds[] = {CompressorKind::f16, CompressorKind::bf16, CompressorKind::minmax, CompressorKind::sign,
-                                 CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail};
+const CompressorKind kKinds[] = {
+    CompressorKind::f16,  CompressorKind::bf16,    CompressorKind::minmax,  CompressorKind::sign,
+    CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail};
 
 TEST(Philox, KnownAnswers) {
   // Random123's known-answer vectors for philox4x32-10.
@@ -150,7 +153,8 @@ TEST(MinMax, EdgeCases) {
   for (float bad : {NAN, INFINITY, -INFINITY}) {
     auto z = gaussian(3000, 5);
     z[2500] = bad;
-    for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::f16, CompressorKind::sign, CompressorKind::topk}) {
+    for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::f16, CompressorKind::sign,
+                                CompressorKind::topk}) {
       try {
         encode_vec(z, make(kind));
         ADD_FAILURE() << compressor_name(kind) << " accepted " << bad;
@@ -181,7 +185,8 @@ TEST(MinMax, CodesMatchTheScalarReference) {
 TEST(MinMax, StochasticRoundingIsUnbiasedAndReproducible) {
   const int64_t n = 512;
   std::vector<float> x(n);
-  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 37) / 36.0f + 0.0123f * static_cast<float>(i % 5);
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(i % 37) / 36.0f + 0.0123f * static_cast<float>(i % 5);
   CompressorConfig c = make(CompressorKind::minmax, 2, 512);
   c.rounding = Rounding::stochastic;
   const int trials = 4000;
@@ -331,7 +336,8 @@ TEST(RandomK, SharedSeedSelectsTheSameIndicesWithoutSendingThem) {
   for (uint64_t step : {0, 3, 13}) {
     r.step = step;
     const auto z = decode_vec(encode_vec(x, r), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(z[i], (i % 10 == static_cast<int64_t>(step % 10)) ? x[i] : 0.0f) << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(z[i], (i % 10 == static_cast<int64_t>(step % 10)) ? x[i] : 0.0f) << i;
   }
 }
 
@@ -369,8 +375,9 @@ TEST(Compressor, DecodeAccumulateAndRequantize) {
     // requantize_sum: encode(decode(in) + local) with the payload's own configuration.
     std::vector<float> sum(n);
     std::vector<std::byte> out(encoded_size(n, config_of(read_header(e.span()))) + 64);
-    const size_t bytes = requantize_sum(e.span(), TensorView::host(const_cast<float*>(local.data()), n),
-                                        TensorView::host(sum.data(), n), out, ExecContext::host());
+    const size_t bytes =
+        requantize_sum(e.span(), TensorView::host(const_cast<float*>(local.data()), n),
+                       TensorView::host(sum.data(), n), out, ExecContext::host());
     std::vector<float> want(n);
     for (int64_t i = 0; i < n; ++i) want[i] = d[i] + local[i];
     EXPECT_EQ(sum, want);
@@ -382,7 +389,8 @@ TEST(Compressor, DecodeAccumulateAndRequantize) {
 
 TEST(ErrorFeedback, RunningSumsTrackWithBoundedResidual) {
   const int64_t n = 4096;
-  for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::sign, CompressorKind::topk, CompressorKind::randomk}) {
+  for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::sign, CompressorKind::topk,
+                              CompressorKind::randomk}) {
     CompressorConfig c = make(kind, 2, 512);
     c.ratio = 0.1;
     ErrorFeedback ef(n);
@@ -391,9 +399,11 @@ TEST(ErrorFeedback, RunningSumsTrackWithBoundedResidual) {
     for (int step = 0; step < 200; ++step) {
       c.step = static_cast<uint64_t>(step);
       const auto x = gaussian(n, 1000 + step);
-      const size_t bytes = ef.compress(TensorView::host(const_cast<float*>(x.data()), n), payload, c, ExecContext::host());
+      const size_t bytes = ef.compress(TensorView::host(const_cast<float*>(x.data()), n), payload,
+                                       c, ExecContext::host());
       std::vector<float> y(n);
-      decode(std::span<const std::byte>(payload.data(), bytes), TensorView::host(y.data(), n), ExecContext::host());
+      decode(std::span<const std::byte>(payload.data(), bytes), TensorView::host(y.data(), n),
+             ExecContext::host());
       for (int64_t i = 0; i < n; ++i) {
         sum_in[i] += x[i];
         sum_out[i] += y[i];
@@ -405,7 +415,8 @@ TEST(ErrorFeedback, RunningSumsTrackWithBoundedResidual) {
       ASSERT_NEAR(sum_out[i], sum_in[i] - ef.residual()[i], 1e-2) << compressor_name(kind);
       max_residual = std::max(max_residual, std::fabs(static_cast<double>(ef.residual()[i])));
     }
-    EXPECT_LT(max_residual, kind == CompressorKind::topk || kind == CompressorKind::randomk ? 60.0 : 10.0)
+    EXPECT_LT(max_residual,
+              kind == CompressorKind::topk || kind == CompressorKind::randomk ? 60.0 : 10.0)
         << compressor_name(kind);
   }
 }
@@ -418,8 +429,10 @@ std::string expect_corrupt(std::vector<std::byte> bytes, int64_t n, const char* 
   std::vector<float> out(static_cast<size_t>(std::max<int64_t>(n, 1)), -7.0f);
   for (bool accumulate : {false, true}) {
     try {
-      if (accumulate) decode_accumulate(bytes, TensorView::host(out.data(), n), ExecContext::host());
-      else decode(bytes, TensorView::host(out.data(), n), ExecContext::host());
+      if (accumulate)
+        decode_accumulate(bytes, TensorView::host(out.data(), n), ExecContext::host());
+      else
+        decode(bytes, TensorView::host(out.data(), n), ExecContext::host());
       ADD_FAILURE() << what << ": accepted";
     } catch (const CorruptPayload& e) {
       for (float v : out) EXPECT_EQ(v, -7.0f) << what << ": wrote to the output before throwing";
@@ -527,7 +540,9 @@ TEST(HardenedDecoders, RandomCorruptionNeverEscapes) {
 
 // ---- decoder contract: finite outputs, CorruptPayload, config ranges ---------
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 float peek_f32(const std::vector<std::byte>& b, size_t offset) {
   float v;
@@ -566,7 +581,8 @@ TEST(DecoderContract, FlippedScaleBitThatOverflowsTheRangeIsCorrupt) {
     const size_t stride = 8 + 256 * bits / 8;
     const size_t scale_at = 48 + stride + 4;
     const float scale = peek_f32(e.bytes, scale_at);
-    ASSERT_GE(scale, 2.0f) << bits;  // bit 30 set: clearing it divides by 2^128 or makes a subnormal
+    ASSERT_GE(scale, 2.0f)
+        << bits;  // bit 30 set: clearing it divides by 2^128 or makes a subnormal
     auto b = e.bytes;
     b[scale_at + 3] ^= std::byte{0x40};  // bit 30 of the little-endian f32
     const float flipped = peek_f32(b, scale_at);
@@ -609,12 +625,14 @@ TEST(DecoderContract, EverySingleBitFlipOfMinOrScaleIsCorruptOrFinite) {
     for (size_t bit = 0; bit < 64; ++bit) {
       auto b = e.bytes;
       b[field0 + bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
-      const bool want_corrupt = !chunk_decodes_finite(peek_f32(b, field0), peek_f32(b, field0 + 4), bits);
+      const bool want_corrupt =
+          !chunk_decodes_finite(peek_f32(b, field0), peek_f32(b, field0 + 4), bits);
       std::vector<float> out(n);
       try {
         decode(b, TensorView::host(out.data(), n), ExecContext::host());
         EXPECT_FALSE(want_corrupt) << "bits " << bits << " flip " << bit << ": accepted";
-        for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(out[i])) << bits << " flip " << bit << " i " << i;
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(std::isfinite(out[i])) << bits << " flip " << bit << " i " << i;
       } catch (const CorruptPayload&) {
         EXPECT_TRUE(want_corrupt) << "bits " << bits << " flip " << bit << ": rejected";
         ++corrupt;
@@ -643,21 +661,25 @@ TEST(DecoderContract, RandomByteOverwritesThrowCorruptPayloadOrDecodeFinite) {
       for (int trial = 0; trial < 3000; ++trial) {
         auto b = e.bytes;
         const size_t at = rng() % b.size();
-        b[at] = static_cast<std::byte>((static_cast<unsigned>(b[at]) + 1 + rng() % 255) % 256);  // a different byte
+        b[at] = static_cast<std::byte>((static_cast<unsigned>(b[at]) + 1 + rng() % 255) %
+                                       256);  // a different byte
         std::vector<float> out(n, -7.0f), acc(n, 0.0f);
         try {
           decode(b, TensorView::host(out.data(), n), ExecContext::host());
         } catch (const CorruptPayload&) {
-          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], -7.0f) << compressor_name(kind) << " byte " << at;
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(out[i], -7.0f) << compressor_name(kind) << " byte " << at;
           ++corrupt;
           continue;
         }
         ++decoded;
         for (int64_t i = 0; i < n; ++i)
-          ASSERT_TRUE(std::isfinite(out[i])) << compressor_name(kind) << " bits " << bits << " byte " << at
-                                             << " element " << i << " = " << out[i];
+          ASSERT_TRUE(std::isfinite(out[i]))
+              << compressor_name(kind) << " bits " << bits << " byte " << at << " element " << i
+              << " = " << out[i];
         decode_accumulate(b, TensorView::host(acc.data(), n), ExecContext::host());
-        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(acc[i], out[i]) << compressor_name(kind) << " byte " << at;
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(acc[i], out[i]) << compressor_name(kind) << " byte " << at;
       }
     }
   }
@@ -671,14 +693,16 @@ TEST(DecoderContract, HalfPayloadsWithInfOrNanBitsAreCorrupt) {
   const auto x = gaussian(n, 5);
   for (CompressorKind kind : {CompressorKind::f16, CompressorKind::bf16}) {
     const Encoded e = encode_vec(x, make(kind));
-    const std::vector<uint16_t> bad = kind == CompressorKind::f16
-                                          ? std::vector<uint16_t>{0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xffff}
-                                          : std::vector<uint16_t>{0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff};
+    const std::vector<uint16_t> bad =
+        kind == CompressorKind::f16 ? std::vector<uint16_t>{0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xffff}
+                                    : std::vector<uint16_t>{0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff};
     for (uint16_t bits : bad) {
       auto b = e.bytes;
       poke<uint16_t>(b, 48 + 2 * 37, bits);
       const std::string msg = expect_corrupt(b, n, "inf/nan bits");
-      EXPECT_TRUE(contains(msg, std::string(compressor_name(kind)) + " payload: element 37 has bits 0x")) << msg;
+      EXPECT_TRUE(
+          contains(msg, std::string(compressor_name(kind)) + " payload: element 37 has bits 0x"))
+          << msg;
       EXPECT_TRUE(contains(msg, "an Inf or NaN")) << msg;
     }
     // The largest finite values decode exactly.
@@ -704,7 +728,9 @@ TEST(EncoderContract, ValuesTheKindCannotRepresentAreRefused) {
     encode_vec(x, make(CompressorKind::f16));
     ADD_FAILURE() << "f16 accepted 65520";
   } catch (const InvalidArgument& e) {
-    EXPECT_TRUE(contains(e.what(), "f16: element 12 is 65520, which overflows f16 (largest finite 65504)")) << e.what();
+    EXPECT_TRUE(
+        contains(e.what(), "f16: element 12 is 65520, which overflows f16 (largest finite 65504)"))
+        << e.what();
   }
   // bf16: FLT_MAX rounds to Inf; the largest value that does not is kept.
   std::vector<float> y(20, 1.0f);
@@ -726,7 +752,9 @@ TEST(EncoderContract, ValuesTheKindCannotRepresentAreRefused) {
     encode_vec(z, make(CompressorKind::minmax, 8, 128));
     ADD_FAILURE() << "minmax accepted a range wider than f32";
   } catch (const InvalidArgument& e) {
-    EXPECT_TRUE(contains(e.what(), "minmax encode: chunk 1 (elements from 128) spans [-3e+38, 3e+38]")) << e.what();
+    EXPECT_TRUE(
+        contains(e.what(), "minmax encode: chunk 1 (elements from 128) spans [-3e+38, 3e+38]"))
+        << e.what();
   }
 }
 
@@ -745,7 +773,8 @@ TEST(EncoderContract, ExtremeFiniteChunksDecodeFinite) {
       const double step = (static_cast<double>(big) - lo) / ((1 << bits) - 1);
       for (size_t i = 0; i < x.size(); ++i) {
         ASSERT_TRUE(std::isfinite(y[i])) << bits << " " << lo << " " << i;
-        EXPECT_LE(std::fabs(static_cast<double>(y[i]) - x[i]), step * 0.5 + 1e32) << bits << " " << lo << " " << i;
+        EXPECT_LE(std::fabs(static_cast<double>(y[i]) - x[i]), step * 0.5 + 1e32)
+            << bits << " " << lo << " " << i;
       }
     }
   }
@@ -757,7 +786,8 @@ TEST(DecoderContract, SparseElementCountDisagreementIsCorrupt) {
   // CorruptPayload (it was InvalidArgument).
   const int64_t n = 1000;
   const auto x = gaussian(n, 23);
-  for (CompressorKind kind : {CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail}) {
+  for (CompressorKind kind :
+       {CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail}) {
     CompressorConfig c = make(kind, 4, 64);
     c.ratio = 0.1;
     const Encoded e = encode_vec(x, c);
@@ -768,17 +798,20 @@ TEST(DecoderContract, SparseElementCountDisagreementIsCorrupt) {
         // randomk recomputes k from n: the header is still self-consistent
         // only where k stays the same; otherwise the size check catches it.
         std::vector<float> out(n);
-        EXPECT_THROW(decode(b, TensorView::host(out.data(), n), ExecContext::host()), CorruptPayload);
+        EXPECT_THROW(decode(b, TensorView::host(out.data(), n), ExecContext::host()),
+                     CorruptPayload);
         continue;
       }
       const std::string msg = expect_corrupt(b, n, "element count");
-      EXPECT_TRUE(contains(msg, std::string(compressor_name(kind)) + " payload: element count vs the output's")) << msg;
+      EXPECT_TRUE(contains(
+          msg, std::string(compressor_name(kind)) + " payload: element count vs the output's"))
+          << msg;
       EXPECT_TRUE(contains(msg, "got " + std::to_string(corrupt_n) + " vs 1000")) << msg;
       // requantize_sum: the local tensor, too, is the caller's.
       std::vector<float> local(n, 0.0f), acc(n);
       std::vector<std::byte> out(encoded_size(n, c) + 64);
-      EXPECT_THROW(requantize_sum(b, TensorView::host(local.data(), n), TensorView::host(acc.data(), n), out,
-                                  ExecContext::host()),
+      EXPECT_THROW(requantize_sum(b, TensorView::host(local.data(), n),
+                                  TensorView::host(acc.data(), n), out, ExecContext::host()),
                    CorruptPayload);
     }
     // A corrupt k: the size no longer matches.
@@ -803,13 +836,16 @@ void expect_invalid(const CompressorConfig& c, const std::string& field, const s
     c.validate();
     ADD_FAILURE() << "accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_TRUE(contains(e.what(), "CompressorConfig." + field + " must be " + range + ", got " + got)) << e.what();
+    EXPECT_TRUE(
+        contains(e.what(), "CompressorConfig." + field + " must be " + range + ", got " + got))
+        << e.what();
   }
   // encode() and encoded_size() validate too.
   EXPECT_THROW(encoded_size(10, c), InvalidArgument);
   std::vector<float> x(10, 1.0f);
   std::vector<std::byte> out(4096);
-  EXPECT_THROW(encode(TensorView::host(x.data(), 10), out, c, ExecContext::host()), InvalidArgument);
+  EXPECT_THROW(encode(TensorView::host(x.data(), 10), out, c, ExecContext::host()),
+               InvalidArgument);
 }
 
 TEST(CompressorConfigRanges, OutOfRangeFieldsAreInvalidArgument) {
@@ -824,14 +860,18 @@ TEST(CompressorConfigRanges, OutOfRangeFieldsAreInvalidArgument) {
       expect_invalid(c, "bits", "8, 4, 2 or 1", std::to_string(bits));
     }
   }
-  for (CompressorKind kind : {CompressorKind::minmax, CompressorKind::sign, CompressorKind::cocktail}) {
+  for (CompressorKind kind :
+       {CompressorKind::minmax, CompressorKind::sign, CompressorKind::cocktail}) {
     for (int64_t chunk : {int64_t{0}, int64_t{-1}, (int64_t{1} << 30) + 1}) {
       c = make(kind, 8, chunk);
       expect_invalid(c, "chunk", "in [1, 2^30]", std::to_string(chunk));
     }
   }
-  for (CompressorKind kind : {CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail}) {
-    for (auto [ratio, text] : {std::pair<double, std::string>{0.0, "0"}, {-0.5, "-0.5"}, {1.5, "1.5"},
+  for (CompressorKind kind :
+       {CompressorKind::topk, CompressorKind::randomk, CompressorKind::cocktail}) {
+    for (auto [ratio, text] : {std::pair<double, std::string>{0.0, "0"},
+                               {-0.5, "-0.5"},
+                               {1.5, "1.5"},
                                {std::nan(""), "nan"}}) {
       c = make(kind, 8, 64);
       c.ratio = ratio;
@@ -845,7 +885,8 @@ TEST(CompressorConfigRanges, OutOfRangeFieldsAreInvalidArgument) {
     c = make(kind, 8, 64);
     c.random_mode = RandomKMode::rolling;
     c.ratio = 1e-10;
-    expect_invalid(c, "ratio", "in [2^-30, 1] with random_mode rolling (a stride of at most 2^30)", "1e-10");
+    expect_invalid(c, "ratio", "in [2^-30, 1] with random_mode rolling (a stride of at most 2^30)",
+                   "1e-10");
   }
   for (double topk_ratio : {0.0, 2.0}) {
     c = make(CompressorKind::cocktail, 8, 64);
@@ -897,7 +938,8 @@ TEST(CompressorGpu, MatchesCpuBitForBit) {
   const int64_t n = 100003;
   const auto x = gaussian(n, 91, 2.0f);
   test::GpuBuffer dx(x.data(), n * 4);
-  for (CompressorKind kind : {CompressorKind::f16, CompressorKind::bf16, CompressorKind::minmax, CompressorKind::randomk}) {
+  for (CompressorKind kind : {CompressorKind::f16, CompressorKind::bf16, CompressorKind::minmax,
+                              CompressorKind::randomk}) {
     for (int bits : {8, 4, 2, 1}) {
       for (Rounding rounding : {Rounding::nearest, Rounding::stochastic}) {
         CompressorConfig c = make(kind, bits, 1000);
@@ -912,7 +954,8 @@ TEST(CompressorGpu, MatchesCpuBitForBit) {
         encode(TensorView(dx.get(), n, DType::f32, gpu.device),
                std::span<std::byte>(static_cast<std::byte*>(payload.get()), size), c, gpu);
         payload.copy_to_host(got.data());
-        ASSERT_EQ(got, want) << compressor_name(kind) << " bits " << bits << " sr " << int(rounding);
+        ASSERT_EQ(got, want) << compressor_name(kind) << " bits " << bits << " sr "
+                             << int(rounding);
         // Device decode of the payload equals host decode.
         test::GpuBuffer dy(nullptr, n * 4);
         decode(std::span<const std::byte>(static_cast<const std::byte*>(payload.get()), size),
@@ -949,9 +992,10 @@ TEST(CompressorGpu, MatchesCpuBitForBit) {
   // A hostile index is caught on the device.
   poke<uint32_t>(tk, 48, static_cast<uint32_t>(n + 5));
   test::GpuBuffer bad(tk.data(), tk.size());
-  EXPECT_THROW(decode(std::span<const std::byte>(static_cast<const std::byte*>(bad.get()), tk.size()),
-                      TensorView(dy.get(), n, DType::f32, gpu.device), gpu),
-               CorruptPayload);
+  EXPECT_THROW(
+      decode(std::span<const std::byte>(static_cast<const std::byte*>(bad.get()), tk.size()),
+             TensorView(dy.get(), n, DType::f32, gpu.device), gpu),
+      CorruptPayload);
 }
 
 }  // namespace

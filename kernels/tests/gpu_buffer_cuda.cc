@@ -15,7 +15,9 @@ GpuBuffer::GpuBuffer(const void* host, size_t bytes) : bytes_(bytes) {
   check(cudaMalloc(&ptr_, bytes), "cudaMalloc");
   if (host != nullptr) check(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
 }
-GpuBuffer::~GpuBuffer() { cudaFree(ptr_); }
+GpuBuffer::~GpuBuffer() {
+  cudaFree(ptr_);
+}
 void GpuBuffer::copy_to_host(void* host) const {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy");

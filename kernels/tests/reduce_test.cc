@@ -26,10 +26,18 @@ TEST(Reduce, IntegersExact) {
     for (int64_t i = 0; i < n; ++i) {
       int64_t want = 0;
       switch (op) {
-        case ReduceOp::sum: want = a[i] + b[i]; break;
-        case ReduceOp::avg: want = (a[i] + b[i]) / 2; break;
-        case ReduceOp::min: want = std::min(a[i], b[i]); break;
-        case ReduceOp::max: want = std::max(a[i], b[i]); break;
+        case ReduceOp::sum:
+          want = a[i] + b[i];
+          break;
+        case ReduceOp::avg:
+          want = (a[i] + b[i]) / 2;
+          break;
+        case ReduceOp::min:
+          want = std::min(a[i], b[i]);
+          break;
+        case ReduceOp::max:
+          want = std::max(a[i], b[i]);
+          break;
       }
       ASSERT_EQ(d[i], want) << op << " i=" << i;
     }
@@ -46,7 +54,8 @@ TEST(Reduce, HalfInF32) {
   reduce_into(TensorView{a.data(), n, DType::f16}, TensorView{b.data(), n, DType::f16},
               ReduceOp::sum, ExecContext::host());
   for (int64_t i = 0; i < n; ++i)
-    ASSERT_EQ(f16_bits_to_f32(a[i]), static_cast<float>(i % 100) * 0.25f + static_cast<float>(i % 7));
+    ASSERT_EQ(f16_bits_to_f32(a[i]),
+              static_cast<float>(i % 100) * 0.25f + static_cast<float>(i % 7));
   std::vector<uint16_t> c(n, f32_to_bf16_bits(3.0f));
   finish_average(TensorView{c.data(), n, DType::bf16}, 2, ExecContext::host());
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bf16_bits_to_f32(c[i]), 1.5f);
@@ -55,11 +64,11 @@ TEST(Reduce, HalfInF32) {
 TEST(Reduce, RejectsMismatchedViews) {
   std::vector<float> a(4), b(5);
   std::vector<double> c(4);
-  EXPECT_THROW(reduce_into(TensorView::host(a.data(), 4), TensorView::host(b.data(), 5), ReduceOp::sum,
-                           ExecContext::host()),
+  EXPECT_THROW(reduce_into(TensorView::host(a.data(), 4), TensorView::host(b.data(), 5),
+                           ReduceOp::sum, ExecContext::host()),
                InvalidArgument);
-  EXPECT_THROW(reduce_into(TensorView::host(a.data(), 4), TensorView::host(c.data(), 4), ReduceOp::sum,
-                           ExecContext::host()),
+  EXPECT_THROW(reduce_into(TensorView::host(a.data(), 4), TensorView::host(c.data(), 4),
+                           ReduceOp::sum, ExecContext::host()),
                InvalidArgument);
 }
 

@@ -38,9 +38,13 @@ LogLevel parse_log_level(std::string_view name) {
                 "': expected NONE, ERROR, WARN, INFO, DEBUG or TRACE");
 }
 
-LogLevel log_level() noexcept { return static_cast<LogLevel>(level_storage().load()); }
+LogLevel log_level() noexcept {
+  return static_cast<LogLevel>(level_storage().load());
+}
 
-void set_log_level(LogLevel level) noexcept { level_storage().store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) noexcept {
+  level_storage().store(static_cast<int>(level));
+}
 
 void log_message(LogLevel level, std::string_view message) noexcept {
   char host[64] = "?";

@@ -18,10 +18,14 @@ int64_t parse_size(const std::string& text) {
   }
   const std::string suffix = text.substr(pos);
   int64_t scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = int64_t{1} << 10;
-  else if (suffix == "M" || suffix == "MiB") scale = int64_t{1} << 20;
-  else if (suffix == "G" || suffix == "GiB") scale = int64_t{1} << 30;
-  else if (!suffix.empty()) RELAXCC_THROW(InvalidArgument, "bad size suffix in '", text, "'");
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    scale = int64_t{1} << 10;
+  else if (suffix == "M" || suffix == "MiB")
+    scale = int64_t{1} << 20;
+  else if (suffix == "G" || suffix == "GiB")
+    scale = int64_t{1} << 30;
+  else if (!suffix.empty())
+    RELAXCC_THROW(InvalidArgument, "bad size suffix in '", text, "'");
   return value * scale;
 }
 
@@ -40,7 +44,9 @@ void parse_value(const char* env, const std::string& text, int64_t& out) {
   RELAXCC_ENFORCE(end != text.c_str() && *end == '\0', InvalidArgument, env, "='", text,
                   "': expected a number");
 }
-void parse_value(const char*, const std::string& text, std::string& out) { out = text; }
+void parse_value(const char*, const std::string& text, std::string& out) {
+  out = text;
+}
 
 template <typename T>
 std::string format_value(const T& v) {
@@ -50,7 +56,9 @@ std::string format_value(const T& v) {
 }
 
 // A field and a separator byte.
-void mix_field(Fnv1a& h, const std::string& s) { h.bytes(s).byte(0xff); }
+void mix_field(Fnv1a& h, const std::string& s) {
+  h.bytes(s).byte(0xff);
+}
 
 }  // namespace
 
@@ -65,7 +73,7 @@ Tunables Tunables::from_env() {
 
 std::vector<TunableInfo> Tunables::describe() const {
   std::vector<TunableInfo> out;
-#define RELAXCC_TUNABLE(member, env, type, def, scope, doc)                                    \
+#define RELAXCC_TUNABLE(member, env, type, def, scope, doc)                                     \
   out.push_back(TunableInfo{#member, env, #type, format_value(type{def}), format_value(member), \
                             std::getenv(env) != nullptr, std::string(#scope) == "Agree", doc});
 #include "relaxcc/tunables.def"

@@ -31,8 +31,9 @@ class ThenWork final : public Work {
 Work::Work(std::string description, std::chrono::milliseconds default_timeout,
            std::chrono::microseconds spin)
     : description_(std::move(description)),
-      default_timeout_(default_timeout.count() >= 0 ? default_timeout
-                                                    : std::chrono::milliseconds(Tunables{}.timeout_ms)),
+      default_timeout_(default_timeout.count() >= 0
+                           ? default_timeout
+                           : std::chrono::milliseconds(Tunables{}.timeout_ms)),
       spin_(spin),
       created_(Clock::now()) {}
 
@@ -70,7 +71,8 @@ bool Work::wait_for(std::chrono::milliseconds timeout) {
 void Work::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0) timeout = default_timeout_;
   if (wait_for(timeout)) return;
-  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
   const std::string state = on_timeout(detail::concat("timeout of ", description_));
   RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
                 " ms (elapsed ", elapsed.count(), " ms since it was posted); ",
@@ -106,7 +108,9 @@ void Work::block_stream(void* stream) {
                   ": block_stream on a host operation (call wait())");
 }
 
-std::string Work::on_timeout(const std::string&) { return {}; }
+std::string Work::on_timeout(const std::string&) {
+  return {};
+}
 
 std::string detail::ThenWork::on_timeout(const std::string& reason) {
   auto parent = parent_.lock();

@@ -10,16 +10,19 @@ namespace relaxcc {
 
 BucketPlan BucketPlan::build(const std::vector<TensorSpec>& tensors, std::vector<int> order,
                              const BucketPlanOptions& options, TensorRole role) {
-  RELAXCC_ENFORCE(options.cap_bytes > 0 && options.first_cap_bytes > 0 && options.alignment_bytes > 0,
-                  InvalidArgument, "bucket plan: caps and alignment must be positive");
+  RELAXCC_ENFORCE(
+      options.cap_bytes > 0 && options.first_cap_bytes > 0 && options.alignment_bytes > 0,
+      InvalidArgument, "bucket plan: caps and alignment must be positive");
   const int n = static_cast<int>(tensors.size());
   if (order.empty()) {
     for (int i = n - 1; i >= 0; --i) order.push_back(i);
   }
-  RELAXCC_ENFORCE_EQ(static_cast<int>(order.size()), n, InvalidArgument, "bucket plan: order length");
+  RELAXCC_ENFORCE_EQ(static_cast<int>(order.size()), n, InvalidArgument,
+                     "bucket plan: order length");
   std::vector<char> seen(n, 0);
   for (int i : order) {
-    RELAXCC_ENFORCE(i >= 0 && i < n && !seen[i], InvalidArgument, "bucket plan: order must list every tensor once, got ", i);
+    RELAXCC_ENFORCE(i >= 0 && i < n && !seen[i], InvalidArgument,
+                    "bucket plan: order must list every tensor once, got ", i);
     seen[i] = 1;
   }
   BucketPlan plan;
@@ -70,7 +73,8 @@ uint64_t BucketPlan::hash(const std::vector<TensorSpec>& tensors) const {
   }
   for (const Bucket& b : buckets_) {
     h.u64(static_cast<uint64_t>(b.numel));
-    for (const BucketEntry& e : b.entries) h.u64(static_cast<uint64_t>(e.tensor) << 32 ^ static_cast<uint64_t>(e.offset));
+    for (const BucketEntry& e : b.entries)
+      h.u64(static_cast<uint64_t>(e.tensor) << 32 ^ static_cast<uint64_t>(e.offset));
   }
   return h.value();
 }

@@ -22,7 +22,9 @@ BucketTuner::BucketTuner(BucketTunerOptions options) : options_(options) {
   current_ = plan_[0];
 }
 
-int64_t BucketTuner::buckets(int64_t cap) const { return (options_.total_bytes + cap - 1) / cap; }
+int64_t BucketTuner::buckets(int64_t cap) const {
+  return (options_.total_bytes + cap - 1) / cap;
+}
 
 bool BucketTuner::record(double seconds) {
   if (done_) return false;
@@ -32,7 +34,8 @@ bool BucketTuner::record(double seconds) {
   std::vector<double> t(times_.begin() + 1, times_.end());
   std::sort(t.begin(), t.end());
   samples_.push_back({current_, t[t.size() / 2]});
-  RELAXCC_LOG(info, "BucketTuner: cap ", current_, " bytes: median step ", samples_.back().seconds * 1e3, " ms");
+  RELAXCC_LOG(info, "BucketTuner: cap ", current_, " bytes: median step ",
+              samples_.back().seconds * 1e3, " ms");
   times_.clear();
   ++next_;
   if (next_ < plan_.size()) {
@@ -44,20 +47,24 @@ bool BucketTuner::record(double seconds) {
     int64_t best = plan_[0];
     for (int64_t cap : candidate_caps())
       if (predict(cap) < predict(best)) best = cap;
-    const bool measured = std::any_of(samples_.begin(), samples_.end(), [&](const Sample& s) { return s.cap == best; });
-    RELAXCC_LOG(info, "BucketTuner: model T = ", a_, " + ", b_, " * buckets + ", c_, " * cap; predicted best cap ", best);
+    const bool measured = std::any_of(samples_.begin(), samples_.end(),
+                                      [&](const Sample& s) { return s.cap == best; });
+    RELAXCC_LOG(info, "BucketTuner: model T = ", a_, " + ", b_, " * buckets + ", c_,
+                " * cap; predicted best cap ", best);
     if (!measured) {
       plan_.push_back(best);
       current_ = best;
       return true;
     }
   }
-  const auto winner = std::min_element(samples_.begin(), samples_.end(),
-                                       [](const Sample& x, const Sample& y) { return x.seconds < y.seconds; });
+  const auto winner =
+      std::min_element(samples_.begin(), samples_.end(),
+                       [](const Sample& x, const Sample& y) { return x.seconds < y.seconds; });
   const bool changed = winner->cap != current_;
   current_ = winner->cap;
   done_ = true;
-  RELAXCC_LOG(info, "BucketTuner: fixed the bucket cap at ", current_, " bytes (median step ", winner->seconds * 1e3, " ms)");
+  RELAXCC_LOG(info, "BucketTuner: fixed the bucket cap at ", current_, " bytes (median step ",
+              winner->seconds * 1e3, " ms)");
   return changed;
 }
 

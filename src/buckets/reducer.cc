@@ -145,17 +145,20 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       options_(options),
       tunables_(std::move(tunables)),
       created_(std::chrono::steady_clock::now()) {
-  RELAXCC_ENFORCE(comm_ != nullptr && algorithm_ != nullptr, InvalidArgument, "Reducer: null communicator or algorithm");
+  RELAXCC_ENFORCE(comm_ != nullptr && algorithm_ != nullptr, InvalidArgument,
+                  "Reducer: null communicator or algorithm");
   std::set<std::string> names;
   int64_t flat = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorSpec& t = tensors_[i];
     t.view.check_valid(t.name.c_str());
-    RELAXCC_ENFORCE(t.view.device.is_host(), Unsupported, "Reducer: tensor '", t.name, "' on ", t.view.device,
-                    ": host tensors (device tensors come with the NCCL path)");
-    RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '", t.name, "' registered twice");
-    RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument, "Reducer: tensor '", t.name,
-                    "' has partner ", t.partner, " of ", tensors_.size());
+    RELAXCC_ENFORCE(t.view.device.is_host(), Unsupported, "Reducer: tensor '", t.name, "' on ",
+                    t.view.device, ": host tensors (device tensors come with the NCCL path)");
+    RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '", t.name,
+                    "' registered twice");
+    RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
+                    "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
+                    tensors_.size());
     context_.flat_offset.push_back(flat);
     flat += t.view.numel;
   }
@@ -170,14 +173,16 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   algorithm_->init(context_);
   if (options_.auto_tune_buckets) {
     if (algorithm_->capabilities().depends_on_bucket_boundaries) {
-      RELAXCC_LOG(info, "Reducer: ", algorithm_->name(), " depends on bucket boundaries: no bucket tuning");
+      RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
+                  " depends on bucket boundaries: no bucket tuning");
     } else {
       int64_t total = 0;
       for (const TensorSpec& t : tensors_)
         if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
       tuner_ = std::make_unique<BucketTuner>(BucketTunerOptions{5, std::max<int64_t>(total, 1)});
       options_.plan.cap_bytes = tuner_->current_cap();
-      options_.plan.first_cap_bytes = std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
+      options_.plan.first_cap_bytes =
+          std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
       install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
       algorithm_->init(context_);
     }
@@ -206,7 +211,8 @@ void Reducer::tune_at_step_boundary() {
         AllreduceOptions o;
         o.op = ReduceOp::max;
         o.label = label;
-        return side_->allreduce(TensorView::host(step_seconds.get(), 1, step_seconds), ExecContext::host(), o);
+        return side_->allreduce(TensorView::host(step_seconds.get(), 1, step_seconds),
+                                ExecContext::host(), o);
       });
   if (!tuner_->record(*step_seconds)) return;
   options_.plan.cap_bytes = tuner_->current_cap();
@@ -232,7 +238,8 @@ Reducer::~Reducer() {
 }
 
 std::chrono::milliseconds Reducer::timeout() const {
-  return options_.timeout.count() >= 0 ? options_.timeout : std::chrono::milliseconds(tunables_.timeout_ms);
+  return options_.timeout.count() >= 0 ? options_.timeout
+                                       : std::chrono::milliseconds(tunables_.timeout_ms);
 }
 
 std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
@@ -257,7 +264,8 @@ std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
                 AllreduceOptions o;
                 o.op = ReduceOp::min;
                 o.label = label;
-                return side_->allreduce(TensorView::host(shared_ok.get(), 1, shared_ok), ExecContext::host(), o);
+                return side_->allreduce(TensorView::host(shared_ok.get(), 1, shared_ok),
+                                        ExecContext::host(), o);
               });
   if (!*shared_ok) {
     auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
@@ -317,7 +325,8 @@ void Reducer::verify_plan_across_ranks() {
   run_labeled(label + " (rank 0's tensor count)", [&](const std::string& l) {
     BroadcastOptions o;
     o.label = l;
-    return side_->broadcast(TensorView::host(root_count_buf.get(), 1, root_count_buf), ExecContext::host(), o);
+    return side_->broadcast(TensorView::host(root_count_buf.get(), 1, root_count_buf),
+                            ExecContext::host(), o);
   });
   const int64_t root_count = *root_count_buf;
   std::vector<int64_t> mine(static_cast<size_t>(count) * 4);
@@ -335,14 +344,15 @@ void Reducer::verify_plan_across_ranks() {
     run_labeled(label + " (rank 0's tensors)", [&](const std::string& l) {
       BroadcastOptions o;
       o.label = l;
-      return side_->broadcast(TensorView::host(root.data(), root_count * 4, root_buf), ExecContext::host(),
-                              o);
+      return side_->broadcast(TensorView::host(root.data(), root_count * 4, root_buf),
+                              ExecContext::host(), o);
     });
   }
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   int64_t first = kNone;
   for (int64_t i = 0; i < std::max(count, root_count); ++i) {
-    if (i >= count || i >= root_count || !std::equal(mine.begin() + 4 * i, mine.begin() + 4 * i + 4, root.begin() + 4 * i)) {
+    if (i >= count || i >= root_count ||
+        !std::equal(mine.begin() + 4 * i, mine.begin() + 4 * i + 4, root.begin() + 4 * i)) {
       first = i;
       break;
     }
@@ -355,7 +365,8 @@ void Reducer::verify_plan_across_ranks() {
     AllreduceOptions o;
     o.op = ReduceOp::min;
     o.label = l;
-    return side_->allreduce(TensorView::host(key_of_min.get(), 1, key_of_min), ExecContext::host(), o);
+    return side_->allreduce(TensorView::host(key_of_min.get(), 1, key_of_min), ExecContext::host(),
+                            o);
   });
   const int64_t key = *key_of_min;
   if (key == kNone) return;
@@ -365,7 +376,8 @@ void Reducer::verify_plan_across_ranks() {
   auto summary_of = [&](int from) {
     TensorSummary t;
     const bool here = index < count;
-    auto header_buf = std::make_shared<std::array<int64_t, 6>>(std::array<int64_t, 6>{count, here ? 1 : 0, 0, 0, 0, 0});
+    auto header_buf = std::make_shared<std::array<int64_t, 6>>(
+        std::array<int64_t, 6>{count, here ? 1 : 0, 0, 0, 0, 0});
     std::array<int64_t, 6>& header = *header_buf;
     auto name_buf = std::make_shared<std::string>();
     std::string& name = *name_buf;
@@ -382,7 +394,8 @@ void Reducer::verify_plan_across_ranks() {
       BroadcastOptions o;
       o.root = from;
       o.label = l;
-      return side_->broadcast(TensorView::host(header.data(), 6, header_buf), ExecContext::host(), o);
+      return side_->broadcast(TensorView::host(header.data(), 6, header_buf), ExecContext::host(),
+                              o);
     });
     name.resize(static_cast<size_t>(header[5]));
     if (header[5] > 0) {
@@ -390,8 +403,9 @@ void Reducer::verify_plan_across_ranks() {
         BroadcastOptions o;
         o.root = from;
         o.label = l;
-        return side_->broadcast(TensorView(name.data(), header[5], DType::u8, Device::host(), name_buf),
-                                ExecContext::host(), o);
+        return side_->broadcast(
+            TensorView(name.data(), header[5], DType::u8, Device::host(), name_buf),
+            ExecContext::host(), o);
       });
     }
     t.count = header[0];
@@ -413,7 +427,9 @@ void Reducer::verify_plan_across_ranks() {
                 " has ", theirs.count, " tensors, rank 0 has ", ours.count);
 }
 
-void Reducer::begin_step() { start_step(false); }
+void Reducer::begin_step() {
+  start_step(false);
+}
 
 void Reducer::start_step(bool implicit) {
   // Serializes starts: mark_ready may start a step from several threads.
@@ -453,9 +469,10 @@ void Reducer::mark_ready(const std::string& name) {
 
 void Reducer::mark_ready(int index) {
   RELAXCC_ENFORCE(index >= 0 && index < static_cast<int>(tensors_.size()), InvalidArgument,
-                  "Reducer: mark_ready of unknown tensor #", index, " (", tensors_.size(), " registered)");
-  RELAXCC_ENFORCE(tensors_[index].role == TensorRole::gradient, InvalidArgument, "Reducer: mark_ready of '",
-                  tensors_[index].name, "', which is not a gradient");
+                  "Reducer: mark_ready of unknown tensor #", index, " (", tensors_.size(),
+                  " registered)");
+  RELAXCC_ENFORCE(tensors_[index].role == TensorRole::gradient, InvalidArgument,
+                  "Reducer: mark_ready of '", tensors_[index].name, "', which is not a gradient");
   start_step(true);
   std::lock_guard<std::mutex> lock(mutex_);
   if (marked_[index])
@@ -535,8 +552,8 @@ void Reducer::copy_out_completed(std::unique_lock<std::mutex>& lock) {
 void Reducer::wait_copier_idle(std::unique_lock<std::mutex>& lock) {
   // Local copies only: bounded, but waited for with the Reducer's timeout.
   if (!copier_idle_cv_.wait_for(lock, timeout(), [this] { return copier_idle(); }))
-    RELAXCC_THROW(InternalError, "Reducer: the copy thread did not finish its copies within ", timeout().count(),
-                  " ms");
+    RELAXCC_THROW(InternalError, "Reducer: the copy thread did not finish its copies within ",
+                  timeout().count(), " ms");
 }
 
 void Reducer::dispatch_ready_buckets_locked() {
@@ -587,7 +604,8 @@ void Reducer::settle_unused() {
     // Not used here: contribute zeros; if unused everywhere, leave it alone.
     const auto [b, e] = plan_.locate(static_cast<int>(i));
     const Bucket& bucket = plan_.buckets()[b];
-    std::memset(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), 0, tensors_[i].view.nbytes());
+    std::memset(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), 0,
+                tensors_[i].view.nbytes());
     untouched_[i] = flags[i] ? 0 : 1;
     marked_[i] = 1;
     --pending_[b];
@@ -673,7 +691,8 @@ void Reducer::synchronize() {
       try {
         wait_all(works, timeout(), "Reducer: buckets in flight" + of_iteration);
       } catch (const std::exception& e) {
-        RELAXCC_LOG(warn, "Reducer: after a failed dispatch, a bucket in flight failed too: ", e.what());
+        RELAXCC_LOG(warn,
+                    "Reducer: after a failed dispatch, a bucket in flight failed too: ", e.what());
       }
       std::rethrow_exception(error);
     }
@@ -707,7 +726,8 @@ void Reducer::synchronize() {
   if (first_error) std::rethrow_exception(first_error);
   if (WorkPtr w = algorithm_->on_backward_end(StepInfo{step_})) {
     wait_labeled(w, timeout(), "Reducer: the algorithm's on_backward_end work" + of_iteration);
-    for (size_t b = 0; b < works.size(); ++b) copy_out(static_cast<int>(b));  // it may have changed buckets
+    for (size_t b = 0; b < works.size(); ++b)
+      copy_out(static_cast<int>(b));  // it may have changed buckets
   }
   if (options_.rebuild_after_first_step && !rebuilt_) rebuild_from_ready_order();
 }
@@ -717,7 +737,8 @@ void Reducer::copy_out(int b) {
   const Bucket& bucket = plan_.buckets()[b];
   for (const BucketEntry& e : bucket.entries) {
     if (untouched_[e.tensor] || e.numel == 0) continue;
-    std::memcpy(tensors_[e.tensor].view.data, slot_ptr(storage_[b], e, bucket.dtype), tensors_[e.tensor].view.nbytes());
+    std::memcpy(tensors_[e.tensor].view.data, slot_ptr(storage_[b], e, bucket.dtype),
+                tensors_[e.tensor].view.nbytes());
   }
 }
 
@@ -754,7 +775,8 @@ void Reducer::rebuild_from_ready_order() {
   install_plan(std::move(next));
   ++plan_version_;
   algorithm_->init(context_);
-  RELAXCC_LOG(info, "Reducer: bucket plan rebuilt from the observed ready order (", plan_.buckets().size(), " buckets)");
+  RELAXCC_LOG(info, "Reducer: bucket plan rebuilt from the observed ready order (",
+              plan_.buckets().size(), " buckets)");
   for (auto& cb : plan_callbacks_) cb();
 }
 
@@ -775,7 +797,8 @@ void Reducer::optimizer_step(Optimizer& optimizer) {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const TensorSpec& g = tensors_[i];
       if (g.role != TensorRole::gradient || g.partner < 0 || untouched_[i]) continue;
-      optimizer.update(tensors_[g.partner].view, gradient_view(static_cast<int>(i)), context_.flat_offset[g.partner]);
+      optimizer.update(tensors_[g.partner].view, gradient_view(static_cast<int>(i)),
+                       context_.flat_offset[g.partner]);
     }
   }
   optimizer.finish_step();
@@ -797,12 +820,15 @@ TensorView Reducer::gradient_view(int index) const {
                   "Reducer: gradient_view of unknown tensor #", index);
   if (!options_.gradient_as_bucket_view) return tensors_[index].view;
   const auto [b, e] = plan_.locate(index);
-  RELAXCC_ENFORCE(b >= 0, InvalidArgument, "Reducer: tensor '", tensors_[index].name, "' is not in a bucket");
+  RELAXCC_ENFORCE(b >= 0, InvalidArgument, "Reducer: tensor '", tensors_[index].name,
+                  "' is not in a bucket");
   const Bucket& bucket = plan_.buckets()[b];
   return TensorView(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bucket.entries[e].numel,
                     bucket.dtype);
 }
 
-void Reducer::on_plan_changed(std::function<void()> callback) { plan_callbacks_.push_back(std::move(callback)); }
+void Reducer::on_plan_changed(std::function<void()> callback) {
+  plan_callbacks_.push_back(std::move(callback));
+}
 
 }  // namespace relaxcc

@@ -8,15 +8,19 @@ namespace relaxcc {
 
 std::string_view allreduce_algo_name(AllreduceAlgo algo) noexcept {
   switch (algo) {
-    case AllreduceAlgo::automatic: return "auto";
-    case AllreduceAlgo::ring: return "ring";
-    case AllreduceAlgo::recursive_doubling: return "recursive_doubling";
+    case AllreduceAlgo::automatic:
+      return "auto";
+    case AllreduceAlgo::ring:
+      return "ring";
+    case AllreduceAlgo::recursive_doubling:
+      return "recursive_doubling";
   }
   return "invalid";
 }
 
 AllreduceAlgo parse_allreduce_algo(std::string_view name) {
-  for (AllreduceAlgo a : {AllreduceAlgo::automatic, AllreduceAlgo::ring, AllreduceAlgo::recursive_doubling})
+  for (AllreduceAlgo a :
+       {AllreduceAlgo::automatic, AllreduceAlgo::ring, AllreduceAlgo::recursive_doubling})
     if (allreduce_algo_name(a) == name) return a;
   RELAXCC_THROW(InvalidArgument, "unknown allreduce algorithm '", name,
                 "': expected auto, ring or recursive_doubling");
@@ -50,19 +54,21 @@ AllreduceSelection AllreduceSelection::parse(std::string_view text) {
     if (item.empty()) continue;
     const size_t colon = item.find(':');
     const size_t dash = item.find('-', colon);
-    RELAXCC_ENFORCE(colon != std::string_view::npos && dash != std::string_view::npos, InvalidArgument,
-                    "allreduce selection '", text, "': expected 'algo:lo-hi', got '", item, "'");
+    RELAXCC_ENFORCE(colon != std::string_view::npos && dash != std::string_view::npos,
+                    InvalidArgument, "allreduce selection '", text,
+                    "': expected 'algo:lo-hi', got '", item, "'");
     Range r;
     r.algo = parse_allreduce_algo(item.substr(0, colon));
-    RELAXCC_ENFORCE(r.algo != AllreduceAlgo::automatic, InvalidArgument,
-                    "allreduce selection '", text, "': 'auto' is not an algorithm");
+    RELAXCC_ENFORCE(r.algo != AllreduceAlgo::automatic, InvalidArgument, "allreduce selection '",
+                    text, "': 'auto' is not an algorithm");
     r.lo = parse_bound(item.substr(colon + 1, dash - colon - 1), text);
     const std::string_view hi = item.substr(dash + 1);
     r.hi = hi.empty() ? INT64_MAX : parse_bound(hi, text);
     RELAXCC_ENFORCE_LE(r.lo, r.hi, InvalidArgument, "allreduce selection '", text, "'");
     sel.ranges_.push_back(r);
   }
-  RELAXCC_ENFORCE(!sel.ranges_.empty(), InvalidArgument, "allreduce selection '", text, "' is empty");
+  RELAXCC_ENFORCE(!sel.ranges_.empty(), InvalidArgument, "allreduce selection '", text,
+                  "' is empty");
   return sel;
 }
 

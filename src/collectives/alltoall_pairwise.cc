@@ -49,18 +49,24 @@ void AlltoallPairwiseOp::run(Transport& t) {
   for (Peer& p : peers_) {
     if (!p.send_posted && send_counts_[p.rank] > 0) {
       p.send_posted = true;
-      send_data(t, p.index, 0, static_cast<const unsigned char*>(input_.data) + send_offset_[p.rank] * esize,
+      send_data(t, p.index, 0,
+                static_cast<const unsigned char*>(input_.data) + send_offset_[p.rank] * esize,
                 static_cast<size_t>(send_counts_[p.rank]) * esize);
     }
     if (!p.recv_posted && recv_counts_[p.rank] > 0 && edge_live(p.index)) {
       p.recv_posted = true;
-      recv_data(t, p.index, 0, static_cast<unsigned char*>(output_.data) + recv_offset_[p.rank] * esize,
+      recv_data(t, p.index, 0,
+                static_cast<unsigned char*>(output_.data) + recv_offset_[p.rank] * esize,
                 static_cast<size_t>(recv_counts_[p.rank]) * esize);
     }
   }
 }
 
-void AlltoallPairwiseOp::on_sent(Transport&, int, int64_t) { ++sent_; }
-void AlltoallPairwiseOp::on_received(Transport&, int, int64_t) { ++received_; }
+void AlltoallPairwiseOp::on_sent(Transport&, int, int64_t) {
+  ++sent_;
+}
+void AlltoallPairwiseOp::on_received(Transport&, int, int64_t) {
+  ++received_;
+}
 
 }  // namespace relaxcc::mpi

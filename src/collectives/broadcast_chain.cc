@@ -24,7 +24,8 @@ BroadcastChainOp::BroadcastChainOp(std::string name, int priority, std::string l
   if (position < size - 1) {
     right_ = add_peer((rank + 1) % size, 0, segments_);
     // A small first segment carries the header to the next rank.
-    if (left_ >= 0 && segments_ > 0 && segment_length(0) <= kInlineBytes) hold_header_for_data(right_);
+    if (left_ >= 0 && segments_ > 0 && segment_length(0) <= kInlineBytes)
+      hold_header_for_data(right_);
   }
 }
 
@@ -38,7 +39,8 @@ void BroadcastChainOp::run(Transport& t) {
   const int64_t available = left_ < 0 ? segments_ : received_;
   const int64_t window = t.throttled(*this) ? 1 : pipeline_depth_;
   while (right_ >= 0 && posted_out_ < available && posted_out_ - sent_ < window) {
-    send_data(t, right_, posted_out_, bytes + segment_offset(posted_out_), segment_length(posted_out_));
+    send_data(t, right_, posted_out_, bytes + segment_offset(posted_out_),
+              segment_length(posted_out_));
     ++posted_out_;
   }
   if (left_ < 0 || !edge_live(left_)) return;

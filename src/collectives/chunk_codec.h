@@ -28,8 +28,8 @@ class ChunkCodec {
   virtual bool in_place() const = 0;
   // Reduce-scatter: acc = decode(wire) op local. acc may be the wire buffer
   // itself or the final destination.
-  virtual void combine(const void* wire, const TensorView& local, ReduceOp op, const TensorView& acc,
-                       const ExecContext& ctx) = 0;
+  virtual void combine(const void* wire, const TensorView& local, ReduceOp op,
+                       const TensorView& acc, const ExecContext& ctx) = 0;
   // The wire form of `values`: either values.data itself or `scratch`
   // (wire_bytes long) filled with the encoding.
   virtual const void* encode(const TensorView& values, void* scratch, const ExecContext& ctx) = 0;
@@ -47,7 +47,9 @@ class IdentityCodec final : public ChunkCodec {
   bool in_place() const override { return true; }
   void combine(const void* wire, const TensorView& local, ReduceOp op, const TensorView& acc,
                const ExecContext& ctx) override;
-  const void* encode(const TensorView& values, void*, const ExecContext&) override { return values.data; }
+  const void* encode(const TensorView& values, void*, const ExecContext&) override {
+    return values.data;
+  }
   void decode(const void* wire, const TensorView& out, const ExecContext& ctx) override;
 };
 

@@ -171,7 +171,8 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
   if (error != MPI_SUCCESS && !cancelled) {
     const std::string what = detail::concat(name(), " #", seq(), ": transport error with rank ",
                                             p.rank, ": ", mpi_error_string(error));
-    fail(t, std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__)), what, AbortKind::error);
+    fail(t, std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__)), what,
+         AbortKind::error);
     if (kind == kDataRecv || kind == kDrainRecv) ++p.completed_in;
     if (kind == kDataSend || (kind == kHeaderSend && p.inline_out)) ++p.completed_out;
     check_finished(t);
@@ -213,7 +214,8 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
         const std::string what = detail::concat(
             name(), label_.empty() ? "" : " of '" + label_ + "'", ": ranks disagree: ",
             describe_mismatch(t.rank(), edge_header(pi), p.rank, p.header_in));
-        fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what, AbortKind::mismatch);
+        fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what,
+             AbortKind::mismatch);
         send_abort(t, pi);
       }
       break;
@@ -222,8 +224,9 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       if (cancelled) break;
       p.abort_received = true;
       p.abort_in.reason[sizeof(p.abort_in.reason) - 1] = '\0';
-      const std::string what = detail::concat(name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'",
-                                              ": rank ", p.abort_in.origin, " failed: ", p.abort_in.reason);
+      const std::string what =
+          detail::concat(name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'",
+                         ": rank ", p.abort_in.origin, " failed: ", p.abort_in.reason);
       auto err = p.abort_in.kind == AbortKind::mismatch
                      ? std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__))
                      : std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__));
@@ -272,7 +275,8 @@ void EdgeOp::abort(Transport& t, std::exception_ptr error) {
   check_finished(t);
 }
 
-void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind) {
+void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& reason,
+                  AbortKind kind) {
   set_error(std::move(error));
   if (aborted_) return;
   aborted_ = true;
@@ -373,7 +377,8 @@ std::string EdgeOp::waiting_for() const {
     const bool header = !p.header_received;
     if (!header && p.completed_in >= p.limit_in() && p.completed_out >= p.msgs_to) continue;
     os << sep << "rank " << p.rank << " (";
-    if (header) os << "header";
+    if (header)
+      os << "header";
     else
       os << "data " << p.completed_in << "/" << p.limit_in() << " in, " << p.completed_out << "/"
          << p.msgs_to << " out";

@@ -103,8 +103,8 @@ class EdgeOp : public Operation {
     OpHeader header_in;
     // The header messages: the header, then possibly the first data message.
     std::vector<unsigned char> header_out, header_buf;
-    bool inline_out = false;    // this rank's data message 0 rides in header_out
-    bool hold_header = false;   // the header waits for a small data message 0
+    bool inline_out = false;   // this rank's data message 0 rides in header_out
+    bool hold_header = false;  // the header waits for a small data message 0
     bool header_sent = false;
     bool inline_in = false;     // the peer's data message 0 rode in its header
     bool inline_ready = false;  // copied into its receive, to be delivered
@@ -125,7 +125,15 @@ class EdgeOp : public Operation {
     }
     std::vector<unsigned char> drain;
   };
-  enum SlotKind : int64_t { kHeaderSend = 1, kHeaderRecv, kAbortSend, kAbortRecv, kDataSend, kDataRecv, kDrainRecv };
+  enum SlotKind : int64_t {
+    kHeaderSend = 1,
+    kHeaderRecv,
+    kAbortSend,
+    kAbortRecv,
+    kDataSend,
+    kDataRecv,
+    kDrainRecv
+  };
   static int64_t slot(SlotKind kind, int pi, int64_t index) {
     return (static_cast<int64_t>(kind) << 56) | (static_cast<int64_t>(pi) << 40) | index;
   }

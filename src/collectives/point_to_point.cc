@@ -8,8 +8,11 @@
 namespace relaxcc::mpi {
 
 P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label)
-    : Operation("point_to_point", priority), ops_(std::move(ops)), headers_(ops_.size()),
-      label_(std::move(label)), drain_(ops_.size()) {}
+    : Operation("point_to_point", priority),
+      ops_(std::move(ops)),
+      headers_(ops_.size()),
+      label_(std::move(label)),
+      drain_(ops_.size()) {}
 
 void P2PBatchOp::start(Transport& t) {
   started_ = true;
@@ -17,9 +20,11 @@ void P2PBatchOp::start(Transport& t) {
     const P2POp& op = ops_[i];
     const auto index = static_cast<int64_t>(i);
     if (op.kind == P2POp::Kind::send) {
-      headers_[i] = Wire{kHeaderMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel};
+      headers_[i] =
+          Wire{kHeaderMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel};
       t.isend(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
-      t.isend(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+      t.isend(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1,
+              false);
       outstanding_ += 2;
     } else {
       t.irecv(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
@@ -36,21 +41,23 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   int cancelled = 0;
   MPI_Test_cancelled(&status, &cancelled);
   if (cancelled) return;
-  const std::string where = detail::concat(
-      "point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
-      op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ", op.peer, " (tag ",
-      op.tag, ")");
+  const std::string where =
+      detail::concat("point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
+                     op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ",
+                     op.peer, " (tag ", op.tag, ")");
   if (op.kind == P2POp::Kind::recv && is_header && error == MPI_SUCCESS && !aborted_) {
     const Wire& h = headers_[i];
     const auto index = static_cast<int64_t>(i);
     if (h.magic != kHeaderMagic || h.dtype >= kNumDTypes || h.count < 0) {
       // The data message's size is unknown: leave it; report the corruption.
-      set_error(std::make_exception_ptr(CorruptPayload(where + ": corrupt message header", __FILE__, __LINE__)));
+      set_error(std::make_exception_ptr(
+          CorruptPayload(where + ": corrupt message header", __FILE__, __LINE__)));
       return;
     }
     const auto dtype = static_cast<DType>(h.dtype);
     if (dtype == op.tensor.dtype && h.count == op.tensor.numel) {
-      t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+      t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1,
+              false);
     } else {
       set_error(std::make_exception_ptr(PeerMismatch(
           detail::concat(where, ": expected ", op.tensor.numel, " elements of ", op.tensor.dtype,
@@ -64,8 +71,8 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
     return;
   }
   if (error != MPI_SUCCESS) {
-    set_error(std::make_exception_ptr(
-        CommunicationError(detail::concat(where, ": ", mpi_error_string(error)), __FILE__, __LINE__)));
+    set_error(std::make_exception_ptr(CommunicationError(
+        detail::concat(where, ": ", mpi_error_string(error)), __FILE__, __LINE__)));
   }
 }
 
@@ -82,7 +89,8 @@ void P2PBatchOp::abort(Transport& t, std::exception_ptr error) {
 
 std::string P2PBatchOp::waiting_for() const {
   std::ostringstream os;
-  for (const auto& op : ops_) os << (op.kind == P2POp::Kind::send ? "send to " : "recv from ") << op.peer << " ";
+  for (const auto& op : ops_)
+    os << (op.kind == P2POp::Kind::send ? "send to " : "recv from ") << op.peer << " ";
   return os.str();
 }
 

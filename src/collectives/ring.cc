@@ -27,7 +27,8 @@ RingOp::RingOp(std::string name, int priority, std::string label, RingSpec spec,
       ctx_(ctx),
       codec_(std::move(codec)) {
   RELAXCC_ENFORCE(size_ >= 2, InternalError, "ring needs 2 or more ranks");
-  RELAXCC_ENFORCE_EQ(static_cast<int>(spec_.chunk_counts.size()), size_, InternalError, "ring chunks");
+  RELAXCC_ENFORCE_EQ(static_cast<int>(spec_.chunk_counts.size()), size_, InternalError,
+                     "ring chunks");
   // The ring keeps partial sums in the received wire buffer. Codecs that
   // decode into a separate accumulator need an accumulator buffer as well.
   RELAXCC_ENFORCE(codec_->in_place(), Unsupported, "ring with codec '", codec_->name(),
@@ -133,7 +134,8 @@ void RingOp::build_schedule() {
       out_start_rs[s] = static_cast<int64_t>(first);
       add_chunk(out_, true, s, mod(r - s - 1));
       if (s > 0)
-        for (size_t k = first; k < out_.size(); ++k) out_[k].dep = in_start_rs[s - 1] + static_cast<int64_t>(k - first);
+        for (size_t k = first; k < out_.size(); ++k)
+          out_[k].dep = in_start_rs[s - 1] + static_cast<int64_t>(k - first);
     }
     // Segment j of step s reuses the buffer half of step s-2, forwarded by
     // the send of step s-1.
@@ -158,8 +160,10 @@ void RingOp::build_schedule() {
       add_chunk(out_, false, s, mod(r - s));
       for (size_t k = first; k < out_.size(); ++k) {
         const auto seg = static_cast<int64_t>(k - first);
-        if (s > 0) out_[k].dep = in_start_ag[s - 1] + seg;
-        else if (spec_.reduce_phase) out_[k].dep = in_start_rs[n - 2] + seg;
+        if (s > 0)
+          out_[k].dep = in_start_ag[s - 1] + seg;
+        else if (spec_.reduce_phase)
+          out_[k].dep = in_start_rs[n - 2] + seg;
       }
     }
   }
@@ -233,7 +237,8 @@ void RingOp::run(Transport& t) {
   // larger than an inline message wait for the right neighbour's header:
   // over TCP an early rendezvous send, once cleared, is written out whole
   // inside one MPI call, and the peer's header behind it is read late.
-  while (next_out_ < static_cast<int64_t>(out_.size()) && next_out_ - completed_out_ < send_window) {
+  while (next_out_ < static_cast<int64_t>(out_.size()) &&
+         next_out_ - completed_out_ < send_window) {
     const Msg& m = out_[next_out_];
     if (m.dep >= 0 && !in_done_[m.dep]) break;
     const size_t bytes = codec_->wire_bytes(m.count, spec_.dtype);
@@ -241,7 +246,8 @@ void RingOp::run(Transport& t) {
     const void* wire;
     if (m.reduce) {
       wire = m.dep < 0 ? codec_->encode(spec_.local.slice(m.offset, m.count), nullptr, ctx_)
-                       : codec_->encode(TensorView(wire_slot(in_[m.dep]), m.count, spec_.dtype), nullptr, ctx_);
+                       : codec_->encode(TensorView(wire_slot(in_[m.dep]), m.count, spec_.dtype),
+                                        nullptr, ctx_);
     } else {
       wire = codec_->encode(spec_.gathered.slice(m.offset, m.count), nullptr, ctx_);
     }
@@ -258,7 +264,8 @@ void RingOp::run(Transport& t) {
       if (m.reuse_in >= 0 && !in_done_[m.reuse_in]) break;
       if (rs_buffer_.size() == 0) {
         const int64_t halves = std::min(2, size_ - 2);  // steps before the last
-        rs_buffer_ = t.scratch(static_cast<size_t>(last_slots_ + halves * max_segments_) * wire_bytes_);
+        rs_buffer_ =
+            t.scratch(static_cast<size_t>(last_slots_ + halves * max_segments_) * wire_bytes_);
       }
       target = wire_slot(m);
     } else {

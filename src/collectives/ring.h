@@ -90,8 +90,8 @@ class RingOp final : public EdgeOp {
     int chunk = 0;
     int64_t offset = 0;  // element offset in the full layout
     int64_t count = 0;
-    int64_t seg = 0;     // segment index within the chunk
-    int64_t dep = -1;    // outgoing: the incoming message it forwards
+    int64_t seg = 0;        // segment index within the chunk
+    int64_t dep = -1;       // outgoing: the incoming message it forwards
     int64_t reuse = -1;     // incoming reduce-scatter: the outgoing message that must
                             // complete before this one may land in its buffer half
     int64_t reuse_in = -1;  // incoming last-step segment: the incoming message that
@@ -121,9 +121,9 @@ class RingOp final : public EdgeOp {
   std::vector<Msg> in_, out_;
   std::vector<char> in_done_, out_done_;
   int64_t next_in_ = 0, processed_in_ = 0, next_out_ = 0, completed_out_ = 0;
-  int64_t max_segments_ = 0;           // segments of the largest chunk
-  int64_t last_slots_ = 0;             // slots of the last reduce-scatter step
-  ScratchPool::Buffer rs_buffer_;      // last-step slots, then the double buffer
+  int64_t max_segments_ = 0;       // segments of the largest chunk
+  int64_t last_slots_ = 0;         // slots of the last reduce-scatter step
+  ScratchPool::Buffer rs_buffer_;  // last-step slots, then the double buffer
   // Shared mode.
   bool shared_ = false;
   std::shared_ptr<const PeerMapping> left_buffer_, left_partials_;

@@ -106,14 +106,24 @@ bool Transport::throttled(const Operation& op) const {
   return false;
 }
 
-int Transport::rank() const { return lane_.rank_; }
-int Transport::size() const { return lane_.size_; }
-uint32_t Transport::lane_id() const { return lane_.id_; }
-const Tunables& Transport::tunables() const { return lane_.tunables_; }
+int Transport::rank() const {
+  return lane_.rank_;
+}
+int Transport::size() const {
+  return lane_.size_;
+}
+uint32_t Transport::lane_id() const {
+  return lane_.id_;
+}
+const Tunables& Transport::tunables() const {
+  return lane_.tunables_;
+}
 int Transport::collective_tag(uint64_t seq, Channel channel) const {
   return mpi::collective_tag(lane_.id_, seq, channel, lane_.comms_->max_tag);
 }
-ScratchPool::Buffer Transport::scratch(size_t bytes) { return engine_.scratch_->acquire(bytes); }
+ScratchPool::Buffer Transport::scratch(size_t bytes) {
+  return engine_.scratch_->acquire(bytes);
+}
 
 // ---- CommPair and Lane -------------------------------------------------------
 
@@ -166,8 +176,10 @@ Engine::Engine(Tunables tunables, Polling polling)
         detail::concat(tunables_.trace_file, ".", process_rank() >= 0 ? process_rank() : trace_pid_,
                        k > 0 ? detail::concat(".", k) : std::string(), ".json");
     trace_.open(path);
-    if (trace_.good()) trace_ << "[\n";
-    else RELAXCC_LOG(warn, "cannot open trace file ", path);
+    if (trace_.good())
+      trace_ << "[\n";
+    else
+      RELAXCC_LOG(warn, "cannot open trace file ", path);
   }
   thread_ = std::thread([this] { loop(); });
 }
@@ -190,7 +202,8 @@ Engine::~Engine() {
 
 std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
                                        int rank, uint32_t id, Tunables tunables) {
-  auto lane = std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(tunables));
+  auto lane =
+      std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(tunables));
   std::lock_guard<std::mutex> lock(mutex_);
   lanes_.push_back(lane);
   to_listen_.push_back(std::move(comms));
@@ -200,8 +213,8 @@ std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vec
 void Engine::close_lane(const std::shared_ptr<Lane>& lane) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    lane->close_deadline_ =
-        Clock::now() + std::chrono::milliseconds(std::min<int64_t>(lane->tunables_.timeout_ms, 10000));
+    lane->close_deadline_ = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(
+                                               lane->tunables_.timeout_ms, 10000));
     closing_.push_back(lane);
   }
 }
@@ -215,8 +228,9 @@ void Doorbell::ring_released() {
   cv.notify_all();
 }
 
-std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
-                                     const std::string& details, const OpOptions& options) {
+std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
+                                     std::shared_ptr<Operation> op, const std::string& details,
+                                     const OpOptions& options) {
   const WorkPtr& after = options.after;
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
@@ -225,15 +239,19 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::sha
     if (lane->poisoned())
       RELAXCC_THROW(CommunicatorPoisoned, op->name(), ": the communicator is poisoned (",
                     lane->poison_reason_, ") and accepts no more operations");
-    RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(), ": the communicator is shutting down");
+    RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(),
+                    ": the communicator is shutting down");
     op->seq_ = op->collective() ? lane->next_seq_++ : lane->next_p2p_seq_++;
     op->submitted_ = Clock::now();
     op->lane_ = lane;
     work = std::make_shared<EngineWork>(
-        detail::concat(op->name(), " #", op->seq_, options.label.empty() ? "" : " of '" + options.label + "'", " (tag ",
-                       lane->transport_.collective_tag(op->seq_, Channel::header), ", ", details, ")"),
+        detail::concat(op->name(), " #", op->seq_,
+                       options.label.empty() ? "" : " of '" + options.label + "'", " (tag ",
+                       lane->transport_.collective_tag(op->seq_, Channel::header), ", ", details,
+                       ")"),
         std::chrono::milliseconds(lane->tunables_.timeout_ms),
-        std::chrono::microseconds(callers_poll_.load(std::memory_order_relaxed) ? lane->tunables_.spin_us : 0),
+        std::chrono::microseconds(
+            callers_poll_.load(std::memory_order_relaxed) ? lane->tunables_.spin_us : 0),
         weak_from_this(), lane);
     op->work_ = work;
     op->after_ = after;
@@ -252,7 +270,8 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane, std::sha
   return work;
 }
 
-void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers) {
+void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
+                    bool notify_peers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!poison_locked(lane, reason, notify_peers)) return;
@@ -260,7 +279,8 @@ void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason
   cv_.notify_all();
 }
 
-bool Engine::poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers) {
+bool Engine::poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason,
+                           bool notify_peers) {
   if (lane->poisoned()) return false;
   lane->poison_reason_ = reason;
   lane->notify_peers_ = notify_peers;
@@ -276,7 +296,8 @@ std::string Engine::poison_on_timeout(const std::shared_ptr<Lane>& lane, const W
   auto report = std::make_shared<TimeoutReport>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (lane->poisoned()) return detail::concat("the communicator was poisoned before (", lane->poison_reason_, ")");
+    if (lane->poisoned())
+      return detail::concat("the communicator was poisoned before (", lane->poison_reason_, ")");
     lane->timed_out_ = &work;
     lane->timeout_report_ = report;
     poison_locked(lane, reason, true);
@@ -328,7 +349,8 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
     statuses_.resize(requests_.size());
   }
   requests_[index] = req;
-  pending_[index] = Pending{&op, slot, bytes, peer, send, recv, trace_.is_open() ? Clock::now() : Clock::time_point{}};
+  pending_[index] = Pending{
+      &op, slot, bytes, peer, send, recv, trace_.is_open() ? Clock::now() : Clock::time_point{}};
   ++num_pending_;
   ++op.pending_;
   if (send) {
@@ -382,8 +404,8 @@ void Engine::test_requests(bool& progressed) {
     }
     if (trace_.is_open() && (p.send || p.recv))
       trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
-                  detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"", p.op->name(),
-                                 "\",\"seq\":", p.op->seq()));
+                  detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"",
+                                 p.op->name(), "\",\"seq\":", p.op->seq()));
     try {
       p.op->on_complete(p.op->lane_->transport_, p.slot, status, err);
     } catch (...) {
@@ -392,8 +414,9 @@ void Engine::test_requests(bool& progressed) {
     // The transport gave up on a peer (a lost connection, a dead process):
     // nothing more on this lane can be trusted to complete.
     if (err != MPI_SUCCESS && p.peer >= 0)
-      poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ",
-                                         p.peer, ": ", mpi_error_string(err)));
+      poison(p.op->lane_,
+             detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
+                            ": ", mpi_error_string(err)));
   }
 }
 
@@ -406,8 +429,8 @@ void Engine::retire_finished() {
     op->work_completed_ = true;
     if (trace_.is_open())
       trace_event(op->name(), "op", 0, op->started_,
-                  detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(), ",\"queued_us\":",
-                                 micros(op->started_) - micros(op->submitted_),
+                  detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(),
+                                 ",\"queued_us\":", micros(op->started_) - micros(op->submitted_),
                                  ",\"ok\":", op->error() ? "false" : "true"));
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -415,9 +438,10 @@ void Engine::retire_finished() {
     }
     if (op->work_) op->work_->complete(op->error());
   }
-  auto it = std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
-    return op->work_completed_ && op->pending_ == 0;
-  });
+  auto it =
+      std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
+        return op->work_completed_ && op->pending_ == 0;
+      });
   active_.erase(it, active_.end());
 }
 
@@ -425,8 +449,9 @@ void Engine::trace_event(const std::string& name, const char* cat, int tid, Cloc
                          const std::string& args) {
   if (!trace_.is_open()) return;
   trace_ << (trace_first_ ? "" : ",\n") << "{\"name\":\"" << name << "\",\"cat\":\"" << cat
-         << "\",\"ph\":\"X\",\"pid\":" << trace_pid_ << ",\"tid\":" << tid << ",\"ts\":" << micros(start)
-         << ",\"dur\":" << micros(Clock::now()) - micros(start) << ",\"args\":{" << args << "}}";
+         << "\",\"ph\":\"X\",\"pid\":" << trace_pid_ << ",\"tid\":" << tid
+         << ",\"ts\":" << micros(start) << ",\"dur\":" << micros(Clock::now()) - micros(start)
+         << ",\"args\":{" << args << "}}";
   trace_first_ = false;
 }
 
@@ -438,8 +463,8 @@ bool Engine::fail_if_poisoned(Operation& op) {
     reason = op.lane_->poison_reason_;
   }
   op.set_error(std::make_exception_ptr(CommunicatorPoisoned(
-      detail::concat(op.name(), " #", op.seq(), ": the communicator is poisoned (", reason, ")"), __FILE__,
-      __LINE__)));
+      detail::concat(op.name(), " #", op.seq(), ": the communicator is poisoned (", reason, ")"),
+      __FILE__, __LINE__)));
   op.work_->complete(op.error());
   return true;
 }
@@ -450,8 +475,9 @@ void Engine::fail_waiting(const Lane* lane, const std::string& reason) {
   });
   for (auto failed = it; failed != waiting_.end(); ++failed) {
     Operation& op = **failed;
-    op.set_error(std::make_exception_ptr(CommunicationError(
-        detail::concat(op.name(), " #", op.seq(), " did not start: ", reason), __FILE__, __LINE__)));
+    op.set_error(std::make_exception_ptr(
+        CommunicationError(detail::concat(op.name(), " #", op.seq(), " did not start: ", reason),
+                           __FILE__, __LINE__)));
     op.work_->complete(op.error());
   }
   waiting_.erase(it, waiting_.end());
@@ -469,9 +495,8 @@ void Engine::start(const std::shared_ptr<Operation>& op) {
     }
     op->after_.reset();
   }
-  auto pos = std::find_if(active_.begin(), active_.end(), [&](const auto& other) {
-    return other->priority() < op->priority();
-  });
+  auto pos = std::find_if(active_.begin(), active_.end(),
+                          [&](const auto& other) { return other->priority() < op->priority(); });
   Operation& ref = **active_.insert(pos, op);
   Transport& t = ref.lane_->transport_;
   try {
@@ -491,7 +516,8 @@ void Engine::abort_all(const Lane* lane, const std::string& reason) {
   for (const auto& op : active_) {
     if ((op->done() && op->pending_ == 0) || (lane != nullptr && op->lane_.get() != lane)) continue;
     auto err = std::make_exception_ptr(CommunicatorPoisoned(
-        detail::concat(op->name(), " #", op->seq(), " aborted: the communicator is poisoned (", reason, ")"),
+        detail::concat(op->name(), " #", op->seq(), " aborted: the communicator is poisoned (",
+                       reason, ")"),
         __FILE__, __LINE__));
     try {
       op->abort(op->lane_->transport_, err);
@@ -534,7 +560,8 @@ void Engine::loop() {
     if (active_.empty() && backoff_.load(std::memory_order_relaxed) == Backoff::yield &&
         !signalled_.load(std::memory_order_acquire)) {
       const auto idle_since = Clock::now();
-      while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin) sched_yield();
+      while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin)
+        sched_yield();
     }
     std::vector<std::shared_ptr<Lane>> apply_poison;
     bool released = false;
@@ -557,16 +584,18 @@ void Engine::loop() {
 
       apply_poison.swap(to_poison_);
       if (stop_) {
-        signalled_.store(true, std::memory_order_relaxed);  // keep checking the deadline under the lock
+        signalled_.store(true,
+                         std::memory_order_relaxed);  // keep checking the deadline under the lock
         if (shutdown_deadline == Clock::time_point{}) {
           // Operations still running get time to finish; requests parked by a
           // poisoning (their operations already done) only a short grace.
           const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) {
             return !op->done() && !op->lane_->poisoned();
           });
-          shutdown_deadline = Clock::now() + (running
-                                                  ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
-                                                  : std::chrono::milliseconds(200));
+          shutdown_deadline =
+              Clock::now() +
+              (running ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
+                       : std::chrono::milliseconds(200));
         }
       }
     }
@@ -593,8 +622,10 @@ void Engine::loop() {
     for (auto& op : incoming) {
       op->started_ = Clock::now();
       if (fail_if_poisoned(*op)) continue;
-      if (op->after_ && !op->released_.load(std::memory_order_acquire)) waiting_.push_back(op);
-      else start(op);
+      if (op->after_ && !op->released_.load(std::memory_order_acquire))
+        waiting_.push_back(op);
+      else
+        start(op);
     }
     if (released) {
       auto it = std::stable_partition(waiting_.begin(), waiting_.end(), [](const auto& op) {
@@ -645,10 +676,10 @@ void Engine::loop() {
     }
     sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
-      return !queue_.empty() || doorbell_->released || !to_poison_.empty();
-    });
-    if (trace_.is_open()) trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
+    cv_.wait_for(lock, std::chrono::microseconds(sleep_us),
+                 [&] { return !queue_.empty() || doorbell_->released || !to_poison_.empty(); });
+    if (trace_.is_open())
+      trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
   }
   fail_waiting(nullptr, "the communicator was destroyed before the Work it runs after completed");
   release_listeners(true);
@@ -658,13 +689,14 @@ void Engine::expire_closed_lanes(Clock::time_point now) {
   std::vector<std::shared_ptr<Lane>> expired;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto keep = std::remove_if(closing_.begin(), closing_.end(), [&](const std::weak_ptr<Lane>& weak) {
-      auto lane = weak.lock();
-      if (!lane) return true;  // no operation holds it any more
-      if (now < lane->close_deadline_) return false;
-      expired.push_back(std::move(lane));
-      return true;
-    });
+    auto keep =
+        std::remove_if(closing_.begin(), closing_.end(), [&](const std::weak_ptr<Lane>& weak) {
+          auto lane = weak.lock();
+          if (!lane) return true;  // no operation holds it any more
+          if (now < lane->close_deadline_) return false;
+          expired.push_back(std::move(lane));
+          return true;
+        });
     closing_.erase(keep, closing_.end());
   }
   for (const auto& lane : expired)
@@ -677,7 +709,8 @@ void Engine::expire_closed_lanes(Clock::time_point now) {
 namespace {
 bool post_listener(MPI_Comm comm, PoisonNotice* notice, MPI_Request* request) {
   *notice = PoisonNotice{};
-  const int rc = MPI_Irecv(notice, sizeof(PoisonNotice), MPI_BYTE, MPI_ANY_SOURCE, kNoticeTag, comm, request);
+  const int rc =
+      MPI_Irecv(notice, sizeof(PoisonNotice), MPI_BYTE, MPI_ANY_SOURCE, kNoticeTag, comm, request);
   if (rc == MPI_SUCCESS) return true;
   RELAXCC_LOG(warn, "cannot listen for poison notices: ", mpi_error_string(rc));
   *request = MPI_REQUEST_NULL;
@@ -707,7 +740,8 @@ void Engine::poll_notices() {
       int flag = 0;
       MPI_Status status;
       const int rc = MPI_Test(&l->request, &flag, &status);
-      if (rc != MPI_SUCCESS) RELAXCC_LOG(warn, "poison-notice receive failed: ", mpi_error_string(rc));
+      if (rc != MPI_SUCCESS)
+        RELAXCC_LOG(warn, "poison-notice receive failed: ", mpi_error_string(rc));
       if (rc != MPI_SUCCESS || !flag) break;
       l->request = MPI_REQUEST_NULL;
       on_notice(*l->comms, l->notice, status.MPI_SOURCE);
@@ -759,18 +793,21 @@ void Engine::send_notices(const Lane& lane) {
   for (int r = 0; r < lane.size_; ++r) {
     if (r == lane.rank_) continue;
     NoticeSend send{notice, MPI_REQUEST_NULL};
-    const int rc = MPI_Isend(notice.get(), sizeof(PoisonNotice), MPI_BYTE, lane.comm_rank(r), kNoticeTag,
-                             lane.comms_->coll, &send.request);
-    if (rc == MPI_SUCCESS) notice_sends_.push_back(std::move(send));
-    else RELAXCC_LOG(warn, "cannot send a poison notice to rank ", r, ": ", mpi_error_string(rc));
+    const int rc = MPI_Isend(notice.get(), sizeof(PoisonNotice), MPI_BYTE, lane.comm_rank(r),
+                             kNoticeTag, lane.comms_->coll, &send.request);
+    if (rc == MPI_SUCCESS)
+      notice_sends_.push_back(std::move(send));
+    else
+      RELAXCC_LOG(warn, "cannot send a poison notice to rank ", r, ": ", mpi_error_string(rc));
   }
 }
 
 void Engine::release_listeners(bool all) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(), [](const auto& w) { return w.expired(); }),
-                 lanes_.end());
+    lanes_.erase(
+        std::remove_if(lanes_.begin(), lanes_.end(), [](const auto& w) { return w.expired(); }),
+        lanes_.end());
     if (all) to_listen_.clear();
   }
   if (mpi_finalized()) {
@@ -791,11 +828,13 @@ void Engine::release_listeners(bool all) {
     if (l.request == MPI_REQUEST_NULL) continue;
     MPI_Cancel(&l.request);
     int flag = 0;
-    while (MPI_Test(&l.request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && Clock::now() < deadline)
+    while (MPI_Test(&l.request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
+           Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     if (!flag) {
       RELAXCC_LOG(warn, "a poison-notice receive did not cancel; its buffer is kept (leaked)");
-      new std::unique_ptr<Listener>(std::move(*it));  // intentional leak: the transport may still write it
+      new std::unique_ptr<Listener>(
+          std::move(*it));  // intentional leak: the transport may still write it
     }
   }
   listeners_.erase(unused, listeners_.end());
@@ -825,7 +864,8 @@ void Engine::drain_on_shutdown() {
   }
   retire_finished();
   if (!active_.empty()) {
-    RELAXCC_LOG(error, active_.size(), " operation(s) still hold posted requests at shutdown; "
+    RELAXCC_LOG(error, active_.size(),
+                " operation(s) still hold posted requests at shutdown; "
                 "their buffers are kept alive (leaked) so the transport never writes freed memory");
     new std::vector<std::shared_ptr<Operation>>(std::move(active_));  // intentional leak
   }

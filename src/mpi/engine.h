@@ -8,13 +8,12 @@
 // a time while a higher one on another is active. Operations are
 // resumable state machines. Each takes its sequence number (and so its tags)
 // when it is submitted; the engine starts it then, or, when it was submitted
-// to run after another Work, once that Work completed. It lets them post requests (in priority order, so that a large low-priority
-// operation yields the network to a high-priority one), tests every pending
-// request with MPI_Testsome, and hands completions back to their operation.
-// When nothing is pending the thread sleeps on a condition variable (in
-// yield mode after polling for new operations for tunables.spin_us, so that
-// back-to-back calls skip the wake-up; a caller's Work::wait polls as long
-// before it blocks). While requests are pending it polls for
+// to run after another Work, once that Work completed. It lets them post requests (in priority
+// order, so that a large low-priority operation yields the network to a high-priority one), tests
+// every pending request with MPI_Testsome, and hands completions back to their operation. When
+// nothing is pending the thread sleeps on a condition variable (in yield mode after polling for new
+// operations for tunables.spin_us, so that back-to-back calls skip the wake-up; a caller's
+// Work::wait polls as long before it blocks). While requests are pending it polls for
 // tunables.spin_us, then backs off:
 //   sleep  sleeps of 4 us doubling to tunables.max_sleep_us. For ranks that
 //          share cores: a polling thread would starve the others.
@@ -270,8 +269,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // A lane over `members` (ranks of comms; empty: all of them, in order), in
   // which this process is rank `rank`.
-  std::shared_ptr<Lane> add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
-                                 uint32_t id, Tunables tunables);
+  std::shared_ptr<Lane> add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
+                                 int rank, uint32_t id, Tunables tunables);
   // The lane's communicator is gone: operations still in flight get
   // min(RELAXCC_TIMEOUT_MS, 10 s) to finish, then fail and poison the lane.
   void close_lane(const std::shared_ptr<Lane>& lane);
@@ -294,7 +293,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // one otherwise. A member whose part of the failed operation completed
   // before the notice arrived keeps that result; its next call on the lane
   // throws CommunicatorPoisoned.
-  void poison(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers = true);
+  void poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
+              bool notify_peers = true);
   // poison() for a wait on `work` that timed out: the poison reason (and so
   // the peers' notice) names the peers the operation still waited for.
   // Returns them ("waiting for: rank 3 (header)"), or the reason the lane
@@ -354,7 +354,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // mark ready (null when the poisoning did not come from a timeout).
   std::shared_ptr<TimeoutReport> report_timeout(Lane& lane);
   // poison() under mutex_; false when the lane was poisoned already.
-  bool poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers);
+  bool poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason,
+                     bool notify_peers);
   // `notice` came from comm rank `source` of `comms`.
   void on_notice(const CommPair& comms, PoisonNotice notice, int source);
   void test_notice_sends();
@@ -374,13 +375,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<bool>& signalled_;
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
-  std::vector<std::shared_ptr<Lane>> to_poison_;  // poisoned, not yet applied
-  std::vector<std::weak_ptr<Lane>> closing_;      // closed, with operations maybe in flight
-  std::vector<std::weak_ptr<Lane>> lanes_;        // every lane, for poison notices
+  std::vector<std::shared_ptr<Lane>> to_poison_;      // poisoned, not yet applied
+  std::vector<std::weak_ptr<Lane>> closing_;          // closed, with operations maybe in flight
+  std::vector<std::weak_ptr<Lane>> lanes_;            // every lane, for poison notices
   std::vector<std::shared_ptr<CommPair>> to_listen_;  // new CommPairs, no listener yet
 
   // Engine-thread state.
-  std::vector<std::shared_ptr<Operation>> active_;  // sorted by priority, then seq
+  std::vector<std::shared_ptr<Operation>> active_;   // sorted by priority, then seq
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
   std::vector<MPI_Request> requests_;
   std::vector<Pending> pending_;

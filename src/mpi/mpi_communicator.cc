@@ -105,10 +105,12 @@ std::pair<MPI_Comm, MPI_Comm> timed_dup_pair(MPI_Comm comm, std::chrono::millise
     check_mpi(MPI_Testall(2, dup->requests, &flag, MPI_STATUSES_IGNORE), "create_mpi_communicator");
     if (flag) break;
     if (Clock::now() >= deadline) {
-      if (!parked) check_mpi(MPI_Comm_set_attr(comm, parked_dup_keyval(), dup), "MPI_Comm_set_attr");
-      RELAXCC_THROW(Timeout, "create_mpi_communicator: not every rank arrived within ", timeout.count(),
-                    " ms (its MPI_Comm_idup stays parked on the communicator; the next creation on it "
-                    "waits for the same)");
+      if (!parked)
+        check_mpi(MPI_Comm_set_attr(comm, parked_dup_keyval(), dup), "MPI_Comm_set_attr");
+      RELAXCC_THROW(
+          Timeout, "create_mpi_communicator: not every rank arrived within ", timeout.count(),
+          " ms (its MPI_Comm_idup stays parked on the communicator; the next creation on it "
+          "waits for the same)");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
   }
@@ -219,22 +221,25 @@ class MpiCommunicator final : public Communicator {
     constexpr int kFields = 3;  // version, agreement hash, host key
     // Carried as i64 (relaxcc has no u64 dtype); compared bit for bit.
     auto mine = std::make_shared<std::vector<int64_t>>(std::initializer_list<int64_t>{
-        static_cast<int64_t>(build::kVersion), static_cast<int64_t>(handshake_hash(lane_->tunables())),
-        static_cast<int64_t>(host_key())});
+        static_cast<int64_t>(build::kVersion),
+        static_cast<int64_t>(handshake_hash(lane_->tunables())), static_cast<int64_t>(host_key())});
     auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(kFields) * n);
     AllgatherOptions o;
-    o.label = "create_mpi_communicator handshake: relaxcc version, dtype sizes, Agree tunables, hosts";
-    allgather(TensorView::host(mine->data(), kFields, mine), TensorView::host(all->data(), kFields * n, all),
-              ExecContext::host(), o)
+    o.label =
+        "create_mpi_communicator handshake: relaxcc version, dtype sizes, Agree tunables, hosts";
+    allgather(TensorView::host(mine->data(), kFields, mine),
+              TensorView::host(all->data(), kFields * n, all), ExecContext::host(), o)
         ->wait(timeout);
     std::vector<uint64_t> hosts(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
       const int64_t* theirs = all->data() + static_cast<size_t>(kFields) * r;
-      RELAXCC_ENFORCE(theirs[0] == (*mine)[0], PeerMismatch, "create_mpi_communicator (handshake): rank ", r,
-                      " runs relaxcc ", version_name(static_cast<uint64_t>(theirs[0])), ", rank ", rank(),
-                      " runs ", version_name(static_cast<uint64_t>((*mine)[0])));
-      RELAXCC_ENFORCE(theirs[1] == (*mine)[1], PeerMismatch, "create_mpi_communicator (handshake): ranks ", r,
-                      " and ", rank(), " differ in the RELAXCC_* tunables that must agree (relaxcc-bench "
+      RELAXCC_ENFORCE(theirs[0] == (*mine)[0], PeerMismatch,
+                      "create_mpi_communicator (handshake): rank ", r, " runs relaxcc ",
+                      version_name(static_cast<uint64_t>(theirs[0])), ", rank ", rank(), " runs ",
+                      version_name(static_cast<uint64_t>((*mine)[0])));
+      RELAXCC_ENFORCE(theirs[1] == (*mine)[1], PeerMismatch,
+                      "create_mpi_communicator (handshake): ranks ", r, " and ", rank(),
+                      " differ in the RELAXCC_* tunables that must agree (relaxcc-bench "
                       "--print-config lists them) or in their builds (dtype sizes, pointer width)");
       hosts[r] = static_cast<uint64_t>(theirs[2]);
     }
@@ -242,7 +247,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Known after the handshake, before the communicator is handed out.
-  void set_node_layout(std::shared_ptr<const NodeLayoutMap> nodes, std::shared_ptr<SharedMemory> shared_memory) {
+  void set_node_layout(std::shared_ptr<const NodeLayoutMap> nodes,
+                       std::shared_ptr<SharedMemory> shared_memory) {
     nodes_ = std::move(nodes);
     shared_memory_ = std::move(shared_memory);
   }
@@ -272,7 +278,9 @@ class MpiCommunicator final : public Communicator {
     std::shared_ptr<SharedMemory> shm =
         one_node ? (shared_memory_ ? shared_memory_ : std::make_shared<SharedMemory>()) : nullptr;
     return std::make_shared<MpiCommunicator>(
-        engine_, engine_->add_lane(lane_->comms(), std::move(comm_members), my_rank, lane_id, lane_->tunables()),
+        engine_,
+        engine_->add_lane(lane_->comms(), std::move(comm_members), my_rank, lane_id,
+                          lane_->tunables()),
         nodes_, std::move(shm));
   }
 
@@ -283,8 +291,8 @@ class MpiCommunicator final : public Communicator {
     auto mine = std::make_shared<std::array<int64_t, 2>>(std::array<int64_t, 2>{color, key});
     AllgatherOptions o;
     o.label = "split: colors and keys";
-    allgather(TensorView::host(mine->data(), 2, mine), TensorView::host(pairs->data(), 2 * n, pairs),
-              ExecContext::host(), o)
+    allgather(TensorView::host(mine->data(), 2, mine),
+              TensorView::host(pairs->data(), 2 * n, pairs), ExecContext::host(), o)
         ->wait(options.timeout);
     const uint64_t split_index = splits_++;
     if (color < 0) return nullptr;
@@ -351,9 +359,9 @@ class MpiCommunicator final : public Communicator {
     // One rank and recursive doubling work in place.
     if (n == 1) return completed("allreduce", options, [input, output] { copy(input, output); });
     if (algo == AllreduceAlgo::recursive_doubling) {
-      return submit(std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label,
-                                                          output, options.op, rank(), n, ctx,
-                                                          static_cast<int>(algo)),
+      return submit(std::make_shared<RecursiveDoublingOp>("allreduce", options.priority,
+                                                          options.label, output, options.op, rank(),
+                                                          n, ctx, static_cast<int>(algo)),
                     options,
                     detail::concat("recursive_doubling, ", output.numel, " x ",
                                    dtype_name(output.dtype), ", all ranks"),
@@ -363,7 +371,8 @@ class MpiCommunicator final : public Communicator {
     spec.op = options.op;
     spec.local = input;
     spec.gathered = output;
-    const int64_t offset = std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
+    const int64_t offset =
+        std::accumulate(spec.chunk_counts.begin(), spec.chunk_counts.begin() + rank(), int64_t{0});
     spec.result = output.slice(offset, spec.chunk_counts[rank()]);
     share(spec, output);
     return submit_ring("allreduce", options, std::move(spec), ctx, output);
@@ -375,12 +384,15 @@ class MpiCommunicator final : public Communicator {
     check_host(output, ctx, "reduce_scatter output");
     check_op(options.op, "reduce_scatter");
     const int n = size();
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument, "reduce_scatter: input and output dtypes");
+    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
+                       "reduce_scatter: input and output dtypes");
     RELAXCC_ENFORCE_EQ(input.numel, output.numel * n, InvalidArgument,
                        "reduce_scatter: input elements must be size() x output elements");
     check_aliasing("reduce_scatter", input, output, nullptr);
-    if (n == 1) return completed("reduce_scatter", options, [input, output] { copy(input, output); });
-    RingSpec spec = ring_spec(OpType::reduce_scatter, input.dtype, std::vector<int64_t>(n, output.numel));
+    if (n == 1)
+      return completed("reduce_scatter", options, [input, output] { copy(input, output); });
+    RingSpec spec =
+        ring_spec(OpType::reduce_scatter, input.dtype, std::vector<int64_t>(n, output.numel));
     spec.gather_phase = false;
     spec.op = options.op;
     spec.local = input;
@@ -413,13 +425,16 @@ class MpiCommunicator final : public Communicator {
     check_host(input, ctx, "allgather input");
     check_host(output, ctx, "allgather output");
     const int n = size();
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument, "allgather: input and output dtypes");
-    RELAXCC_ENFORCE_EQ(static_cast<int>(counts.size()), n, InvalidArgument, "allgatherv: one count per rank");
+    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
+                       "allgather: input and output dtypes");
+    RELAXCC_ENFORCE_EQ(static_cast<int>(counts.size()), n, InvalidArgument,
+                       "allgatherv: one count per rank");
     for (int64_t c : counts) RELAXCC_ENFORCE_GE(c, 0, InvalidArgument, "allgatherv: counts");
     RELAXCC_ENFORCE_EQ(counts[rank()], input.numel, InvalidArgument,
                        "allgatherv: counts[rank()] must equal the input elements");
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    RELAXCC_ENFORCE_EQ(output.numel, total, InvalidArgument, "allgather: output elements must be the sum of counts");
+    RELAXCC_ENFORCE_EQ(output.numel, total, InvalidArgument,
+                       "allgather: output elements must be the sum of counts");
     const int64_t offset = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
     const TensorView own_slot = output.slice(offset, input.numel);
     check_aliasing("allgather", input, output, &own_slot);
@@ -438,11 +453,12 @@ class MpiCommunicator final : public Communicator {
     RELAXCC_ENFORCE(options.root >= 0 && options.root < size(), InvalidArgument, "broadcast: root ",
                     options.root, " is not a rank of this communicator of ", size());
     const int n = size(), r = rank(), root = options.root;
-    return submit(std::make_shared<BroadcastChainOp>("broadcast", options.priority, options.label, data,
-                                                     root, r, n, segment_bytes(), pipeline_depth()),
-                  options,
-                  detail::concat("chain from root ", root, ", ", data.numel, " x ", dtype_name(data.dtype),
-                                 ", peers ", (r - 1 + n) % n, ",", (r + 1) % n));
+    return submit(
+        std::make_shared<BroadcastChainOp>("broadcast", options.priority, options.label, data, root,
+                                           r, n, segment_bytes(), pipeline_depth()),
+        options,
+        detail::concat("chain from root ", root, ", ", data.numel, " x ", dtype_name(data.dtype),
+                       ", peers ", (r - 1 + n) % n, ",", (r + 1) % n));
   }
 
   WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -460,9 +476,11 @@ class MpiCommunicator final : public Communicator {
     check_host(input, ctx, "alltoall input");
     check_host(output, ctx, "alltoall output");
     const int n = size();
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument, "alltoall: input and output dtypes");
-    RELAXCC_ENFORCE(static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
-                    InvalidArgument, "alltoallv: one send and one receive count per rank");
+    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
+                       "alltoall: input and output dtypes");
+    RELAXCC_ENFORCE(
+        static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
+        InvalidArgument, "alltoallv: one send and one receive count per rank");
     const int64_t esize = static_cast<int64_t>(dtype_size(input.dtype));
     int64_t soff = 0, roff = 0;
     for (int p = 0; p < n; ++p) {
@@ -473,12 +491,15 @@ class MpiCommunicator final : public Communicator {
       soff += send_counts[p];
       roff += recv_counts[p];
     }
-    RELAXCC_ENFORCE_EQ(soff, input.numel, InvalidArgument, "alltoallv: input elements vs sum of send_counts");
-    RELAXCC_ENFORCE_EQ(roff, output.numel, InvalidArgument, "alltoallv: output elements vs sum of recv_counts");
+    RELAXCC_ENFORCE_EQ(soff, input.numel, InvalidArgument,
+                       "alltoallv: input elements vs sum of send_counts");
+    RELAXCC_ENFORCE_EQ(roff, output.numel, InvalidArgument,
+                       "alltoallv: output elements vs sum of recv_counts");
     check_aliasing("alltoall", input, output, nullptr);
-    return submit(std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
-                                                       send_counts, output, recv_counts, rank(), n),
-                  options, detail::concat(input.numel, " x ", dtype_name(input.dtype), " out, pairwise"));
+    return submit(
+        std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
+                                             send_counts, output, recv_counts, rank(), n),
+        options, detail::concat(input.numel, " x ", dtype_name(input.dtype), " out, pairwise"));
   }
 
   WorkPtr barrier(const BarrierOptions& options) override {
@@ -487,10 +508,10 @@ class MpiCommunicator final : public Communicator {
     auto token = std::make_shared<uint8_t>(0);
     const TensorView view(token.get(), 1, DType::u8, Device::host(), token);
     if (size() == 1) return completed("barrier", options, [] {});
-    return submit(std::make_shared<RecursiveDoublingOp>("barrier", options.priority, options.label, view,
-                                                        ReduceOp::max, rank(), size(), ExecContext::host(),
-                                                        static_cast<int>(AllreduceAlgo::recursive_doubling),
-                                                        OpType::barrier),
+    return submit(std::make_shared<RecursiveDoublingOp>(
+                      "barrier", options.priority, options.label, view, ReduceOp::max, rank(),
+                      size(), ExecContext::host(),
+                      static_cast<int>(AllreduceAlgo::recursive_doubling), OpType::barrier),
                   options, "recursive doubling, all ranks");
   }
 
@@ -528,23 +549,26 @@ class MpiCommunicator final : public Communicator {
   // Submits `op` in the communicator's order, to start after options.after.
   // `prepare`, a local step the operation needs first, runs now when the
   // operation starts at once, else right before it starts.
-  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options, const std::string& details,
-                 std::function<void()> prepare = {}) {
+  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options,
+                 const std::string& details, std::function<void()> prepare = {}) {
     if (prepare) {
-      if (options.after) op->set_prologue(std::move(prepare));
-      else prepare();
+      if (options.after)
+        op->set_prologue(std::move(prepare));
+      else
+        prepare();
     }
     return engine_->submit(lane_, std::move(op), details, options);
   }
 
-  WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec, const ExecContext& ctx,
-                      const TensorView& shown, std::function<void()> prepare = {}) {
+  WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec,
+                      const ExecContext& ctx, const TensorView& shown,
+                      std::function<void()> prepare = {}) {
     const int n = size(), r = rank();
     std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype),
                                          ", peers ", (r - 1 + n) % n, ",", (r + 1) % n,
                                          spec.shared.pid != 0 ? ", shared buffers" : "");
-    return submit(std::make_shared<RingOp>(name, options.priority, options.label, std::move(spec), r,
-                                           n, ctx, std::make_unique<IdentityCodec>()),
+    return submit(std::make_shared<RingOp>(name, options.priority, options.label, std::move(spec),
+                                           r, n, ctx, std::make_unique<IdentityCodec>()),
                   options, details, std::move(prepare));
   }
 
@@ -552,14 +576,15 @@ class MpiCommunicator final : public Communicator {
   // options.after completed (if it failed, fails as Engine::start would).
   WorkPtr completed(const char* name, const OpOptions& options, std::function<void()> run) {
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, name, ": the communicator is poisoned");
-    const std::string description =
-        detail::concat(name, options.label.empty() ? "" : " of '" + options.label + "'", " (single rank)");
+    const std::string description = detail::concat(
+        name, options.label.empty() ? "" : " of '" + options.label + "'", " (single rank)");
     if (options.after) {
       return options.after->then(
           [run = std::move(run), description](const Work& after) {
             if (std::exception_ptr e = after.exception())
-              RELAXCC_THROW(CommunicationError, description, ": a stage it runs after failed: ",
-                            after.description(), ": ", abort_cause(e).reason);
+              RELAXCC_THROW(CommunicationError, description,
+                            ": a stage it runs after failed: ", after.description(), ": ",
+                            abort_cause(e).reason);
             run();
           },
           description);
@@ -610,8 +635,9 @@ Engine::Polling choose_polling(int local_size, const std::string& policy) {
 
 CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   mpi::ensure_mpi();
-  const auto timeout = options.timeout.count() >= 0 ? options.timeout
-                                                    : std::chrono::milliseconds(options.tunables.timeout_ms);
+  const auto timeout = options.timeout.count() >= 0
+                           ? options.timeout
+                           : std::chrono::milliseconds(options.tunables.timeout_ms);
   // Validates the selection table and the polling policy before any
   // collective call.
   AllreduceSelection::parse(options.tunables.allreduce_algo);
@@ -633,7 +659,8 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   auto nodes = std::make_shared<mpi::NodeLayoutMap>();
   nodes->node = mpi::nodes_of(comm->handshake(timeout));
   nodes->ranks_per_node = options.tunables.ranks_per_node;
-  const int local_size = static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
+  const int local_size =
+      static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
   engine->set_polling(mpi::choose_polling(local_size, options.tunables.engine_poll));
   const bool one_node = nodes->one_node(everyone);
   comm->set_node_layout(nodes, one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);

@@ -10,21 +10,28 @@ namespace relaxcc::mpi {
 
 const char* op_type_name(OpType t) noexcept {
   switch (t) {
-    case OpType::allreduce: return "allreduce";
-    case OpType::reduce_scatter: return "reduce_scatter";
-    case OpType::allgather: return "allgather";
-    case OpType::broadcast: return "broadcast";
-    case OpType::alltoall: return "alltoall";
-    case OpType::barrier: return "barrier";
+    case OpType::allreduce:
+      return "allreduce";
+    case OpType::reduce_scatter:
+      return "reduce_scatter";
+    case OpType::allgather:
+      return "allgather";
+    case OpType::broadcast:
+      return "broadcast";
+    case OpType::alltoall:
+      return "alltoall";
+    case OpType::barrier:
+      return "barrier";
   }
   return "unknown";
 }
 
 bool same_call(const OpHeader& a, const OpHeader& b) noexcept {
   return a.magic == b.magic && a.version == b.version && a.type == b.type && a.dtype == b.dtype &&
-         a.op == b.op && a.algo == b.algo && a.root == b.root && a.seq == b.seq && a.lane == b.lane &&
-         a.count == b.count && a.layout == b.layout && a.to_peer == b.from_peer &&
-         a.from_peer == b.to_peer && (a.shm_pid != 0) == (b.shm_pid != 0);
+         a.op == b.op && a.algo == b.algo && a.root == b.root && a.seq == b.seq &&
+         a.lane == b.lane && a.count == b.count && a.layout == b.layout &&
+         a.to_peer == b.from_peer && a.from_peer == b.to_peer &&
+         (a.shm_pid != 0) == (b.shm_pid != 0);
 }
 
 AbortCause abort_cause(const std::exception_ptr& error) {
@@ -116,8 +123,7 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
     if (mine.seq != theirs.seq)
       diffs.emplace_back("different points of the call sequence (a rank skipped or added a call)");
     if (mine.dtype != theirs.dtype) diffs.emplace_back("different dtypes");
-    if (mine.count != theirs.count)
-      diffs.emplace_back("different element counts");
+    if (mine.count != theirs.count) diffs.emplace_back("different element counts");
     if (mine.op != theirs.op) diffs.emplace_back("different reduce ops");
     if (mine.algo != theirs.algo) {
       diffs.emplace_back(
@@ -130,8 +136,9 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
     // A layout follows from the count and the algorithm: only a difference
     // in it alone is news.
     if (mine.layout != theirs.layout && mine.count == theirs.count && mine.algo == theirs.algo) {
-      diffs.emplace_back(type == OpType::allgather ? "different per-rank counts (allgatherv) or segment size"
-                                                   : "different segment size or per-rank counts");
+      diffs.emplace_back(type == OpType::allgather
+                             ? "different per-rank counts (allgatherv) or segment size"
+                             : "different segment size or per-rank counts");
     }
     if (mine.lane != theirs.lane)
       diffs.emplace_back("operations of different communicators or groups whose messages met");

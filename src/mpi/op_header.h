@@ -53,9 +53,9 @@ struct OpHeader {
   int32_t root = 0;
   uint64_t seq = 0;
   int64_t count = 0;
-  uint64_t layout = 0;          // hash of per-rank counts and segment size
-  int64_t to_peer = 0;          // elements this rank sends the peer
-  int64_t from_peer = 0;        // elements this rank expects from the peer
+  uint64_t layout = 0;    // hash of per-rank counts and segment size
+  int64_t to_peer = 0;    // elements this rank sends the peer
+  int64_t from_peer = 0;  // elements this rank expects from the peer
   // Where the sender's buffer lies in node-shared memory (shm_pid 0: it
   // does not); a ring edge whose sender is shared reads it in place.
   uint32_t shm_pid = 0;
@@ -108,7 +108,7 @@ struct AbortRecord {
   AbortKind kind = AbortKind::error;
   int32_t origin = -1;  // the rank where the failure started
   int32_t pad = 0;
-  int64_t sent = 0;     // data messages the sender posted to the receiver
+  int64_t sent = 0;  // data messages the sender posted to the receiver
   char reason[232] = {};
 
   void set_reason(const std::string& text) { copy_text(reason, text); }

@@ -9,10 +9,11 @@ namespace relaxcc {
 void Optimizer::check(const TensorView& params, const TensorView& grads) {
   params.check_valid("optimizer params");
   grads.check_valid("optimizer grads");
-  RELAXCC_ENFORCE(params.dtype == DType::f32 && grads.dtype == DType::f32 && params.device.is_host() &&
-                      grads.device.is_host(),
+  RELAXCC_ENFORCE(params.dtype == DType::f32 && grads.dtype == DType::f32 &&
+                      params.device.is_host() && grads.device.is_host(),
                   Unsupported, "optimizer: host f32 tensors");
-  RELAXCC_ENFORCE_EQ(params.numel, grads.numel, InvalidArgument, "optimizer: params vs grads elements");
+  RELAXCC_ENFORCE_EQ(params.numel, grads.numel, InvalidArgument,
+                     "optimizer: params vs grads elements");
 }
 
 std::vector<float>& Optimizer::slot(const char* name, int64_t key, int64_t numel) {
@@ -25,7 +26,8 @@ StateDict Optimizer::state_dict() const {
   StateDict sd;
   sd.put_int("steps", steps_);
   for (const auto& [name, by_key] : state_)
-    for (const auto& [key, values] : by_key) sd.put_floats(name + "@" + std::to_string(key), values);
+    for (const auto& [key, values] : by_key)
+      sd.put_floats(name + "@" + std::to_string(key), values);
   return sd;
 }
 
@@ -40,7 +42,8 @@ void Optimizer::load_state_dict(const StateDict& sd) {
 }
 
 Sgd::Sgd(SgdOptions options) : o_(options) {
-  RELAXCC_ENFORCE(o_.lr >= 0 && o_.momentum >= 0, InvalidArgument, "SGD: lr and momentum must be >= 0");
+  RELAXCC_ENFORCE(o_.lr >= 0 && o_.momentum >= 0, InvalidArgument,
+                  "SGD: lr and momentum must be >= 0");
   RELAXCC_ENFORCE(!o_.nesterov || (o_.momentum > 0 && o_.dampening == 0), InvalidArgument,
                   "SGD: Nesterov needs momentum > 0 and no dampening");
 }
@@ -64,8 +67,9 @@ void Sgd::update(const TensorView& params, const TensorView& grads, int64_t key)
 }
 
 Adam::Adam(AdamOptions options) : o_(options) {
-  RELAXCC_ENFORCE(o_.lr >= 0 && o_.beta1 >= 0 && o_.beta1 < 1 && o_.beta2 >= 0 && o_.beta2 < 1 && o_.eps > 0,
-                  InvalidArgument, "Adam: lr >= 0, betas in [0, 1), eps > 0");
+  RELAXCC_ENFORCE(
+      o_.lr >= 0 && o_.beta1 >= 0 && o_.beta1 < 1 && o_.beta2 >= 0 && o_.beta2 < 1 && o_.eps > 0,
+      InvalidArgument, "Adam: lr >= 0, betas in [0, 1), eps > 0");
 }
 
 void Adam::update(const TensorView& params, const TensorView& grads, int64_t key) {
@@ -80,8 +84,10 @@ void Adam::update(const TensorView& params, const TensorView& grads, int64_t key
   const float c2 = static_cast<float>(1.0 - std::pow(o_.beta2, t));
   for (int64_t i = 0; i < n; ++i) {
     float gi = g[i];
-    if (o_.decoupled_weight_decay) p[i] *= 1.0f - o_.lr * o_.weight_decay;
-    else gi += o_.weight_decay * p[i];
+    if (o_.decoupled_weight_decay)
+      p[i] *= 1.0f - o_.lr * o_.weight_decay;
+    else
+      gi += o_.weight_decay * p[i];
     m[i] = o_.beta1 * m[i] + (1.0f - o_.beta1) * gi;
     v[i] = o_.beta2 * v[i] + (1.0f - o_.beta2) * gi * gi;
     const float denom = std::sqrt(v[i] / c2) + o_.eps;

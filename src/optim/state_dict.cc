@@ -15,8 +15,8 @@ void StateDict::put_floats(const std::string& key, const std::vector<float>& val
 std::vector<float> StateDict::get_floats(const std::string& key) const {
   const auto it = entries.find(key);
   RELAXCC_ENFORCE(it != entries.end(), InvalidArgument, "state dict: no entry '", key, "'");
-  RELAXCC_ENFORCE(it->second.size() % sizeof(float) == 0, InvalidArgument, "state dict: entry '", key,
-                  "' is not a float array");
+  RELAXCC_ENFORCE(it->second.size() % sizeof(float) == 0, InvalidArgument, "state dict: entry '",
+                  key, "' is not a float array");
   std::vector<float> out(it->second.size() / sizeof(float));
   if (!out.empty()) std::memcpy(out.data(), it->second.data(), it->second.size());
   return out;

@@ -21,7 +21,9 @@ class LocalSgd final : public Algorithm {
   void init(const AlgorithmContext& ctx) override { ctx_ = ctx; }
   WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;
   WorkPtr after_optimizer_step(const StepInfo& step) override;
-  bool need_reset(const StepInfo& step) const override { return step.step == options_.warmup_steps; }
+  bool need_reset(const StepInfo& step) const override {
+    return step.step == options_.warmup_steps;
+  }
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
   int64_t averages() const { return averages_; }

@@ -24,8 +24,12 @@ struct P2POp {
   TensorView tensor;
   int tag = 0;  // 0 <= tag <= Communicator::max_p2p_tag()
 
-  static P2POp send(int peer, const TensorView& t, int tag = 0) { return {Kind::send, peer, t, tag}; }
-  static P2POp recv(int peer, const TensorView& t, int tag = 0) { return {Kind::recv, peer, t, tag}; }
+  static P2POp send(int peer, const TensorView& t, int tag = 0) {
+    return {Kind::send, peer, t, tag};
+  }
+  static P2POp recv(int peer, const TensorView& t, int tag = 0) {
+    return {Kind::recv, peer, t, tag};
+  }
 };
 
 struct P2POptions : OpOptions {};

@@ -64,7 +64,15 @@
 
 namespace relaxcc::kernels {
 
-enum class CompressorKind : uint8_t { f16 = 1, bf16 = 2, minmax = 3, sign = 4, topk = 5, randomk = 6, cocktail = 7 };
+enum class CompressorKind : uint8_t {
+  f16 = 1,
+  bf16 = 2,
+  minmax = 3,
+  sign = 4,
+  topk = 5,
+  randomk = 6,
+  cocktail = 7
+};
 enum class Rounding : uint8_t { nearest = 0, stochastic = 1 };
 enum class RandomKMode : uint8_t { stratified = 0, rolling = 1 };
 
@@ -122,8 +130,8 @@ struct PayloadHeader {
   RandomKMode random_mode = RandomKMode::stratified;
   uint16_t reserved = 0;
   uint32_t chunk = 0;
-  int64_t n = 0;     // elements of the original tensor
-  int64_t k = 0;     // elements that travel (sparse kinds)
+  int64_t n = 0;  // elements of the original tensor
+  int64_t k = 0;  // elements that travel (sparse kinds)
   uint64_t seed = 0;
   uint64_t step = 0;
 };
@@ -151,12 +159,14 @@ void validate_header(const PayloadHeader& header, size_t payload_bytes);
 // writing nothing, for a corrupt payload; otherwise writes finite values.
 void decode(std::span<const std::byte> payload, const TensorView& out, const ExecContext& ctx);
 // acc += decode(payload), with the same validation as decode().
-void decode_accumulate(std::span<const std::byte> payload, const TensorView& acc, const ExecContext& ctx);
+void decode_accumulate(std::span<const std::byte> payload, const TensorView& acc,
+                       const ExecContext& ctx);
 // Re-quantizes a partial sum, as in an int8 ring with f32 accumulation:
 // acc = decode(payload_in) + local, then payload_out = encode(acc) with the
 // payload's own configuration. Returns the bytes written.
-size_t requantize_sum(std::span<const std::byte> payload_in, const TensorView& local, const TensorView& acc,
-                      std::span<std::byte> payload_out, const ExecContext& ctx);
+size_t requantize_sum(std::span<const std::byte> payload_in, const TensorView& local,
+                      const TensorView& acc, std::span<std::byte> payload_out,
+                      const ExecContext& ctx);
 
 // The configuration a payload was encoded with.
 CompressorConfig config_of(const PayloadHeader& header);

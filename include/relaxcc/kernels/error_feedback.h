@@ -14,7 +14,8 @@ namespace relaxcc::kernels {
 
 class ErrorFeedback {
  public:
-  explicit ErrorFeedback(int64_t numel) : residual_(static_cast<size_t>(numel), 0.0f), work_(residual_.size()) {}
+  explicit ErrorFeedback(int64_t numel)
+      : residual_(static_cast<size_t>(numel), 0.0f), work_(residual_.size()) {}
 
   // Compresses `in` (f32, numel elements) with its residual added and keeps
   // what the payload misses. Returns the bytes written to `out`.

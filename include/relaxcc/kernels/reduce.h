@@ -15,8 +15,7 @@ void combine(const TensorView& out, const TensorView& a, const TensorView& b, Re
              const ExecContext& ctx);
 
 // dst[i] = dst[i] op src[i]: combine(dst, dst, src, op, ctx).
-void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op,
-                 const ExecContext& ctx);
+void reduce_into(const TensorView& dst, const TensorView& src, ReduceOp op, const ExecContext& ctx);
 
 // dst[i] /= divisor, in f32 for f16/bf16 and truncating toward zero for
 // integers.
