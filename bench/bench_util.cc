@@ -26,6 +26,7 @@ BenchWorld::BenchWorld() : tunables(Tunables::from_env()) {
 
 BenchWorld::~BenchWorld() {
   keep_alive.clear();
+  relaxcc_root.reset();
   if (owns_mpi_) MPI_Finalize();
 }
 

@@ -31,6 +31,10 @@ class BenchWorld {
   Tunables tunables;
   // Implementations that need per-run state (a communicator) keep it here.
   std::vector<std::shared_ptr<void>> keep_alive;
+  // The first relaxcc communicator; later implementations get groups of it
+  // over every rank (relaxcc_communicator), so one engine thread serves them.
+  CommunicatorPtr relaxcc_root;
+  uint64_t relaxcc_groups = 0;
 
  private:
   bool owns_mpi_ = false;
@@ -80,7 +84,8 @@ struct NamedAllreduce {
   std::function<TensorView(int64_t numel, DType dtype)> allocate;
 };
 // A relaxcc communicator over MPI_COMM_WORLD with the world's tunables, kept
-// alive by the world.
+// alive by the world: the first call creates it, later calls return groups
+// of it over every rank, so all implementations share one engine thread.
 CommunicatorPtr relaxcc_communicator(BenchWorld& world);
 
 // relaxcc's allreduce on a communicator over MPI_COMM_WORLD, with `algo`

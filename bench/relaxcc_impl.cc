@@ -1,5 +1,7 @@
 #include <mpi.h>
 
+#include <numeric>
+
 #include "bench_util.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
@@ -7,10 +9,20 @@
 namespace relaxcc::bench {
 
 CommunicatorPtr relaxcc_communicator(BenchWorld& world) {
-  MpiCommunicatorOptions options;
-  options.comm = MPI_COMM_WORLD;
-  options.tunables = world.tunables;
-  CommunicatorPtr comm = create_mpi_communicator(options);
+  if (!world.relaxcc_root) {
+    MpiCommunicatorOptions options;
+    options.comm = MPI_COMM_WORLD;
+    options.tunables = world.tunables;
+    world.relaxcc_root = create_mpi_communicator(options);
+    return world.relaxcc_root;
+  }
+  // Each further implementation: a group of every rank, on the same engine
+  // (and the same node-shared memory), with tags and sequence numbers of its own.
+  std::vector<int> everyone(static_cast<size_t>(world.relaxcc_root->size()));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  GroupOptions g;
+  g.key = ++world.relaxcc_groups;
+  CommunicatorPtr comm = world.relaxcc_root->group(everyone, g);
   world.keep_alive.push_back(comm);
   return comm;
 }
