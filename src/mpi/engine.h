@@ -123,7 +123,6 @@ class Lane {
   bool poisoned() const { return poisoned_.load(); }
   // Rank in the MPI communicators of lane rank `r`.
   int comm_rank(int r) const { return members_.empty() ? r : members_[r]; }
-  bool spans_comm() const { return members_.empty(); }
   const std::shared_ptr<CommPair>& comms() const { return comms_; }
 
  private:
