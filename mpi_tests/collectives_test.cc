@@ -519,11 +519,25 @@ TEST(Async, ConcurrentPrioritiesCompleteCorrectly) {
     small.emplace_back(DType::i64, 50000 + k);
     test::fill(small.back(), r, k);
   }
+  // A low-priority alltoall too: throttled to one send in flight while the
+  // high-priority allreduces run.
+  const int64_t block = int64_t{1} << 16;
+  Buffer a2a_in(DType::i32, block * n), a2a_out(DType::i32, block * n);
+  test::fill(a2a_in, r);
+  AlltoallOptions low_a2a;
+  low_a2a.priority = -1;
+  WorkPtr a2a_work = comm->alltoall(a2a_in.view(), a2a_out.view(), ExecContext::host(), low_a2a);
   AllreduceOptions high;
   high.priority = 10;
   for (auto& s : small) works.push_back(comm->allreduce(s.view(), ExecContext::host(), high));
   for (auto& w : works) w->wait();
   big_work->wait();
+  a2a_work->wait();
+  // Block p of the output is rank p's block r: encode(p, r * block + j).
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < block; ++j)
+      ASSERT_EQ(a2a_out.as<int32_t>()[p * block + j], test::encode(p, r * block + j))
+          << "from rank " << p << ", element " << j;
   for (int k = 0; k < 8; ++k)
     ASSERT_EQ(
         count_wrong<int64_t>(

@@ -46,9 +46,12 @@ void AlltoallPairwiseOp::run(Transport& t) {
                   static_cast<const unsigned char*>(input_.data) + send_offset_[rank_] * esize,
                   static_cast<size_t>(send_counts_[rank_]) * esize);
   }
+  // Throttled (a higher-priority operation is active): one send in flight.
+  const bool throttled = t.throttled(*this);
   for (Peer& p : peers_) {
-    if (!p.send_posted && send_counts_[p.rank] > 0) {
+    if (!p.send_posted && send_counts_[p.rank] > 0 && !(throttled && posted_sends_ > sent_)) {
       p.send_posted = true;
+      ++posted_sends_;
       send_data(t, p.index, 0,
                 static_cast<const unsigned char*>(input_.data) + send_offset_[p.rank] * esize,
                 static_cast<size_t>(send_counts_[p.rank]) * esize);

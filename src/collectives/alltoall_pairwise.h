@@ -1,6 +1,7 @@
 // Alltoall(v) over point-to-point messages: one message to and from every
-// other rank, all posted at once (receives once the edge's headers matched),
-// and the rank's own block copied locally. Each edge's header carries the
+// other rank, all posted at once (receives once the edge's headers matched;
+// sends one at a time while a higher-priority operation is active), and the
+// rank's own block copied locally. Each edge's header carries the
 // elements this rank sends the peer and expects from it, so counts that do
 // not match across ranks give PeerMismatch on every rank.
 #pragma once
@@ -34,7 +35,7 @@ class AlltoallPairwiseOp final : public EdgeOp {
   int rank_;
   std::vector<Peer> peers_;
   bool copied_ = false;
-  int to_send_ = 0, to_receive_ = 0, sent_ = 0, received_ = 0;
+  int to_send_ = 0, to_receive_ = 0, sent_ = 0, received_ = 0, posted_sends_ = 0;
 };
 
 }  // namespace relaxcc::mpi
