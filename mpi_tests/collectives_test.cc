@@ -527,12 +527,35 @@ TEST(Async, ConcurrentPrioritiesCompleteCorrectly) {
   AlltoallOptions low_a2a;
   low_a2a.priority = -1;
   WorkPtr a2a_work = comm->alltoall(a2a_in.view(), a2a_out.view(), ExecContext::host(), low_a2a);
+  // And a low-priority point-to-point batch: 4 sends to each neighbour, from
+  // which each rank receives as many.
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<Buffer> p2p_out, p2p_in;
+  std::vector<P2POp> p2p_ops;
+  for (int k = 0; k < 4; ++k) {
+    p2p_out.emplace_back(DType::i32, block);
+    test::fill(p2p_out.back(), r, k);
+    p2p_in.emplace_back(DType::i32, block);
+  }
+  for (int k = 0; k < 4; ++k) {
+    p2p_ops.push_back(P2POp::send(right, p2p_out[k].view(), k));
+    p2p_ops.push_back(P2POp::recv(left, p2p_in[k].view(), k));
+  }
+  P2POptions low_p2p;
+  low_p2p.priority = -1;
+  WorkPtr p2p_work = n > 1 ? comm->point_to_point(p2p_ops, ExecContext::host(), low_p2p) : nullptr;
   AllreduceOptions high;
   high.priority = 10;
   for (auto& s : small) works.push_back(comm->allreduce(s.view(), ExecContext::host(), high));
   for (auto& w : works) w->wait();
   big_work->wait();
   a2a_work->wait();
+  if (p2p_work) {
+    p2p_work->wait();
+    for (int k = 0; k < 4; ++k)
+      for (int64_t j = 0; j < block; ++j)
+        ASSERT_EQ(p2p_in[k].as<int32_t>()[j], test::encode(left, j + k)) << "message " << k;
+  }
   // Block p of the output is rank p's block r: encode(p, r * block + j).
   for (int p = 0; p < n; ++p)
     for (int64_t j = 0; j < block; ++j)

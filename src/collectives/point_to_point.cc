@@ -12,7 +12,8 @@ P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label)
       ops_(std::move(ops)),
       headers_(ops_.size()),
       label_(std::move(label)),
-      drain_(ops_.size()) {}
+      drain_(ops_.size()),
+      pending_(ops_.size(), 0) {}
 
 void P2PBatchOp::start(Transport& t) {
   started_ = true;
@@ -23,13 +24,29 @@ void P2PBatchOp::start(Transport& t) {
       headers_[i] =
           Wire{kHeaderMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel};
       t.isend(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
-      t.isend(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1,
-              false);
-      outstanding_ += 2;
     } else {
       t.irecv(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
-      outstanding_ += 1;
     }
+    ++outstanding_;
+    ++pending_[i];
+  }
+  post_data_sends(t);
+}
+
+void P2PBatchOp::progress(Transport& t) {
+  if (!aborted_) post_data_sends(t);
+}
+
+void P2PBatchOp::post_data_sends(Transport& t) {
+  for (; next_data_send_ < ops_.size(); ++next_data_send_) {
+    const P2POp& op = ops_[next_data_send_];
+    if (op.kind != P2POp::Kind::send) continue;
+    if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
+    t.isend(*this, static_cast<int64_t>(next_data_send_) * 2 + 1, op.tensor.data,
+            op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+    ++outstanding_;
+    ++pending_[next_data_send_];
+    ++data_sends_in_flight_;
   }
 }
 
@@ -38,6 +55,8 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   const auto i = static_cast<size_t>(slot / 2);
   const bool is_header = slot % 2 == 0;
   const P2POp& op = ops_[i];
+  --pending_[i];
+  if (op.kind == P2POp::Kind::send && !is_header) --data_sends_in_flight_;
   int cancelled = 0;
   MPI_Test_cancelled(&status, &cancelled);
   if (cancelled) return;
@@ -68,6 +87,7 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
       t.irecv(*this, index * 2 + 1, drain_[i].data(), bytes, op.peer, 2 * op.tag + 1, false);
     }
     ++outstanding_;
+    ++pending_[i];
     return;
   }
   if (error != MPI_SUCCESS) {
@@ -88,9 +108,17 @@ void P2PBatchOp::abort(Transport& t, std::exception_ptr error) {
 }
 
 std::string P2PBatchOp::waiting_for() const {
+  // The sends and receives not completed yet (a send not posted yet counts).
   std::ostringstream os;
-  for (const auto& op : ops_)
-    os << (op.kind == P2POp::Kind::send ? "send to " : "recv from ") << op.peer << " ";
+  const char* sep = "";
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const P2POp& op = ops_[i];
+    const bool unposted = op.kind == P2POp::Kind::send && i >= next_data_send_;
+    if (pending_[i] == 0 && !unposted) continue;
+    os << sep << (op.kind == P2POp::Kind::send ? "send to rank " : "receive from rank ") << op.peer
+       << " (tag " << op.tag << ")";
+    sep = ", ";
+  }
   return os.str();
 }
 
