@@ -804,11 +804,14 @@ TEST(Groups, TenThousandGroupAllreducesOverChangingMembers) {
       << "resident memory grew by " << after.second - before.second << " KiB";
 }
 
-TEST(Groups, BadMembersAreRejected) {
+TEST(Groups, BadMembersAndReservedKeysAreRejected) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   EXPECT_THROW(comm->group({r, n}), InvalidArgument);
   EXPECT_THROW(comm->group({r, r}), InvalidArgument);
+  GroupOptions reserved;
+  reserved.key = uint64_t{1} << 63;  // the keys of split-made groups
+  EXPECT_THROW(comm->group({r}, reserved), InvalidArgument);
   if (n > 1) {
     EXPECT_THROW(comm->group({(r + 1) % n}), InvalidArgument);
   }

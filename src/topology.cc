@@ -46,17 +46,20 @@ HierarchicalComms build_hierarchy(Communicator& comm, const Tunables& tunables) 
     layout.local_rank = h.intra->rank();
     layout.local_size = h.intra->size();
     // Node ids: nodes ordered by their leader's rank in `comm`.
-    int32_t leader = rank;
-    h.intra->broadcast(TensorView::host(&leader, 1), ExecContext::host(), {})->wait();
-    std::vector<int32_t> leaders(size);
-    comm.allgather(TensorView::host(&leader, 1), TensorView::host(leaders.data(), size),
-                   ExecContext::host())
+    // Owned by their views: a timed-out collective's parked requests never
+    // touch freed memory.
+    auto leader = std::make_shared<int32_t>(rank);
+    h.intra->broadcast(TensorView::host(leader.get(), 1, leader), ExecContext::host(), {})->wait();
+    auto leaders_buf = std::make_shared<std::vector<int32_t>>(size);
+    const std::vector<int32_t>& leaders = *leaders_buf;
+    comm.allgather(TensorView::host(leader.get(), 1, leader),
+                   TensorView::host(leaders_buf->data(), size, leaders_buf), ExecContext::host())
         ->wait();
     std::vector<int32_t> distinct = leaders;
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     layout.num_nodes = static_cast<int>(distinct.size());
-    layout.node = static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), leader) -
+    layout.node = static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), *leader) -
                                    distinct.begin());
   }
   h.inter = comm.split(layout.local_rank == 0 ? 0 : -1, rank);

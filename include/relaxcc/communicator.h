@@ -20,7 +20,10 @@
 //     communicator: its operations in flight complete with
 //     CommunicatorPoisoned ("... poisoned (by rank 0: timeout of allreduce #7
 //     ...; waiting for: rank 3 (header))") as soon as the notice arrives, and
-//     an operation it calls after the notice arrived fails before it starts.
+//     an operation it calls after the notice arrived fails before it starts
+//     (or, when the notice was still in the transport, within a millisecond
+//     of starting). An idle member takes the notice in with its next call:
+//     poisoned() turns true then.
 //     The one outcome that can differ across ranks: a member that had
 //     received everything its part of the failed operation needed before the
 //     notice arrived completes it normally (its next call fails);
@@ -64,7 +67,8 @@ struct SplitOptions {
 struct GroupOptions {
   // Tells apart groups with the same members: members must pass the same
   // key, and groups with the same members that are in use at the same time
-  // must have different keys (a round number, say).
+  // must have different keys (a round number, say). Keys with the top bit
+  // set belong to split() and split_node_local() (InvalidArgument).
   uint64_t key = 0;
 };
 

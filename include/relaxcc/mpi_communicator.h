@@ -6,7 +6,9 @@
 //   - When MPI is not initialized, create_mpi_communicator() calls
 //     MPI_Init_thread(MPI_THREAD_MULTIPLE) itself and registers MPI_Finalize
 //     to run at process exit (std::atexit). An application that uses MPI
-//     only through relaxcc needs no MPI call of its own.
+//     only through relaxcc needs no MPI call of its own, but must release
+//     its communicators before main returns: one with static storage would
+//     outlive MPI_Finalize, and its engine may still call MPI.
 //   - An application that makes MPI calls itself, or passes its own MPI_Comm
 //     in MpiCommunicatorOptions::comm, must call
 //     MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) before its first relaxcc

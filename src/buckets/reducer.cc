@@ -196,9 +196,9 @@ void Reducer::tune_at_step_boundary() {
   const double local = std::chrono::duration<double>(now - last_begin_).count();
   last_begin_ = now;
   if (first) return;
-  // The slowest rank's step. Owned by its view (as every buffer of the
-  // Reducer's own collectives): a timed-out collective's parked requests
-  // never write freed memory.
+  // The slowest rank's step. Owned by its view, as every buffer of the
+  // Reducer's own collectives: a timed-out collective's parked requests
+  // never touch freed memory.
   auto step_seconds = std::make_shared<double>(local);
   int64_t iteration = 0;
   {
@@ -575,7 +575,8 @@ void Reducer::settle_unused() {
   // flags[i]: tensor i is marked here; flags[count + i]: a gradient not
   // marked here. After the max over ranks: used somewhere, unused somewhere.
   const size_t count = tensors_.size();
-  std::vector<uint8_t> flags(2 * count, 0);
+  auto flags_buf = std::make_shared<std::vector<uint8_t>>(2 * count, 0);
+  std::vector<uint8_t>& flags = *flags_buf;
   int64_t iteration = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -593,9 +594,9 @@ void Reducer::settle_unused() {
                 AllreduceOptions o;
                 o.op = ReduceOp::max;
                 o.label = label;
-                return side_->allreduce(
-                    TensorView(flags.data(), static_cast<int64_t>(flags.size()), DType::u8),
-                    ExecContext::host(), o);
+                return side_->allreduce(TensorView(flags.data(), static_cast<int64_t>(flags.size()),
+                                                   DType::u8, Device::host(), flags_buf),
+                                        ExecContext::host(), o);
               });
   warn_partly_marked(flags, local, iteration);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -628,16 +629,20 @@ void Reducer::warn_partly_marked(const std::vector<uint8_t>& agreed,
   if (fresh.empty()) return;
   const int n = comm_->size();
   const int64_t k = static_cast<int64_t>(fresh.size());
-  std::vector<uint8_t> mine(fresh.size()), all(fresh.size() * static_cast<size_t>(n));
+  auto mine_buf = std::make_shared<std::vector<uint8_t>>(fresh.size());
+  auto all_buf = std::make_shared<std::vector<uint8_t>>(fresh.size() * static_cast<size_t>(n));
+  std::vector<uint8_t>& mine = *mine_buf;
+  const std::vector<uint8_t>& all = *all_buf;
   for (size_t j = 0; j < fresh.size(); ++j) mine[j] = local[fresh[j]];
   run_labeled(detail::concat("Reducer: which ranks marked the partly marked tensors of iteration ",
                              iteration),
               [&](const std::string& label) {
                 AllgatherOptions o;
                 o.label = label;
-                return side_->allgather(TensorView(mine.data(), k, DType::u8),
-                                        TensorView(all.data(), k * n, DType::u8),
-                                        ExecContext::host(), o);
+                return side_->allgather(
+                    TensorView(mine.data(), k, DType::u8, Device::host(), mine_buf),
+                    TensorView(all_buf->data(), k * n, DType::u8, Device::host(), all_buf),
+                    ExecContext::host(), o);
               });
   if (comm_->rank() != 0) return;
   for (int64_t j = 0; j < k; ++j) {
@@ -746,7 +751,8 @@ void Reducer::rebuild_from_ready_order() {
   rebuilt_ = true;
   // Rank 0's ready order; tensors never marked follow in reverse order.
   const int count = static_cast<int>(tensors_.size());
-  std::vector<int32_t> order(static_cast<size_t>(count), -1);
+  auto order_buf = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count), -1);
+  std::vector<int32_t>& order = *order_buf;
   {
     std::vector<char> placed(count, 0);
     int k = 0;
@@ -767,7 +773,8 @@ void Reducer::rebuild_from_ready_order() {
       [&](const std::string& label) {
         BroadcastOptions o;
         o.label = label;
-        return side_->broadcast(TensorView::host(order.data(), count), ExecContext::host(), o);
+        return side_->broadcast(TensorView::host(order.data(), count, order_buf),
+                                ExecContext::host(), o);
       });
   std::vector<int> new_order(order.begin(), order.end());
   BucketPlan next = BucketPlan::build(tensors_, new_order, options_.plan);

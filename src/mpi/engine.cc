@@ -26,6 +26,11 @@ void check_mpi(int rc, const char* what) {
     RELAXCC_THROW(CommunicationError, what, " failed: ", mpi_error_string(rc));
 }
 
+namespace {
+// How long an idle engine keeps pushing out its own poison notices.
+constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
+}  // namespace
+
 bool mpi_finalized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -572,10 +577,15 @@ void Engine::loop() {
       if (active_.empty() && queue_.empty()) {
         if (stop_) break;
         // Idle: no MPI call until there is work (notices that came in the
-        // meantime are picked up before new operations start).
-        cv_.wait(lock, [&] {
+        // meantime are picked up before new operations start), except to
+        // push out this rank's own notices, for at most kNoticeSendLimit.
+        const auto woken = [&] {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty();
-        });
+        };
+        if (!notice_sends_.empty() && Clock::now() < notices_sent_at_ + kNoticeSendLimit)
+          cv_.wait_for(lock, std::chrono::milliseconds(1), woken);
+        else
+          cv_.wait(lock, woken);
         if (stop_ && queue_.empty() && active_.empty()) break;
       }
       incoming.swap(queue_);
@@ -740,9 +750,15 @@ void Engine::poll_notices() {
       int flag = 0;
       MPI_Status status;
       const int rc = MPI_Test(&l->request, &flag, &status);
-      if (rc != MPI_SUCCESS)
-        RELAXCC_LOG(warn, "poison-notice receive failed: ", mpi_error_string(rc));
-      if (rc != MPI_SUCCESS || !flag) break;
+      if (rc != MPI_SUCCESS) {
+        // Failed for good (MPI keeps reporting the same request): listen anew.
+        RELAXCC_LOG(warn,
+                    "poison-notice receive failed (posting a new one): ", mpi_error_string(rc));
+        MPI_Request_free(&l->request);
+        post_listener(l->comms->coll, &l->notice, &l->request);
+        break;
+      }
+      if (!flag) break;
       l->request = MPI_REQUEST_NULL;
       on_notice(*l->comms, l->notice, status.MPI_SOURCE);
       post_listener(l->comms->coll, &l->notice, &l->request);
@@ -752,10 +768,13 @@ void Engine::poll_notices() {
 }
 
 void Engine::test_notice_sends() {
-  // A buffer goes only with its request (an MPI_Test error leaves it posted).
+  // A buffer goes only with its request (an MPI_Test error leaves it
+  // posted: it is freed, and the notice to that peer is lost).
   auto done = std::remove_if(notice_sends_.begin(), notice_sends_.end(), [](NoticeSend& n) {
     int flag = 0;
-    MPI_Test(&n.request, &flag, MPI_STATUS_IGNORE);
+    if (MPI_Test(&n.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS &&
+        n.request != MPI_REQUEST_NULL)
+      MPI_Request_free(&n.request);
     return n.request == MPI_REQUEST_NULL;
   });
   notice_sends_.erase(done, notice_sends_.end());
@@ -783,6 +802,7 @@ void Engine::on_notice(const CommPair& comms, PoisonNotice notice, int source) {
 }
 
 void Engine::send_notices(const Lane& lane) {
+  notices_sent_at_ = Clock::now();
   auto notice = std::make_shared<PoisonNotice>();
   notice->lane = lane.id_;
   notice->origin = lane.rank_;

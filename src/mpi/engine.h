@@ -402,6 +402,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
   std::vector<NoticeSend> notice_sends_;
   Clock::time_point last_notice_poll_{};
+  Clock::time_point notices_sent_at_{};
 
   std::ofstream trace_;
   bool trace_first_ = true;

@@ -185,6 +185,9 @@ std::string version_name(uint64_t v) {
   return detail::concat(v / 10000, ".", v / 100 % 100, ".", v % 100);
 }
 
+// The key bit of groups made by split() and split_node_local().
+constexpr uint64_t kSplitKeyBit = uint64_t{1} << 63;
+
 uint64_t handshake_hash(const Tunables& t) {
   Fnv1a h;
   h.u64(t.agreement_hash());
@@ -254,12 +257,20 @@ class MpiCommunicator final : public Communicator {
   }
 
   CommunicatorPtr group(const std::vector<int>& members, const GroupOptions& options) override {
+    RELAXCC_ENFORCE((options.key & kSplitKeyBit) == 0, InvalidArgument, "group: key ", options.key,
+                    " has its top bit set: those keys belong to split() and split_node_local()");
+    return make_group(members, options.key);
+  }
+
+  // A group with `key` (split-made groups set kSplitKeyBit, so that they
+  // never share a lane with a group() of the same members).
+  CommunicatorPtr make_group(const std::vector<int>& members, uint64_t key) {
     const int n = size();
     std::vector<int> comm_members;
     std::vector<char> seen(static_cast<size_t>(n), 0);
     int my_rank = -1;
     Fnv1a id;
-    id.u64(lane_->id()).u64(options.key);
+    id.u64(lane_->id()).u64(key);
     for (size_t i = 0; i < members.size(); ++i) {
       const int m = members[i];
       RELAXCC_ENFORCE(m >= 0 && m < n, InvalidArgument, "group: member ", m,
@@ -301,9 +312,7 @@ class MpiCommunicator final : public Communicator {
       if ((*pairs)[2 * r] == color) members.push_back(r);
     std::stable_sort(members.begin(), members.end(),
                      [&](int a, int b) { return (*pairs)[2 * a + 1] < (*pairs)[2 * b + 1]; });
-    GroupOptions g;
-    g.key = split_index;
-    return group(members, g);
+    return make_group(members, kSplitKeyBit | split_index);
   }
 
   CommunicatorPtr split_node_local(const SplitOptions&) override {
@@ -312,9 +321,7 @@ class MpiCommunicator final : public Communicator {
     const int my_node = nodes_->node[lane_->comm_rank(rank())];
     for (int r = 0; r < size(); ++r)
       if (nodes_->node[lane_->comm_rank(r)] == my_node) members.push_back(r);
-    GroupOptions g;
-    g.key = splits_++;
-    return group(members, g);
+    return make_group(members, kSplitKeyBit | splits_++);
   }
 
   TensorView allocate(int64_t numel, DType dtype) override {
