@@ -42,12 +42,8 @@ constexpr auto kMargin = 3000ms;
 // "At once": well before any timeout could have expired.
 constexpr auto kAtOnce = 800ms;
 
-int world_rank() {
-  return test::world_rank();
-}
-int world_size() {
-  return test::world_size();
-}
+using test::world_rank;
+using test::world_size;
 
 // A duplicate of MPI_COMM_WORLD for one scenario. Freed by MPI when its last
 // pending operation completes (a parked one may never).

@@ -758,8 +758,7 @@ void Engine::poll_notices() {
         post_listener(l->comms->coll, &l->notice, &l->request);
         break;
       }
-      if (!flag) break;
-      l->request = MPI_REQUEST_NULL;
+      if (!flag) break;  // (a completed request is now MPI_REQUEST_NULL)
       on_notice(*l->comms, l->notice, status.MPI_SOURCE);
       post_listener(l->comms->coll, &l->notice, &l->request);
     }

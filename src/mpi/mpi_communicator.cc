@@ -32,9 +32,7 @@ namespace mpi {
 namespace {
 
 void finalize_at_exit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!mpi_finalized()) MPI_Finalize();
 }
 
 void ensure_mpi() {
