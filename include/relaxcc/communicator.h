@@ -79,6 +79,13 @@ struct CommStats {
   std::vector<uint64_t> sent_to;        // per peer rank
   std::vector<uint64_t> received_from;  // per peer rank
   uint64_t operations = 0;
+  // Round messages (P2POptions::round) that came after their receive gave
+  // up, or that their receiver skipped, dropped unread.
+  uint64_t late_messages = 0;
+  // Requests this communicator's operations have posted to the transport
+  // and that have not completed yet (in flight, or parked after a deadline
+  // or a poisoning).
+  int64_t requests_pending = 0;
 };
 
 class Communicator {

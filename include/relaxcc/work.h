@@ -88,6 +88,16 @@ class Work : public std::enable_shared_from_this<Work> {
   // stream (there is nothing to order) and throw Unsupported otherwise.
   virtual void block_stream(void* stream);
 
+  // Which peers an operation heard from, once it completed: for a
+  // point_to_point batch, the peers of its receives whose message arrived
+  // (contributors) and of those abandoned at its deadline (missing_peers;
+  // see collectives/point_to_point.h), each in batch order, a peer once per
+  // receive. Empty for other operations, whose every peer contributes or
+  // which fail. partial(): some receive was abandoned.
+  std::vector<int> contributors() const;
+  std::vector<int> missing_peers() const;
+  bool partial() const;
+
   // "allreduce #12 (ring, tag 49, peers 1,3)": what this Work is for.
   const std::string& description() const noexcept { return description_; }
 
@@ -95,6 +105,8 @@ class Work : public std::enable_shared_from_this<Work> {
   // the calling thread. Only the first call has an effect. For code that
   // produces Works: transports, and algorithms that compose them.
   void complete(std::exception_ptr error);
+  // Records which peers contributed (see contributors()); call before complete().
+  void set_contributions(std::vector<int> contributors, std::vector<int> missing);
 
  protected:
   // Called (once per expired wait) when wait() times out, before it throws:
@@ -113,6 +125,8 @@ class Work : public std::enable_shared_from_this<Work> {
   std::condition_variable cv_;
   std::atomic<bool> done_{false};  // set under mutex_ after error_
   std::exception_ptr error_;
+  std::vector<int> contributors_;
+  std::vector<int> missing_;
   std::vector<Callback> callbacks_;
 };
 

@@ -42,6 +42,27 @@ std::exception_ptr Work::exception() const {
   return error_;
 }
 
+void Work::set_contributions(std::vector<int> contributors, std::vector<int> missing) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  contributors_ = std::move(contributors);
+  missing_ = std::move(missing);
+}
+
+std::vector<int> Work::contributors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return contributors_;
+}
+
+std::vector<int> Work::missing_peers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return missing_;
+}
+
+bool Work::partial() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !missing_.empty();
+}
+
 void Work::complete(std::exception_ptr error) {
   std::vector<Callback> callbacks;
   {

@@ -1,5 +1,8 @@
 #include "point_to_point.h"
 
+#include <algorithm>
+#include <climits>
+#include <cstring>
 #include <sstream>
 
 #include "../mpi/op_header.h"
@@ -7,34 +10,107 @@
 
 namespace relaxcc::mpi {
 
-P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label)
-    : Operation("point_to_point", priority),
+namespace {
+constexpr uint32_t kRoundMagic = 0x44525852;  // "RXRD"
+// Messages of later rounds kept per stream; beyond it the oldest is dropped.
+constexpr size_t kMaxEarly = 64;
+
+// The round of a round message, or 0 when it is too short or not one.
+uint64_t round_of(const unsigned char* message, size_t bytes, RoundHeader* header) {
+  if (bytes < sizeof(RoundHeader)) return 0;
+  std::memcpy(header, message, sizeof(RoundHeader));
+  return header->magic == kRoundMagic ? header->round : 0;
+}
+
+// Keeps a message of a later round for the receive of its round.
+void keep_early(Transport& t, RoundStream& stream, uint64_t round, ScratchPool::Buffer message,
+                size_t bytes) {
+  if (stream.early.size() >= kMaxEarly) {
+    stream.early.pop_front();
+    t.count_late();
+  }
+  stream.early.push_back(EarlyMessage{round, std::move(message), bytes});
+}
+}  // namespace
+
+P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options)
+    : Operation("point_to_point", options.priority),
       ops_(std::move(ops)),
       headers_(ops_.size()),
-      label_(std::move(label)),
-      drain_(ops_.size()),
-      pending_(ops_.size(), 0) {}
+      label_(options.label),
+      round_(options.round),
+      deadline_(options.deadline),
+      buffers_(ops_.size()),
+      pending_(ops_.size(), 0),
+      recv_state_(ops_.size(), RecvState::waiting),
+      streams_(ops_.size(), nullptr) {}
+
+P2PBatchOp::~P2PBatchOp() {
+  // Dropped before its receives settled (engine shutdown): leave the streams.
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (streams_[i] != nullptr && recv_state_[i] <= RecvState::receiving)
+      settle(i, RecvState::missing);
+}
+
+std::string P2PBatchOp::where(size_t i) const {
+  const P2POp& op = ops_[i];
+  return detail::concat("point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
+                        op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ",
+                        op.peer, " (tag ", op.tag,
+                        rounds() ? detail::concat(", round ", round_) : std::string(), ")");
+}
 
 void P2PBatchOp::start(Transport& t) {
   started_ = true;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const P2POp& op = ops_[i];
     const auto index = static_cast<int64_t>(i);
+    if (rounds()) {
+      if (op.kind == P2POp::Kind::send) {
+        // One message: the header and a copy of the data.
+        const RoundHeader h{
+            kRoundMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel, round_};
+        buffers_[i] = t.scratch(sizeof(h) + op.tensor.nbytes());
+        std::memcpy(buffers_[i].data(), &h, sizeof(h));
+        if (op.tensor.nbytes() > 0)
+          std::memcpy(buffers_[i].data() + sizeof(h), op.tensor.data, op.tensor.nbytes());
+      } else {
+        streams_[i] = &t.round_stream(op.peer, op.tag);
+        streams_[i]->receivers.push_back(&ops_[i]);
+        ++unsettled_;
+      }
+      continue;
+    }
     if (op.kind == P2POp::Kind::send) {
       headers_[i] =
           Wire{kHeaderMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel};
-      t.isend(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
+      t.isend(*this, index * 2, &headers_[i], sizeof(Wire), op.peer,
+              p2p_tag(op.tag, P2PChannel::header), false);
     } else {
-      t.irecv(*this, index * 2, &headers_[i], sizeof(Wire), op.peer, 2 * op.tag, false);
+      t.irecv(*this, index * 2, &headers_[i], sizeof(Wire), op.peer,
+              p2p_tag(op.tag, P2PChannel::header), false);
     }
     ++outstanding_;
     ++pending_[i];
   }
   post_data_sends(t);
+  if (rounds()) progress(t);
 }
 
 void P2PBatchOp::progress(Transport& t) {
-  if (!aborted_) post_data_sends(t);
+  if (aborted_ || deadline_passed_) return;
+  if (rounds() && deadline_ && !done() && Clock::now() >= *deadline_) {
+    deadline_passed_ = true;
+    abandon_receives(t);
+    next_data_send_ = ops_.size();  // sends not posted yet are dropped
+    return;
+  }
+  post_data_sends(t);
+  if (!rounds()) return;
+  for (size_t i = 0; i < ops_.size() && !aborted_; ++i)
+    if (streams_[i] != nullptr && recv_state_[i] == RecvState::waiting &&
+        streams_[i]->receivers.front() == &ops_[i])
+      take_next(t, i);
 }
 
 void P2PBatchOp::post_data_sends(Transport& t) {
@@ -42,11 +118,125 @@ void P2PBatchOp::post_data_sends(Transport& t) {
     const P2POp& op = ops_[next_data_send_];
     if (op.kind != P2POp::Kind::send) continue;
     if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
-    t.isend(*this, static_cast<int64_t>(next_data_send_) * 2 + 1, op.tensor.data,
-            op.tensor.nbytes(), op.peer, 2 * op.tag + 1, false);
+    const auto slot = static_cast<int64_t>(next_data_send_) * 2 + 1;
+    if (rounds()) {
+      t.isend(*this, slot, buffers_[next_data_send_].data(),
+              sizeof(RoundHeader) + op.tensor.nbytes(), op.peer, p2p_tag(op.tag, P2PChannel::round),
+              false);
+    } else {
+      t.isend(*this, slot, op.tensor.data, op.tensor.nbytes(), op.peer,
+              p2p_tag(op.tag, P2PChannel::data), false);
+    }
     ++outstanding_;
     ++pending_[next_data_send_];
     ++data_sends_in_flight_;
+  }
+}
+
+bool P2PBatchOp::done() const {
+  if (!started_) return false;
+  if (aborted_) return true;
+  const bool sent = data_sends_in_flight_ == 0 && next_data_send_ == ops_.size();
+  if (rounds()) return unsettled_ == 0 && (sent || deadline_passed_);
+  return outstanding_ == 0 && sent;
+}
+
+void P2PBatchOp::take_next(Transport& t, size_t i) {
+  RoundStream& stream = *streams_[i];
+  while (!stream.early.empty()) {
+    EarlyMessage& e = stream.early.front();
+    if (e.round < round_) {
+      stream.early.pop_front();
+      t.count_late();
+      continue;
+    }
+    if (e.round > round_) {
+      settle(i, RecvState::missing);  // the peer skipped this round
+      return;
+    }
+    buffers_[i] = std::move(e.message);
+    const size_t bytes = e.bytes;
+    stream.early.pop_front();
+    recv_state_[i] = RecvState::receiving;
+    on_round_message(t, i, bytes);
+    return;
+  }
+  const P2POp& op = ops_[i];
+  MPI_Message message;
+  size_t bytes = 0;
+  if (!t.improbe(op.peer, p2p_tag(op.tag, P2PChannel::round), &message, &bytes, false)) return;
+  buffers_[i] = t.scratch(std::max<size_t>(bytes, 1));
+  t.imrecv(*this, static_cast<int64_t>(i) * 2, buffers_[i].data(), bytes, &message, op.peer);
+  ++outstanding_;
+  ++pending_[i];
+  recv_state_[i] = RecvState::receiving;
+}
+
+void P2PBatchOp::on_round_message(Transport& t, size_t i, size_t bytes) {
+  const P2POp& op = ops_[i];
+  RoundHeader h;
+  const uint64_t round = round_of(buffers_[i].data(), bytes, &h);
+  const bool mine = recv_state_[i] == RecvState::receiving;  // not abandoned meanwhile
+  if (round == 0 || h.dtype >= kNumDTypes || h.count < 0 ||
+      bytes != sizeof(RoundHeader) +
+                   static_cast<size_t>(h.count) * dtype_size(static_cast<DType>(h.dtype))) {
+    buffers_[i] = {};
+    if (!mine) return;
+    set_error(std::make_exception_ptr(
+        CorruptPayload(detail::concat(where(i), ": corrupt round message of ", bytes, " bytes"),
+                       __FILE__, __LINE__)));
+    settle(i, RecvState::missing);
+    return;
+  }
+  RoundStream& stream = *streams_[i];
+  // A message taken for a receive abandoned meanwhile may be the one the
+  // stream's sweeper waits for.
+  if (!mine && round >= stream.abandoned) stream.abandoned = 0;
+  if (round > round_) {
+    keep_early(t, stream, round, std::move(buffers_[i]), bytes);
+    if (mine) settle(i, RecvState::missing);
+    return;
+  }
+  if (round < round_ || !mine) {
+    buffers_[i] = {};
+    t.count_late();
+    if (mine) recv_state_[i] = RecvState::waiting;  // probe for the next one
+    return;
+  }
+  const auto dtype = static_cast<DType>(h.dtype);
+  if (dtype != op.tensor.dtype || h.count != op.tensor.numel) {
+    set_error(std::make_exception_ptr(PeerMismatch(
+        detail::concat(where(i), ": expected ", op.tensor.numel, " elements of ", op.tensor.dtype,
+                       ", the sender sent ", h.count, " elements of ", dtype),
+        __FILE__, __LINE__)));
+    settle(i, RecvState::missing);
+  } else {
+    if (op.tensor.nbytes() > 0)
+      std::memcpy(op.tensor.data, buffers_[i].data() + sizeof(RoundHeader), op.tensor.nbytes());
+    settle(i, RecvState::arrived);
+  }
+  buffers_[i] = {};
+}
+
+void P2PBatchOp::settle(size_t i, RecvState state) {
+  recv_state_[i] = state;
+  auto& receivers = streams_[i]->receivers;
+  receivers.erase(std::find(receivers.begin(), receivers.end(), &ops_[i]));
+  --unsettled_;
+}
+
+void P2PBatchOp::abandon_receives(Transport& t) {
+  const auto until = Clock::now() + std::chrono::milliseconds(t.tunables().timeout_ms);
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (streams_[i] == nullptr || recv_state_[i] > RecvState::receiving) continue;
+    RoundStream& stream = *streams_[i];
+    settle(i, RecvState::missing);
+    stream.abandoned = std::max(stream.abandoned, round_);
+    stream.sweep_until = until;
+    if (!stream.sweeping && stream.receivers.empty() && !t.poisoned()) {
+      stream.sweeping = true;
+      t.spawn(*this, std::make_shared<RoundSweeper>(stream, ops_[i].peer, ops_[i].tag));
+    }
   }
 }
 
@@ -57,51 +247,66 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   const P2POp& op = ops_[i];
   --pending_[i];
   if (op.kind == P2POp::Kind::send && !is_header) --data_sends_in_flight_;
-  int cancelled = 0;
-  MPI_Test_cancelled(&status, &cancelled);
-  if (cancelled) return;
-  const std::string where =
-      detail::concat("point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
-                     op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ",
-                     op.peer, " (tag ", op.tag, ")");
-  if (op.kind == P2POp::Kind::recv && is_header && error == MPI_SUCCESS && !aborted_) {
-    const Wire& h = headers_[i];
-    const auto index = static_cast<int64_t>(i);
-    if (h.magic != kHeaderMagic || h.dtype >= kNumDTypes || h.count < 0) {
-      // The data message's size is unknown: leave it; report the corruption.
-      set_error(std::make_exception_ptr(
-          CorruptPayload(where + ": corrupt message header", __FILE__, __LINE__)));
-      return;
-    }
-    const auto dtype = static_cast<DType>(h.dtype);
-    if (dtype == op.tensor.dtype && h.count == op.tensor.numel) {
-      t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, 2 * op.tag + 1,
-              false);
-    } else {
-      set_error(std::make_exception_ptr(PeerMismatch(
-          detail::concat(where, ": expected ", op.tensor.numel, " elements of ", op.tensor.dtype,
-                         ", the sender sent ", h.count, " elements of ", dtype),
-          __FILE__, __LINE__)));
-      const size_t bytes = static_cast<size_t>(h.count) * dtype_size(dtype);
-      drain_[i] = t.scratch(bytes);
-      t.irecv(*this, index * 2 + 1, drain_[i].data(), bytes, op.peer, 2 * op.tag + 1, false);
-    }
-    ++outstanding_;
-    ++pending_[i];
-    return;
-  }
   if (error != MPI_SUCCESS) {
     set_error(std::make_exception_ptr(CommunicationError(
-        detail::concat(where, ": ", mpi_error_string(error)), __FILE__, __LINE__)));
+        detail::concat(where(i), ": ", mpi_error_string(error)), __FILE__, __LINE__)));
+    if (streams_[i] != nullptr && recv_state_[i] == RecvState::receiving)
+      settle(i, RecvState::missing);
+    return;
   }
+  if (rounds()) {
+    if (op.kind == P2POp::Kind::send) {
+      buffers_[i] = {};
+    } else {
+      int got = 0;
+      MPI_Get_count(&status, MPI_BYTE, &got);
+      on_round_message(t, i, static_cast<size_t>(got));
+    }
+    return;
+  }
+  int cancelled = 0;
+  MPI_Test_cancelled(&status, &cancelled);
+  if (!cancelled) on_plain_complete(t, i, is_header, error);
+}
+
+void P2PBatchOp::on_plain_complete(Transport& t, size_t i, bool is_header, int) {
+  const P2POp& op = ops_[i];
+  if (op.kind != P2POp::Kind::recv || !is_header || aborted_) return;
+  const Wire& h = headers_[i];
+  const auto index = static_cast<int64_t>(i);
+  const int data_tag = p2p_tag(op.tag, P2PChannel::data);
+  if (h.magic != kHeaderMagic || h.dtype >= kNumDTypes || h.count < 0) {
+    // The data message's size is unknown: leave it; report the corruption.
+    set_error(std::make_exception_ptr(
+        CorruptPayload(where(i) + ": corrupt message header", __FILE__, __LINE__)));
+    return;
+  }
+  const auto dtype = static_cast<DType>(h.dtype);
+  if (dtype == op.tensor.dtype && h.count == op.tensor.numel) {
+    t.irecv(*this, index * 2 + 1, op.tensor.data, op.tensor.nbytes(), op.peer, data_tag, false);
+  } else {
+    set_error(std::make_exception_ptr(PeerMismatch(
+        detail::concat(where(i), ": expected ", op.tensor.numel, " elements of ", op.tensor.dtype,
+                       ", the sender sent ", h.count, " elements of ", dtype),
+        __FILE__, __LINE__)));
+    const size_t bytes = static_cast<size_t>(h.count) * dtype_size(dtype);
+    buffers_[i] = t.scratch(bytes);
+    t.irecv(*this, index * 2 + 1, buffers_[i].data(), bytes, op.peer, data_tag, false);
+  }
+  ++outstanding_;
+  ++pending_[i];
 }
 
 void P2PBatchOp::abort(Transport& t, std::exception_ptr error) {
   set_error(std::move(error));
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    if (ops_[i].kind != P2POp::Kind::recv) continue;
-    t.cancel_receives(*this, static_cast<int64_t>(i) * 2);
-    t.cancel_receives(*this, static_cast<int64_t>(i) * 2 + 1);
+  if (rounds()) {
+    abandon_receives(t);
+  } else {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (ops_[i].kind != P2POp::Kind::recv) continue;
+      t.cancel_receives(*this, static_cast<int64_t>(i) * 2);
+      t.cancel_receives(*this, static_cast<int64_t>(i) * 2 + 1);
+    }
   }
   // Sends cannot be cancelled: their requests stay parked in the engine.
   aborted_ = true;
@@ -114,12 +319,80 @@ std::string P2PBatchOp::waiting_for() const {
   for (size_t i = 0; i < ops_.size(); ++i) {
     const P2POp& op = ops_[i];
     const bool unposted = op.kind == P2POp::Kind::send && i >= next_data_send_;
-    if (pending_[i] == 0 && !unposted) continue;
+    const bool unsettled = streams_[i] != nullptr && recv_state_[i] <= RecvState::receiving;
+    if (pending_[i] == 0 && !unposted && !unsettled) continue;
     os << sep << (op.kind == P2POp::Kind::send ? "send to rank " : "receive from rank ") << op.peer
-       << " (tag " << op.tag << ")";
+       << " (tag " << op.tag << (rounds() ? detail::concat(", round ", round_) : std::string())
+       << ")";
     sep = ", ";
   }
   return os.str();
+}
+
+void P2PBatchOp::report(Work& work) const {
+  std::vector<int> contributors;
+  std::vector<int> missing;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].kind != P2POp::Kind::recv) continue;
+    const bool arrived = rounds() ? recv_state_[i] == RecvState::arrived : !error();
+    (arrived ? contributors : missing).push_back(ops_[i].peer);
+  }
+  if (error()) missing.clear();  // a failed batch reports its error, not a partial result
+  work.set_contributions(std::move(contributors), std::move(missing));
+}
+
+// ---- RoundSweeper ------------------------------------------------------------
+
+RoundSweeper::RoundSweeper(RoundStream& stream, int peer, int tag)
+    : Operation("round sweeper", INT_MIN), stream_(stream), peer_(peer), tag_(tag) {}
+
+void RoundSweeper::start(Transport&) {
+  stream_.sweeping = true;
+}
+
+void RoundSweeper::finish() {
+  if (!finished_) stream_.sweeping = false;
+  finished_ = true;
+}
+
+void RoundSweeper::progress(Transport& t) {
+  if (finished_ || receiving_) return;
+  if (stream_.abandoned == 0 || !stream_.receivers.empty() || t.poisoned() ||
+      Clock::now() > stream_.sweep_until) {
+    finish();
+    return;
+  }
+  MPI_Message message;
+  size_t bytes = 0;
+  if (!t.improbe(peer_, p2p_tag(tag_, P2PChannel::round), &message, &bytes, false)) return;
+  buffer_ = t.scratch(std::max<size_t>(bytes, 1));
+  t.imrecv(*this, 0, buffer_.data(), bytes, &message, peer_);
+  receiving_ = true;
+}
+
+void RoundSweeper::on_complete(Transport& t, int64_t, const MPI_Status& status, int error) {
+  receiving_ = false;
+  int got = 0;
+  if (error == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &got);
+  RoundHeader h;
+  const uint64_t round = round_of(buffer_.data(), static_cast<size_t>(got), &h);
+  if (error != MPI_SUCCESS || finished_) {
+    buffer_ = {};
+    finish();
+    return;
+  }
+  if (round > stream_.abandoned) {
+    keep_early(t, stream_, round, std::move(buffer_), static_cast<size_t>(got));
+  } else {
+    buffer_ = {};
+    t.count_late();
+  }
+  // Every message of the abandoned rounds is gone once its last one (or a
+  // later one) came.
+  if (round >= stream_.abandoned) {
+    stream_.abandoned = 0;
+    finish();
+  }
 }
 
 }  // namespace relaxcc::mpi

@@ -1,13 +1,24 @@
-// A batch of sends and receives completed as one Work. Each send posts a
-// small header (dtype, count) and then the data. Each receive takes the
-// header first and only then posts the data receive: into the caller's
-// tensor when dtype and count match, otherwise into scratch of the sender's
-// size (then PeerMismatch), so the tensor is never written past its end and
-// no message is left unmatched. Tags: header 2*tag, data 2*tag+1 on the
-// point-to-point communicator. Data sends go out in batch order, one at a
-// time while a higher-priority operation is active (Transport::throttled).
+// A batch of sends and receives completed as one Work, in one of two wire
+// forms (relaxcc/collectives/point_to_point.h has the contract):
+//   plain  each send posts a small header (dtype, count) and then the data.
+//          Each receive takes the header first and only then posts the data
+//          receive: into the caller's tensor when dtype and count match,
+//          otherwise into scratch of the sender's size (then PeerMismatch),
+//          so the tensor is never written past its end and no message is
+//          left unmatched. Tags: header 3*tag, data 3*tag+1.
+//   round  (P2POptions::round) each send is one message, RoundHeader and a
+//          copy of the data, on tag 3*tag+2. The first round receive of a
+//          RoundStream probes for the next message (MPI_Improbe), takes it
+//          into scratch sized to it and sorts it by round: older ones are
+//          dropped, its own is copied into the tensor, a newer one is kept
+//          (RoundStream::early) and the receive is missing. At the deadline,
+//          receives still waiting are abandoned; a RoundSweeper drops their
+//          late messages while no other receive waits on the stream.
+// Data sends go out in batch order, one at a time while a higher-priority
+// operation is active (Transport::throttled).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "../mpi/engine.h"
@@ -15,19 +26,36 @@
 
 namespace relaxcc::mpi {
 
+// Leads every message of a round stream.
+struct RoundHeader {
+  uint32_t magic = 0;
+  uint8_t dtype = 0;
+  uint8_t pad[3] = {0, 0, 0};
+  int64_t count = 0;
+  uint64_t round = 0;
+};
+static_assert(sizeof(RoundHeader) == 24);
+
+// The point-to-point tag of the plain header, plain data and round channels
+// of user tag `tag`; Communicator::max_p2p_tag() keeps them in range.
+enum class P2PChannel : int { header = 0, data = 1, round = 2 };
+inline int p2p_tag(int tag, P2PChannel channel) {
+  return 3 * tag + static_cast<int>(channel);
+}
+
 class P2PBatchOp final : public Operation {
  public:
-  P2PBatchOp(std::vector<P2POp> ops, int priority, std::string label);
+  P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options);
+  ~P2PBatchOp() override;
 
   void start(Transport& t) override;
   void progress(Transport& t) override;
   void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
   void abort(Transport& t, std::exception_ptr error) override;
   bool collective() const override { return false; }
-  bool done() const override {
-    return started_ && ((outstanding_ == 0 && next_data_send_ == ops_.size()) || aborted_);
-  }
+  bool done() const override;
   std::string waiting_for() const override;
+  void report(Work& work) const override;
 
  private:
   struct Wire {
@@ -36,19 +64,69 @@ class P2PBatchOp final : public Operation {
     uint8_t pad[3];
     int64_t count;
   };
+  enum class RecvState : uint8_t { waiting, receiving, arrived, missing };
+
+  bool rounds() const { return round_ != 0; }
   // Posts data sends from next_data_send_ on (one in flight when throttled).
   void post_data_sends(Transport& t);
+  void on_plain_complete(Transport& t, size_t i, bool is_header, int error);
+  // Round receive `i` at the head of its stream: takes a kept message of its
+  // round, or probes for the next one.
+  void take_next(Transport& t, size_t i);
+  // The round message in buffers_[i] (`bytes` long) came in for receive `i`.
+  void on_round_message(Transport& t, size_t i, size_t bytes);
+  // Receive `i` is settled: it leaves its stream.
+  void settle(size_t i, RecvState state);
+  // Abandons every unsettled round receive (the deadline passed, or the
+  // batch stops): its stream's sweeper drops its late message.
+  void abandon_receives(Transport& t);
+  std::string where(size_t i) const;
 
   std::vector<P2POp> ops_;
   std::vector<Wire> headers_;
   std::string label_;
+  uint64_t round_ = 0;
+  std::optional<Clock::time_point> deadline_;
   bool started_ = false;
   int outstanding_ = 0;
   size_t next_data_send_ = 0;  // ops_ before it: data sent or not a send
   int data_sends_in_flight_ = 0;
   bool aborted_ = false;
-  std::vector<ScratchPool::Buffer> drain_;
-  std::vector<int> pending_;  // per op: its requests not completed yet
+  bool deadline_passed_ = false;
+  // Per op: scratch (a plain receive's drain; a round send's message, a
+  // round receive's message), its requests not completed yet, a round
+  // receive's state and stream.
+  std::vector<ScratchPool::Buffer> buffers_;
+  std::vector<int> pending_;
+  std::vector<RecvState> recv_state_;
+  std::vector<RoundStream*> streams_;
+  int unsettled_ = 0;  // round receives
+};
+
+// Drops the late messages of a round stream whose receive was abandoned
+// (RoundStream::abandoned), about every millisecond, until the message of
+// that round came, a receive waits on the stream again, or sweep_until.
+class RoundSweeper final : public Operation {
+ public:
+  RoundSweeper(RoundStream& stream, int peer, int tag);
+
+  void start(Transport&) override;
+  void progress(Transport& t) override;
+  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
+  void abort(Transport&, std::exception_ptr) override { finish(); }
+  bool done() const override { return finished_; }
+  bool collective() const override { return false; }
+  bool background() const override { return true; }
+
+ private:
+  void finish();
+
+  RoundStream& stream_;
+  int peer_;
+  int tag_;
+  bool finished_ = false;
+  bool receiving_ = false;
+  ScratchPool::Buffer buffer_;
 };
 
 }  // namespace relaxcc::mpi

@@ -29,6 +29,8 @@ void check_mpi(int rc, const char* what) {
 namespace {
 // How long an idle engine keeps pushing out its own poison notices.
 constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
+// How often background operations are polled while they have nothing pending.
+constexpr auto kBackgroundPoll = std::chrono::milliseconds(1);
 }  // namespace
 
 bool mpi_finalized() {
@@ -72,11 +74,12 @@ void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int 
   engine_.pending_[index].cancellable = true;
 }
 
-bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes) {
+bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes, bool coll) {
   require_engine_thread(engine_);
   int flag = 0;
   MPI_Status status;
-  check_mpi(MPI_Improbe(lane_.comm_rank(peer), tag, lane_.comms_->coll, &flag, message, &status),
+  check_mpi(MPI_Improbe(lane_.comm_rank(peer), tag, coll ? lane_.comms_->coll : lane_.comms_->p2p,
+                        &flag, message, &status),
             "MPI_Improbe");
   if (!flag) return false;
   int count = 0;
@@ -117,6 +120,9 @@ int Transport::rank() const {
 int Transport::size() const {
   return lane_.size_;
 }
+bool Transport::poisoned() const {
+  return lane_.poisoned();
+}
 uint32_t Transport::lane_id() const {
   return lane_.id_;
 }
@@ -128,6 +134,19 @@ int Transport::collective_tag(uint64_t seq, Channel channel) const {
 }
 ScratchPool::Buffer Transport::scratch(size_t bytes) {
   return engine_.scratch_->acquire(bytes);
+}
+RoundStream& Transport::round_stream(int peer, int tag) {
+  return lane_.round_streams_[{peer, tag}];
+}
+void Transport::spawn(const Operation& from, std::shared_ptr<Operation> op) {
+  require_engine_thread(engine_);
+  op->lane_ = from.lane_;
+  op->started_ = Clock::now();
+  engine_.spawned_.push_back(std::move(op));
+}
+void Transport::count_late(uint64_t n) {
+  std::lock_guard<std::mutex> lock(engine_.mutex_);
+  lane_.stats_.late_messages += n;
 }
 
 // ---- CommPair and Lane -------------------------------------------------------
@@ -337,7 +356,9 @@ std::shared_ptr<TimeoutReport> Engine::report_timeout(Lane& lane) {
 
 CommStats Engine::stats(const Lane& lane) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return lane.stats_;
+  CommStats stats = lane.stats_;
+  stats.requests_pending = lane.requests_pending_.load(std::memory_order_relaxed);
+  return stats;
 }
 
 int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer,
@@ -358,6 +379,7 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
       &op, slot, bytes, peer, send, recv, trace_.is_open() ? Clock::now() : Clock::time_point{}};
   ++num_pending_;
   ++op.pending_;
+  op.lane_->requests_pending_.fetch_add(1, std::memory_order_relaxed);
   if (send) {
     std::lock_guard<std::mutex> lock(mutex_);
     op.lane_->stats_.bytes_sent += bytes;
@@ -398,6 +420,7 @@ void Engine::test_requests(bool& progressed) {
     free_slots_.push_back(index);
     --num_pending_;
     --p.op->pending_;
+    p.op->lane_->requests_pending_.fetch_sub(1, std::memory_order_relaxed);
     if (p.recv && err == MPI_SUCCESS) {
       int cancelled = 0;
       MPI_Test_cancelled(&status, &cancelled);
@@ -425,6 +448,11 @@ void Engine::test_requests(bool& progressed) {
   }
 }
 
+bool Engine::busy() const {
+  return std::any_of(active_.begin(), active_.end(),
+                     [](const auto& op) { return !op->background() || op->pending_ > 0; });
+}
+
 void Engine::retire_finished() {
   // A finished protocol completes its Work at once; the operation itself (and
   // the buffers it holds) stays until the transport released every request,
@@ -432,6 +460,7 @@ void Engine::retire_finished() {
   for (const auto& op : active_) {
     if (op->work_completed_ || !op->done()) continue;
     op->work_completed_ = true;
+    if (!op->work_) continue;  // spawned by an operation
     if (trace_.is_open())
       trace_event(op->name(), "op", 0, op->started_,
                   detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(),
@@ -441,7 +470,8 @@ void Engine::retire_finished() {
       std::lock_guard<std::mutex> lock(mutex_);
       ++op->lane_->stats_.operations;
     }
-    if (op->work_) op->work_->complete(op->error());
+    op->report(*op->work_);
+    op->work_->complete(op->error());
   }
   auto it =
       std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
@@ -541,7 +571,8 @@ void Engine::inspect_stalls() {
   }
   const auto limit = std::chrono::milliseconds(tunables_.stall_warning_ms);
   for (const auto& op : active_) {
-    if (op->stall_reported_ || op->done() || now - op->started_ < limit) continue;
+    if (op->stall_reported_ || op->done() || op->background() || now - op->started_ < limit)
+      continue;
     op->stall_reported_ = true;
     RELAXCC_LOG(warn, "stall: ", op->name(), " #", op->seq(), " pending for ",
                 std::chrono::duration_cast<std::chrono::seconds>(now - op->started_).count(),
@@ -560,9 +591,10 @@ void Engine::loop() {
   Clock::time_point shutdown_deadline{};
   std::deque<std::shared_ptr<Operation>> incoming;
   for (;;) {
+    const bool idle = !busy();
     // Idle: poll for new operations for spin_us before blocking (yield
     // mode), so back-to-back calls skip the condition-variable wake-up.
-    if (active_.empty() && backoff_.load(std::memory_order_relaxed) == Backoff::yield &&
+    if (idle && backoff_.load(std::memory_order_relaxed) == Backoff::yield &&
         !signalled_.load(std::memory_order_acquire)) {
       const auto idle_since = Clock::now();
       while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin)
@@ -572,21 +604,23 @@ void Engine::loop() {
     bool released = false;
     // signalled_ is set under mutex_ whenever the queue, stop_ or the poison
     // flag changes, so a clear flag means there is nothing to pick up.
-    if (active_.empty() || signalled_.load(std::memory_order_acquire)) {
+    if (idle || signalled_.load(std::memory_order_acquire)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (active_.empty() && queue_.empty()) {
+      if (idle && queue_.empty()) {
         if (stop_) break;
         // Idle: no MPI call until there is work (notices that came in the
         // meantime are picked up before new operations start), except to
-        // push out this rank's own notices, for at most kNoticeSendLimit.
+        // push out this rank's own notices, for at most kNoticeSendLimit,
+        // and to run background operations, every millisecond.
         const auto woken = [&] {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty();
         };
-        if (!notice_sends_.empty() && Clock::now() < notices_sent_at_ + kNoticeSendLimit)
+        if (!active_.empty() ||
+            (!notice_sends_.empty() && Clock::now() < notices_sent_at_ + kNoticeSendLimit))
           cv_.wait_for(lock, std::chrono::milliseconds(1), woken);
         else
           cv_.wait(lock, woken);
-        if (stop_ && queue_.empty() && active_.empty()) break;
+        if (stop_ && queue_.empty() && !busy()) break;
       }
       incoming.swap(queue_);
       signalled_.store(false, std::memory_order_relaxed);
@@ -600,7 +634,7 @@ void Engine::loop() {
           // Operations still running get time to finish; requests parked by a
           // poisoning (their operations already done) only a short grace.
           const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) {
-            return !op->done() && !op->lane_->poisoned();
+            return !op->done() && !op->background() && !op->lane_->poisoned();
           });
           shutdown_deadline =
               Clock::now() +
@@ -650,8 +684,11 @@ void Engine::loop() {
         if (!fail_if_poisoned(*op)) start(op);
       }
     }
+    const bool poll_background = Clock::now() - last_background_poll_ >= kBackgroundPoll;
+    if (poll_background) last_background_poll_ = Clock::now();
     for (size_t i = 0; i < active_.size(); ++i) {
       Operation& op = *active_[i];
+      if (op.background() && op.pending_ == 0 && !poll_background) continue;
       Transport& t = op.lane_->transport_;
       try {
         op.progress(t);
@@ -659,6 +696,7 @@ void Engine::loop() {
         op.abort(t, std::current_exception());
       }
     }
+    for (auto& op : std::exchange(spawned_, {})) start(op);
     bool progressed = !incoming.empty() || released;
     incoming.clear();
     test_requests(progressed);

@@ -32,6 +32,7 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,7 @@ class Engine;
 class Lane;
 class Operation;
 class EngineWork;
+struct RoundStream;
 struct TimeoutReport;
 
 using Clock = std::chrono::steady_clock;
@@ -65,10 +67,11 @@ class Transport {
              bool coll = true);
   void irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
              bool coll = true);
-  // Matched probe on the collective communicator: when a message from `peer`
-  // with `tag` is waiting, returns true with its handle and size, so the
-  // receive can be sized to the message and nothing is ever truncated.
-  bool improbe(int peer, int tag, MPI_Message* message, size_t* bytes);
+  // Matched probe on the collective (or point-to-point) communicator: when a
+  // message from `peer` with `tag` is waiting, returns true with its handle
+  // and size, so the receive can be sized to the message and nothing is
+  // ever truncated.
+  bool improbe(int peer, int tag, MPI_Message* message, size_t* bytes, bool coll = true);
   // Receives a probed message into `buf` (at least `bytes` long).
   void imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message, int peer);
   // Cancels every pending receive of `op` posted with `slot` (posted with
@@ -79,6 +82,7 @@ class Transport {
   bool throttled(const Operation& op) const;
   int rank() const;
   int size() const;
+  bool poisoned() const;
   // The lane's identity (OpHeader::lane): 0 for a communicator, a hash of
   // members and key for a group.
   uint32_t lane_id() const;
@@ -87,6 +91,13 @@ class Transport {
   int collective_tag(uint64_t seq, Channel channel) const;
   // Scratch memory reused across operations (not zeroed).
   ScratchPool::Buffer scratch(size_t bytes);
+  // The lane's stream of round messages from `peer` with point-to-point tag `tag`.
+  RoundStream& round_stream(int peer, int tag);
+  // Starts `op` on the lane of `from` (an operation of this lane), without a
+  // Work or a sequence number, once the engine's current iteration ended.
+  void spawn(const Operation& from, std::shared_ptr<Operation> op);
+  // Counts `n` late round messages dropped (CommStats::late_messages).
+  void count_late(uint64_t n = 1);
 
  private:
   Engine& engine_;
@@ -105,6 +116,29 @@ struct CommPair {
   MPI_Comm p2p = MPI_COMM_NULL;
   int size = 1;
   int max_tag = 32767;
+};
+
+// A round message (P2POptions::round) taken off the wire before its receive:
+// kept for the receive of its round.
+struct EarlyMessage {
+  uint64_t round = 0;
+  ScratchPool::Buffer message;
+  size_t bytes = 0;
+};
+
+// The round messages from one peer with one point-to-point tag, in a lane.
+// Engine thread only.
+struct RoundStream {
+  // The round receives waiting (each named by an address of its own), in
+  // submission order: the first one takes messages.
+  std::deque<const void*> receivers;
+  std::deque<EarlyMessage> early;
+  // The latest round whose receive was abandoned (0: none): while no receive
+  // waits, a sweeper drops the stream's messages up to this round until
+  // sweep_until.
+  uint64_t abandoned = 0;
+  Clock::time_point sweep_until{};
+  bool sweeping = false;
 };
 
 // One communicator's (or group's) share of an engine. Created by
@@ -141,6 +175,7 @@ class Lane {
   uint64_t next_p2p_seq_ = 1;
   std::string poison_reason_;
   CommStats stats_;
+  std::atomic<int64_t> requests_pending_{0};
   Clock::time_point close_deadline_{};  // set when its communicator is gone
   bool notify_peers_ = false;           // its poisoning started here: tell the members
   // Its poisoning started with a wait on this Work that timed out; the
@@ -148,6 +183,8 @@ class Lane {
   const Work* timed_out_ = nullptr;
   std::shared_ptr<TimeoutReport> timeout_report_;
   std::atomic<bool> poisoned_{false};
+  // Engine thread only: round streams by (peer, tag).
+  std::map<std::pair<int, int>, RoundStream> round_streams_;
 };
 
 // A resumable operation. Every method runs on the engine thread.
@@ -179,6 +216,14 @@ class Operation {
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
+  // A background operation (Transport::spawn: a sweeper) keeps the engine
+  // looking only about every millisecond: while it has no request pending,
+  // the engine counts as idle and calls its progress() at that rate.
+  // Shutdown does not wait for it.
+  virtual bool background() const { return false; }
+  // Before the Work completes: records what the Work reports beyond success
+  // (Work::set_contributions).
+  virtual void report(Work&) const {}
 
   // A local step the operation needs before start() (a copy of its input
   // into its output, say); runs on the engine thread, not before
@@ -322,6 +367,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
 
   void loop();
+  // Some active operation is not a background one, or has requests pending.
+  bool busy() const;
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
   // Completes `op` with CommunicatorPoisoned, without starting it, when its
@@ -382,6 +429,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Engine-thread state.
   std::vector<std::shared_ptr<Operation>> active_;   // sorted by priority, then seq
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
+  std::vector<std::shared_ptr<Operation>> spawned_;  // Transport::spawn, not started yet
+  Clock::time_point last_background_poll_{};
   std::vector<MPI_Request> requests_;
   std::vector<Pending> pending_;
   std::vector<int> free_slots_;

@@ -211,7 +211,8 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return lane_->size(); }
   bool poisoned() const override { return lane_->poisoned(); }
   CommStats stats() const override { return engine_->stats(*lane_); }
-  int max_p2p_tag() const override { return (lane_->comms()->max_tag - 1) / 2; }
+  // Three transport tags per user tag (P2PChannel).
+  int max_p2p_tag() const override { return (lane_->comms()->max_tag - 2) / 3; }
 
   // Checks that every rank runs the same relaxcc version, with the same
   // dtype sizes and Agree-scoped tunables, and returns every rank's host key:
@@ -342,8 +343,13 @@ class MpiCommunicator final : public Communicator {
                       "point_to_point: tag ", op.tag, " outside [0, ", max_p2p_tag(), "]");
     }
     check_aliasing(ops);
-    return submit(std::make_shared<P2PBatchOp>(ops, options.priority, options.label), options,
-                  detail::concat(ops.size(), " ops"));
+    RELAXCC_ENFORCE(!options.deadline || options.round != 0, InvalidArgument, "point_to_point",
+                    options.label.empty() ? "" : " of '" + options.label + "'",
+                    ": a deadline needs a round (P2POptions::round > 0)");
+    return submit(std::make_shared<P2PBatchOp>(ops, options), options,
+                  detail::concat(ops.size(), " ops",
+                                 options.round != 0 ? detail::concat(", round ", options.round)
+                                                    : std::string()));
   }
 
   using Communicator::allreduce;

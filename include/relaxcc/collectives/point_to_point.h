@@ -7,9 +7,41 @@
 // one pair of ranks with one tag arrive in the order they were posted.
 // Aliasing: a receive's buffer must not overlap any other buffer of the
 // batch (InvalidArgument); sends may share buffers.
+//
+// Rounds and deadlines (gossip, group and asynchronous averaging, where a
+// slow peer must not hold the others up):
+//   - A batch with a round (P2POptions::round > 0) stamps each send with it.
+//     Its receives take from (peer, tag) the message of their round: an
+//     older one is late and is dropped (CommStats::late_messages), never
+//     written into the tensor; a newer one means the peer skipped this round
+//     (the receive is missing, the message is kept for its own round). Round
+//     and plain messages on one (peer, tag) are separate streams: both sides
+//     of a stream must use rounds, and a sender's rounds on one (peer, tag)
+//     must increase. A round receive writes its tensor only when its whole
+//     message arrived; round receives on one (peer, tag) take turns in
+//     submission order. A send's data is copied when the batch starts, so
+//     the caller may change it once the Work completed, even while the send
+//     is still in flight.
+//   - A batch with a deadline (P2POptions::deadline; it needs a round)
+//     completes when every receive arrived and every send went out, or when
+//     the deadline passed, whichever is first, without error and without
+//     poisoning: Work::contributors() names the peers whose message arrived,
+//     Work::missing_peers() those whose receive was abandoned (their tensor
+//     untouched). A late message of an abandoned round is recognised by its
+//     round and dropped: by the next round receive on its (peer, tag), or,
+//     while there is none, by the engine's sweeper, which looks for it every
+//     millisecond for RELAXCC_TIMEOUT_MS after the deadline. So a sender
+//     whose peer gave up has its send completed (and its copy freed) once
+//     the message reaches the peer, within that bound of the deadline,
+//     while the peer lives; sends still in flight at the deadline stay with
+//     the engine until then, not with the Work. Errors other than lateness
+//     (PeerMismatch for a different dtype or count, CorruptPayload, a
+//     transport error) still fail the Work.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "relaxcc/collectives/options.h"
@@ -32,6 +64,12 @@ struct P2POp {
   }
 };
 
-struct P2POptions : OpOptions {};
+struct P2POptions : OpOptions {
+  // Non-zero: the batch's messages carry this round (see above).
+  uint64_t round = 0;
+  // When set (only with a round): the batch completes at this time at the
+  // latest, with the receives that have not arrived abandoned (see above).
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+};
 
 }  // namespace relaxcc
