@@ -804,6 +804,39 @@ TEST(Groups, TenThousandGroupAllreducesOverChangingMembers) {
       << "resident memory grew by " << after.second - before.second << " KiB";
 }
 
+// A communicator created to share another's engine adds no thread, and the
+// two run side by side: a large low-priority allreduce on one and small
+// high-priority ones on the other, each checked exactly.
+TEST(Engines, SharedEngineAddsNoThreadAndRunsBothFamilies) {
+  auto comm = world();
+  const int n = comm->size();
+  const auto before = threads_and_rss_kib();
+  MpiCommunicatorOptions options;
+  options.share_engine_with = comm;
+  auto other = create_mpi_communicator(options);
+  EXPECT_EQ(threads_and_rss_kib().first, before.first) << "threads";
+  Buffer large(DType::i32, 1 << 20);
+  test::fill(large, comm->rank());
+  AllreduceOptions low;
+  low.priority = -1;
+  auto background = other->allreduce(large.view(), ExecContext::host(), low);
+  for (int k = 0; k < 10; ++k) {
+    Buffer small(DType::i32, 1000);
+    test::fill(small, comm->rank(), k);
+    comm->allreduce(small.view(), ExecContext::host())->wait();
+    ASSERT_EQ(
+        count_wrong<int32_t>(
+            small,
+            [&](int64_t i) { return test::expected_reduction<int32_t>(i + k, ReduceOp::sum, n); }),
+        0);
+  }
+  background->wait();
+  ASSERT_EQ(
+      count_wrong<int32_t>(
+          large, [&](int64_t i) { return test::expected_reduction<int32_t>(i, ReduceOp::sum, n); }),
+      0);
+}
+
 TEST(Groups, BadMembersAndReservedKeysAreRejected) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();

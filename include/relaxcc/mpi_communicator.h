@@ -20,8 +20,9 @@
 //     with a level below MPI_THREAD_MULTIPLE.
 //
 // Threading: one engine thread per communicator family (a communicator made
-// by create_mpi_communicator, with its groups and splits) owns every MPI call
-// on it. Calling threads only enqueue operations and wait on Work. The engine
+// by create_mpi_communicator, with its groups and splits, and the
+// communicators created to share its engine: share_engine_with) owns every
+// MPI call on it. Calling threads only enqueue operations and wait on Work. The engine
 // sleeps on a condition variable when idle; while requests are pending it
 // polls for RELAXCC_SPIN_US, then backs off with sleeps up to
 // RELAXCC_MAX_SLEEP_US, so oversubscribed ranks do not starve each other.
@@ -70,6 +71,13 @@ struct MpiCommunicatorOptions {
   Tunables tunables = Tunables::from_env();
   // Timeout of the creation handshake. Negative: tunables.timeout_ms.
   std::chrono::milliseconds timeout{-1};
+  // Runs the new communicator on this one's engine (its thread and polling;
+  // tunables.spin_us, max_sleep_us and trace_file stay that engine's) as a
+  // lane of its own, instead of starting an engine thread: a process whose
+  // communicators all share one engine has one engine thread, and priorities
+  // apply across all of them. Null: a new engine. InvalidArgument when it is
+  // not an MPI communicator.
+  CommunicatorPtr share_engine_with;
 };
 
 // Collective over options.comm. Throws Timeout, PeerMismatch, Unsupported or

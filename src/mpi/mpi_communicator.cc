@@ -206,6 +206,7 @@ class MpiCommunicator final : public Communicator {
         nodes_(std::move(nodes)),
         shared_memory_(std::move(shared_memory)) {}
   ~MpiCommunicator() override { engine_->close_lane(lane_); }
+  const std::shared_ptr<Engine>& engine() const { return engine_; }
 
   int rank() const override { return lane_->rank(); }
   int size() const override { return lane_->size(); }
@@ -664,7 +665,15 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   // (no shared memory), the engine sleeping between polls.
   auto provisional = std::make_shared<mpi::NodeLayoutMap>();
   provisional->node = everyone;
-  auto engine = std::make_shared<mpi::Engine>(options.tunables, mpi::Engine::Polling{});
+  std::shared_ptr<mpi::Engine> engine;
+  if (options.share_engine_with) {
+    const auto* other = dynamic_cast<const mpi::MpiCommunicator*>(options.share_engine_with.get());
+    RELAXCC_ENFORCE(other != nullptr, InvalidArgument,
+                    "create_mpi_communicator: share_engine_with is not an MPI communicator");
+    engine = other->engine();
+  } else {
+    engine = std::make_shared<mpi::Engine>(options.tunables, mpi::Engine::Polling{});
+  }
   auto comm = std::make_shared<mpi::MpiCommunicator>(
       engine, engine->add_lane(comms, {}, rank, 0, options.tunables), provisional, nullptr);
   auto nodes = std::make_shared<mpi::NodeLayoutMap>();
@@ -672,7 +681,8 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   nodes->ranks_per_node = options.tunables.ranks_per_node;
   const int local_size =
       static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
-  engine->set_polling(mpi::choose_polling(local_size, options.tunables.engine_poll));
+  if (!options.share_engine_with)
+    engine->set_polling(mpi::choose_polling(local_size, options.tunables.engine_poll));
   const bool one_node = nodes->one_node(everyone);
   comm->set_node_layout(nodes, one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);
   return comm;
