@@ -282,7 +282,33 @@ void RingOp::on_received(Transport& t, int pi, int64_t index) {
     return;
   }
   if (shared_) std::atomic_thread_fence(std::memory_order_seq_cst);  // acquire the sender's writes
-  Msg& m = in_[index];
+  const Msg& m = in_[index];
+  // (An allgather segment received straight into the output needs no work.)
+  if (spec_.offload_bytes > 0 && (m.reduce || shared_) &&
+      m.count * static_cast<int64_t>(dtype_size(spec_.dtype)) >= spec_.offload_bytes) {
+    t.compute(*this, index, [this, index] { absorb(index); });
+    return;
+  }
+  absorb(index);
+  absorbed(index);
+  run(t);
+}
+
+void RingOp::on_computed(Transport& t, int64_t index, std::exception_ptr error) {
+  if (error) {
+    abort(t, std::move(error));
+    return;
+  }
+  absorbed(index);  // the engine runs the schedule on next
+}
+
+void RingOp::absorbed(int64_t index) {
+  in_done_[index] = 1;
+  ++processed_in_;
+}
+
+void RingOp::absorb(int64_t index) {
+  const Msg& m = in_[index];
   const unsigned char* wire = incoming(m);
   if (m.reduce) {
     const TensorView local = spec_.local.slice(m.offset, m.count);
@@ -304,9 +330,6 @@ void RingOp::on_received(Transport& t, int pi, int64_t index) {
   } else {
     codec_->decode(wire, spec_.gathered.slice(m.offset, m.count), ctx_);
   }
-  in_done_[index] = 1;
-  ++processed_in_;
-  run(t);
 }
 
 void RingOp::on_sent(Transport& t, int pi, int64_t index) {

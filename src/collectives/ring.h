@@ -67,6 +67,9 @@ struct RingSpec {
   TensorView gathered;
   int64_t segment_bytes = 1 << 20;
   int pipeline_depth = 4;
+  // Segments of at least this many bytes are combined on the engine's
+  // compute thread (Transport::compute); 0: all on the engine thread.
+  int64_t offload_bytes = 0;
   int algo_id = 1;
   // Shared mode: where this rank's buffer lies (pid 0: not shared), and the
   // communicator's shared memory that maps the left neighbour's buffer.
@@ -101,6 +104,12 @@ class RingOp final : public EdgeOp {
   void run(Transport& t) override;
   void on_sent(Transport& t, int pi, int64_t msg) override;
   void on_received(Transport& t, int pi, int64_t msg) override;
+  void on_computed(Transport& t, int64_t msg, std::exception_ptr error) override;
+  // Combines or decodes incoming message `index` where the schedule puts
+  // it. Touches no transport state: it may run on the compute thread.
+  void absorb(int64_t index);
+  // Incoming message `index` is absorbed: what depends on it may go.
+  void absorbed(int64_t index);
   bool data_done() const override;
 
   void build_schedule();

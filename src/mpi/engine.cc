@@ -144,6 +144,11 @@ void Transport::spawn(const Operation& from, std::shared_ptr<Operation> op) {
   op->started_ = Clock::now();
   engine_.spawned_.push_back(std::move(op));
 }
+void Transport::compute(Operation& op, int64_t slot, std::function<void()> fn) {
+  require_engine_thread(engine_);
+  ++op.computing_;
+  engine_.compute_.submit(&op, slot, std::move(fn));
+}
 void Transport::count_late(uint64_t n) {
   std::lock_guard<std::mutex> lock(engine_.mutex_);
   lane_.stats_.late_messages += n;
@@ -189,7 +194,15 @@ Engine::Engine(Tunables tunables, Polling polling)
       doorbell_(std::make_shared<Doorbell>()),
       mutex_(doorbell_->mutex),
       cv_(doorbell_->cv),
-      signalled_(doorbell_->signalled) {
+      signalled_(doorbell_->signalled),
+      compute_([bell = doorbell_](Operation* op, int64_t slot, std::exception_ptr error) {
+        {
+          std::lock_guard<std::mutex> lock(bell->mutex);
+          bell->computed.push_back(Doorbell::Computed{op, slot, std::move(error)});
+          bell->signalled.store(true, std::memory_order_release);
+        }
+        bell->cv.notify_all();
+      }) {
   MPI_Comm_rank(MPI_COMM_WORLD, &trace_pid_);
   if (!tunables_.trace_file.empty()) {
     // One file per engine: the process's first tracing engine writes
@@ -240,6 +253,46 @@ void Engine::close_lane(const std::shared_ptr<Lane>& lane) {
     lane->close_deadline_ = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(
                                                lane->tunables_.timeout_ms, 10000));
     closing_.push_back(lane);
+  }
+}
+
+// ---- ComputeThread -------------------------------------------------------------
+
+ComputeThread::~ComputeThread() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ComputeThread::submit(Operation* op, int64_t slot, std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(Task{op, slot, std::move(fn)});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  cv_.notify_one();
+}
+
+void ComputeThread::loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (stop_) return;  // the engine is gone: nobody waits for the rest
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task.fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done_(task.op, task.slot, std::move(error));
   }
 }
 
@@ -458,7 +511,7 @@ void Engine::retire_finished() {
   // the buffers it holds) stays until the transport released every request,
   // which after a poisoning may be never ("parked").
   for (const auto& op : active_) {
-    if (op->work_completed_ || !op->done()) continue;
+    if (op->work_completed_ || !op->done() || op->computing_ > 0) continue;
     op->work_completed_ = true;
     if (!op->work_) continue;  // spawned by an operation
     if (trace_.is_open())
@@ -475,7 +528,7 @@ void Engine::retire_finished() {
   }
   auto it =
       std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
-        return op->work_completed_ && op->pending_ == 0;
+        return op->work_completed_ && op->pending_ == 0 && op->computing_ == 0;
       });
   active_.erase(it, active_.end());
 }
@@ -602,6 +655,7 @@ void Engine::loop() {
     }
     std::vector<std::shared_ptr<Lane>> apply_poison;
     bool released = false;
+    std::vector<Doorbell::Computed> computed;
     // signalled_ is set under mutex_ whenever the queue, stop_ or the poison
     // flag changes, so a clear flag means there is nothing to pick up.
     if (idle || signalled_.load(std::memory_order_acquire)) {
@@ -613,7 +667,8 @@ void Engine::loop() {
         // push out this rank's own notices, for at most kNoticeSendLimit,
         // and to run background operations, every millisecond.
         const auto woken = [&] {
-          return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty();
+          return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty() ||
+                 !doorbell_->computed.empty();
         };
         if (!active_.empty() ||
             (!notice_sends_.empty() && Clock::now() < notices_sent_at_ + kNoticeSendLimit))
@@ -625,6 +680,7 @@ void Engine::loop() {
       incoming.swap(queue_);
       signalled_.store(false, std::memory_order_relaxed);
       released = std::exchange(doorbell_->released, false);
+      computed.swap(doorbell_->computed);
 
       apply_poison.swap(to_poison_);
       if (stop_) {
@@ -684,6 +740,15 @@ void Engine::loop() {
         if (!fail_if_poisoned(*op)) start(op);
       }
     }
+    for (auto& c : computed) {
+      --c.op->computing_;
+      Transport& t = c.op->lane_->transport_;
+      try {
+        c.op->on_computed(t, c.slot, std::move(c.error));
+      } catch (...) {
+        c.op->abort(t, std::current_exception());
+      }
+    }
     const bool poll_background = Clock::now() - last_background_poll_ >= kBackgroundPoll;
     if (poll_background) last_background_poll_ = Clock::now();
     for (size_t i = 0; i < active_.size(); ++i) {
@@ -697,7 +762,7 @@ void Engine::loop() {
       }
     }
     for (auto& op : std::exchange(spawned_, {})) start(op);
-    bool progressed = !incoming.empty() || released;
+    bool progressed = !incoming.empty() || released || !computed.empty();
     incoming.clear();
     test_requests(progressed);
     retire_finished();
@@ -724,8 +789,10 @@ void Engine::loop() {
     }
     sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait_for(lock, std::chrono::microseconds(sleep_us),
-                 [&] { return !queue_.empty() || doorbell_->released || !to_poison_.empty(); });
+    cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
+      return !queue_.empty() || doorbell_->released || !to_poison_.empty() ||
+             !doorbell_->computed.empty();
+    });
     if (trace_.is_open())
       trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
   }

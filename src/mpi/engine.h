@@ -96,6 +96,11 @@ class Transport {
   // Starts `op` on the lane of `from` (an operation of this lane), without a
   // Work or a sequence number, once the engine's current iteration ended.
   void spawn(const Operation& from, std::shared_ptr<Operation> op);
+  // Runs `fn` (a reduction, a codec) on the engine's compute thread, so the
+  // engine keeps polling the network meanwhile; op.on_computed(slot, error)
+  // follows on the engine thread. The operation's Work does not complete
+  // while a computation of it runs, even when it fails.
+  void compute(Operation& op, int64_t slot, std::function<void()> fn);
   // Counts `n` late round messages dropped (CommStats::late_messages).
   void count_late(uint64_t n = 1);
 
@@ -202,6 +207,8 @@ class Operation {
   virtual void start_failed(Transport& t, std::exception_ptr error) { abort(t, std::move(error)); }
   // Posts whatever can be posted now. Called every engine iteration.
   virtual void progress(Transport&) {}
+  // Transport::compute's function for `slot` returned (error: what it threw).
+  virtual void on_computed(Transport&, int64_t /*slot*/, std::exception_ptr /*error*/) {}
   // Request `slot` completed. `error` is the MPI error code (MPI_SUCCESS).
   virtual void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) = 0;
   // Stop: post nothing new, tell peers that wait on this rank, drain.
@@ -252,6 +259,7 @@ class Operation {
   int priority_;
   uint64_t seq_ = 0;
   int pending_ = 0;
+  int computing_ = 0;  // Transport::compute calls not returned to on_computed yet
   std::exception_ptr error_;
   Clock::time_point submitted_;
   Clock::time_point started_;
@@ -277,7 +285,41 @@ struct Doorbell {
   // the mutex.
   std::atomic<bool> signalled{false};
   bool released = false;  // a waiting operation's dependency completed (under mutex)
+  // Transport::compute results not handed to their operation yet (under mutex).
+  struct Computed {
+    Operation* op;
+    int64_t slot;
+    std::exception_ptr error;
+  };
+  std::vector<Computed> computed;
   void ring_released();
+};
+
+// The engine's compute thread: runs Transport::compute's functions in order
+// and hands each result to `done` (which rings the engine's doorbell).
+// Started with the first function.
+class ComputeThread {
+ public:
+  using Done = std::function<void(Operation*, int64_t, std::exception_ptr)>;
+  explicit ComputeThread(Done done) : done_(std::move(done)) {}
+  ~ComputeThread();
+  ComputeThread(const ComputeThread&) = delete;
+  ComputeThread& operator=(const ComputeThread&) = delete;
+  void submit(Operation* op, int64_t slot, std::function<void()> fn);
+
+ private:
+  struct Task {
+    Operation* op;
+    int64_t slot;
+    std::function<void()> fn;
+  };
+  void loop();
+  Done done_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 // What a timed-out operation still waited for: filled by the engine thread.
@@ -452,6 +494,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<NoticeSend> notice_sends_;
   Clock::time_point last_notice_poll_{};
   Clock::time_point notices_sent_at_{};
+
+  // Declared after active_: stopped (its functions returned) before the
+  // operations they work for are destroyed.
+  ComputeThread compute_;
 
   std::ofstream trace_;
   bool trace_first_ = true;

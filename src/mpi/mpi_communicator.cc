@@ -554,6 +554,7 @@ class MpiCommunicator final : public Communicator {
     spec.chunk_counts = std::move(chunks);
     spec.segment_bytes = segment_bytes();
     spec.pipeline_depth = pipeline_depth();
+    spec.offload_bytes = lane_->tunables().offload_bytes;
     spec.algo_id = static_cast<int>(AllreduceAlgo::ring);
     return spec;
   }
