@@ -9,7 +9,7 @@
 
 #include <vector>
 
-namespace relaxcc::mpi {
+namespace relaxcc {
 
 enum class ButterflyStep { fold_in_send, fold_in_recv, round, fold_out_send, fold_out_recv };
 
@@ -48,4 +48,4 @@ inline std::vector<ButterflyMove> butterfly_schedule(int rank, int size) {
   return moves;
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc

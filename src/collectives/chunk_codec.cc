@@ -5,7 +5,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc {
 
 void IdentityCodec::combine(const void* wire, const TensorView& local, ReduceOp op,
                             const TensorView& acc, const ExecContext& ctx) {
@@ -16,4 +16,4 @@ void IdentityCodec::decode(const void* wire, const TensorView& out, const ExecCo
   if (out.data != wire && out.numel > 0) std::memcpy(out.data, wire, out.nbytes());
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc

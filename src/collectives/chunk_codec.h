@@ -15,7 +15,7 @@
 #include "relaxcc/reduce_op.h"
 #include "relaxcc/tensor.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc {
 
 class ChunkCodec {
  public:
@@ -53,4 +53,4 @@ class IdentityCodec final : public ChunkCodec {
   void decode(const void* wire, const TensorView& out, const ExecContext& ctx) override;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc

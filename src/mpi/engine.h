@@ -39,10 +39,10 @@
 #include <thread>
 #include <vector>
 
+#include "../collectives/scratch_pool.h"
 #include "op_header.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/tunables.h"
-#include "scratch_pool.h"
 
 namespace relaxcc::mpi {
 

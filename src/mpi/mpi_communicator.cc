@@ -13,18 +13,18 @@
 #include <array>
 #include <fstream>
 
-#include "../collectives/alltoall_pairwise.h"
-#include "../collectives/broadcast_chain.h"
-#include "../collectives/buffer_checks.h"
-#include "../collectives/point_to_point.h"
-#include "../collectives/recursive_doubling.h"
-#include "../collectives/ring.h"
+#include "../collectives/argument_checks.h"
+#include "alltoall_pairwise.h"
+#include "broadcast_chain.h"
 #include "engine.h"
 #include "op_header.h"
+#include "point_to_point.h"
+#include "recursive_doubling.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
+#include "ring.h"
 #include "shared_memory.h"
 
 namespace relaxcc {
@@ -143,17 +143,11 @@ std::vector<int> nodes_of(const std::vector<uint64_t>& keys) {
   return node;
 }
 
+// The MPI communicator's own rule, after the transport-neutral checks
+// (argument_checks.h): host memory only.
 void check_host(const TensorView& t, const ExecContext& ctx, const char* what) {
-  t.check_valid(what);
-  RELAXCC_ENFORCE(static_cast<int>(t.dtype) < kNumDTypes, InvalidArgument, what, ": unknown dtype ",
-                  static_cast<int>(t.dtype));
   RELAXCC_ENFORCE(t.device.is_host() && ctx.device.is_host(), Unsupported, what, " on ", t.device,
                   ": the MPI communicator moves host memory (device tensors go through NCCL)");
-}
-
-void check_op(ReduceOp op, const char* what) {
-  RELAXCC_ENFORCE(static_cast<int>(op) <= static_cast<int>(ReduceOp::max), InvalidArgument, what,
-                  ": unknown reduce op ", static_cast<int>(op));
 }
 
 std::vector<int64_t> balanced_chunks(int64_t numel, int n) {
@@ -336,17 +330,8 @@ class MpiCommunicator final : public Communicator {
 
   WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
                          const P2POptions& options) override {
-    for (const P2POp& op : ops) {
-      check_host(op.tensor, ctx, "point_to_point tensor");
-      RELAXCC_ENFORCE(op.peer >= 0 && op.peer < size(), InvalidArgument, "point_to_point: peer ",
-                      op.peer, " is not a rank of this communicator of ", size());
-      RELAXCC_ENFORCE(op.tag >= 0 && op.tag <= max_p2p_tag(), InvalidArgument,
-                      "point_to_point: tag ", op.tag, " outside [0, ", max_p2p_tag(), "]");
-    }
-    check_aliasing(ops);
-    RELAXCC_ENFORCE(!options.deadline || options.round != 0, InvalidArgument, "point_to_point",
-                    options.label.empty() ? "" : " of '" + options.label + "'",
-                    ": a deadline needs a round (P2POptions::round > 0)");
+    check_point_to_point(ops, options, size(), max_p2p_tag());
+    for (const P2POp& op : ops) check_host(op.tensor, ctx, "point_to_point tensor");
     return submit(std::make_shared<P2PBatchOp>(ops, options), options,
                   detail::concat(ops.size(), " ops",
                                  options.round != 0 ? detail::concat(", round ", options.round)
@@ -356,14 +341,9 @@ class MpiCommunicator final : public Communicator {
   using Communicator::allreduce;
   WorkPtr allreduce(const TensorView& input, const TensorView& output, const ExecContext& ctx,
                     const AllreduceOptions& options) override {
+    check_allreduce(input, output, options);
     check_host(input, ctx, "allreduce input");
     check_host(output, ctx, "allreduce output");
-    check_op(options.op, "allreduce");
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
-                       "allreduce: input and output dtypes");
-    RELAXCC_ENFORCE_EQ(input.numel, output.numel, InvalidArgument,
-                       "allreduce: input and output elements");
-    check_aliasing("allreduce", input, output, &output);
     const int n = size();
     AllreduceAlgo algo = options.algo;
     if (algo == AllreduceAlgo::automatic)
@@ -392,15 +372,10 @@ class MpiCommunicator final : public Communicator {
 
   WorkPtr reduce_scatter(const TensorView& input, const TensorView& output, const ExecContext& ctx,
                          const ReduceScatterOptions& options) override {
+    const int n = size();
+    check_reduce_scatter(input, output, options, n);
     check_host(input, ctx, "reduce_scatter input");
     check_host(output, ctx, "reduce_scatter output");
-    check_op(options.op, "reduce_scatter");
-    const int n = size();
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
-                       "reduce_scatter: input and output dtypes");
-    RELAXCC_ENFORCE_EQ(input.numel, output.numel * n, InvalidArgument,
-                       "reduce_scatter: input elements must be size() x output elements");
-    check_aliasing("reduce_scatter", input, output, nullptr);
     if (n == 1)
       return completed("reduce_scatter", options, [input, output] { copy(input, output); });
     RingSpec spec =
@@ -434,22 +409,10 @@ class MpiCommunicator final : public Communicator {
   WorkPtr allgatherv(const TensorView& input, const TensorView& output,
                      const std::vector<int64_t>& counts, const ExecContext& ctx,
                      const AllgatherOptions& options) override {
+    const int n = size();
+    const TensorView own_slot = check_allgatherv(input, output, counts, rank(), n);
     check_host(input, ctx, "allgather input");
     check_host(output, ctx, "allgather output");
-    const int n = size();
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
-                       "allgather: input and output dtypes");
-    RELAXCC_ENFORCE_EQ(static_cast<int>(counts.size()), n, InvalidArgument,
-                       "allgatherv: one count per rank");
-    for (int64_t c : counts) RELAXCC_ENFORCE_GE(c, 0, InvalidArgument, "allgatherv: counts");
-    RELAXCC_ENFORCE_EQ(counts[rank()], input.numel, InvalidArgument,
-                       "allgatherv: counts[rank()] must equal the input elements");
-    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    RELAXCC_ENFORCE_EQ(output.numel, total, InvalidArgument,
-                       "allgather: output elements must be the sum of counts");
-    const int64_t offset = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
-    const TensorView own_slot = output.slice(offset, input.numel);
-    check_aliasing("allgather", input, output, &own_slot);
     auto copy_own = [input, own_slot] { copy(input, own_slot); };
     if (n == 1) return completed("allgather", options, copy_own);
     RingSpec spec = ring_spec(OpType::allgather, input.dtype, counts);
@@ -461,9 +424,8 @@ class MpiCommunicator final : public Communicator {
 
   WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
                     const BroadcastOptions& options) override {
+    check_broadcast(data, options, size());
     check_host(data, ctx, "broadcast tensor");
-    RELAXCC_ENFORCE(options.root >= 0 && options.root < size(), InvalidArgument, "broadcast: root ",
-                    options.root, " is not a rank of this communicator of ", size());
     const int n = size(), r = rank(), root = options.root;
     return submit(
         std::make_shared<BroadcastChainOp>("broadcast", options.priority, options.label, data, root,
@@ -476,8 +438,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
                    const AlltoallOptions& options) override {
     const int n = size();
-    RELAXCC_ENFORCE(input.numel % n == 0, InvalidArgument, "alltoall: ", input.numel,
-                    " input elements do not split into ", n, " blocks");
+    check_alltoall(input, n);
     const std::vector<int64_t> counts(n, input.numel / n);
     return alltoallv(input, counts, output, counts, ctx, options);
   }
@@ -485,29 +446,15 @@ class MpiCommunicator final : public Communicator {
   WorkPtr alltoallv(const TensorView& input, const std::vector<int64_t>& send_counts,
                     const TensorView& output, const std::vector<int64_t>& recv_counts,
                     const ExecContext& ctx, const AlltoallOptions& options) override {
+    const int n = size();
+    check_alltoallv(input, send_counts, output, recv_counts, n);
     check_host(input, ctx, "alltoall input");
     check_host(output, ctx, "alltoall output");
-    const int n = size();
-    RELAXCC_ENFORCE_EQ(input.dtype, output.dtype, InvalidArgument,
-                       "alltoall: input and output dtypes");
-    RELAXCC_ENFORCE(
-        static_cast<int>(send_counts.size()) == n && static_cast<int>(recv_counts.size()) == n,
-        InvalidArgument, "alltoallv: one send and one receive count per rank");
     const int64_t esize = static_cast<int64_t>(dtype_size(input.dtype));
-    int64_t soff = 0, roff = 0;
     for (int p = 0; p < n; ++p) {
-      RELAXCC_ENFORCE(send_counts[p] >= 0 && recv_counts[p] >= 0, InvalidArgument,
-                      "alltoallv: negative count for rank ", p);
       checked_int(send_counts[p] * esize, "alltoallv: one block");
       checked_int(recv_counts[p] * esize, "alltoallv: one block");
-      soff += send_counts[p];
-      roff += recv_counts[p];
     }
-    RELAXCC_ENFORCE_EQ(soff, input.numel, InvalidArgument,
-                       "alltoallv: input elements vs sum of send_counts");
-    RELAXCC_ENFORCE_EQ(roff, output.numel, InvalidArgument,
-                       "alltoallv: output elements vs sum of recv_counts");
-    check_aliasing("alltoall", input, output, nullptr);
     return submit(
         std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
                                              send_counts, output, recv_counts, rank(), n),

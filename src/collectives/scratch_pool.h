@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace relaxcc::mpi {
+namespace relaxcc {
 
 class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
  public:
@@ -61,4 +61,4 @@ class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
   size_t cached_bytes_ = 0;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "butterfly.h"
+#include "../collectives/butterfly.h"
 
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"

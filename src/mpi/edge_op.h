@@ -41,8 +41,8 @@
 #include <string>
 #include <vector>
 
-#include "../mpi/engine.h"
-#include "../mpi/op_header.h"
+#include "engine.h"
+#include "op_header.h"
 #include "relaxcc/exec_context.h"
 
 namespace relaxcc::mpi {

@@ -1,23 +1,15 @@
-// The pipelined ring: reduce-scatter and allgather over r -> r+1, written
-// once and parameterised by a ChunkCodec. Allreduce runs both phases.
+// The pipelined ring over MPI: reduce-scatter and allgather over r -> r+1,
+// written once and parameterised by a ChunkCodec. Allreduce runs both phases.
 //
-// The tensor is split into size() chunks (chunk c belongs to rank c) and each
-// chunk into segments of at most segment_bytes. Reduce-scatter step s sends
-// chunk (r-s-1) and receives chunk (r-s-2), which it combines with its own
-// contribution; after size()-1 steps rank r holds the reduction of chunk r.
-// Allgather step s sends chunk (r-s) and receives chunk (r-s-1). Each segment
-// moves as soon as the segment it depends on arrived, with up to
-// pipeline_depth segments in flight per direction (one while a
-// higher-priority operation is active).
-//
-// Reduce-scatter segments land in scratch. Segments of the last step are
-// combined straight into the result, so their slot is free once combined:
-// they cycle through pipeline_depth slots. Segments of earlier steps wait in
-// a double buffer of two chunks, by step parity, until forwarded: segment j
-// of step s may be received only once the send that forwarded segment j of
-// step s-2 (same half of the buffer) completed. This cannot deadlock: every
-// wait points to an earlier step. Allgather receives straight into the
-// output.
+// The schedule (which segments go when, and what each waits for) is
+// RingSchedule (src/collectives/ring_schedule.h); RingOp runs it in one of
+// two modes, wire or shared, with a ChunkCodec deciding what a segment
+// carries. Wire mode: each segment moves as soon as the segment it depends
+// on arrived, with up to pipeline_depth segments in flight per direction
+// (one while a higher-priority operation is active). Reduce-scatter
+// segments land in scratch slots; allgather receives straight into the
+// output. Segments of RELAXCC_OFFLOAD_BYTES or more are combined on the
+// engine's compute thread.
 //
 // Shared mode (allreduce, reduce-scatter, or allgather, with every rank's full
 // layout in node-shared memory, see src/mpi/shared_memory.h): edges carry empty
@@ -45,9 +37,10 @@
 #include <memory>
 #include <vector>
 
-#include "../mpi/shared_memory.h"
-#include "chunk_codec.h"
+#include "../collectives/chunk_codec.h"
+#include "../collectives/ring_schedule.h"
 #include "edge_op.h"
+#include "shared_memory.h"
 
 namespace relaxcc::mpi {
 
@@ -87,19 +80,7 @@ class RingOp final : public EdgeOp {
          const ExecContext& ctx, std::unique_ptr<ChunkCodec> codec);
 
  private:
-  struct Msg {
-    bool reduce = false;  // reduce-scatter phase (else allgather)
-    int step = 0;
-    int chunk = 0;
-    int64_t offset = 0;  // element offset in the full layout
-    int64_t count = 0;
-    int64_t seg = 0;        // segment index within the chunk
-    int64_t dep = -1;       // outgoing: the incoming message it forwards
-    int64_t reuse = -1;     // incoming reduce-scatter: the outgoing message that must
-                            // complete before this one may land in its buffer half
-    int64_t reuse_in = -1;  // incoming last-step segment: the incoming message that
-                            // must be combined before this one takes its slot
-  };
+  using RingSegment = relaxcc::RingSegment;
 
   void run(Transport& t) override;
   void on_sent(Transport& t, int pi, int64_t msg) override;
@@ -112,26 +93,21 @@ class RingOp final : public EdgeOp {
   void absorbed(int64_t index);
   bool data_done() const override;
 
-  void build_schedule();
-  unsigned char* wire_slot(const Msg& m);
+  unsigned char* wire_slot(const RingSegment& m);
   void run_shared(Transport& t, int64_t depth, int64_t send_window);
   // Where an incoming message's data lies: the received wire buffer, or the
   // left neighbour's buffer in shared mode.
-  const unsigned char* incoming(const Msg& m);
+  const unsigned char* incoming(const RingSegment& m);
 
   RingSpec spec_;
   int rank_, size_;
   ExecContext ctx_;
   std::unique_ptr<ChunkCodec> codec_;
+  RingSchedule sched_;
   int left_ = 0, right_ = 0;  // peer indices
-  std::vector<int64_t> chunk_offset_;
-  int64_t segment_elems_ = 1;
   size_t wire_bytes_ = 0;
-  std::vector<Msg> in_, out_;
   std::vector<char> in_done_, out_done_;
   int64_t next_in_ = 0, processed_in_ = 0, next_out_ = 0, completed_out_ = 0;
-  int64_t max_segments_ = 0;       // segments of the largest chunk
-  int64_t last_slots_ = 0;         // slots of the last reduce-scatter step
   ScratchPool::Buffer rs_buffer_;  // last-step slots, then the double buffer
   // Shared mode.
   bool shared_ = false;

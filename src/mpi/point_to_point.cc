@@ -5,7 +5,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "../mpi/op_header.h"
+#include "op_header.h"
 #include "relaxcc/errors.h"
 
 namespace relaxcc::mpi {

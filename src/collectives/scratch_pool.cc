@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 
-namespace relaxcc::mpi {
+namespace relaxcc {
 
 void ScratchPool::Buffer::release() {
   if (pool_ && storage_.first != nullptr) pool_->give_back(std::move(storage_), size_);
@@ -46,4 +46,4 @@ void ScratchPool::give_back(Storage storage, size_t size) {
   free_.emplace_back(size, std::move(storage));
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc

@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "butterfly.h"
+#include "../collectives/butterfly.h"
 #include "edge_op.h"
 
 namespace relaxcc::mpi {

@@ -21,7 +21,7 @@
 #include <optional>
 #include <vector>
 
-#include "../mpi/engine.h"
+#include "engine.h"
 #include "relaxcc/collectives/point_to_point.h"
 
 namespace relaxcc::mpi {
