@@ -10,7 +10,9 @@
 // itself. Disagreements between ranks (counts, dtypes, ops) complete the Work
 // with PeerMismatch on every rank whose result depends on them (every rank for
 // allreduce, reduce_scatter and allgather; see broadcast.h and alltoall.h for
-// the ranks that can complete normally); the communicator stays usable. A Work that
+// the ranks that can complete normally); the communicator stays usable. A
+// point_to_point batch with a deadline completes at its deadline with a
+// partial result instead of timing out (point_to_point.h). A Work that
 // times out throws Timeout from wait(), naming the peers the operation still
 // waited for, and POISONS the communicator:
 //   - every later call throws CommunicatorPoisoned;
