@@ -227,9 +227,15 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       const std::string what =
           detail::concat(name(), " #", seq(), label_.empty() ? "" : " of '" + label_ + "'",
                          ": rank ", p.abort_in.origin, " failed: ", p.abort_in.reason);
-      auto err = p.abort_in.kind == AbortKind::mismatch
-                     ? std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__))
-                     : std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__));
+      // A peer whose communicator was poisoned: its notice poisons this
+      // rank's copy too, so the operation fails as the contract says.
+      std::exception_ptr err;
+      if (p.abort_in.kind == AbortKind::mismatch)
+        err = std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__));
+      else if (p.abort_in.kind == AbortKind::poisoned)
+        err = std::make_exception_ptr(CommunicatorPoisoned(what, __FILE__, __LINE__));
+      else
+        err = std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__));
       // Receives posted beyond what the peer sent will never match.
       // (Drain receives are matched to messages that exist.)
       for (int64_t m = p.limit_in(); m < p.posted_in; ++m)
