@@ -42,7 +42,8 @@ class Work;
 using WorkPtr = std::shared_ptr<Work>;
 namespace detail {
 class ThenWork;
-}
+class AllWork;
+}  // namespace detail
 
 class Work : public std::enable_shared_from_this<Work> {
  public:
@@ -117,6 +118,7 @@ class Work : public std::enable_shared_from_this<Work> {
 
  private:
   friend class detail::ThenWork;
+  friend class detail::AllWork;
   const std::string description_;
   const std::chrono::milliseconds default_timeout_;
   const std::chrono::microseconds spin_;
@@ -129,5 +131,15 @@ class Work : public std::enable_shared_from_this<Work> {
   std::vector<int> missing_;
   std::vector<Callback> callbacks_;
 };
+
+// A Work that completes once every one of `works` has completed: then
+// `finish` (if any) runs, on the thread that completed the last of them, with
+// the result Work (to record contributions), unless one of them failed. The
+// result completes with the first of their errors in `works` order, or with
+// what `finish` threw. `finish` follows the rules of a completion callback.
+// An expiring wait() on the result poisons what a wait on the first one
+// still pending would. c10d's collectAll.
+WorkPtr when_all(std::vector<WorkPtr> works, std::function<void(Work& result)> finish,
+                 std::string description);
 
 }  // namespace relaxcc

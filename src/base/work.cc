@@ -26,6 +26,49 @@ class ThenWork final : public Work {
  private:
   std::weak_ptr<Work> parent_;
 };
+
+// when_all's result.
+class AllWork final : public Work {
+ public:
+  AllWork(std::string description, std::vector<WorkPtr> works, std::function<void(Work&)> finish)
+      : Work(std::move(description)), works_(std::move(works)), finish_(std::move(finish)) {}
+
+  // Registers the callbacks (after construction: they hold a reference).
+  void arm(const std::shared_ptr<AllWork>& self) {
+    remaining_.store(static_cast<int>(works_.size()) + 1);
+    for (const WorkPtr& w : works_) w->then([self](const Work&) { self->one_done(); });
+    one_done();
+  }
+
+ protected:
+  std::string on_timeout(const std::string& reason) override {
+    for (const WorkPtr& w : works_)
+      if (!w->is_completed()) return w->on_timeout(reason);
+    return {};
+  }
+
+ private:
+  void one_done() {
+    if (remaining_.fetch_sub(1) != 1) return;
+    std::exception_ptr error;
+    for (const WorkPtr& w : works_)
+      if ((error = w->exception())) break;
+    if (!error && finish_) {
+      try {
+        finish_(*this);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    finish_ = nullptr;
+    complete(std::move(error));
+  }
+
+  std::vector<WorkPtr> works_;
+  std::function<void(Work&)> finish_;
+  std::atomic<int> remaining_{0};
+};
+
 }  // namespace detail
 
 Work::Work(std::string description, std::chrono::milliseconds default_timeout,
@@ -122,6 +165,14 @@ WorkPtr Work::then(Callback callback, std::string description) {
   }
   run(*this);
   return next;
+}
+
+WorkPtr when_all(std::vector<WorkPtr> works, std::function<void(Work& result)> finish,
+                 std::string description) {
+  auto all = std::make_shared<detail::AllWork>(std::move(description), std::move(works),
+                                               std::move(finish));
+  all->arm(all);
+  return all;
 }
 
 void Work::block_stream(void* stream) {

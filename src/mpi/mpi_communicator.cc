@@ -620,7 +620,16 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
                     "create_mpi_communicator: share_engine_with is not an MPI communicator");
     engine = other->engine();
   } else {
-    engine = std::make_shared<mpi::Engine>(options.tunables, mpi::Engine::Polling{});
+    // The last reference may go on the engine thread itself (a completion
+    // callback that held a communicator): the engine is then destroyed on a
+    // thread of its own, since its destructor joins the engine thread.
+    engine = std::shared_ptr<mpi::Engine>(new mpi::Engine(options.tunables, mpi::Engine::Polling{}),
+                                          [](mpi::Engine* e) {
+                                            if (e->on_engine_thread())
+                                              std::thread([e] { delete e; }).detach();
+                                            else
+                                              delete e;
+                                          });
   }
   auto comm = std::make_shared<mpi::MpiCommunicator>(
       engine, engine->add_lane(comms, {}, rank, 0, options.tunables), provisional, nullptr);

@@ -1,0 +1,39 @@
+// RelaxedStats: what the relaxed primitives (gossip, group averaging,
+// asynchronous averaging) moved, accumulated over their calls, for one
+// primitive: bytes per peer, rounds, and rounds that went on without a peer.
+// Thread-safe: rounds add to it from the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace relaxcc {
+
+struct RelaxedCounts {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  std::vector<uint64_t> sent_to;        // per peer rank
+  std::vector<uint64_t> received_from;  // per peer rank
+  uint64_t rounds = 0;
+  uint64_t partial_rounds = 0;  // rounds with a peer missing at the deadline
+  uint64_t missed = 0;          // peer messages missing at the deadline
+};
+
+class RelaxedStats {
+ public:
+  RelaxedCounts counts() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counts_;
+  }
+  // One round: `sent` bytes to each of `to`, `received` from each of `from`,
+  // `missed` peers missing.
+  void add_round(const std::vector<int>& to, uint64_t sent, const std::vector<int>& from,
+                 uint64_t received, uint64_t missed);
+
+ private:
+  mutable std::mutex mutex_;
+  RelaxedCounts counts_;
+};
+
+}  // namespace relaxcc

@@ -1,0 +1,371 @@
+// The decentralized primitives (relaxcc/relaxed/): gossip in every peer
+// mode, group averaging (Moshpit) on grids and random groups, deadlines for
+// slow peers and the adaptive deadline. Exact where theory says so (dyadic
+// data), bounded where it does not.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/mpi_communicator.h"
+#include "relaxcc/relaxed/adaptive_deadline.h"
+#include "relaxcc/relaxed/gossip.h"
+#include "relaxcc/relaxed/group_average.h"
+#include "test_util.h"
+
+namespace relaxcc {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::world;
+
+constexpr GossipMode kPeerModes[] = {GossipMode::ring, GossipMode::shift_one,
+                                     GossipMode::exponential};
+
+// Dyadic test data: exact under halving for many rounds in f64.
+double dyadic(int rank, int64_t i) {
+  return (rank + 1) * 0.5 + static_cast<double>(i % 7) - 3.0;
+}
+
+std::vector<double> dyadic_vector(int rank, int64_t n) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = dyadic(rank, i);
+  return v;
+}
+
+// Sum over ranks of `v`, element-wise (an MPI_Allreduce: the reference).
+std::vector<double> sum_over_ranks(const std::vector<double>& v) {
+  std::vector<double> out(v.size());
+  MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  return out;
+}
+
+TEST(GossipPeers, EveryModeIsDoublyStochasticAndConsistent) {
+  for (GossipMode mode : kPeerModes) {
+    for (int n = 1; n <= 9; ++n) {
+      for (uint64_t round = 1; round <= 12; ++round) {
+        std::vector<std::vector<double>> w(n, std::vector<double>(n, 0.0));
+        std::vector<std::vector<int>> sends(n);
+        for (int r = 0; r < n; ++r) {
+          const GossipPeers p = gossip_peers(mode, r, n, round);
+          w[r][r] += p.self_weight;
+          for (size_t k = 0; k < p.recv_from.size(); ++k) w[r][p.recv_from[k]] += p.weights[k];
+          sends[r] = p.send_to;
+        }
+        for (int r = 0; r < n; ++r) {
+          double row = 0, col = 0;
+          for (int c = 0; c < n; ++c) {
+            row += w[r][c];
+            col += w[c][r];
+          }
+          ASSERT_NEAR(row, 1.0, 1e-12) << gossip_mode_name(mode) << " n=" << n << " t=" << round;
+          ASSERT_NEAR(col, 1.0, 1e-12) << gossip_mode_name(mode) << " n=" << n << " t=" << round;
+          // Every send is someone's receive, and the reverse.
+          for (int to : sends[r]) {
+            const GossipPeers q = gossip_peers(mode, to, n, round);
+            ASSERT_NE(std::find(q.recv_from.begin(), q.recv_from.end(), r), q.recv_from.end());
+          }
+        }
+      }
+    }
+  }
+  // shift_one meets every pair once over n-1 rounds (n even).
+  for (int n : {2, 4, 6, 8}) {
+    std::vector<int> met(n * n, 0);
+    for (uint64_t t = 1; t < static_cast<uint64_t>(n); ++t)
+      for (int r = 0; r < n; ++r)
+        ++met[r * n + gossip_peers(GossipMode::shift_one, r, n, t).recv_from[0]];
+    for (int a = 0; a < n; ++a)
+      for (int b = 0; b < n; ++b) EXPECT_EQ(met[a * n + b], a == b ? 0 : 1) << n;
+  }
+}
+
+// Full-precision gossip keeps the sum over ranks: exactly for the halving
+// modes on dyadic data, and within float rounding for the ring's thirds.
+TEST(Gossip, PreservesTheSumOverRanks) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  constexpr int64_t kCount = 1003;
+  for (GossipMode mode : kPeerModes) {
+    std::vector<double> x = dyadic_vector(me, kCount);
+    const std::vector<double> before = sum_over_ranks(x);
+    double max_abs = 0;
+    for (double v : before) max_abs = std::max(max_abs, std::abs(v));
+    GossipOptions options;
+    options.mode = mode;
+    for (uint64_t round = 1; round <= 20; ++round) {
+      options.round = round;
+      gossip(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)->wait(30s);
+    }
+    const std::vector<double> after = sum_over_ranks(x);
+    // Ring: each round rounds every value once (|error| <= eps |x|), so the
+    // sum drifts by at most 20 rounds x n ranks x eps x max|x|.
+    const double bound =
+        mode == GossipMode::ring ? 20.0 * n * 2.3e-16 * std::max(max_abs, 1.0) : 0.0;
+    for (int64_t i = 0; i < kCount; ++i)
+      ASSERT_LE(std::abs(after[i] - before[i]), bound)
+          << gossip_mode_name(mode) << " element " << i;
+  }
+}
+
+// exponential reaches the exact global average in log2(n) rounds on a power
+// of two ranks; `all` is the global average at once.
+TEST(Gossip, ExponentialAndAllReachTheGlobalAverage) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  constexpr int64_t kCount = 100;
+  std::vector<double> mean(kCount);
+  for (int64_t i = 0; i < kCount; ++i) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += dyadic(r, i);
+    mean[i] = s / n;
+  }
+  std::vector<double> x = dyadic_vector(me, kCount);
+  GossipOptions all;
+  all.mode = GossipMode::all;
+  gossip(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), all)->wait(30s);
+  for (int64_t i = 0; i < kCount; ++i) ASSERT_NEAR(x[i], mean[i], 1e-12);
+  if ((n & (n - 1)) != 0) return;
+  x = dyadic_vector(me, kCount);
+  GossipOptions options;
+  options.mode = GossipMode::exponential;
+  int levels = 0;
+  while ((1 << levels) < n) ++levels;
+  for (int t = 1; t <= levels; ++t) {
+    options.round = static_cast<uint64_t>(t);
+    gossip(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)->wait(30s);
+  }
+  for (int64_t i = 0; i < kCount; ++i) ASSERT_EQ(x[i], mean[i]) << "element " << i;
+}
+
+TEST(Gossip, BadInputIsRejected) {
+  auto comm = world();
+  std::vector<float> x(8, 1.0f);
+  const TensorView v = TensorView::host(x.data(), 8);
+  GossipOptions options;
+  options.round = 0;
+  EXPECT_THROW(gossip(*comm, v, ExecContext::host(), options), InvalidArgument);
+  if (comm->size() > 1) {
+    options.round = 1;
+    options.mode = GossipMode::exponential;
+    options.weights = {0.5, 0.6};  // sums to 1.1
+    EXPECT_THROW(gossip(*comm, v, ExecContext::host(), options), InvalidArgument);
+  }
+  GossipOptions all;
+  all.mode = GossipMode::all;
+  all.deadline = Clock::now() + 1s;
+  EXPECT_THROW(gossip(*comm, v, ExecContext::host(), all), InvalidArgument);
+  std::vector<int32_t> ints(4, 1);
+  EXPECT_THROW(gossip(*comm, TensorView::host(ints.data(), 4), ExecContext::host(), {}),
+               InvalidArgument);
+  EXPECT_THROW(parse_gossip_mode("star"), InvalidArgument);
+  GroupAverageOptions grid;
+  grid.grid = {comm->size() + 1, 2};  // an empty slice along the last axis
+  EXPECT_THROW(group_members(grid, comm->rank(), comm->size()), InvalidArgument);
+  grid.grid = {0};
+  EXPECT_THROW(group_members(grid, comm->rank(), comm->size()), InvalidArgument);
+  EXPECT_THROW(AdaptiveDeadline({.k = -1}), InvalidArgument);
+}
+
+// Two ranks that call different modes (same peers, same sizes) find out.
+TEST(Gossip, RanksThatDisagreeGetPeerMismatch) {
+  auto comm = world();
+  if (comm->size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  std::vector<float> x(16, 1.0f);
+  GossipOptions options;
+  options.round = 1;
+  options.tag = 30200;
+  options.mode = comm->rank() == 0 ? GossipMode::ring : GossipMode::shift_one;
+  auto work = gossip(*comm, TensorView::host(x.data(), 16), ExecContext::host(), options);
+  try {
+    work->wait(30s);
+    ADD_FAILURE() << "expected PeerMismatch";
+  } catch (const PeerMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("calls 'gossip"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(comm->poisoned());
+}
+
+// Moshpit: N = M^d ranks reach the exact global average in d rounds.
+TEST(GroupAverage, GridReachesTheGlobalAverageInDRounds) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  std::vector<int> grid;
+  if (n == 4)
+    grid = {2, 2};
+  else if (n == 8)
+    grid = {2, 2, 2};
+  else
+    grid = {n};
+  constexpr int64_t kCount = 257;
+  std::vector<double> x = dyadic_vector(me, kCount);
+  GroupAverageOptions options;
+  options.grid = grid;
+  for (size_t t = 1; t <= grid.size(); ++t) {
+    options.round = t;
+    group_average(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)
+        ->wait(30s);
+  }
+  for (int64_t i = 0; i < kCount; ++i) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += dyadic(r, i);
+    if (n == 1 || n == 2 || n == 4 || n == 8)
+      ASSERT_EQ(x[i], s / n) << "element " << i;
+    else
+      ASSERT_NEAR(x[i], s / n, 1e-12) << "element " << i;
+  }
+}
+
+TEST(GroupAverage, UnevenGridGroups) {
+  GroupAverageOptions options;
+  options.grid = {2, 2};
+  // 3 ranks on a 2x2 grid: rank 2 alone on axis 0, with rank 0 on axis 1.
+  options.round = 1;
+  EXPECT_EQ(group_members(options, 0, 3), (std::vector<int>{0, 1}));
+  EXPECT_EQ(group_members(options, 2, 3), (std::vector<int>{2}));
+  options.round = 2;
+  EXPECT_EQ(group_members(options, 2, 3), (std::vector<int>{0, 2}));
+  EXPECT_EQ(group_members(options, 1, 3), (std::vector<int>{1}));
+}
+
+// Random groups: with r equal groups of N ranks the spread contracts by
+// (r - 1) / (N - 1) in expectation; measured over many rounds.
+TEST(GroupAverage, RandomGroupsContractAsTheFormulaSays) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n != 4) GTEST_SKIP() << "runs on 4 ranks (2 equal groups of 2)";
+  constexpr int64_t kCount = 512;
+  constexpr int kRounds = 60;
+  double before_ss = 0, after_ss = 0;
+  for (int round = 1; round <= kRounds; ++round) {
+    std::mt19937_64 rng(static_cast<uint64_t>(round) * 1000 + static_cast<uint64_t>(me));
+    std::normal_distribution<double> normal;
+    std::vector<double> x(kCount);
+    for (double& v : x) v = normal(rng);
+    auto spread = [&] {
+      const std::vector<double> s = sum_over_ranks(x);
+      std::vector<double> sq(kCount);
+      for (int64_t i = 0; i < kCount; ++i) sq[i] = (x[i] - s[i] / n) * (x[i] - s[i] / n);
+      const std::vector<double> total = sum_over_ranks(sq);
+      double ss = 0;
+      for (double v : total) ss += v;
+      return ss;
+    };
+    before_ss += spread();
+    GroupAverageOptions options;
+    options.random_groups = 2;
+    options.seed = 7;
+    options.round = static_cast<uint64_t>(round);
+    group_average(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)
+        ->wait(30s);
+    after_ss += spread();
+  }
+  const double ratio = after_ss / before_ss;
+  EXPECT_NEAR(ratio, 1.0 / 3.0, 0.05) << "contraction per round";
+}
+
+// A rank that sleeps past the deadline in some rounds: the others go on
+// without it, each result is exactly the weighted average over the peers
+// that arrived, its late messages are dropped, nothing is poisoned.
+TEST(Deadlines, GossipAndGroupsGoOnWithoutASlowRank) {
+  const int n = test::world_size();
+  if (n < 3) GTEST_SKIP() << "needs 3 ranks";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank(), slow = n - 1;
+  RelaxedStats stats;
+  constexpr int64_t kCount = 4096;
+  int partial = 0;
+  for (uint64_t round = 1; round <= 30; ++round) {
+    if (me == slow && round % 3 == 0) std::this_thread::sleep_for(50ms);
+    // Every rank starts the round from its own constant value.
+    auto value = [&](int r) { return static_cast<double>(r * 100 + static_cast<int>(round)); };
+    std::vector<double> x(kCount, value(me));
+    WorkPtr work;
+    std::vector<int> group;
+    if (round % 2 == 1) {
+      GossipOptions options;
+      options.mode = GossipMode::ring;
+      options.round = round;
+      options.deadline = Clock::now() + 15ms;
+      options.stats = &stats;
+      work = gossip(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options);
+    } else {
+      GroupAverageOptions options;
+      options.random_groups = 1;  // everyone: one group
+      options.round = round;
+      options.deadline = Clock::now() + 15ms;
+      options.stats = &stats;
+      work = group_average(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options);
+    }
+    work->wait(30s);
+    const std::vector<int> arrived = work->contributors();
+    // Every weight of these rounds is equal: the mean over this rank and
+    // the peers that arrived.
+    double expected = value(me);
+    for (int p : arrived) expected += value(p);
+    expected /= static_cast<double>(arrived.size() + 1);
+    for (int64_t i = 0; i < kCount; ++i) ASSERT_DOUBLE_EQ(x[i], expected) << "round " << round;
+    partial += work->partial() ? 1 : 0;
+  }
+  comm->barrier()->wait(30s);
+  const RelaxedCounts counts = stats.counts();
+  EXPECT_EQ(counts.rounds, 30u);
+  EXPECT_EQ(static_cast<int>(counts.partial_rounds), partial);
+  if (me != slow) {
+    EXPECT_GE(partial, 3) << "the slow rank's rounds must go on without it";
+    EXPECT_GT(counts.bytes_sent, 0u);
+  }
+  EXPECT_FALSE(comm->poisoned());
+}
+
+TEST(AdaptiveDeadline, MedianPlusKMadClampedToFloorAndCap) {
+  AdaptiveDeadline d({.k = 2.0, .floor = 100us, .cap = 50ms, .window = 8, .min_samples = 3});
+  EXPECT_EQ(d.current(), 50ms);  // too few samples: the cap
+  for (int us : {1000, 1200, 800, 1000, 5000}) d.observe(std::chrono::microseconds(us));
+  // median 1000, deviations {0, 200, 200, 0, 4000}: MAD 200.
+  EXPECT_EQ(d.current(), 1400us);
+  for (int i = 0; i < 8; ++i) d.observe(10us);
+  EXPECT_EQ(d.current(), 100us);  // the floor
+  for (int i = 0; i < 8; ++i) d.observe(1s);
+  EXPECT_EQ(d.current(), 50ms);  // the cap
+}
+
+// With a rank that is always slow and a minority of the peers, the adaptive
+// deadline follows the others' arrivals, not the straggler's: the rounds stop
+// waiting for it.
+TEST(AdaptiveDeadline, FollowsTheFastPeersWhenOneIsSlow) {
+  const int n = test::world_size();
+  if (n < 4) GTEST_SKIP() << "needs 4 ranks: the straggler a third of the peers";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank(), slow = n - 1;
+  AdaptiveDeadline adaptive({.k = 3.0, .floor = 1ms, .cap = 200ms, .window = 32, .min_samples = 4});
+  std::vector<float> x(1024, 1.0f);
+  int partial = 0;
+  for (uint64_t round = 1; round <= 25; ++round) {
+    if (me == slow) std::this_thread::sleep_for(40ms);
+    GroupAverageOptions options;
+    options.random_groups = 1;  // everyone
+    options.round = round;
+    options.adaptive = &adaptive;
+    auto work =
+        group_average(*comm, TensorView::host(x.data(), 1024), ExecContext::host(), options);
+    work->wait(30s);
+    partial += work->partial() ? 1 : 0;
+  }
+  comm->barrier()->wait(30s);
+  if (me != slow) {
+    EXPECT_LT(adaptive.current(), 40ms) << "the deadline must not wait for the straggler";
+    EXPECT_GE(partial, 15) << "rounds go on without the straggler";
+  }
+}
+
+}  // namespace
+}  // namespace relaxcc

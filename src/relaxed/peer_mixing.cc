@@ -1,0 +1,173 @@
+#include "peer_mixing.h"
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/half.h"
+
+namespace relaxcc::relaxed {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+struct MixHeader {
+  uint64_t round = 0;
+  char what[56] = {};
+};
+static_assert(sizeof(MixHeader) == 64);
+
+template <typename T>
+double load(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+    return to_f32(p[i]);
+  else
+    return static_cast<double>(p[i]);
+}
+
+template <typename T>
+void store(T* p, int64_t i, double v) {
+  if constexpr (std::is_same_v<T, Half>)
+    p[i] = to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    p[i] = to_bfloat16(static_cast<float>(v));
+  else
+    p[i] = static_cast<T>(v);
+}
+
+// What a round keeps until it mixes.
+struct Round {
+  std::vector<int> recv_from;
+  std::vector<double> weights;
+  double self_weight = 1;
+  MixHeader mine;
+  std::shared_ptr<MixHeader> out_header = std::make_shared<MixHeader>();
+  std::vector<std::shared_ptr<MixHeader>> in_headers;
+  std::vector<std::shared_ptr<std::vector<unsigned char>>> in_data;
+  std::vector<WorkPtr> receives;  // per recv_from
+  std::vector<int64_t> arrival_us;
+  Clock::time_point start;
+  std::mutex mutex;
+};
+
+TensorView bytes_view(const std::shared_ptr<std::vector<unsigned char>>& v, int64_t numel,
+                      DType dtype) {
+  return TensorView(v->data(), numel, dtype, Device::host(), v);
+}
+}  // namespace
+
+WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, const MixPlan& plan,
+            const MixCall& call) {
+  x.check_valid(call.what.c_str());
+  RELAXCC_ENFORCE(is_floating(x.dtype), InvalidArgument, call.what,
+                  ": averages floating tensors, got ", dtype_name(x.dtype));
+  RELAXCC_ENFORCE(x.device.is_host() && ctx.device.is_host(), Unsupported, call.what,
+                  ": host tensors only");
+  RELAXCC_ENFORCE(call.round >= 1, InvalidArgument, call.what, ": round ", call.round,
+                  ", expected >= 1 (and increasing from call to call)");
+  RELAXCC_ENFORCE_EQ(plan.weights.size(), plan.recv_from.size(), InvalidArgument, call.what,
+                     ": weights per peer");
+  auto r = std::make_shared<Round>();
+  r->recv_from = plan.recv_from;
+  r->weights = plan.weights;
+  r->self_weight = plan.self_weight;
+  r->start = Clock::now();
+  r->mine.round = call.round;
+  std::strncpy(r->mine.what, call.what.c_str(), sizeof(r->mine.what) - 1);
+  *r->out_header = r->mine;
+
+  P2POptions p2p;
+  static_cast<OpOptions&>(p2p) = call.op;
+  p2p.round = call.round;
+  p2p.deadline = call.deadline;
+  if (!p2p.deadline && call.adaptive) p2p.deadline = r->start + call.adaptive->current();
+
+  const TensorView header_out(r->out_header.get(), sizeof(MixHeader), DType::u8, Device::host(),
+                              r->out_header);
+  std::vector<P2POp> sends;
+  for (int peer : plan.send_to) {
+    sends.push_back(P2POp::send(peer, header_out, call.tag));
+    sends.push_back(P2POp::send(peer, x, call.tag + 1));
+  }
+  std::vector<WorkPtr> works;
+  if (!sends.empty()) works.push_back(comm.point_to_point(sends, ctx, p2p));
+  r->arrival_us.assign(plan.recv_from.size(), -1);
+  for (size_t k = 0; k < plan.recv_from.size(); ++k) {
+    const int peer = plan.recv_from[k];
+    auto header = std::make_shared<MixHeader>();
+    auto data = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(x.nbytes(), 1));
+    r->in_headers.push_back(header);
+    r->in_data.push_back(data);
+    WorkPtr w = comm.point_to_point(
+        {P2POp::recv(peer,
+                     TensorView(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header),
+                     call.tag),
+         P2POp::recv(peer, bytes_view(data, x.numel, x.dtype), call.tag + 1)},
+        ctx, p2p);
+    // The arrival time, for the adaptive deadline.
+    w->then([r, k](const Work& done) {
+      if (done.exception() || done.partial()) return;
+      std::lock_guard<std::mutex> lock(r->mutex);
+      r->arrival_us[k] =
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start).count();
+    });
+    r->receives.push_back(w);
+    works.push_back(std::move(w));
+  }
+  AdaptiveDeadline* adaptive = call.adaptive;
+  RelaxedStats* stats = call.stats;
+  std::vector<int> send_to = plan.send_to;
+  const std::string what = call.what;
+  return when_all(
+      std::move(works),
+      [r, x, adaptive, stats, send_to, what](Work& result) {
+        std::vector<int> arrived, missing;
+        std::vector<const void*> inputs;
+        std::vector<double> weights;
+        double total = r->self_weight;
+        for (size_t k = 0; k < r->recv_from.size(); ++k) {
+          const int peer = r->recv_from[k];
+          if (r->receives[k]->partial()) {
+            missing.push_back(peer);
+            continue;
+          }
+          const MixHeader& h = *r->in_headers[k];
+          RELAXCC_ENFORCE(
+              h.round == r->mine.round && std::strncmp(h.what, r->mine.what, sizeof(h.what)) == 0,
+              PeerMismatch, what, " round ", r->mine.round, ": rank ", peer, " calls '",
+              std::string(h.what, strnlen(h.what, sizeof(h.what))), "' round ", h.round,
+              ", this rank '", r->mine.what, "'");
+          arrived.push_back(peer);
+          inputs.push_back(r->in_data[k]->data());
+          weights.push_back(r->weights[k]);
+          total += r->weights[k];
+        }
+        visit_dtype(x.dtype, [&](auto tag) {
+          using T = decltype(tag);
+          if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
+                        std::is_same_v<T, BFloat16>) {
+            T* out = x.as<T>();
+            for (int64_t i = 0; i < x.numel; ++i) {
+              double acc = r->self_weight * load(out, i);
+              for (size_t k = 0; k < inputs.size(); ++k)
+                acc += weights[k] * load(static_cast<const T*>(inputs[k]), i);
+              store(out, i, acc / total);
+            }
+          }
+        });
+        if (adaptive) {
+          std::lock_guard<std::mutex> lock(r->mutex);
+          for (int64_t us : r->arrival_us)
+            if (us >= 0) adaptive->observe(std::chrono::microseconds(us));
+        }
+        if (stats)
+          stats->add_round(send_to, x.nbytes() + sizeof(MixHeader), arrived,
+                           x.nbytes() + sizeof(MixHeader), missing.size());
+        result.set_contributions(std::move(arrived), std::move(missing));
+      },
+      detail::concat(call.what, " round ", call.round,
+                     call.op.label.empty() ? "" : " of '" + call.op.label + "'"));
+}
+
+}  // namespace relaxcc::relaxed

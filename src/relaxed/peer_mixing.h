@@ -1,0 +1,48 @@
+// The exchange every decentralized primitive is made of: send this rank's
+// tensor to some peers, take the tensors of some peers (each by a deadline,
+// if any), and replace this rank's tensor with a weighted average of what
+// arrived. Written against the Communicator interface only.
+//
+// Wire: per peer, two round messages of point_to_point (collectives/
+// point_to_point.h), a 64-byte MixHeader on `tag` (what the rank calls:
+// ranks that disagree get PeerMismatch) and the data on `tag` + 1. A peer
+// contributes when both arrived by the deadline; its weight then counts:
+//   x <- (w_self x + sum_j w_j y_j) / (w_self + sum_j w_j), j over arrived.
+// The sum runs in double, in recv_from order, so two ranks that mix each
+// other's values with equal weights get bitwise equal results.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "relaxcc/communicator.h"
+#include "relaxcc/relaxed/adaptive_deadline.h"
+#include "relaxcc/relaxed/relaxed_stats.h"
+
+namespace relaxcc::relaxed {
+
+struct MixPlan {
+  std::vector<int> send_to;    // distinct peers
+  std::vector<int> recv_from;  // distinct peers
+  double self_weight = 1.0;
+  std::vector<double> weights;  // one per recv_from
+};
+
+struct MixCall {
+  std::string what;  // "gossip ring": ranks must call the same (PeerMismatch otherwise)
+  uint64_t round = 1;
+  int tag = 0;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  AdaptiveDeadline* adaptive = nullptr;  // with no deadline: now + adaptive->current()
+  RelaxedStats* stats = nullptr;
+  OpOptions op;  // priority, label, after
+};
+
+// Floating dtypes only (InvalidArgument otherwise).
+WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, const MixPlan& plan,
+            const MixCall& call);
+
+}  // namespace relaxcc::relaxed
