@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/adaptive_deadline.h"
+#include "relaxcc/relaxed/async_average.h"
+#include "relaxcc/relaxed/choco_gossip.h"
 #include "relaxcc/relaxed/gossip.h"
 #include "relaxcc/relaxed/group_average.h"
 #include "test_util.h"
@@ -322,6 +325,134 @@ TEST(Deadlines, GossipAndGroupsGoOnWithoutASlowRank) {
   if (me != slow) {
     EXPECT_GE(partial, 3) << "the slow rank's rounds must go on without it";
     EXPECT_GT(counts.bytes_sent, 0u);
+  }
+  EXPECT_FALSE(comm->poisoned());
+}
+
+// CHOCO on the ring with 8-bit min-max: the public copies agree bitwise
+// across ranks, the mean drifts by no more than float rounding, and the
+// ranks move towards consensus.
+TEST(Choco, KeepsTheMeanAndCopiesAgreeAndConverges) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int64_t kCount = 4096;
+  std::mt19937_64 rng(static_cast<uint64_t>(me) + 11);
+  std::normal_distribution<float> normal(static_cast<float>(me), 1.0f);
+  std::vector<float> x(kCount);
+  for (float& v : x) v = normal(rng);
+  ChocoOptions options;
+  options.codec.kind = kernels::CompressorKind::minmax;
+  options.codec.bits = 8;
+  options.gamma = 0.5;
+  ChocoGossip choco(comm, kCount, options);
+  auto as_double = [](const std::vector<float>& v) {
+    return std::vector<double>(v.begin(), v.end());
+  };
+  auto spread = [&] {
+    const std::vector<double> sum = sum_over_ranks(as_double(x));
+    std::vector<double> sq(kCount);
+    for (int64_t i = 0; i < kCount; ++i) sq[i] = std::pow(x[i] - sum[i] / n, 2);
+    double total = 0;
+    for (double v : sum_over_ranks(sq)) total += v;
+    return total;
+  };
+  const double spread0 = spread();
+  constexpr int kRounds = 40;
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    const std::vector<double> before = sum_over_ranks(as_double(x));
+    choco.step(TensorView::host(x.data(), kCount), round, ExecContext::host())->wait(30s);
+    const std::vector<double> after = sum_over_ranks(as_double(x));
+    double max_abs = 1;
+    for (float v : x) max_abs = std::max(max_abs, static_cast<double>(std::abs(v)));
+    for (float v : choco.own_copy()) max_abs = std::max(max_abs, static_cast<double>(std::abs(v)));
+    // Each rank rounds each element once per round (f32): c * n * eps * max|x|, c = 4.
+    const double bound = 4.0 * n * 1.2e-7 * max_abs;
+    for (int64_t i = 0; i < kCount; ++i)
+      ASSERT_LE(std::abs(after[i] - before[i]), bound) << "round " << round << " element " << i;
+  }
+  EXPECT_LT(spread(), 0.25 * spread0) << "the ranks must move towards consensus";
+  // Rank i's copy of its neighbour j is bitwise j's own copy.
+  const std::vector<int>& peers = choco.neighbours();
+  for (size_t k = 0; k < peers.size(); ++k) {
+    std::vector<float> theirs_own(kCount);
+    // Send this rank's own copy to the neighbour on the other side.
+    const int to = peers.size() == 1 ? peers[0] : peers[1 - k];
+    MPI_Sendrecv(choco.own_copy().data(), kCount, MPI_FLOAT, to, 7, theirs_own.data(), kCount,
+                 MPI_FLOAT, peers[k], 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    ASSERT_EQ(
+        std::memcmp(theirs_own.data(), choco.neighbour_copies()[k].data(), kCount * sizeof(float)),
+        0)
+        << "copy of rank " << peers[k];
+  }
+  ChocoOptions bad;
+  bad.gamma = 0;
+  EXPECT_THROW(ChocoGossip(comm, 4, bad), InvalidArgument);
+  bad.gamma = 0.5;
+  bad.codec.bits = 3;
+  EXPECT_THROW(ChocoGossip(comm, 4, bad), InvalidArgument);
+}
+
+// Async averaging: converges to the mean, respects its staleness bound, and
+// its Works never block a step that is within the bound.
+TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  std::vector<double> x(1000, static_cast<double>(me));
+  std::mutex lock;
+  AsyncAverageOptions options;
+  options.interval_steps = 2;
+  options.max_staleness_steps = 3;
+  AsyncModelAverager averager(comm, TensorView::host(x.data(), 1000), lock, options);
+  for (int step = 0; step < 40; ++step) {
+    averager.step();
+    std::this_thread::sleep_for(1ms);  // the "compute"
+  }
+  EXPECT_TRUE(averager.stop());
+  const AsyncAverageCounts counts = averager.counts();
+  EXPECT_GE(counts.applied, 10);
+  EXPECT_LE(counts.max_staleness_seen, options.max_staleness_steps);
+  const double mean = (n - 1) / 2.0;
+  for (double v : x) ASSERT_NEAR(v, mean, 1e-9);
+  EXPECT_THROW(averager.step(), InvalidArgument);
+  AsyncAverageOptions bad;
+  bad.interval_steps = 0;
+  EXPECT_THROW(AsyncModelAverager(comm, TensorView::host(x.data(), 1000), lock, bad),
+               InvalidArgument);
+}
+
+// stop() returns within its timeout while a peer is slow, and a late
+// average is never applied after it.
+TEST(AsyncAverage, StopsCleanlyWhileAPeerIsSlow) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank(), slow = n - 1;
+  std::vector<float> x(256, static_cast<float>(me));
+  std::mutex lock;
+  AsyncAverageOptions options;
+  options.stop_timeout = 200ms;
+  options.max_staleness_steps = 100;
+  options.warmup_steps = 5;  // the first average starts at step 6
+  {
+    AsyncModelAverager averager(comm, TensorView::host(x.data(), 256), lock, options);
+    for (int step = 0; step < 5; ++step) averager.step();
+    if (me == slow) std::this_thread::sleep_for(1500ms);
+    averager.step();  // starts an average the slow rank joins late
+    EXPECT_EQ(averager.counts().started, 1);
+    const auto t0 = Clock::now();
+    const bool applied = averager.stop();
+    const auto took = Clock::now() - t0;
+    if (me != slow) {
+      EXPECT_LT(took, 1000ms) << "stop() must not wait for the slow peer";
+      EXPECT_FALSE(applied);
+      const std::vector<float> at_stop = x;
+      comm->barrier()->wait(30s);  // the slow rank has joined: the average completed
+      std::this_thread::sleep_for(50ms);
+      EXPECT_EQ(x, at_stop) << "a late average was applied after stop()";
+    } else {
+      comm->barrier()->wait(30s);
+    }
   }
   EXPECT_FALSE(comm->poisoned());
 }

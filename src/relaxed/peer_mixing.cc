@@ -1,11 +1,12 @@
 #include "peer_mixing.h"
 
+#include "float_access.h"
+
 #include <cstring>
 #include <memory>
 #include <mutex>
 
 #include "relaxcc/errors.h"
-#include "relaxcc/half.h"
 
 namespace relaxcc::relaxed {
 
@@ -17,24 +18,6 @@ struct MixHeader {
   char what[56] = {};
 };
 static_assert(sizeof(MixHeader) == 64);
-
-template <typename T>
-double load(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-    return to_f32(p[i]);
-  else
-    return static_cast<double>(p[i]);
-}
-
-template <typename T>
-void store(T* p, int64_t i, double v) {
-  if constexpr (std::is_same_v<T, Half>)
-    p[i] = to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>)
-    p[i] = to_bfloat16(static_cast<float>(v));
-  else
-    p[i] = static_cast<T>(v);
-}
 
 // What a round keeps until it mixes.
 struct Round {
@@ -143,17 +126,14 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
           weights.push_back(r->weights[k]);
           total += r->weights[k];
         }
-        visit_dtype(x.dtype, [&](auto tag) {
+        visit_averaged(x.dtype, [&](auto tag) {
           using T = decltype(tag);
-          if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
-                        std::is_same_v<T, BFloat16>) {
-            T* out = x.as<T>();
-            for (int64_t i = 0; i < x.numel; ++i) {
-              double acc = r->self_weight * load(out, i);
-              for (size_t k = 0; k < inputs.size(); ++k)
-                acc += weights[k] * load(static_cast<const T*>(inputs[k]), i);
-              store(out, i, acc / total);
-            }
+          T* out = x.as<T>();
+          for (int64_t i = 0; i < x.numel; ++i) {
+            double acc = r->self_weight * load(out, i);
+            for (size_t k = 0; k < inputs.size(); ++k)
+              acc += weights[k] * load(static_cast<const T*>(inputs[k]), i);
+            store(out, i, acc / total);
           }
         });
         if (adaptive) {

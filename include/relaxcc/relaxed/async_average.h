@@ -1,0 +1,96 @@
+// Asynchronous model averaging: training never waits for the network.
+//
+// Every interval_steps steps (after warmup_steps), step() snapshots the
+// parameters (under the parameters' lock) and starts averaging the snapshot
+// with the peers, at low priority, so bucket traffic on any communicator of
+// the same engine goes first. When the average is done, the engine applies
+// it, under the parameters' lock:
+//   x += avg - snapshot
+// which keeps whatever the optimizer did to x meanwhile. step() itself only
+// copies and submits: it blocks only when the average in flight has become
+// too stale, started max_staleness_steps steps or max_staleness ago; then
+// it waits for it (at most stop_timeout: a peer that never comes gives
+// Timeout, which poisons the communicator). So no parameter ever misses more
+// than max_staleness_steps steps of averaging.
+//
+// The averaging is an allreduce of the snapshot (mode all: every rank's
+// model enters) or a gossip round in any peer mode, with a deadline if
+// given (slow peers are then left out of a round, see gossip.h). stop()
+// waits at most stop_timeout for the average in flight and applies it if it
+// came; after stop() a late average is never applied, so stop() returns in
+// bounded time even while a peer is slow, and nothing touches the
+// parameters once it returned. The parameters (and the lock) must outlive
+// stop().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "relaxcc/communicator.h"
+#include "relaxcc/relaxed/gossip.h"
+
+namespace relaxcc {
+
+struct AsyncAverageOptions {
+  int64_t interval_steps = 1;
+  int64_t warmup_steps = 0;
+  int64_t max_staleness_steps = 8;
+  std::chrono::milliseconds max_staleness{10000};
+  // all: an allreduce of every rank's snapshot; otherwise a gossip round.
+  GossipMode mode = GossipMode::all;
+  // Gossip modes: each round's deadline, counted from its start (0: none).
+  std::chrono::microseconds round_deadline{0};
+  AdaptiveDeadline* adaptive = nullptr;
+  int priority = -1;
+  std::chrono::milliseconds stop_timeout{10000};
+  RelaxedStats* stats = nullptr;
+  int tag = 30400;
+};
+
+struct AsyncAverageCounts {
+  int64_t started = 0;
+  int64_t applied = 0;
+  int64_t max_staleness_seen = 0;  // steps between a snapshot and its application
+  int64_t waits = 0;               // step() calls that had to wait for a stale average
+};
+
+class AsyncModelAverager {
+ public:
+  // `params`: f32/f64/f16/bf16 host tensor that the training loop updates
+  // under `params_lock`. Throws InvalidArgument for intervals < 1,
+  // warmup < 0, max_staleness_steps < 1, or a mode with no peers' weights
+  // it can take (see gossip.h).
+  AsyncModelAverager(CommunicatorPtr comm, TensorView params, std::mutex& params_lock,
+                     AsyncAverageOptions options = {});
+  ~AsyncModelAverager();  // stop()
+  AsyncModelAverager(const AsyncModelAverager&) = delete;
+  AsyncModelAverager& operator=(const AsyncModelAverager&) = delete;
+
+  // Call once per training step, without holding the parameters' lock.
+  void step();
+  // Stops (see above). Returns whether the last average was applied (or
+  // none was in flight). Idempotent. step() after stop() throws
+  // InvalidArgument.
+  bool stop();
+  AsyncAverageCounts counts() const;
+
+ private:
+  struct Shared;
+  void start_round();
+  CommunicatorPtr comm_;
+  TensorView params_;
+  std::mutex& params_lock_;
+  AsyncAverageOptions options_;
+  std::shared_ptr<Shared> shared_;
+  int64_t steps_ = 0;
+  uint64_t round_ = 0;
+  WorkPtr in_flight_;
+  int64_t in_flight_step_ = 0;
+  std::chrono::steady_clock::time_point in_flight_since_{};
+  bool stopped_ = false;
+};
+
+}  // namespace relaxcc

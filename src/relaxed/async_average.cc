@@ -1,0 +1,163 @@
+#include "relaxcc/relaxed/async_average.h"
+
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+#include "float_access.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
+
+namespace relaxcc {
+
+using Clock = std::chrono::steady_clock;
+
+// What the averaging rounds share with the averager, which may be gone
+// (stopped) by the time a late round completes.
+struct AsyncModelAverager::Shared {
+  std::mutex* params_lock = nullptr;
+  bool stopped = false;  // under *params_lock: no round touches the parameters any more
+  std::atomic<int64_t> steps{0};
+  mutable std::mutex counts_mutex;
+  AsyncAverageCounts counts;
+};
+
+AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
+                                       std::mutex& params_lock, AsyncAverageOptions options)
+    : comm_(std::move(comm)),
+      params_(std::move(params)),
+      params_lock_(params_lock),
+      options_(options),
+      shared_(std::make_shared<Shared>()) {
+  RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "AsyncModelAverager: null communicator");
+  params_.check_valid("AsyncModelAverager parameters");
+  RELAXCC_ENFORCE(is_floating(params_.dtype) && params_.device.is_host(), InvalidArgument,
+                  "AsyncModelAverager: averages floating host tensors, got ",
+                  dtype_name(params_.dtype), " on ", params_.device);
+  RELAXCC_ENFORCE(options_.interval_steps >= 1 && options_.warmup_steps >= 0 &&
+                      options_.max_staleness_steps >= 1,
+                  InvalidArgument, "AsyncModelAverager: expected interval_steps >= 1 (got ",
+                  options_.interval_steps, "), warmup_steps >= 0 (got ", options_.warmup_steps,
+                  "), max_staleness_steps >= 1 (got ", options_.max_staleness_steps, ")");
+  RELAXCC_ENFORCE(options_.mode != GossipMode::all ||
+                      (options_.round_deadline.count() == 0 && options_.adaptive == nullptr),
+                  InvalidArgument,
+                  "AsyncModelAverager: mode all is an allreduce and takes no deadline");
+  shared_->params_lock = &params_lock_;
+}
+
+AsyncModelAverager::~AsyncModelAverager() {
+  try {
+    stop();
+  } catch (const std::exception& e) {
+    RELAXCC_LOG(warn, "AsyncModelAverager: stop failed: ", e.what());
+  }
+}
+
+void AsyncModelAverager::start_round() {
+  const size_t bytes = params_.nbytes();
+  auto snapshot = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(bytes, 1));
+  auto averaged = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(bytes, 1));
+  {
+    std::lock_guard<std::mutex> lock(params_lock_);
+    if (bytes > 0) std::memcpy(snapshot->data(), params_.data, bytes);
+  }
+  if (bytes > 0) std::memcpy(averaged->data(), snapshot->data(), bytes);
+  const TensorView work(averaged->data(), params_.numel, params_.dtype, Device::host(), averaged);
+  ++round_;
+  WorkPtr w;
+  if (options_.mode == GossipMode::all) {
+    AllreduceOptions ar;
+    ar.op = ReduceOp::avg;
+    ar.priority = options_.priority;
+    ar.label = "async model average";
+    w = comm_->allreduce(work, ExecContext::host(), ar);
+  } else {
+    GossipOptions g;
+    g.mode = options_.mode;
+    g.round = round_;
+    g.priority = options_.priority;
+    g.label = "async model average";
+    g.tag = options_.tag;
+    g.adaptive = options_.adaptive;
+    g.stats = options_.stats;
+    if (options_.round_deadline.count() > 0) g.deadline = Clock::now() + options_.round_deadline;
+    w = gossip(*comm_, work, ExecContext::host(), g);
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared_->counts_mutex);
+    ++shared_->counts.started;
+  }
+  const int64_t started_at = steps_;
+  auto shared = shared_;
+  const TensorView params = params_;
+  in_flight_ = w->then([shared, params, snapshot, averaged, started_at](const Work& done) {
+    if (done.exception()) return;
+    std::lock_guard<std::mutex> lock(*shared->params_lock);
+    if (shared->stopped) return;
+    // x += avg - snapshot: keeps what the optimizer did meanwhile.
+    relaxed::visit_averaged(params.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* x = params.as<T>();
+      const T* avg = reinterpret_cast<const T*>(averaged->data());
+      const T* snap = reinterpret_cast<const T*>(snapshot->data());
+      for (int64_t i = 0; i < params.numel; ++i)
+        relaxed::store(x, i, relaxed::load(x, i) + relaxed::load(avg, i) - relaxed::load(snap, i));
+    });
+    std::lock_guard<std::mutex> counts_lock(shared->counts_mutex);
+    ++shared->counts.applied;
+    shared->counts.max_staleness_seen =
+        std::max(shared->counts.max_staleness_seen, shared->steps.load() - started_at);
+  });
+  in_flight_step_ = steps_;
+  in_flight_since_ = Clock::now();
+}
+
+void AsyncModelAverager::step() {
+  RELAXCC_ENFORCE(!stopped_, InvalidArgument, "AsyncModelAverager: step() after stop()");
+  shared_->steps.store(++steps_);
+  if (in_flight_ && !in_flight_->is_completed() &&
+      (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
+       Clock::now() - in_flight_since_ >= options_.max_staleness)) {
+    {
+      std::lock_guard<std::mutex> lock(shared_->counts_mutex);
+      ++shared_->counts.waits;
+    }
+    in_flight_->wait(options_.stop_timeout);
+  }
+  if (in_flight_ && in_flight_->is_completed()) {
+    WorkPtr done = std::exchange(in_flight_, nullptr);
+    done->wait(std::chrono::milliseconds(0));  // rethrows a failed round
+  }
+  if (!in_flight_ && steps_ > options_.warmup_steps &&
+      (steps_ - options_.warmup_steps) % options_.interval_steps == 0)
+    start_round();
+}
+
+bool AsyncModelAverager::stop() {
+  if (stopped_) {
+    std::lock_guard<std::mutex> lock(shared_->counts_mutex);
+    return shared_->counts.applied == shared_->counts.started;
+  }
+  stopped_ = true;
+  if (in_flight_) {
+    try {
+      in_flight_->wait_for(options_.stop_timeout);  // no poisoning: a bound
+    } catch (const Error& e) {
+      RELAXCC_LOG(warn, "AsyncModelAverager: the last average failed: ", e.what());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(params_lock_);
+    shared_->stopped = true;
+  }
+  std::lock_guard<std::mutex> lock(shared_->counts_mutex);
+  return shared_->counts.applied == shared_->counts.started;
+}
+
+AsyncAverageCounts AsyncModelAverager::counts() const {
+  std::lock_guard<std::mutex> lock(shared_->counts_mutex);
+  return shared_->counts;
+}
+
+}  // namespace relaxcc
