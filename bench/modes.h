@@ -16,5 +16,7 @@ void add_reduce_scatter_mode(CLI::App& app);
 void add_kernels_mode(CLI::App& app);
 // `relaxcc-bench overlap`: the Reducer's overlap of communication and backward.
 void add_overlap_mode(CLI::App& app);
+// `relaxcc-bench primitives`: gossip, CHOCO, Moshpit and async averaging.
+void add_primitives_mode(CLI::App& app);
 
 }  // namespace relaxcc::bench

@@ -65,25 +65,16 @@ void AsyncModelAverager::start_round() {
   if (bytes > 0) std::memcpy(averaged->data(), snapshot->data(), bytes);
   const TensorView work(averaged->data(), params_.numel, params_.dtype, Device::host(), averaged);
   ++round_;
-  WorkPtr w;
-  if (options_.mode == GossipMode::all) {
-    AllreduceOptions ar;
-    ar.op = ReduceOp::avg;
-    ar.priority = options_.priority;
-    ar.label = "async model average";
-    w = comm_->allreduce(work, ExecContext::host(), ar);
-  } else {
-    GossipOptions g;
-    g.mode = options_.mode;
-    g.round = round_;
-    g.priority = options_.priority;
-    g.label = "async model average";
-    g.tag = options_.tag;
-    g.adaptive = options_.adaptive;
-    g.stats = options_.stats;
-    if (options_.round_deadline.count() > 0) g.deadline = Clock::now() + options_.round_deadline;
-    w = gossip(*comm_, work, ExecContext::host(), g);
-  }
+  GossipOptions g;
+  g.mode = options_.mode;
+  g.round = round_;
+  g.priority = options_.priority;
+  g.label = "async model average";
+  g.tag = options_.tag;
+  g.adaptive = options_.adaptive;
+  g.stats = options_.stats;
+  if (options_.round_deadline.count() > 0) g.deadline = Clock::now() + options_.round_deadline;
+  WorkPtr w = gossip(*comm_, work, ExecContext::host(), g);  // mode all: an allreduce
   {
     std::lock_guard<std::mutex> lock(shared_->counts_mutex);
     ++shared_->counts.started;

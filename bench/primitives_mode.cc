@@ -1,0 +1,265 @@
+// `relaxcc-bench primitives`: the relaxed primitives side by side with
+// MPI_Allreduce of the same data, in the same run.
+//
+// For each primitive, every round starts from fresh per-rank data (normal,
+// mean = rank) and reports the median time per round, the bytes this rank
+// sent per round (RelaxedStats) and the distance to the global average after
+// the round: ||x_r - mean|| / ||mean||, the largest over ranks. Primitives:
+// gossip in every mode, CHOCO (ring, 8-bit min-max), Moshpit group
+// averaging (a 2-D grid when the rank count is a square, else one group per
+// pair), and asynchronous averaging (the time of a step() call, with the
+// averaging running behind it).
+//
+// --straggler R --slowdown S: a training-like loop of --compute-ms per round
+// (rank R: S times as long) of group averaging over all ranks, run three
+// ways: nobody slow (adaptive deadline), R slow without a deadline, R slow
+// with an adaptive deadline. It reports the rounds per
+// second of the other ranks and its ratio to the straggler-free rate.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "modes.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/mpi_communicator.h"
+#include "relaxcc/relaxed/async_average.h"
+#include "relaxcc/relaxed/choco_gossip.h"
+#include "relaxcc/relaxed/gossip.h"
+#include "relaxcc/relaxed/group_average.h"
+#include "report.h"
+
+namespace relaxcc::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+struct PrimitivesArgs {
+  std::string bytes = "4M";
+  int iters = 10, warmup = 2;
+  std::vector<std::string> primitives{"mpi",         "all",   "ring",    "shift_one",
+                                      "exponential", "choco", "moshpit", "async"};
+  int straggler = -1;
+  double slowdown = 3.0;
+  double compute_ms = 20.0;
+  int straggler_rounds = 30;
+  std::string json;
+};
+
+double elapsed_us(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+void fresh_data(std::vector<float>& x, int rank, int round) {
+  std::mt19937 rng(static_cast<unsigned>(rank * 7919 + round));
+  std::normal_distribution<float> normal(static_cast<float>(rank), 1.0f);
+  for (float& v : x) v = normal(rng);
+}
+
+// max over ranks of ||x_r - mean|| / ||mean||.
+double distance_to_mean(const std::vector<float>& x, const BenchWorld& world) {
+  std::vector<double> sum(x.begin(), x.end());
+  MPI_Allreduce(MPI_IN_PLACE, sum.data(), static_cast<int>(sum.size()), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double mean = sum[i] / world.size;
+    diff += (x[i] - mean) * (x[i] - mean);
+    norm += mean * mean;
+  }
+  return world.max_over_ranks(std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
+}
+
+std::vector<int> moshpit_grid(int n) {
+  const int m = static_cast<int>(std::lround(std::sqrt(n)));
+  if (m * m == n) return {m, m};
+  return {2, (n + 1) / 2};
+}
+
+// One round of `name` on x; `round` from 1.
+struct Primitive {
+  std::function<void(std::vector<float>& x, uint64_t round)> run;
+  RelaxedStats stats;
+};
+
+void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
+  const int64_t count = std::max<int64_t>(parse_size(args.bytes) / 4, 1);
+  CommunicatorPtr comm = relaxcc_communicator(world);
+  const ExecContext& host = ExecContext::host();
+  report.print("#   primitive      size   time(us)  sent/rank/round  distance  vs MPI_Allreduce");
+  double mpi_us = 0;
+  uint64_t tag_round = 0;  // rounds increase across primitives (shared tags are per primitive)
+  for (const std::string& name : args.primitives) {
+    Primitive p;
+    std::unique_ptr<ChocoGossip> choco;
+    std::unique_ptr<AsyncModelAverager> averager;
+    std::mutex lock;
+    std::vector<float> x(static_cast<size_t>(count));
+    if (name == "mpi") {
+      p.run = [&](std::vector<float>& v, uint64_t) {
+        MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+        for (float& e : v) e /= static_cast<float>(world.size);
+      };
+    } else if (name == "choco") {
+      ChocoOptions o;
+      o.stats = &p.stats;
+      choco = std::make_unique<ChocoGossip>(comm, count, o);
+      p.run = [&](std::vector<float>& v, uint64_t round) {
+        choco->step(TensorView::host(v.data(), count), round, host)->wait();
+      };
+    } else if (name == "moshpit") {
+      p.run = [&](std::vector<float>& v, uint64_t round) {
+        GroupAverageOptions o;
+        o.grid = moshpit_grid(world.size);
+        o.round = round;
+        o.stats = &p.stats;
+        group_average(*comm, TensorView::host(v.data(), count), host, o)->wait();
+      };
+    } else if (name == "async") {
+      AsyncAverageOptions o;
+      o.stats = &p.stats;
+      averager =
+          std::make_unique<AsyncModelAverager>(comm, TensorView::host(x.data(), count), lock, o);
+      p.run = [&](std::vector<float>&, uint64_t) { averager->step(); };
+    } else {
+      const GossipMode mode = parse_gossip_mode(name);
+      p.run = [&, mode](std::vector<float>& v, uint64_t round) {
+        GossipOptions o;
+        o.mode = mode;
+        o.round = round;
+        o.stats = &p.stats;
+        gossip(*comm, TensorView::host(v.data(), count), host, o)->wait();
+      };
+    }
+    std::vector<double> times;
+    for (int it = 0; it < args.warmup + args.iters; ++it) {
+      if (name != "async") fresh_data(x, world.rank, it);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto t0 = Clock::now();
+      p.run(x, ++tag_round);
+      const double us = world.max_over_ranks(elapsed_us(t0));
+      if (it >= args.warmup) times.push_back(us);
+    }
+    if (averager) averager->stop();
+    const double distance = distance_to_mean(x, world);
+    const double us = median(times);
+    if (name == "mpi") mpi_us = us;
+    const RelaxedCounts c = p.stats.counts();
+    const double sent = name == "mpi"
+                            ? 2.0 * (world.size - 1) / world.size * count * 4
+                            : (c.rounds ? static_cast<double>(c.bytes_sent) / c.rounds : 0.0);
+    char line[256];
+    std::snprintf(line, sizeof line, "%13s %9s %10.1f %16.0f %9.2e %16.2f", name.c_str(),
+                  format_bytes(count * 4).c_str(), us, sent, distance,
+                  mpi_us > 0 ? us / mpi_us : 0.0);
+    report.print(line);
+    report.add(Row()
+                   .set("mode", "primitives")
+                   .set("primitive", name)
+                   .set("ranks", world.size)
+                   .set("bytes", count * 4)
+                   .set("time_us", us)
+                   .set("sent_per_rank_per_round", sent)
+                   .set("distance_to_mean", distance)
+                   .set("time_vs_mpi_allreduce", mpi_us > 0 ? us / mpi_us : 0.0));
+  }
+}
+
+// Rounds per second of the ranks other than the straggler.
+double straggler_rate(const PrimitivesArgs& args, BenchWorld& world, CommunicatorPtr comm,
+                      bool slow, bool deadline, uint64_t& round, int tag) {
+  const int64_t count = std::max<int64_t>(parse_size(args.bytes) / 4, 1);
+  std::vector<float> x(static_cast<size_t>(count));
+  fresh_data(x, world.rank, 0);
+  AdaptiveDeadline adaptive;
+  const auto compute = std::chrono::duration<double, std::milli>(
+      args.compute_ms * (slow && world.rank == args.straggler ? args.slowdown : 1.0));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = Clock::now();
+  for (int r = 0; r < args.straggler_rounds; ++r) {
+    std::this_thread::sleep_for(compute);
+    GroupAverageOptions o;
+    o.random_groups = 1;  // everyone, by exchange: the deadline path when deadline is on
+    o.round = ++round;
+    o.tag = tag;
+    if (deadline) o.adaptive = &adaptive;
+    group_average(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+  }
+  const double seconds = elapsed_us(t0) / 1e6;
+  const double rate = world.rank == args.straggler ? 0.0 : args.straggler_rounds / seconds;
+  // The slowest of the others.
+  const double mine = world.rank == args.straggler ? 1e300 : rate;
+  double slowest = 0;
+  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  comm->barrier()->wait();  // the straggler's last rounds are done everywhere
+  return slowest;
+}
+
+void run_straggler(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
+  RELAXCC_ENFORCE(args.straggler >= 0 && args.straggler < world.size, InvalidArgument,
+                  "--straggler ", args.straggler, ": not a rank of ", world.size);
+  CommunicatorPtr comm = relaxcc_communicator(world);
+  uint64_t round = 0;
+  const double base = straggler_rate(args, world, comm, false, true, round, 31000);
+  const double blocked = straggler_rate(args, world, comm, true, false, round, 31000);
+  const double with_deadline = straggler_rate(args, world, comm, true, true, round, 31000);
+  report.print(detail::concat("# straggler: rank ", args.straggler, " ", args.slowdown,
+                              "x slower, compute ", args.compute_ms, " ms per round, ",
+                              args.straggler_rounds, " rounds of group averaging over all ranks"));
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "# others' rounds/s: no straggler (adaptive deadline) %.2f; straggler, no "
+                "deadline %.2f (%.2fx); straggler, adaptive deadline %.2f (%.2fx)",
+                base, blocked, blocked / base, with_deadline, with_deadline / base);
+  report.print(line);
+  report.add(Row()
+                 .set("mode", "primitives_straggler")
+                 .set("ranks", world.size)
+                 .set("straggler", args.straggler)
+                 .set("slowdown", args.slowdown)
+                 .set("rounds_per_s_base", base)
+                 .set("rounds_per_s_no_deadline", blocked)
+                 .set("rounds_per_s_deadline", with_deadline)
+                 .set("deadline_vs_base", with_deadline / base));
+}
+
+}  // namespace
+
+void add_primitives_mode(CLI::App& app) {
+  auto args = std::make_shared<PrimitivesArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "primitives",
+      "Relaxed primitives (gossip, CHOCO, Moshpit, async averaging) vs MPI_Allreduce");
+  sub->add_option("-b,--bytes", args->bytes, "Tensor size per rank")->capture_default_str();
+  sub->add_option("-n,--iters", args->iters, "Timed rounds")->capture_default_str();
+  sub->add_option("-w,--warmup", args->warmup, "Untimed rounds")->capture_default_str();
+  sub->add_option("--primitives", args->primitives,
+                  "mpi, all, ring, shift_one, exponential, choco, moshpit, async")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--straggler", args->straggler,
+                  "Rank made slower in the straggler run (none: no straggler run)");
+  sub->add_option("--slowdown", args->slowdown, "How much slower")->capture_default_str();
+  sub->add_option("--compute-ms", args->compute_ms, "Emulated compute per round")
+      ->capture_default_str();
+  sub->add_option("--straggler-rounds", args->straggler_rounds, "Rounds per straggler run")
+      ->capture_default_str();
+  sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
+  sub->callback([args] {
+    BenchWorld world;
+    Report report(world.rank == 0, args->json);
+    if (!args->primitives.empty() && args->iters > 0) run_rows(*args, world, report);
+    if (args->straggler >= 0) run_straggler(*args, world, report);
+  });
+}
+
+}  // namespace relaxcc::bench
