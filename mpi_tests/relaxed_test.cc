@@ -398,27 +398,32 @@ TEST(Choco, KeepsTheMeanAndCopiesAgreeAndConverges) {
 TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();
-  std::vector<double> x(1000, static_cast<double>(me));
-  std::mutex lock;
-  AsyncAverageOptions options;
-  options.interval_steps = 2;
-  options.max_staleness_steps = 3;
-  AsyncModelAverager averager(comm, TensorView::host(x.data(), 1000), lock, options);
-  for (int step = 0; step < 40; ++step) {
-    averager.step();
-    std::this_thread::sleep_for(1ms);  // the "compute"
+  for (GossipMode mode : {GossipMode::all, GossipMode::ring}) {
+    std::vector<double> x(1000, static_cast<double>(me));
+    std::mutex lock;
+    AsyncAverageOptions options;
+    options.mode = mode;
+    options.interval_steps = 2;
+    options.max_staleness_steps = 3;
+    AsyncModelAverager averager(comm, TensorView::host(x.data(), 1000), lock, options);
+    for (int step = 0; step < 80; ++step) {
+      averager.step();
+      std::this_thread::sleep_for(1ms);  // the "compute"
+    }
+    averager.stop();
+    const AsyncAverageCounts counts = averager.counts();
+    EXPECT_GE(counts.applied, 10) << gossip_mode_name(mode);
+    EXPECT_EQ(counts.applied, counts.started) << gossip_mode_name(mode);
+    EXPECT_LE(counts.max_staleness_seen, options.max_staleness_steps) << gossip_mode_name(mode);
+    const double mean = (n - 1) / 2.0;
+    for (double v : x) ASSERT_NEAR(v, mean, 1e-6) << gossip_mode_name(mode);
+    EXPECT_THROW(averager.step(), InvalidArgument);
   }
-  EXPECT_TRUE(averager.stop());
-  const AsyncAverageCounts counts = averager.counts();
-  EXPECT_GE(counts.applied, 10);
-  EXPECT_LE(counts.max_staleness_seen, options.max_staleness_steps);
-  const double mean = (n - 1) / 2.0;
-  for (double v : x) ASSERT_NEAR(v, mean, 1e-9);
-  EXPECT_THROW(averager.step(), InvalidArgument);
+  std::vector<double> x(4);
+  std::mutex lock;
   AsyncAverageOptions bad;
   bad.interval_steps = 0;
-  EXPECT_THROW(AsyncModelAverager(comm, TensorView::host(x.data(), 1000), lock, bad),
-               InvalidArgument);
+  EXPECT_THROW(AsyncModelAverager(comm, TensorView::host(x.data(), 4), lock, bad), InvalidArgument);
 }
 
 // stop() returns within its timeout while a peer is slow, and a late

@@ -16,7 +16,10 @@ using Clock = std::chrono::steady_clock;
 // (stopped) by the time a late round completes.
 struct AsyncModelAverager::Shared {
   std::mutex* params_lock = nullptr;
-  bool stopped = false;  // under *params_lock: no round touches the parameters any more
+  // Taken by a round for its whole application and by stop(): once stop()
+  // set `stopped`, no round touches the parameters or their lock again.
+  std::mutex apply_mutex;
+  bool stopped = false;  // under apply_mutex
   std::atomic<int64_t> steps{0};
   mutable std::mutex counts_mutex;
   AsyncAverageCounts counts;
@@ -64,7 +67,6 @@ void AsyncModelAverager::start_round() {
   }
   if (bytes > 0) std::memcpy(averaged->data(), snapshot->data(), bytes);
   const TensorView work(averaged->data(), params_.numel, params_.dtype, Device::host(), averaged);
-  ++round_;
   GossipOptions g;
   g.mode = options_.mode;
   g.round = round_;
@@ -84,8 +86,9 @@ void AsyncModelAverager::start_round() {
   const TensorView params = params_;
   in_flight_ = w->then([shared, params, snapshot, averaged, started_at](const Work& done) {
     if (done.exception()) return;
-    std::lock_guard<std::mutex> lock(*shared->params_lock);
+    std::lock_guard<std::mutex> apply(shared->apply_mutex);
     if (shared->stopped) return;
+    std::lock_guard<std::mutex> lock(*shared->params_lock);
     // x += avg - snapshot: keeps what the optimizer did meanwhile.
     relaxed::visit_averaged(params.dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -107,9 +110,18 @@ void AsyncModelAverager::start_round() {
 void AsyncModelAverager::step() {
   RELAXCC_ENFORCE(!stopped_, InvalidArgument, "AsyncModelAverager: step() after stop()");
   shared_->steps.store(++steps_);
-  if (in_flight_ && !in_flight_->is_completed() &&
-      (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
-       Clock::now() - in_flight_since_ >= options_.max_staleness)) {
+  const bool due = steps_ > options_.warmup_steps &&
+                   (steps_ - options_.warmup_steps) % options_.interval_steps == 0;
+  // Every rank numbers the due rounds alike, whatever it skips.
+  if (due) ++round_;
+  const bool stale = in_flight_ && !in_flight_->is_completed() &&
+                     (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
+                      Clock::now() - in_flight_since_ >= options_.max_staleness);
+  // An allreduce round must be started by every rank: a due one waits for
+  // the round in flight. A gossip round may be skipped (its peers see it
+  // missing).
+  const bool must_start = due && options_.mode == GossipMode::all;
+  if (in_flight_ && !in_flight_->is_completed() && (stale || must_start)) {
     {
       std::lock_guard<std::mutex> lock(shared_->counts_mutex);
       ++shared_->counts.waits;
@@ -120,9 +132,7 @@ void AsyncModelAverager::step() {
     WorkPtr done = std::exchange(in_flight_, nullptr);
     done->wait(std::chrono::milliseconds(0));  // rethrows a failed round
   }
-  if (!in_flight_ && steps_ > options_.warmup_steps &&
-      (steps_ - options_.warmup_steps) % options_.interval_steps == 0)
-    start_round();
+  if (due && !in_flight_) start_round();
 }
 
 bool AsyncModelAverager::stop() {
@@ -139,7 +149,7 @@ bool AsyncModelAverager::stop() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(params_lock_);
+    std::lock_guard<std::mutex> lock(shared_->apply_mutex);
     shared_->stopped = true;
   }
   std::lock_guard<std::mutex> lock(shared_->counts_mutex);

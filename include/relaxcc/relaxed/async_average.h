@@ -6,21 +6,27 @@
 // the same engine goes first. When the average is done, the engine applies
 // it, under the parameters' lock:
 //   x += avg - snapshot
-// which keeps whatever the optimizer did to x meanwhile. step() itself only
-// copies and submits: it blocks only when the average in flight has become
-// too stale, started max_staleness_steps steps or max_staleness ago; then
-// it waits for it (at most stop_timeout: a peer that never comes gives
-// Timeout, which poisons the communicator). So no parameter ever misses more
-// than max_staleness_steps steps of averaging.
+// which keeps whatever the optimizer did to x meanwhile. One average is in
+// flight at a time (two would both pull x towards the mean: overshoot).
+// step() itself only copies and submits; it blocks only
+//   - when the average in flight has become too stale, started
+//     max_staleness_steps steps or max_staleness ago, so no parameter ever
+//     misses more than max_staleness_steps steps of averaging;
+//   - in mode all, when the next average is due while one is still in
+//     flight: every rank must start the same allreduces in the same order,
+//     so the due one waits (choose interval_steps so that an average fits
+//     in it). A gossip mode skips the due round instead, and its peers see
+//     it missing.
+// A wait lasts at most stop_timeout: a peer that never comes gives Timeout,
+// which poisons the communicator.
 //
 // The averaging is an allreduce of the snapshot (mode all: every rank's
 // model enters) or a gossip round in any peer mode, with a deadline if
 // given (slow peers are then left out of a round, see gossip.h). stop()
 // waits at most stop_timeout for the average in flight and applies it if it
 // came; after stop() a late average is never applied, so stop() returns in
-// bounded time even while a peer is slow, and nothing touches the
-// parameters once it returned. The parameters (and the lock) must outlive
-// stop().
+// bounded time even while a peer is slow, and neither the parameters nor
+// their lock are touched once it returned: they must outlive stop() only.
 #pragma once
 
 #include <chrono>
