@@ -8,8 +8,8 @@
 // on arrived, with up to pipeline_depth segments in flight per direction
 // (one while a higher-priority operation is active). Reduce-scatter
 // segments land in scratch slots; allgather receives straight into the
-// output. Segments of RELAXCC_OFFLOAD_BYTES or more are combined on the
-// engine's compute thread.
+// output. Segments of RELAXCC_OFFLOAD_BYTES or more (when set) are
+// combined on the engine's compute thread.
 //
 // Shared mode (allreduce, reduce-scatter, or allgather, with every rank's full
 // layout in node-shared memory, see src/mpi/shared_memory.h): edges carry empty
