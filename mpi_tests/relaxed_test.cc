@@ -227,6 +227,33 @@ TEST(GroupAverage, GridReachesTheGlobalAverageInDRounds) {
   }
 }
 
+// Compressed group averaging: each rank mixes its exact tensor with its
+// group's decoded ones; after the grid's rounds every rank is within the
+// codec's error of the global mean.
+TEST(GroupAverage, CompressedGroupsReachTheMeanWithinTheCodecError) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  const std::vector<int> grid = n == 4 ? std::vector<int>{2, 2} : std::vector<int>{n};
+  constexpr int64_t kCount = 3000;
+  std::vector<float> x(kCount);
+  for (int64_t i = 0; i < kCount; ++i) x[i] = static_cast<float>(dyadic(me, i));
+  GroupAverageOptions options;
+  options.grid = grid;
+  options.codec = kernels::CompressorConfig{};
+  options.codec->kind = kernels::CompressorKind::f16;
+  for (size_t t = 1; t <= grid.size(); ++t) {
+    options.round = t;
+    group_average(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)
+        ->wait(30s);
+  }
+  for (int64_t i = 0; i < kCount; ++i) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += dyadic(r, i);
+    // f16 keeps 11 bits: each round adds at most 2^-11 relative error per value.
+    ASSERT_NEAR(x[i], s / n, 2.0 * grid.size() * std::pow(2.0, -11) * 6.0) << "element " << i;
+  }
+}
+
 TEST(GroupAverage, UnevenGridGroups) {
   GroupAverageOptions options;
   options.grid = {2, 2};

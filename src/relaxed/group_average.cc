@@ -82,7 +82,7 @@ WorkPtr group_average(Communicator& comm, const TensorView& x, const ExecContext
           ? detail::concat("group_average random ", options.random_groups, " seed ", options.seed)
           : detail::concat("group_average grid ",
                            grid_text(options.grid.empty() ? std::vector<int>{n} : options.grid));
-  if (options.deadline || options.adaptive) {
+  if (options.deadline || options.adaptive || options.codec) {
     RELAXCC_ENFORCE(options.tag >= 0 && options.tag < comm.max_p2p_tag(), InvalidArgument, what,
                     ": tag ", options.tag, " outside [0, ", comm.max_p2p_tag() - 1, "]");
     relaxed::MixPlan plan;
@@ -98,6 +98,7 @@ WorkPtr group_average(Communicator& comm, const TensorView& x, const ExecContext
     call.adaptive = options.adaptive;
     call.stats = options.stats;
     call.op = options;
+    call.codec = options.codec;
     return relaxed::mix(comm, x, ctx, plan, call);
   }
   GroupOptions key;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <span>
 
 #include "relaxcc/errors.h"
 
@@ -51,13 +52,31 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
                   ", expected >= 1 (and increasing from call to call)");
   RELAXCC_ENFORCE_EQ(plan.weights.size(), plan.recv_from.size(), InvalidArgument, call.what,
                      ": weights per peer");
+  std::string what = call.what;
+  std::shared_ptr<std::vector<unsigned char>> payload;
+  TensorView data_out = x;
+  size_t wire_bytes = x.nbytes();
+  if (call.codec) {
+    RELAXCC_ENFORCE(x.dtype == DType::f32 && !call.op.after, InvalidArgument, call.what,
+                    ": a compressed round takes f32 tensors and no `after` (got ",
+                    dtype_name(x.dtype), call.op.after ? ", with after" : "", ")");
+    call.codec->validate();
+    wire_bytes = kernels::encoded_size(x.numel, *call.codec);
+    payload = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(wire_bytes, 1));
+    kernels::encode(x, std::as_writable_bytes(std::span(payload->data(), wire_bytes)), *call.codec,
+                    ctx);
+    data_out = TensorView(payload->data(), static_cast<int64_t>(wire_bytes), DType::u8,
+                          Device::host(), payload);
+    what = detail::concat(what, " ", kernels::compressor_name(call.codec->kind),
+                          static_cast<int>(call.codec->bits));
+  }
   auto r = std::make_shared<Round>();
   r->recv_from = plan.recv_from;
   r->weights = plan.weights;
   r->self_weight = plan.self_weight;
   r->start = Clock::now();
   r->mine.round = call.round;
-  std::strncpy(r->mine.what, call.what.c_str(), sizeof(r->mine.what) - 1);
+  std::strncpy(r->mine.what, what.c_str(), sizeof(r->mine.what) - 1);
   *r->out_header = r->mine;
 
   P2POptions p2p;
@@ -71,7 +90,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   std::vector<P2POp> sends;
   for (int peer : plan.send_to) {
     sends.push_back(P2POp::send(peer, header_out, call.tag));
-    sends.push_back(P2POp::send(peer, x, call.tag + 1));
+    sends.push_back(P2POp::send(peer, data_out, call.tag + 1));
   }
   std::vector<WorkPtr> works;
   if (!sends.empty()) works.push_back(comm.point_to_point(sends, ctx, p2p));
@@ -79,14 +98,17 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   for (size_t k = 0; k < plan.recv_from.size(); ++k) {
     const int peer = plan.recv_from[k];
     auto header = std::make_shared<MixHeader>();
-    auto data = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(x.nbytes(), 1));
+    auto data = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(wire_bytes, 1));
     r->in_headers.push_back(header);
     r->in_data.push_back(data);
     WorkPtr w = comm.point_to_point(
         {P2POp::recv(peer,
                      TensorView(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header),
                      call.tag),
-         P2POp::recv(peer, bytes_view(data, x.numel, x.dtype), call.tag + 1)},
+         P2POp::recv(peer,
+                     call.codec ? bytes_view(data, static_cast<int64_t>(wire_bytes), DType::u8)
+                                : bytes_view(data, x.numel, x.dtype),
+                     call.tag + 1)},
         ctx, p2p);
     // The arrival time, for the adaptive deadline.
     w->then([r, k](const Work& done) {
@@ -101,12 +123,14 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   AdaptiveDeadline* adaptive = call.adaptive;
   RelaxedStats* stats = call.stats;
   std::vector<int> send_to = plan.send_to;
-  const std::string what = call.what;
+  const bool compressed = call.codec.has_value();
   return when_all(
       std::move(works),
-      [r, x, adaptive, stats, send_to, what](Work& result) {
+      [r, x, ctx, adaptive, stats, send_to, what, compressed, wire_bytes](Work& result) {
         std::vector<int> arrived, missing;
         std::vector<const void*> inputs;
+        std::vector<std::vector<float>> decoded;  // compressed rounds: the peers' tensors
+        decoded.reserve(r->recv_from.size());
         std::vector<double> weights;
         double total = r->self_weight;
         for (size_t k = 0; k < r->recv_from.size(); ++k) {
@@ -122,7 +146,14 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
               std::string(h.what, strnlen(h.what, sizeof(h.what))), "' round ", h.round,
               ", this rank '", r->mine.what, "'");
           arrived.push_back(peer);
-          inputs.push_back(r->in_data[k]->data());
+          if (compressed) {
+            decoded.emplace_back(static_cast<size_t>(x.numel));
+            kernels::decode(std::as_bytes(std::span(r->in_data[k]->data(), wire_bytes)),
+                            TensorView::host(decoded.back().data(), x.numel), ctx);
+            inputs.push_back(decoded.back().data());
+          } else {
+            inputs.push_back(r->in_data[k]->data());
+          }
           weights.push_back(r->weights[k]);
           total += r->weights[k];
         }
@@ -142,8 +173,8 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
             if (us >= 0) adaptive->observe(std::chrono::microseconds(us));
         }
         if (stats)
-          stats->add_round(send_to, x.nbytes() + sizeof(MixHeader), arrived,
-                           x.nbytes() + sizeof(MixHeader), missing.size());
+          stats->add_round(send_to, wire_bytes + sizeof(MixHeader), arrived,
+                           wire_bytes + sizeof(MixHeader), missing.size());
         result.set_contributions(std::move(arrived), std::move(missing));
       },
       detail::concat(call.what, " round ", call.round,

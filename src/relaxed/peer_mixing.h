@@ -4,8 +4,9 @@
 // arrived. Written against the Communicator interface only.
 //
 // Wire: per peer, two round messages of point_to_point (collectives/
-// point_to_point.h), a 64-byte MixHeader on `tag` (what the rank calls:
-// ranks that disagree get PeerMismatch) and the data on `tag` + 1. A peer
+// point_to_point.h), a 64-byte MixHeader on `tag` (what the rank calls, the
+// codec included: ranks that disagree get PeerMismatch) and the data (or
+// its compressed payload) on `tag` + 1. A peer
 // contributes when both arrived by the deadline; its weight then counts:
 //   x <- (w_self x + sum_j w_j y_j) / (w_self + sum_j w_j), j over arrived.
 // The sum runs in double, in recv_from order, so two ranks that mix each
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "relaxcc/communicator.h"
+#include "relaxcc/kernels/compressor.h"
 #include "relaxcc/relaxed/adaptive_deadline.h"
 #include "relaxcc/relaxed/relaxed_stats.h"
 
@@ -39,6 +41,9 @@ struct MixCall {
   AdaptiveDeadline* adaptive = nullptr;  // with no deadline: now + adaptive->current()
   RelaxedStats* stats = nullptr;
   OpOptions op;  // priority, label, after
+  // Set: the tensor travels compressed (f32 only, no `after`): each rank
+  // mixes its own exact tensor with its peers' decoded ones.
+  std::optional<kernels::CompressorConfig> codec;
 };
 
 // Floating dtypes only (InvalidArgument otherwise).

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "relaxcc/communicator.h"
+#include "relaxcc/kernels/compressor.h"
 #include "relaxcc/relaxed/adaptive_deadline.h"
 #include "relaxcc/relaxed/relaxed_stats.h"
 
@@ -45,8 +46,12 @@ struct GroupAverageOptions : OpOptions {
   uint64_t seed = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline;
   AdaptiveDeadline* adaptive = nullptr;
-  int tag = 30100;  // with a deadline: tags `tag` and `tag` + 1
+  int tag = 30100;  // with a deadline or a codec: tags `tag` and `tag` + 1
   RelaxedStats* stats = nullptr;
+  // Set: the members exchange compressed tensors (any compressor of
+  // relaxcc/kernels/compressor.h; f32 only), by the exchange path, and each
+  // mixes its own exact tensor with the others' decoded ones.
+  std::optional<kernels::CompressorConfig> codec;
 };
 
 // The members of `rank`'s group in `options.round` (sorted). Throws
