@@ -22,6 +22,10 @@ class ThenWork final : public Work {
 
  protected:
   std::string on_timeout(const std::string& reason) override;
+  // Waits on the parent the way the parent's own waiters do (driving its
+  // progress), then for the callback, which ran on whichever thread
+  // completed the parent.
+  bool await(std::chrono::steady_clock::time_point deadline) override;
 
  private:
   std::weak_ptr<Work> parent_;
@@ -56,16 +60,26 @@ void Work::complete(std::exception_ptr error) {
 }
 
 bool Work::wait_for(std::chrono::milliseconds timeout) {
-  if (spin_.count() > 0 && timeout.count() > 0) {
-    const auto spin_until = Clock::now() + spin_;
-    while (!is_completed() && Clock::now() < spin_until) sched_yield();
+  if (!is_completed()) {
+    const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
+    if (spin_.count() > 0 && timeout.count() > 0) {
+      const auto spin_until = std::min(deadline, Clock::now() + spin_);
+      while (!is_completed() && Clock::now() < spin_until) sched_yield();
+    }
+    if (!is_completed() && !await(deadline)) return false;
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)),
-                    [this] { return done_.load(std::memory_order_relaxed); }))
-    return false;
+  // error_ no longer changes once done_ is set.
   if (error_) std::rethrow_exception(error_);
   return true;
+}
+
+bool Work::await(Clock::time_point deadline) {
+  return block_until(deadline);
+}
+
+bool Work::block_until(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_relaxed); });
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
@@ -96,6 +110,8 @@ WorkPtr Work::then(Callback callback, std::string description) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_.load(std::memory_order_relaxed)) {
       callbacks_.push_back(std::move(run));
+      lock.unlock();
+      on_callback_queued();
       return next;
     }
   }
@@ -110,6 +126,12 @@ void Work::block_stream(void* stream) {
 
 std::string Work::on_timeout(const std::string&) {
   return {};
+}
+
+bool detail::ThenWork::await(Clock::time_point deadline) {
+  if (auto parent = parent_.lock(); parent && !parent->is_completed() && !parent->await(deadline))
+    return false;
+  return block_until(deadline);
 }
 
 std::string detail::ThenWork::on_timeout(const std::string& reason) {

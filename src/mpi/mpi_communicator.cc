@@ -631,7 +631,6 @@ Engine::Polling choose_polling(int local_size, const std::string& policy) {
   Engine::Polling polling;
   const bool yield = policy == "yield" || (policy == "auto" && cpus >= 1);
   polling.backoff = yield ? Engine::Backoff::yield : Engine::Backoff::sleep;
-  polling.callers_poll = yield && cpus >= 2;
   return polling;
 }
 
