@@ -96,7 +96,7 @@ class Work : public std::enable_shared_from_this<Work> {
   virtual void block_stream(void* stream);
 
   // "allreduce #12 (ring, tag 49, peers 1,3)": what this Work is for.
-  const std::string& description() const noexcept { return description_; }
+  const std::string& description() const noexcept;
 
   // Completes the Work with `error` (null: success) and runs its callbacks on
   // the calling thread. Only the first call has an effect. For code that
@@ -104,6 +104,10 @@ class Work : public std::enable_shared_from_this<Work> {
   void complete(std::exception_ptr error);
 
  protected:
+  // The description of a Work constructed with an empty one, built on the
+  // first call of description() (so that a call that nobody describes does
+  // not pay for the string).
+  virtual std::string describe() const { return {}; }
   // Blocks until the Work completed or `deadline` passed; returns
   // is_completed(). wait() and wait_for() call it while the Work is pending.
   // The default blocks on a condition variable (block_until); a transport's
@@ -123,7 +127,8 @@ class Work : public std::enable_shared_from_this<Work> {
 
  private:
   friend class detail::ThenWork;
-  const std::string description_;
+  mutable std::string description_;  // built by describe() when empty
+  mutable std::atomic<bool> described_{false};
   const std::chrono::milliseconds default_timeout_;
   const std::chrono::microseconds spin_;
   const std::chrono::steady_clock::time_point created_;

@@ -41,6 +41,17 @@ Work::Work(std::string description, std::chrono::milliseconds default_timeout,
       spin_(spin),
       created_(Clock::now()) {}
 
+const std::string& Work::description() const noexcept {
+  if (!described_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!described_.load(std::memory_order_relaxed)) {
+      if (description_.empty()) description_ = describe();
+      described_.store(true, std::memory_order_release);
+    }
+  }
+  return description_;
+}
+
 std::exception_ptr Work::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;
@@ -87,15 +98,15 @@ void Work::wait(std::chrono::milliseconds timeout) {
   if (wait_for(timeout)) return;
   const auto elapsed =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
-  const std::string state = on_timeout(detail::concat("timeout of ", description_));
-  RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
+  const std::string state = on_timeout(detail::concat("timeout of ", description()));
+  RELAXCC_THROW(Timeout, description(), " did not complete within ", timeout.count(),
                 " ms (elapsed ", elapsed.count(), " ms since it was posted); ",
                 state.empty() ? "" : state + "; ", "the communicator is now poisoned");
 }
 
 WorkPtr Work::then(Callback callback, std::string description) {
   auto next = std::make_shared<detail::ThenWork>(
-      description.empty() ? detail::concat(description_, " then") : std::move(description),
+      description.empty() ? detail::concat(this->description(), " then") : std::move(description),
       weak_from_this());
   Callback run = [next, callback = std::move(callback)](const Work& done) {
     std::exception_ptr error = done.exception();
@@ -120,7 +131,7 @@ WorkPtr Work::then(Callback callback, std::string description) {
 }
 
 void Work::block_stream(void* stream) {
-  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description_,
+  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description(),
                   ": block_stream on a host operation (call wait())");
 }
 

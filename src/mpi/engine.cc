@@ -242,7 +242,7 @@ void Doorbell::ring_released() {
 }
 
 std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
-                                     std::shared_ptr<Operation> op, const std::string& details,
+                                     std::shared_ptr<Operation> op, Details details,
                                      const OpOptions& options) {
   const WorkPtr& after = options.after;
   std::shared_ptr<EngineWork> work;
@@ -259,23 +259,23 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     op->submitted_ = Clock::now();
     op->lane_ = lane;
     work = std::make_shared<EngineWork>(
-        detail::concat(op->name(), " #", op->seq_,
-                       options.label.empty() ? "" : " of '" + options.label + "'", " (tag ",
-                       lane->transport_.collective_tag(op->seq_, Channel::header), ", ", details,
-                       ")"),
-        std::chrono::milliseconds(lane->tunables_.timeout_ms), weak_from_this(), lane);
+        *op, options.label, lane->transport_.collective_tag(op->seq_, Channel::header),
+        std::move(details), std::chrono::milliseconds(lane->tunables_.timeout_ms), weak_from_this(),
+        lane);
     op->work_ = work;
     op->after_ = after;
     queue_.push_back(std::move(op));
     signalled_.store(true, std::memory_order_release);
     ++submissions_;
     // Callers that drive pick it up. Otherwise ring the engine thread when it
-    // sleeps for good, or when the last operation completed there (this
-    // caller probably does not wait either); else it watches and picks the
-    // operation up within kWatchInterval, unless this caller waits first.
+    // sleeps for good, or when nobody waited for the previous operation
+    // (this caller probably does not wait either: overlap); else it watches
+    // and picks the operation up within kWatchInterval, unless this caller
+    // waits first, as the previous one did.
+    const auto previous = std::exchange(last_submitted_, work).lock();
+    const bool awaited = previous && previous->awaited();
     const State state = state_.load(std::memory_order_relaxed);
-    ring = drivers_.load(std::memory_order_acquire) == 0 &&
-           (state == State::idle || !driven_hint_.load(std::memory_order_relaxed));
+    ring = drivers_.load(std::memory_order_acquire) == 0 && (state == State::idle || !awaited);
   }
   if (ring) cv_.notify_all();
   // Registered after the operation is queued: a dependency that already
@@ -455,7 +455,6 @@ void Engine::retire_finished() {
       std::lock_guard<std::mutex> lock(mutex_);
       ++op->lane_->stats_.operations;
     }
-    driven_hint_.store(!on_engine_thread(), std::memory_order_relaxed);
     if (op->work_) op->work_->complete(op->error());
   }
   auto it =
@@ -588,7 +587,7 @@ class TokenHold {
 };
 }  // namespace
 
-bool Engine::iterate() {
+bool Engine::iterate(Clock::time_point now) {
   std::vector<std::shared_ptr<Lane>> apply_poison;
   bool released = false;
   // signalled_ is set under mutex_ whenever the queue, stop_, a dependency or
@@ -631,12 +630,11 @@ bool Engine::iterate() {
   }
   // A notice that is already here poisons its lane before the lane's next
   // operations start; otherwise notices are picked up every millisecond.
-  if (!incoming_.empty() || Clock::now() - last_notice_poll_ > std::chrono::milliseconds(1))
-    poll_notices();
+  if (!incoming_.empty() || now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
   // Operations arrive in sequence order: they take their turns now, and
   // start now unless they wait for a dependency.
   for (auto& op : incoming_) {
-    op->started_ = Clock::now();
+    op->started_ = now;
     if (fail_if_poisoned(*op)) continue;
     if (op->after_ && !op->released_.load(std::memory_order_acquire))
       waiting_.push_back(op);
@@ -652,7 +650,7 @@ bool Engine::iterate() {
     waiting_.erase(it, waiting_.end());
     if (!ready.empty()) poll_notices();
     for (const auto& op : ready) {
-      op->started_ = Clock::now();
+      op->started_ = now;
       if (!fail_if_poisoned(*op)) start(op);
     }
   }
@@ -670,7 +668,6 @@ bool Engine::iterate() {
   test_requests(progressed);
   retire_finished();
 
-  const auto now = Clock::now();
   if (now - last_inspection_ > std::chrono::seconds(1)) {
     last_inspection_ = now;
     inspect_stalls();
@@ -740,15 +737,16 @@ void Engine::loop() {
   while (!shut_down && wait_for_work()) {
     // Run until there is nothing to do or a caller drives (after a stop:
     // until done or the shutdown deadline).
-    auto last_progress = Clock::now();
+    auto now = Clock::now();
+    auto last_progress = now;
     int64_t sleep_us = 0;
-    for (;;) {
+    for (;; now = Clock::now()) {
       bool progressed = false;
       bool stopping = false;
       {
         TokenHold hold(token_, token_holder_);
         if (hold) {
-          progressed = iterate();
+          progressed = iterate(now);
           stopping = shutdown_deadline_ != Clock::time_point{};
           if (stopping && Clock::now() > shutdown_deadline_) {
             drain_on_shutdown();
@@ -759,7 +757,6 @@ void Engine::loop() {
       }
       if (!stopping && drivers_.load(std::memory_order_acquire) > 0) break;
       if (!progressed && active_count_.load(std::memory_order_relaxed) == 0) break;
-      const auto now = Clock::now();
       if (progressed) {
         last_progress = now;
         sleep_us = 0;
@@ -821,18 +818,18 @@ bool Engine::drive(EngineWork& work, Clock::time_point deadline) {
   const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
   const auto spin = std::chrono::microseconds(tunables_.spin_us);
   const auto yield_for = std::max(spin, std::chrono::microseconds(tunables_.yield_us));
-  auto last_progress = Clock::now();
+  auto now = Clock::now();
+  auto last_progress = now;
   int64_t sleep_us = 0;
-  for (;;) {
+  for (;; now = Clock::now()) {
     bool progressed = false;
     if (TokenHold hold(token_, token_holder_); hold) {
-      progressed = iterate();
+      progressed = iterate(now);
       // Requests of finished operations (a cancelled receive) complete on the
       // next test: collect them now rather than leave them to the engine.
-      if (work.is_completed() && parked_.load(std::memory_order_relaxed) > 0) iterate();
+      if (work.is_completed() && parked_.load(std::memory_order_relaxed) > 0) iterate(now);
     }
     if (work.is_completed()) return true;
-    const auto now = Clock::now();
     if (now >= deadline) return false;
     if (progressed) {
       last_progress = now;
@@ -859,9 +856,7 @@ void Engine::wake_engine(bool only_if_idle) {
 }
 
 void Engine::wake_for_callbacks() {
-  // Its Work may have no waiter: the engine thread must run it, and later
-  // operations probably go the same way.
-  driven_hint_.store(false, std::memory_order_relaxed);
+  // Its Work may have no waiter: the engine thread must run it.
   if (drivers_.load(std::memory_order_acquire) == 0) wake_engine(false);
 }
 
@@ -1062,7 +1057,13 @@ void Engine::drain_on_shutdown() {
 
 // ---- EngineWork --------------------------------------------------------------
 
+std::string EngineWork::describe() const {
+  return detail::concat(name_, " #", seq_, label_.empty() ? "" : " of '" + label_ + "'", " (tag ",
+                        tag_, ", ", details_ ? details_() : std::string(), ")");
+}
+
 bool EngineWork::await(Clock::time_point deadline) {
+  awaited_.store(true, std::memory_order_relaxed);
   auto engine = engine_.lock();
   return engine ? engine->drive(*this, deadline) : block_until(deadline);
 }

@@ -290,6 +290,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // min(RELAXCC_TIMEOUT_MS, 10 s) to finish, then fail and poison the lane.
   void close_lane(const std::shared_ptr<Lane>& lane);
 
+  // What a call's Work description says about it ("ring, 1024 x f32, peers
+  // 1,3"), built only when the description is asked for (from any thread).
+  using Details = std::function<std::string()>;
   // Enqueues `op` on `lane` with its next sequence number and returns its
   // Work, whose description reads "<name> #<seq> of '<label>' (tag <t>,
   // <details>)" (OpOptions::label; without one, no "of"). With
@@ -298,7 +301,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The engine must be owned by a shared_ptr (Works hold weak references to
   // it).
   std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
-                               const std::string& details, const OpOptions& options);
+                               Details details, const OpOptions& options);
+  std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
+                               const std::string& details, const OpOptions& options) {
+    return submit(lane, std::move(op), Details([details] { return details; }), options);
+  }
 
   // Poisons `lane` (see Communicator): its operations fail, later ones are
   // refused. With `notify_peers` (the poisoning starts on this rank: a
@@ -359,7 +366,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void loop();
   // One progress iteration; the caller holds the token. Returns whether
   // anything moved (an operation arrived or started, a request completed).
-  bool iterate();
+  bool iterate(Clock::time_point now);
   // The engine thread's wait while it has nothing to do or callers drive:
   // returns false when it should stop.
   bool wait_for_work();
@@ -417,9 +424,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::mutex token_;
   std::atomic<std::thread::id> token_holder_{};
   std::atomic<State> state_{State::running};
-  // The last operation's Work completed on a waiting caller: the next caller
-  // probably waits too, so submit() need not wake the engine thread.
-  std::atomic<bool> driven_hint_{false};
+  // Under mutex_: the Work submitted last. When a caller waited for it, the
+  // next caller probably waits too, so submit() need not wake the engine
+  // thread.
+  std::weak_ptr<EngineWork> last_submitted_;
   // Published by iterate() for threads without the token: active operations,
   // those of them whose Work completed (they only hold requests), and
   // whether this rank's own poison notices are still being pushed out.
@@ -480,15 +488,25 @@ class Engine : public std::enable_shared_from_this<Engine> {
 // exist).
 class EngineWork final : public Work {
  public:
-  EngineWork(std::string description, std::chrono::milliseconds default_timeout,
-             std::weak_ptr<Engine> engine, std::weak_ptr<Lane> lane)
-      : Work(std::move(description), default_timeout),
+  // Described as "<name> #<seq> of '<label>' (tag <tag>, <details>)".
+  EngineWork(const Operation& op, const std::string& label, int tag, Engine::Details details,
+             std::chrono::milliseconds default_timeout, std::weak_ptr<Engine> engine,
+             std::weak_ptr<Lane> lane)
+      : Work(std::string(), default_timeout),
         engine_(std::move(engine)),
-        lane_(std::move(lane)) {}
+        lane_(std::move(lane)),
+        name_(op.name()),
+        label_(label),
+        seq_(op.seq()),
+        tag_(tag),
+        details_(std::move(details)) {}
   // Blocks on completion (for drive()'s sleeps).
   bool sleep_until(Clock::time_point deadline) { return block_until(deadline); }
+  // Someone waited on it (drove the engine for it).
+  bool awaited() const { return awaited_.load(std::memory_order_relaxed); }
 
  protected:
+  std::string describe() const override;
   std::string on_timeout(const std::string& reason) override;
   bool await(Clock::time_point deadline) override;
   void on_callback_queued() override;
@@ -496,6 +514,11 @@ class EngineWork final : public Work {
  private:
   const std::weak_ptr<Engine> engine_;
   const std::weak_ptr<Lane> lane_;
+  const std::string name_, label_;
+  const uint64_t seq_;
+  const int tag_;
+  const Engine::Details details_;
+  std::atomic<bool> awaited_{false};
 };
 
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.

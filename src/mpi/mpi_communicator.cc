@@ -343,7 +343,7 @@ class MpiCommunicator final : public Communicator {
     }
     check_aliasing(ops);
     return submit(std::make_shared<P2PBatchOp>(ops, options.priority, options.label), options,
-                  detail::concat(ops.size(), " ops"));
+                  [n = ops.size()] { return detail::concat(n, " ops"); });
   }
 
   using Communicator::allreduce;
@@ -364,13 +364,19 @@ class MpiCommunicator final : public Communicator {
     // One rank and recursive doubling work in place.
     if (n == 1) return completed("allreduce", options, [input, output] { copy(input, output); });
     if (algo == AllreduceAlgo::recursive_doubling) {
-      return submit(std::make_shared<RecursiveDoublingOp>("allreduce", options.priority,
-                                                          options.label, output, options.op, rank(),
-                                                          n, ctx, static_cast<int>(algo)),
-                    options,
-                    detail::concat("recursive_doubling, ", output.numel, " x ",
-                                   dtype_name(output.dtype), ", all ranks"),
-                    [input, output] { copy(input, output); });
+      auto op = std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label,
+                                                      output, options.op, rank(), n, ctx,
+                                                      static_cast<int>(algo));
+      // It works in place: the input goes to the output first (now, unless
+      // it runs after another Work).
+      if (options.after)
+        op->set_prologue([input, output] { copy(input, output); });
+      else
+        copy(input, output);
+      return submit(std::move(op), options, [numel = output.numel, dtype = output.dtype] {
+        return detail::concat("recursive_doubling, ", numel, " x ", dtype_name(dtype),
+                              ", all ranks");
+      });
     }
     RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
     spec.op = options.op;
@@ -461,9 +467,10 @@ class MpiCommunicator final : public Communicator {
     return submit(
         std::make_shared<BroadcastChainOp>("broadcast", options.priority, options.label, data, root,
                                            r, n, segment_bytes(), pipeline_depth()),
-        options,
-        detail::concat("chain from root ", root, ", ", data.numel, " x ", dtype_name(data.dtype),
-                       ", peers ", (r - 1 + n) % n, ",", (r + 1) % n));
+        options, [root, numel = data.numel, dtype = data.dtype, r, n] {
+          return detail::concat("chain from root ", root, ", ", numel, " x ", dtype_name(dtype),
+                                ", peers ", (r - 1 + n) % n, ",", (r + 1) % n);
+        });
   }
 
   WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -504,7 +511,9 @@ class MpiCommunicator final : public Communicator {
     return submit(
         std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
                                              send_counts, output, recv_counts, rank(), n),
-        options, detail::concat(input.numel, " x ", dtype_name(input.dtype), " out, pairwise"));
+        options, [numel = input.numel, dtype = input.dtype] {
+          return detail::concat(numel, " x ", dtype_name(dtype), " out, pairwise");
+        });
   }
 
   WorkPtr barrier(const BarrierOptions& options) override {
@@ -517,7 +526,7 @@ class MpiCommunicator final : public Communicator {
                       "barrier", options.priority, options.label, view, ReduceOp::max, rank(),
                       size(), ExecContext::host(),
                       static_cast<int>(AllreduceAlgo::recursive_doubling), OpType::barrier),
-                  options, "recursive doubling, all ranks");
+                  options, [] { return std::string("recursive doubling, all ranks"); });
   }
 
  private:
@@ -554,24 +563,26 @@ class MpiCommunicator final : public Communicator {
   // Submits `op` in the communicator's order, to start after options.after.
   // `prepare`, a local step the operation needs first, runs now when the
   // operation starts at once, else right before it starts.
-  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options,
-                 const std::string& details, std::function<void()> prepare = {}) {
+  // `details` describes the call in its Work's description, when asked for.
+  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options, Engine::Details details,
+                 std::function<void()> prepare = {}) {
     if (prepare) {
       if (options.after)
         op->set_prologue(std::move(prepare));
       else
         prepare();
     }
-    return engine_->submit(lane_, std::move(op), details, options);
+    return engine_->submit(lane_, std::move(op), std::move(details), options);
   }
 
   WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec,
                       const ExecContext& ctx, const TensorView& shown,
                       std::function<void()> prepare = {}) {
     const int n = size(), r = rank();
-    std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype),
-                                         ", peers ", (r - 1 + n) % n, ",", (r + 1) % n,
-                                         spec.shared.pid != 0 ? ", shared buffers" : "");
+    auto details = [numel = shown.numel, dtype = shown.dtype, r, n, shared = spec.shared.pid != 0] {
+      return detail::concat("ring, ", numel, " x ", dtype_name(dtype), ", peers ", (r - 1 + n) % n,
+                            ",", (r + 1) % n, shared ? ", shared buffers" : "");
+    };
     return submit(std::make_shared<RingOp>(name, options.priority, options.label, std::move(spec),
                                            r, n, ctx, std::make_unique<IdentityCodec>()),
                   options, details, std::move(prepare));
