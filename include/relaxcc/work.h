@@ -14,11 +14,18 @@
 //     a bound (a step deadline, a shutdown check) and go on using the
 //     communicator.
 //
+// Progress. A communicator's operations move while some thread drives its
+// engine: a thread waiting on one of its Works (wait(), or wait_for() with
+// any timeout, zero included) does so itself, and the engine's own thread
+// does it while nobody waits. So a Work completes on either thread.
+//
 // Completion callbacks. then(callback) runs `callback` once the Work has
 // completed, successfully or not, and returns a Work that completes when the
 // callback has returned. The callback runs on the thread that completes the
-// Work: for a communicator's operation that is the communicator's engine
-// thread; for a Work that has already completed, the caller of then(), at once.
+// Work: for a communicator's operation that is whichever thread drives the
+// engine at that moment, its engine thread or a thread waiting on any Work of
+// the same engine (not necessarily this one); for a Work that has already
+// completed, the caller of then(), at once.
 // A callback must not block: it must not wait on any Work, take locks held
 // across a wait, or do I/O. It may read the Work's result, submit operations
 // on any communicator, register further callbacks and run short local
@@ -100,7 +107,7 @@ class Work : public std::enable_shared_from_this<Work> {
   bool partial() const;
 
   // "allreduce #12 (ring, tag 49, peers 1,3)": what this Work is for.
-  const std::string& description() const noexcept { return description_; }
+  const std::string& description() const noexcept;
 
   // Completes the Work with `error` (null: success) and runs its callbacks on
   // the calling thread. Only the first call has an effect. For code that
@@ -110,6 +117,21 @@ class Work : public std::enable_shared_from_this<Work> {
   void set_contributions(std::vector<int> contributors, std::vector<int> missing);
 
  protected:
+  // The description of a Work constructed with an empty one, built on the
+  // first call of description() (so that a call that nobody describes does
+  // not pay for the string).
+  virtual std::string describe() const { return {}; }
+  // Blocks until the Work completed or `deadline` passed; returns
+  // is_completed(). wait() and wait_for() call it while the Work is pending.
+  // The default blocks on a condition variable (block_until); a transport's
+  // Work drives its progress here instead.
+  virtual bool await(std::chrono::steady_clock::time_point deadline);
+  // Blocks on the condition variable that complete() notifies.
+  bool block_until(std::chrono::steady_clock::time_point deadline);
+  // then() queued a callback on this pending Work (a transport's Work makes
+  // sure something will complete it without a waiter).
+  virtual void on_callback_queued() {}
+
   // Called (once per expired wait) when wait() times out, before it throws:
   // a transport's Work poisons its communicator here. Returns the state of
   // the operation for the Timeout message ("waiting for: rank 3 (header)");
@@ -119,7 +141,8 @@ class Work : public std::enable_shared_from_this<Work> {
  private:
   friend class detail::ThenWork;
   friend class detail::AllWork;
-  const std::string description_;
+  mutable std::string description_;  // built by describe() when empty
+  mutable std::atomic<bool> described_{false};
   const std::chrono::milliseconds default_timeout_;
   const std::chrono::microseconds spin_;
   const std::chrono::steady_clock::time_point created_;

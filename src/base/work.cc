@@ -22,6 +22,10 @@ class ThenWork final : public Work {
 
  protected:
   std::string on_timeout(const std::string& reason) override;
+  // Waits on the parent the way the parent's own waiters do (driving its
+  // progress), then for the callback, which ran on whichever thread
+  // completed the parent.
+  bool await(std::chrono::steady_clock::time_point deadline) override;
 
  private:
   std::weak_ptr<Work> parent_;
@@ -80,6 +84,17 @@ Work::Work(std::string description, std::chrono::milliseconds default_timeout,
       spin_(spin),
       created_(Clock::now()) {}
 
+const std::string& Work::description() const noexcept {
+  if (!described_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!described_.load(std::memory_order_relaxed)) {
+      if (description_.empty()) description_ = describe();
+      described_.store(true, std::memory_order_release);
+    }
+  }
+  return description_;
+}
+
 std::exception_ptr Work::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;
@@ -120,16 +135,26 @@ void Work::complete(std::exception_ptr error) {
 }
 
 bool Work::wait_for(std::chrono::milliseconds timeout) {
-  if (spin_.count() > 0 && timeout.count() > 0) {
-    const auto spin_until = Clock::now() + spin_;
-    while (!is_completed() && Clock::now() < spin_until) sched_yield();
+  if (!is_completed()) {
+    const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
+    if (spin_.count() > 0 && timeout.count() > 0) {
+      const auto spin_until = std::min(deadline, Clock::now() + spin_);
+      while (!is_completed() && Clock::now() < spin_until) sched_yield();
+    }
+    if (!is_completed() && !await(deadline)) return false;
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, std::max(timeout, std::chrono::milliseconds(0)),
-                    [this] { return done_.load(std::memory_order_relaxed); }))
-    return false;
+  // error_ no longer changes once done_ is set.
   if (error_) std::rethrow_exception(error_);
   return true;
+}
+
+bool Work::await(Clock::time_point deadline) {
+  return block_until(deadline);
+}
+
+bool Work::block_until(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_until(lock, deadline, [this] { return done_.load(std::memory_order_relaxed); });
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
@@ -137,15 +162,15 @@ void Work::wait(std::chrono::milliseconds timeout) {
   if (wait_for(timeout)) return;
   const auto elapsed =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - created_);
-  const std::string state = on_timeout(detail::concat("timeout of ", description_));
-  RELAXCC_THROW(Timeout, description_, " did not complete within ", timeout.count(),
+  const std::string state = on_timeout(detail::concat("timeout of ", description()));
+  RELAXCC_THROW(Timeout, description(), " did not complete within ", timeout.count(),
                 " ms (elapsed ", elapsed.count(), " ms since it was posted); ",
                 state.empty() ? "" : state + "; ", "the communicator is now poisoned");
 }
 
 WorkPtr Work::then(Callback callback, std::string description) {
   auto next = std::make_shared<detail::ThenWork>(
-      description.empty() ? detail::concat(description_, " then") : std::move(description),
+      description.empty() ? detail::concat(this->description(), " then") : std::move(description),
       weak_from_this());
   Callback run = [next, callback = std::move(callback)](const Work& done) {
     std::exception_ptr error = done.exception();
@@ -160,6 +185,8 @@ WorkPtr Work::then(Callback callback, std::string description) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_.load(std::memory_order_relaxed)) {
       callbacks_.push_back(std::move(run));
+      lock.unlock();
+      on_callback_queued();
       return next;
     }
   }
@@ -176,12 +203,18 @@ WorkPtr when_all(std::vector<WorkPtr> works, std::function<void(Work& result)> f
 }
 
 void Work::block_stream(void* stream) {
-  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description_,
+  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description(),
                   ": block_stream on a host operation (call wait())");
 }
 
 std::string Work::on_timeout(const std::string&) {
   return {};
+}
+
+bool detail::ThenWork::await(Clock::time_point deadline) {
+  if (auto parent = parent_.lock(); parent && !parent->is_completed() && !parent->await(deadline))
+    return false;
+  return block_until(deadline);
 }
 
 std::string detail::ThenWork::on_timeout(const std::string& reason) {

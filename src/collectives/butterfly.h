@@ -7,7 +7,8 @@
 // differs in bit k. Each peer appears in at most one exchange per direction.
 #pragma once
 
-#include <vector>
+#include <array>
+#include <cstddef>
 
 namespace relaxcc {
 
@@ -24,8 +25,21 @@ struct ButterflyMove {
   }
 };
 
-inline std::vector<ButterflyMove> butterfly_schedule(int rank, int size) {
-  std::vector<ButterflyMove> moves;
+// A rank's moves, in order: at most a fold in, log2(size) rounds and a fold
+// out. Held inline: building one allocates nothing.
+struct ButterflySchedule {
+  static constexpr size_t kMaxMoves = 34;
+  std::array<ButterflyMove, kMaxMoves> moves{};
+  size_t count = 0;
+  void push_back(ButterflyMove m) { moves[count++] = m; }
+  size_t size() const { return count; }
+  const ButterflyMove& operator[](size_t i) const { return moves[i]; }
+  const ButterflyMove* begin() const { return moves.data(); }
+  const ButterflyMove* end() const { return moves.data() + count; }
+};
+
+inline ButterflySchedule butterfly_schedule(int rank, int size) {
+  ButterflySchedule moves;
   int p = 1;
   while (p * 2 <= size) p *= 2;
   const int rem = size - p;

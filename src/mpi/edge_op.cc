@@ -22,18 +22,20 @@ int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to, int64_t elems
   p.msgs_to = msgs_to;
   p.elems_from = elems_from;
   p.elems_to = elems_to;
+  if (peers_.empty()) peers_.reserve(4);  // ring neighbours and butterfly partners, mostly
   peers_.push_back(std::move(p));
   return static_cast<int>(peers_.size()) - 1;
 }
 
-std::vector<int> first_contacts(int rank, int size) {
-  std::vector<int> peers;
+FirstContacts first_contacts(int rank, int size) {
+  FirstContacts peers;
   if (size < 2) return peers;
-  peers.push_back((rank + size - 1) % size);
-  peers.push_back((rank + 1) % size);
-  for (const ButterflyMove& m : butterfly_schedule(rank, size)) peers.push_back(m.peer);
-  std::sort(peers.begin(), peers.end());
-  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  auto& r = peers.ranks;
+  r[peers.count++] = (rank + size - 1) % size;
+  r[peers.count++] = (rank + 1) % size;
+  for (const ButterflyMove& m : butterfly_schedule(rank, size)) r[peers.count++] = m.peer;
+  std::sort(r.begin(), r.begin() + peers.count);
+  peers.count = static_cast<size_t>(std::unique(r.begin(), r.begin() + peers.count) - r.begin());
   return peers;
 }
 
@@ -74,8 +76,10 @@ void EdgeOp::open_edges(Transport& t) {
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
     // No peer's header message exceeds this (same library, same constant).
-    p.header_buf.resize(sizeof(OpHeader) + kInlineBytes);
-    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_buf.size(), p.rank,
+    p.header_len = kHeaderMessageBytes;
+    p.header_buf.reset(new unsigned char[2 * kHeaderMessageBytes]);
+    p.header_out = p.header_buf.get() + kHeaderMessageBytes;
+    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.get(), p.header_len, p.rank,
             tag(Channel::header, t));
   }
 }
@@ -113,9 +117,9 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
     // Copied behind the header; it completes with the header's send.
     OpHeader h = edge_header(pi);
     h.flags |= kHeaderInlineData;
-    p.header_out.resize(sizeof(OpHeader) + bytes);
-    std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
-    if (bytes > 0) std::memcpy(p.header_out.data() + sizeof(OpHeader), buf, bytes);
+    p.header_out_len = sizeof(OpHeader) + bytes;
+    std::memcpy(p.header_out, &h, sizeof(OpHeader));
+    if (bytes > 0) std::memcpy(p.header_out + sizeof(OpHeader), buf, bytes);
     p.inline_out = true;
     if (!collecting_inline_) send_header(t, pi);
   } else if (collecting_inline_) {
@@ -132,11 +136,11 @@ void EdgeOp::send_header(Transport& t, int pi) {
   if (p.header_sent) return;
   p.header_sent = true;
   if (!p.inline_out) {
-    p.header_out.resize(sizeof(OpHeader));
+    p.header_out_len = sizeof(OpHeader);
     const OpHeader h = edge_header(pi);
-    std::memcpy(p.header_out.data(), &h, sizeof(OpHeader));
+    std::memcpy(p.header_out, &h, sizeof(OpHeader));
   }
-  t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out.data(), p.header_out.size(), p.rank,
+  t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out, p.header_out_len, p.rank,
           tag(Channel::header, t));
 }
 
@@ -146,11 +150,11 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   RELAXCC_ENFORCE_EQ(msg, p.posted_in, InternalError, name(), ": data receives out of order");
   ++p.posted_in;
   if (msg == 0 && p.inline_in) {
-    const size_t got = p.header_buf.size() - sizeof(OpHeader);
+    const size_t got = p.header_len - sizeof(OpHeader);
     RELAXCC_ENFORCE_EQ(got, bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
                        " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ",
                        bytes);
-    if (bytes > 0) std::memcpy(buf, p.header_buf.data() + sizeof(OpHeader), bytes);
+    if (bytes > 0) std::memcpy(buf, p.header_buf.get() + sizeof(OpHeader), bytes);
     p.inline_ready = true;
     return;
   }
@@ -193,12 +197,12 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
       if (got >= static_cast<int>(sizeof(OpHeader)))
-        std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
+        std::memcpy(&p.header_in, p.header_buf.get(), sizeof(OpHeader));
       else
         p.header_in.magic = 0;  // a corrupt header: describe() says so
       p.inline_in =
           (p.header_in.flags & kHeaderInlineData) != 0 && got >= static_cast<int>(sizeof(OpHeader));
-      p.header_buf.resize(p.inline_in ? static_cast<size_t>(got) : 0);
+      p.header_len = p.inline_in ? static_cast<size_t>(got) : 0;
       if (same_call(edge_header(pi), p.header_in)) {
         p.live = true;
         if (!aborted_) {  // post its receives now, not an engine iteration later

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -48,10 +49,21 @@
 namespace relaxcc::mpi {
 
 // A first data message up to this size may travel inside the header message.
+// (Header and data then exceed Open MPI's 4 KiB shared-memory eager limit at
+// 4 KiB of data; splitting them measured slower: the data receive waits for
+// the header.)
 inline constexpr size_t kInlineBytes = 4096;
+inline constexpr size_t kHeaderMessageBytes = sizeof(OpHeader) + kInlineBytes;
 
-// The ranks every EdgeOp of `rank` exchanges headers with (see above).
-std::vector<int> first_contacts(int rank, int size);
+// The ranks every EdgeOp of `rank` exchanges headers with (see above), in
+// increasing order; held inline.
+struct FirstContacts {
+  std::array<int, 36> ranks{};
+  size_t count = 0;
+  const int* begin() const { return ranks.data(); }
+  const int* end() const { return ranks.data() + count; }
+};
+FirstContacts first_contacts(int rank, int size);
 
 class EdgeOp : public Operation {
  public:
@@ -101,8 +113,13 @@ class EdgeOp : public Operation {
     int64_t msgs_from = 0, msgs_to = 0;
     int64_t elems_from = 0, elems_to = 0;
     OpHeader header_in;
-    // The header messages: the header, then possibly the first data message.
-    std::vector<unsigned char> header_out, header_buf;
+    // The header messages, each the header, then possibly the first data
+    // message: one allocation (not zeroed) of 2 x kHeaderMessageBytes, the
+    // peer's (header_buf, of which header_len bytes are in use: 0 once
+    // taken), then this rank's (header_out, header_out_len bytes).
+    std::unique_ptr<unsigned char[]> header_buf;
+    unsigned char* header_out = nullptr;
+    size_t header_len = 0, header_out_len = 0;
     bool inline_out = false;   // this rank's data message 0 rides in header_out
     bool hold_header = false;  // the header waits for a small data message 0
     bool header_sent = false;

@@ -31,6 +31,14 @@ namespace {
 constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
 // How often background operations are polled while they have nothing pending.
 constexpr auto kBackgroundPoll = std::chrono::milliseconds(1);
+// The engine thread, with nothing to do, wakes this often to pick up what no
+// caller drives, for kWatchFor after the last submission (then it sleeps
+// until rung).
+constexpr auto kWatchInterval = std::chrono::milliseconds(1);
+constexpr auto kWatchFor = std::chrono::milliseconds(100);
+// Longest back-off sleep while only parked requests remain (operations whose
+// Work completed: nobody waits for them).
+constexpr int64_t kParkedSleepUs = 1000;
 }  // namespace
 
 bool mpi_finalized() {
@@ -43,8 +51,8 @@ bool mpi_finalized() {
 
 namespace {
 void require_engine_thread(const Engine& e) {
-  RELAXCC_ENFORCE(e.on_engine_thread(), InternalError,
-                  "MPI call outside the engine thread: only the engine may call MPI");
+  RELAXCC_ENFORCE(e.holds_token(), InternalError,
+                  "MPI call without the engine's progress token: only its holder may call MPI");
 }
 int byte_count(size_t bytes) {
   RELAXCC_ENFORCE_LE(bytes, static_cast<size_t>(INT32_MAX), InvalidArgument,
@@ -189,12 +197,12 @@ Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> mem
 Engine::Engine(Tunables tunables, Polling polling)
     : tunables_(std::move(tunables)),
       backoff_(polling.backoff),
-      callers_poll_(polling.callers_poll),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)),
       doorbell_(std::make_shared<Doorbell>()),
       mutex_(doorbell_->mutex),
       cv_(doorbell_->cv),
       signalled_(doorbell_->signalled),
+      drivers_(doorbell_->drivers),
       compute_([bell = doorbell_](Operation* op, int64_t slot, std::exception_ptr error) {
         {
           std::lock_guard<std::mutex> lock(bell->mutex);
@@ -223,7 +231,6 @@ Engine::Engine(Tunables tunables, Polling polling)
 
 void Engine::set_polling(Polling polling) {
   backoff_.store(polling.backoff);
-  callers_poll_.store(polling.callers_poll);
 }
 
 Engine::~Engine() {
@@ -302,15 +309,17 @@ void Doorbell::ring_released() {
     released = true;
     signalled.store(true, std::memory_order_release);
   }
-  cv.notify_all();
+  // Callers that drive pick it up (and wake the engine thread when they leave).
+  if (drivers.load(std::memory_order_acquire) == 0) cv.notify_all();
 }
 
 std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
-                                     std::shared_ptr<Operation> op, const std::string& details,
+                                     std::shared_ptr<Operation> op, Details details,
                                      const OpOptions& options) {
   const WorkPtr& after = options.after;
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
+  bool ring = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (lane->poisoned())
@@ -322,20 +331,25 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     op->submitted_ = Clock::now();
     op->lane_ = lane;
     work = std::make_shared<EngineWork>(
-        detail::concat(op->name(), " #", op->seq_,
-                       options.label.empty() ? "" : " of '" + options.label + "'", " (tag ",
-                       lane->transport_.collective_tag(op->seq_, Channel::header), ", ", details,
-                       ")"),
-        std::chrono::milliseconds(lane->tunables_.timeout_ms),
-        std::chrono::microseconds(
-            callers_poll_.load(std::memory_order_relaxed) ? lane->tunables_.spin_us : 0),
-        weak_from_this(), lane);
+        *op, options.label, lane->transport_.collective_tag(op->seq_, Channel::header),
+        std::move(details), std::chrono::milliseconds(lane->tunables_.timeout_ms), weak_from_this(),
+        lane);
     op->work_ = work;
     op->after_ = after;
     queue_.push_back(std::move(op));
     signalled_.store(true, std::memory_order_release);
+    ++submissions_;
+    // Callers that drive pick it up. Otherwise ring the engine thread when it
+    // sleeps for good, or when nobody waited for the previous operation
+    // (this caller probably does not wait either: overlap); else it watches
+    // and picks the operation up within kWatchInterval, unless this caller
+    // waits first, as the previous one did.
+    const auto previous = std::exchange(last_submitted_, work).lock();
+    const bool awaited = previous && previous->awaited();
+    const State state = state_.load(std::memory_order_relaxed);
+    ring = drivers_.load(std::memory_order_acquire) == 0 && (state == State::idle || !awaited);
   }
-  cv_.notify_all();
+  if (ring) cv_.notify_all();
   // Registered after the operation is queued: a dependency that already
   // completed runs the callback here, at once.
   if (after) {
@@ -501,11 +515,6 @@ void Engine::test_requests(bool& progressed) {
   }
 }
 
-bool Engine::busy() const {
-  return std::any_of(active_.begin(), active_.end(),
-                     [](const auto& op) { return !op->background() || op->pending_ > 0; });
-}
-
 void Engine::retire_finished() {
   // A finished protocol completes its Work at once; the operation itself (and
   // the buffers it holds) stays until the transport released every request,
@@ -633,171 +642,328 @@ void Engine::inspect_stalls() {
   }
 }
 
+namespace {
+// Holds the progress token: records the holder, releases on scope exit.
+class TokenHold {
+ public:
+  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
+      : token_(token), holder_(holder), held_(token.try_lock()) {
+    if (held_) holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  ~TokenHold() {
+    if (!held_) return;
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    token_.unlock();
+  }
+  TokenHold(const TokenHold&) = delete;
+  TokenHold& operator=(const TokenHold&) = delete;
+  explicit operator bool() const { return held_; }
+
+ private:
+  std::mutex& token_;
+  std::atomic<std::thread::id>& holder_;
+  const bool held_;
+};
+}  // namespace
+
+bool Engine::iterate(Clock::time_point now) {
+  std::vector<std::shared_ptr<Lane>> apply_poison;
+  bool released = false;
+  std::vector<Doorbell::Computed> computed;
+  // signalled_ is set under mutex_ whenever the queue, stop_, a dependency or
+  // the poison flag changes, so a clear flag means there is nothing to pick up.
+  if (signalled_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    incoming_.swap(queue_);
+    signalled_.store(false, std::memory_order_relaxed);
+    released = std::exchange(doorbell_->released, false);
+    computed.swap(doorbell_->computed);
+    apply_poison.swap(to_poison_);
+    if (stop_) {
+      signalled_.store(true,
+                       std::memory_order_relaxed);  // keep checking the deadline under the lock
+      if (shutdown_deadline_ == Clock::time_point{}) {
+        // Operations still running get time to finish; requests parked by a
+        // poisoning (their operations already done) only a short grace.
+        const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) {
+          return !op->done() && !op->background() && !op->lane_->poisoned();
+        });
+        shutdown_deadline_ =
+            Clock::now() +
+            (running ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
+                     : std::chrono::milliseconds(200));
+      }
+    }
+  }
+  for (const auto& lane : apply_poison) {
+    const std::shared_ptr<TimeoutReport> report = report_timeout(*lane);
+    if (lane->notify_peers_) send_notices(*lane);
+    abort_all(lane.get(), lane->poison_reason_);
+    // Answered once the operation stopped: its caller may then free what
+    // the operation used.
+    if (report) {
+      {
+        std::lock_guard<std::mutex> lock(report->mutex);
+        report->ready = true;
+      }
+      report->cv.notify_all();
+    }
+  }
+  // A notice that is already here poisons its lane before the lane's next
+  // operations start; otherwise notices are picked up every millisecond.
+  if (!incoming_.empty() || now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
+  // Operations arrive in sequence order: they take their turns now, and
+  // start now unless they wait for a dependency.
+  for (auto& op : incoming_) {
+    op->started_ = now;
+    if (fail_if_poisoned(*op)) continue;
+    if (op->after_ && !op->released_.load(std::memory_order_acquire))
+      waiting_.push_back(op);
+    else
+      start(op);
+  }
+  if (released) {
+    auto it = std::stable_partition(waiting_.begin(), waiting_.end(), [](const auto& op) {
+      return !op->released_.load(std::memory_order_acquire);
+    });
+    std::vector<std::shared_ptr<Operation>> ready(std::make_move_iterator(it),
+                                                  std::make_move_iterator(waiting_.end()));
+    waiting_.erase(it, waiting_.end());
+    if (!ready.empty()) poll_notices();
+    for (const auto& op : ready) {
+      op->started_ = now;
+      if (!fail_if_poisoned(*op)) start(op);
+    }
+  }
+  for (auto& c : computed) {
+    --c.op->computing_;
+    Transport& t = c.op->lane_->transport_;
+    try {
+      c.op->on_computed(t, c.slot, std::move(c.error));
+    } catch (...) {
+      c.op->abort(t, std::current_exception());
+    }
+  }
+  const bool poll_background = now - last_background_poll_ >= kBackgroundPoll;
+  if (poll_background) last_background_poll_ = now;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Operation& op = *active_[i];
+    if (op.background() && op.pending_ == 0 && !poll_background) continue;
+    Transport& t = op.lane_->transport_;
+    try {
+      op.progress(t);
+    } catch (...) {
+      op.abort(t, std::current_exception());
+    }
+  }
+  for (auto& op : std::exchange(spawned_, {})) start(op);
+  bool progressed = !incoming_.empty() || released || !computed.empty();
+  incoming_.clear();
+  test_requests(progressed);
+  retire_finished();
+
+  if (now - last_inspection_ > std::chrono::seconds(1)) {
+    last_inspection_ = now;
+    inspect_stalls();
+    expire_closed_lanes(now);
+  }
+  // Background operations without requests pending are polled every
+  // kBackgroundPoll, not counted as active.
+  int active = 0, parked = 0, background = 0;
+  for (const auto& op : active_) {
+    if (op->background() && op->pending_ == 0) {
+      ++background;
+      continue;
+    }
+    ++active;
+    parked += op->work_completed_ ? 1 : 0;
+  }
+  active_count_.store(active, std::memory_order_relaxed);
+  parked_.store(parked, std::memory_order_relaxed);
+  background_count_.store(background, std::memory_order_relaxed);
+  notices_pending_.store(!notice_sends_.empty() && now < notices_sent_at_ + kNoticeSendLimit,
+                         std::memory_order_relaxed);
+  return progressed;
+}
+
+int64_t Engine::next_sleep(int64_t sleep_us) const {
+  const bool only_parked =
+      parked_.load(std::memory_order_relaxed) == active_count_.load(std::memory_order_relaxed);
+  const int64_t cap = only_parked ? std::max<int64_t>(kParkedSleepUs, tunables_.max_sleep_us)
+                                  : tunables_.max_sleep_us;
+  return sleep_us == 0 ? std::min<int64_t>(4, cap) : std::min<int64_t>(sleep_us * 2, cap);
+}
+
+bool Engine::wait_for_work() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  uint64_t seen = submissions_;
+  auto quiet_since = Clock::now();
+  for (;;) {
+    if (stop_) return !queue_.empty() || active_count_.load(std::memory_order_relaxed) > 0;
+    const bool driven = drivers_.load(std::memory_order_acquire) > 0;
+    if (!driven && (signalled_.load(std::memory_order_acquire) ||
+                    active_count_.load(std::memory_order_relaxed) > 0)) {
+      state_.store(State::running, std::memory_order_relaxed);
+      return true;
+    }
+    const auto now = Clock::now();
+    if (submissions_ != seen) {
+      seen = submissions_;
+      quiet_since = now;
+    }
+    if (!driven && (notices_pending_.load(std::memory_order_relaxed) ||
+                    background_count_.load(std::memory_order_relaxed) > 0)) {
+      // Idle with this rank's own poison notices to push out (for at most
+      // kNoticeSendLimit) or background operations: one iteration every
+      // millisecond.
+      state_.store(State::watching, std::memory_order_relaxed);
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+      if (drivers_.load(std::memory_order_acquire) > 0 || stop_) continue;
+      state_.store(State::running, std::memory_order_relaxed);
+      return true;
+    }
+    if (driven || now - quiet_since < kWatchFor) {
+      state_.store(State::watching, std::memory_order_relaxed);
+      cv_.wait_for(lock, kWatchInterval);
+    } else {
+      state_.store(State::idle, std::memory_order_relaxed);
+      cv_.wait(lock);
+    }
+  }
+}
+
 void Engine::loop() {
   // Short back-off sleeps must stay short: the default 50 us timer slack
   // would stretch every one of them.
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-  auto last_progress = Clock::now();
-  auto last_inspection = last_progress;
-  int64_t sleep_us = 0;
+  last_inspection_ = Clock::now();
   const auto spin = std::chrono::microseconds(tunables_.spin_us);
-  Clock::time_point shutdown_deadline{};
-  std::deque<std::shared_ptr<Operation>> incoming;
-  for (;;) {
-    const bool idle = !busy();
-    // Idle: poll for new operations for spin_us before blocking (yield
-    // mode), so back-to-back calls skip the condition-variable wake-up.
-    if (idle && backoff_.load(std::memory_order_relaxed) == Backoff::yield &&
-        !signalled_.load(std::memory_order_acquire)) {
-      const auto idle_since = Clock::now();
-      while (!signalled_.load(std::memory_order_acquire) && Clock::now() - idle_since < spin)
+  const auto yield_for = std::chrono::microseconds(tunables_.yield_us);
+  bool shut_down = false;
+  while (!shut_down && wait_for_work()) {
+    // Run until there is nothing to do or a caller drives (after a stop:
+    // until done or the shutdown deadline).
+    auto now = Clock::now();
+    auto last_progress = now;
+    int64_t sleep_us = 0;
+    for (;; now = Clock::now()) {
+      bool progressed = false;
+      bool stopping = false;
+      {
+        TokenHold hold(token_, token_holder_);
+        if (hold) {
+          progressed = iterate(now);
+          stopping = shutdown_deadline_ != Clock::time_point{};
+          if (stopping && Clock::now() > shutdown_deadline_) {
+            drain_on_shutdown();
+            shut_down = true;
+            break;
+          }
+        }
+      }
+      if (!stopping && drivers_.load(std::memory_order_acquire) > 0) break;
+      if (!progressed && active_count_.load(std::memory_order_relaxed) == 0) break;
+      if (progressed) {
+        last_progress = now;
+        sleep_us = 0;
+        continue;
+      }
+      // Shared CPUs: yield from the first empty poll, and only for spin_us
+      // (computation on this CPU comes first); own CPUs: busy polling for
+      // spin_us, yields up to yield_us.
+      const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
+      if (!shared && now - last_progress < spin) continue;
+      if (now - last_progress < (shared ? spin : std::max(spin, yield_for))) {
         sched_yield();
-    }
-    std::vector<std::shared_ptr<Lane>> apply_poison;
-    bool released = false;
-    std::vector<Doorbell::Computed> computed;
-    // signalled_ is set under mutex_ whenever the queue, stop_ or the poison
-    // flag changes, so a clear flag means there is nothing to pick up.
-    if (idle || signalled_.load(std::memory_order_acquire)) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (idle && queue_.empty()) {
-        if (stop_) break;
-        // Idle: no MPI call until there is work (notices that came in the
-        // meantime are picked up before new operations start), except to
-        // push out this rank's own notices, for at most kNoticeSendLimit,
-        // and to run background operations, every millisecond.
-        const auto woken = [&] {
+        continue;
+      }
+      sleep_us = next_sleep(sleep_us);
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty() ||
-                 !doorbell_->computed.empty();
-        };
-        if (!active_.empty() ||
-            (!notice_sends_.empty() && Clock::now() < notices_sent_at_ + kNoticeSendLimit))
-          cv_.wait_for(lock, std::chrono::milliseconds(1), woken);
-        else
-          cv_.wait(lock, woken);
-        if (stop_ && queue_.empty() && !busy()) break;
+                 !doorbell_->computed.empty() || drivers_.load(std::memory_order_relaxed) > 0;
+        });
       }
-      incoming.swap(queue_);
-      signalled_.store(false, std::memory_order_relaxed);
-      released = std::exchange(doorbell_->released, false);
-      computed.swap(doorbell_->computed);
+      if (trace_.is_open())
+        if (TokenHold hold(token_, token_holder_); hold)
+          trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
+    }
+  }
+  // Nobody drives any more (the engine is being destroyed): take the token.
+  for (;;) {
+    TokenHold hold(token_, token_holder_);
+    if (!hold) {
+      sched_yield();
+      continue;
+    }
+    fail_waiting(nullptr, "the communicator was destroyed before the Work it runs after completed");
+    release_listeners(true);
+    break;
+  }
+}
 
-      apply_poison.swap(to_poison_);
-      if (stop_) {
-        signalled_.store(true,
-                         std::memory_order_relaxed);  // keep checking the deadline under the lock
-        if (shutdown_deadline == Clock::time_point{}) {
-          // Operations still running get time to finish; requests parked by a
-          // poisoning (their operations already done) only a short grace.
-          const bool running = std::any_of(active_.begin(), active_.end(), [](const auto& op) {
-            return !op->done() && !op->background() && !op->lane_->poisoned();
-          });
-          shutdown_deadline =
-              Clock::now() +
-              (running ? std::chrono::milliseconds(std::min<int64_t>(tunables_.timeout_ms, 10000))
-                       : std::chrono::milliseconds(200));
-        }
-      }
+bool Engine::drive(EngineWork& work, Clock::time_point deadline) {
+  // A completion callback that waits (callbacks must not): the engine cannot
+  // progress under it.
+  if (holds_token()) return work.sleep_until(deadline);
+  drivers_.fetch_add(1, std::memory_order_acq_rel);
+  struct Leave {
+    Engine& engine;
+    ~Leave() {
+      if (engine.drivers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      // The last driver leaves: the engine thread takes over what is still
+      // in flight (not requests parked after completion: it finds those
+      // when it watches).
+      if (engine.signalled_.load(std::memory_order_acquire) ||
+          engine.active_count_.load(std::memory_order_relaxed) >
+              engine.parked_.load(std::memory_order_relaxed))
+        engine.wake_engine(false);
     }
-    for (const auto& lane : apply_poison) {
-      const std::shared_ptr<TimeoutReport> report = report_timeout(*lane);
-      if (lane->notify_peers_) send_notices(*lane);
-      abort_all(lane.get(), lane->poison_reason_);
-      // Answered once the operation stopped: its caller may then free what
-      // the operation used.
-      if (report) {
-        {
-          std::lock_guard<std::mutex> lock(report->mutex);
-          report->ready = true;
-        }
-        report->cv.notify_all();
-      }
+  } leave{*this};
+  const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
+  const auto spin = std::chrono::microseconds(tunables_.spin_us);
+  const auto yield_for = std::max(spin, std::chrono::microseconds(tunables_.yield_us));
+  auto now = Clock::now();
+  auto last_progress = now;
+  int64_t sleep_us = 0;
+  for (;; now = Clock::now()) {
+    bool progressed = false;
+    if (TokenHold hold(token_, token_holder_); hold) {
+      progressed = iterate(now);
+      // Requests of finished operations (a cancelled receive) complete on the
+      // next test: collect them now rather than leave them to the engine.
+      if (work.is_completed() && parked_.load(std::memory_order_relaxed) > 0) iterate(now);
     }
-    // A notice that is already here poisons its lane before the lane's next
-    // operations start; otherwise notices are picked up every millisecond.
-    if (!incoming.empty() || Clock::now() - last_notice_poll_ > std::chrono::milliseconds(1))
-      poll_notices();
-    // Operations arrive in sequence order: they take their turns now, and
-    // start now unless they wait for a dependency.
-    for (auto& op : incoming) {
-      op->started_ = Clock::now();
-      if (fail_if_poisoned(*op)) continue;
-      if (op->after_ && !op->released_.load(std::memory_order_acquire))
-        waiting_.push_back(op);
-      else
-        start(op);
-    }
-    if (released) {
-      auto it = std::stable_partition(waiting_.begin(), waiting_.end(), [](const auto& op) {
-        return !op->released_.load(std::memory_order_acquire);
-      });
-      std::vector<std::shared_ptr<Operation>> ready(std::make_move_iterator(it),
-                                                    std::make_move_iterator(waiting_.end()));
-      waiting_.erase(it, waiting_.end());
-      if (!ready.empty()) poll_notices();
-      for (const auto& op : ready) {
-        op->started_ = Clock::now();
-        if (!fail_if_poisoned(*op)) start(op);
-      }
-    }
-    for (auto& c : computed) {
-      --c.op->computing_;
-      Transport& t = c.op->lane_->transport_;
-      try {
-        c.op->on_computed(t, c.slot, std::move(c.error));
-      } catch (...) {
-        c.op->abort(t, std::current_exception());
-      }
-    }
-    const bool poll_background = Clock::now() - last_background_poll_ >= kBackgroundPoll;
-    if (poll_background) last_background_poll_ = Clock::now();
-    for (size_t i = 0; i < active_.size(); ++i) {
-      Operation& op = *active_[i];
-      if (op.background() && op.pending_ == 0 && !poll_background) continue;
-      Transport& t = op.lane_->transport_;
-      try {
-        op.progress(t);
-      } catch (...) {
-        op.abort(t, std::current_exception());
-      }
-    }
-    for (auto& op : std::exchange(spawned_, {})) start(op);
-    bool progressed = !incoming.empty() || released || !computed.empty();
-    incoming.clear();
-    test_requests(progressed);
-    retire_finished();
-
-    const auto now = Clock::now();
-    if (now - last_inspection > std::chrono::seconds(1)) {
-      last_inspection = now;
-      inspect_stalls();
-      expire_closed_lanes(now);
-    }
-    if (shutdown_deadline != Clock::time_point{} && now > shutdown_deadline) {
-      drain_on_shutdown();
-      break;
-    }
+    if (work.is_completed()) return true;
+    if (now >= deadline) return false;
     if (progressed) {
       last_progress = now;
       sleep_us = 0;
       continue;
     }
-    if (now - last_progress < spin) continue;
-    if (backoff_.load(std::memory_order_relaxed) == Backoff::yield) {
+    if (!shared && now - last_progress < spin) continue;
+    if (now - last_progress < yield_for) {
       sched_yield();
       continue;
     }
-    sleep_us = sleep_us == 0 ? 4 : std::min<int64_t>(sleep_us * 2, tunables_.max_sleep_us);
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
-      return !queue_.empty() || doorbell_->released || !to_poison_.empty() ||
-             !doorbell_->computed.empty();
-    });
-    if (trace_.is_open())
-      trace_event("sleep", "engine", 3, now, detail::concat("\"requested_us\":", sleep_us));
+    sleep_us = next_sleep(sleep_us);
+    work.sleep_until(std::min(deadline, now + std::chrono::microseconds(sleep_us)));
   }
-  fail_waiting(nullptr, "the communicator was destroyed before the Work it runs after completed");
-  release_listeners(true);
+}
+
+void Engine::wake_engine(bool only_if_idle) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const State state = state_.load(std::memory_order_relaxed);
+    if (state == State::running || (only_if_idle && state != State::idle)) return;
+  }
+  cv_.notify_all();
+}
+
+void Engine::wake_for_callbacks() {
+  // Its Work may have no waiter: the engine thread must run it.
+  if (drivers_.load(std::memory_order_acquire) == 0) wake_engine(false);
 }
 
 void Engine::expire_closed_lanes(Clock::time_point now) {
@@ -996,6 +1162,21 @@ void Engine::drain_on_shutdown() {
 }
 
 // ---- EngineWork --------------------------------------------------------------
+
+std::string EngineWork::describe() const {
+  return detail::concat(name_, " #", seq_, label_.empty() ? "" : " of '" + label_ + "'", " (tag ",
+                        tag_, ", ", details_ ? details_() : std::string(), ")");
+}
+
+bool EngineWork::await(Clock::time_point deadline) {
+  awaited_.store(true, std::memory_order_relaxed);
+  auto engine = engine_.lock();
+  return engine ? engine->drive(*this, deadline) : block_until(deadline);
+}
+
+void EngineWork::on_callback_queued() {
+  if (auto engine = engine_.lock()) engine->wake_for_callbacks();
+}
 
 std::string EngineWork::on_timeout(const std::string& reason) {
   auto engine = engine_.lock();

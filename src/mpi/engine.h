@@ -1,4 +1,4 @@
-// The communication engine: one thread that owns every MPI call of the
+// The communication engine: the progress of every MPI call of the
 // communicators that share it (a communicator, its splits and groups).
 //
 // Each communicator is a lane of the engine (Lane): its members (ranks of an
@@ -10,17 +10,32 @@
 // when it is submitted; the engine starts it then, or, when it was submitted
 // to run after another Work, once that Work completed. It lets them post requests (in priority
 // order, so that a large low-priority operation yields the network to a high-priority one), tests
-// every pending request with MPI_Testsome, and hands completions back to their operation. When
-// nothing is pending the thread sleeps on a condition variable (in yield mode after polling for new
-// operations for tunables.spin_us, so that back-to-back calls skip the wake-up; a caller's
-// Work::wait polls as long before it blocks). While requests are pending it polls for
-// tunables.spin_us, then backs off:
-//   sleep  sleeps of 4 us doubling to tunables.max_sleep_us. For ranks that
-//          share cores: a polling thread would starve the others.
-//   yield  keeps polling with sched_yield() between polls: no sleep latency,
-//          and any other runnable thread on the core goes first. For ranks
-//          with a core each; MPI only moves data (TCP, shared-memory copies)
-//          while someone polls, so sleeping mid-transfer stalls the link.
+// every pending request with MPI_Testsome, and hands completions back to their operation.
+//
+// Progress token. One progress iteration (iterate()) at a time runs, on the
+// thread that holds the engine's token: only that thread calls MPI for the
+// engine and touches its operations. A caller blocked in Work::wait on one of
+// the engine's Works takes the token itself (drive()) and runs the iterations
+// until its Work completed, so a blocking wait needs no thread hand-off (MPI
+// runs at MPI_THREAD_MULTIPLE). The engine thread holds it while nobody
+// waits, and steps aside while callers drive. Nobody blocks on the token:
+// it is only ever tried, so releasing it never wakes a thread.
+//
+// Waking the engine thread costs a futex wake (about 4 us on a small VM), so
+// submit() rings it only when it sleeps for good (idle), or when the last
+// operation completed on the engine thread (the caller does not wait: then()
+// callbacks, overlap); otherwise the thread watches, waking every
+// kWatchInterval, and picks up what no caller drives. Back-off, for the engine
+// thread and for waiting callers, after an iteration that moved nothing:
+//   own CPUs (Backoff::yield: each rank of the node has a CPU): busy polling
+//          for tunables.spin_us, then sched_yield() between polls;
+//   shared CPUs (Backoff::sleep): sched_yield() between polls from the first;
+// then, once nothing moved for tunables.yield_us (callers; the engine thread
+// in shared mode only tunables.spin_us, since it competes with computation),
+// sleeps of 4 us doubling to tunables.max_sleep_us (1 ms when only parked
+// requests remain). So no thread spins on a shared CPU without yielding, and
+// requests that stay pending for long (a late peer, parked sends) are polled
+// with sleeps, not yields.
 #pragma once
 
 #include <mpi.h>
@@ -56,7 +71,8 @@ struct TimeoutReport;
 using Clock = std::chrono::steady_clock;
 
 // Posts MPI requests for the operations of one lane. Peers are ranks of the
-// lane; tags are the lane's. Valid on the engine thread only.
+// lane; tags are the lane's. Valid only on the thread that holds the
+// engine's progress token.
 class Transport {
  public:
   Transport(Engine& engine, Lane& lane) : engine_(engine), lane_(lane) {}
@@ -192,7 +208,8 @@ class Lane {
   std::map<std::pair<int, int>, RoundStream> round_streams_;
 };
 
-// A resumable operation. Every method runs on the engine thread.
+// A resumable operation. Every method runs on the thread that holds the
+// engine's progress token (the engine thread or a waiting caller).
 class Operation {
  public:
   Operation(std::string name, int priority) : name_(std::move(name)), priority_(priority) {}
@@ -233,7 +250,7 @@ class Operation {
   virtual void report(Work&) const {}
 
   // A local step the operation needs before start() (a copy of its input
-  // into its output, say); runs on the engine thread, not before
+  // into its output, say); runs on the token holder, not before
   // start_failed(). The communicator runs such steps itself, at the call,
   // for operations that start at once.
   void set_prologue(std::function<void()> prologue) { prologue_ = std::move(prologue); }
@@ -292,6 +309,9 @@ struct Doorbell {
     std::exception_ptr error;
   };
   std::vector<Computed> computed;
+  // Callers driving the engine's progress (Engine::drive): they pick up what
+  // is rung, so the engine thread need not be woken.
+  std::atomic<int> drivers{0};
   void ring_released();
 };
 
@@ -332,16 +352,12 @@ struct TimeoutReport {
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
+  // yield: each rank of the node has a CPU of its own (busy polling first);
+  // sleep: ranks share CPUs (every poll that finds nothing yields).
   enum class Backoff { sleep, yield };
   // How the engine and its callers wait (RELAXCC_ENGINE_POLL, the node's layout).
   struct Polling {
-    // While requests are pending, after RELAXCC_SPIN_US of polling; in yield
-    // mode the idle engine also polls its queue that long before blocking.
     Backoff backoff = Backoff::sleep;
-    // Work::wait polls RELAXCC_SPIN_US before blocking. Only for a caller with
-    // a CPU of its own: one that shares the engine's CPU would take turns with
-    // it on every sched_yield instead.
-    bool callers_poll = false;
   };
   // `tunables`: the engine's own (spin, sleep, stall warnings, trace); each
   // lane has its own for its operations.
@@ -361,6 +377,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // min(RELAXCC_TIMEOUT_MS, 10 s) to finish, then fail and poison the lane.
   void close_lane(const std::shared_ptr<Lane>& lane);
 
+  // What a call's Work description says about it ("ring, 1024 x f32, peers
+  // 1,3"), built only when the description is asked for (from any thread).
+  using Details = std::function<std::string()>;
   // Enqueues `op` on `lane` with its next sequence number and returns its
   // Work, whose description reads "<name> #<seq> of '<label>' (tag <t>,
   // <details>)" (OpOptions::label; without one, no "of"). With
@@ -369,7 +388,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The engine must be owned by a shared_ptr (Works hold weak references to
   // it).
   std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
-                               const std::string& details, const OpOptions& options);
+                               Details details, const OpOptions& options);
+  std::shared_ptr<Work> submit(const std::shared_ptr<Lane>& lane, std::shared_ptr<Operation> op,
+                               const std::string& details, const OpOptions& options) {
+    return submit(lane, std::move(op), Details([details] { return details; }), options);
+  }
 
   // Poisons `lane` (see Communicator): its operations fail, later ones are
   // refused. With `notify_peers` (the poisoning starts on this rank: a
@@ -389,8 +412,24 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::string poison_on_timeout(const std::shared_ptr<Lane>& lane, const Work& work,
                                 const std::string& reason);
   CommStats stats(const Lane& lane) const;
+  // Whether the calling thread holds the progress token (and so may call MPI
+  // for this engine).
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  bool holds_token() const {
+    return token_holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
   const Tunables& tunables() const { return tunables_; }
+
+  // Runs progress iterations on the calling thread, taking turns with other
+  // drivers, until `work` completed (true) or `deadline` passed (false). A
+  // zero wait (deadline now) runs at most one iteration. Called from
+  // Work::wait by way of EngineWork::await; on a thread that holds the token
+  // already (a completion callback that waits, against the rules) it only
+  // blocks.
+  bool drive(EngineWork& work, Clock::time_point deadline);
+  // A callback was queued on a pending Work: make sure the engine thread runs
+  // (nobody may wait on that Work).
+  void wake_for_callbacks();
 
  private:
   friend class Transport;
@@ -408,9 +447,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool cancellable = false;
   };
 
+  // What the engine thread does (State, under mutex_ when it blocks).
+  enum class State { idle, watching, running };
+
   void loop();
-  // Some active operation is not a background one, or has requests pending.
-  bool busy() const;
+  // One progress iteration; the caller holds the token. Returns whether
+  // anything moved (an operation arrived or started, a request completed).
+  bool iterate(Clock::time_point now);
+  // The engine thread's wait while it has nothing to do or callers drive:
+  // returns false when it should stop.
+  bool wait_for_work();
+  // Wakes the engine thread unless it runs (under mutex_ or not).
+  void wake_engine(bool only_if_idle);
+  // Sleep length of the back-off after `sleep_us`: doubling to
+  // max_sleep_us, to kParkedSleep when only parked requests remain.
+  int64_t next_sleep(int64_t sleep_us) const;
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
   // Completes `op` with CommunicatorPoisoned, without starting it, when its
@@ -454,13 +505,30 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   Tunables tunables_;
   std::atomic<Backoff> backoff_;
-  std::atomic<bool> callers_poll_;
   std::shared_ptr<ScratchPool> scratch_;
+
+  // The progress token: tried, never waited for.
+  std::mutex token_;
+  std::atomic<std::thread::id> token_holder_{};
+  std::atomic<State> state_{State::running};
+  // Under mutex_: the Work submitted last. When a caller waited for it, the
+  // next caller probably waits too, so submit() need not wake the engine
+  // thread.
+  std::weak_ptr<EngineWork> last_submitted_;
+  // Published by iterate() for threads without the token: active operations,
+  // those of them whose Work completed (they only hold requests), and
+  // whether this rank's own poison notices are still being pushed out.
+  std::atomic<int> active_count_{0};
+  std::atomic<int> parked_{0};
+  std::atomic<bool> notices_pending_{false};
+  std::atomic<int> background_count_{0};  // background operations, no requests pending
+  uint64_t submissions_ = 0;  // under mutex_
 
   std::shared_ptr<Doorbell> doorbell_;
   std::mutex& mutex_;
   std::condition_variable& cv_;
   std::atomic<bool>& signalled_;
+  std::atomic<int>& drivers_;  // callers in drive()
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
   std::vector<std::shared_ptr<Lane>> to_poison_;      // poisoned, not yet applied
@@ -468,7 +536,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::weak_ptr<Lane>> lanes_;            // every lane, for poison notices
   std::vector<std::shared_ptr<CommPair>> to_listen_;  // new CommPairs, no listener yet
 
-  // Engine-thread state.
+  // Token-holder state.
+  std::deque<std::shared_ptr<Operation>> incoming_;
+  Clock::time_point last_inspection_{};
+  Clock::time_point shutdown_deadline_{};
   std::vector<std::shared_ptr<Operation>> active_;   // sorted by priority, then seq
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
   std::vector<std::shared_ptr<Operation>> spawned_;  // Transport::spawn, not started yet
@@ -506,22 +577,42 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::thread thread_;
 };
 
-// The Work of an engine operation: an expiring wait() poisons its lane (if
-// the engine and the lane still exist).
+// The Work of an engine operation: a waiter drives the engine's progress;
+// an expiring wait() poisons its lane (if the engine and the lane still
+// exist).
 class EngineWork final : public Work {
  public:
-  EngineWork(std::string description, std::chrono::milliseconds default_timeout,
-             std::chrono::microseconds spin, std::weak_ptr<Engine> engine, std::weak_ptr<Lane> lane)
-      : Work(std::move(description), default_timeout, spin),
+  // Described as "<name> #<seq> of '<label>' (tag <tag>, <details>)".
+  EngineWork(const Operation& op, const std::string& label, int tag, Engine::Details details,
+             std::chrono::milliseconds default_timeout, std::weak_ptr<Engine> engine,
+             std::weak_ptr<Lane> lane)
+      : Work(std::string(), default_timeout),
         engine_(std::move(engine)),
-        lane_(std::move(lane)) {}
+        lane_(std::move(lane)),
+        name_(op.name()),
+        label_(label),
+        seq_(op.seq()),
+        tag_(tag),
+        details_(std::move(details)) {}
+  // Blocks on completion (for drive()'s sleeps).
+  bool sleep_until(Clock::time_point deadline) { return block_until(deadline); }
+  // Someone waited on it (drove the engine for it).
+  bool awaited() const { return awaited_.load(std::memory_order_relaxed); }
 
  protected:
+  std::string describe() const override;
   std::string on_timeout(const std::string& reason) override;
+  bool await(Clock::time_point deadline) override;
+  void on_callback_queued() override;
 
  private:
   const std::weak_ptr<Engine> engine_;
   const std::weak_ptr<Lane> lane_;
+  const std::string name_, label_;
+  const uint64_t seq_;
+  const int tag_;
+  const Engine::Details details_;
+  std::atomic<bool> awaited_{false};
 };
 
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.

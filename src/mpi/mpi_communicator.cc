@@ -333,9 +333,11 @@ class MpiCommunicator final : public Communicator {
     check_point_to_point(ops, options, size(), max_p2p_tag());
     for (const P2POp& op : ops) check_host(op.tensor, ctx, "point_to_point tensor");
     return submit(std::make_shared<P2PBatchOp>(ops, options), options,
-                  detail::concat(ops.size(), " ops",
-                                 options.round != 0 ? detail::concat(", round ", options.round)
-                                                    : std::string()));
+                  [n = ops.size(), round = options.round] {
+                    return detail::concat(n, " ops",
+                                          round != 0 ? detail::concat(", round ", round)
+                                                     : std::string());
+                  });
   }
 
   using Communicator::allreduce;
@@ -351,13 +353,19 @@ class MpiCommunicator final : public Communicator {
     // One rank and recursive doubling work in place.
     if (n == 1) return completed("allreduce", options, [input, output] { copy(input, output); });
     if (algo == AllreduceAlgo::recursive_doubling) {
-      return submit(std::make_shared<RecursiveDoublingOp>("allreduce", options.priority,
-                                                          options.label, output, options.op, rank(),
-                                                          n, ctx, static_cast<int>(algo)),
-                    options,
-                    detail::concat("recursive_doubling, ", output.numel, " x ",
-                                   dtype_name(output.dtype), ", all ranks"),
-                    [input, output] { copy(input, output); });
+      auto op = std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label,
+                                                      output, options.op, rank(), n, ctx,
+                                                      static_cast<int>(algo));
+      // It works in place: the input goes to the output first (now, unless
+      // it runs after another Work).
+      if (options.after)
+        op->set_prologue([input, output] { copy(input, output); });
+      else
+        copy(input, output);
+      return submit(std::move(op), options, [numel = output.numel, dtype = output.dtype] {
+        return detail::concat("recursive_doubling, ", numel, " x ", dtype_name(dtype),
+                              ", all ranks");
+      });
     }
     RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
     spec.op = options.op;
@@ -430,9 +438,10 @@ class MpiCommunicator final : public Communicator {
     return submit(
         std::make_shared<BroadcastChainOp>("broadcast", options.priority, options.label, data, root,
                                            r, n, segment_bytes(), pipeline_depth()),
-        options,
-        detail::concat("chain from root ", root, ", ", data.numel, " x ", dtype_name(data.dtype),
-                       ", peers ", (r - 1 + n) % n, ",", (r + 1) % n));
+        options, [root, numel = data.numel, dtype = data.dtype, r, n] {
+          return detail::concat("chain from root ", root, ", ", numel, " x ", dtype_name(dtype),
+                                ", peers ", (r - 1 + n) % n, ",", (r + 1) % n);
+        });
   }
 
   WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
@@ -458,7 +467,9 @@ class MpiCommunicator final : public Communicator {
     return submit(
         std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
                                              send_counts, output, recv_counts, rank(), n),
-        options, detail::concat(input.numel, " x ", dtype_name(input.dtype), " out, pairwise"));
+        options, [numel = input.numel, dtype = input.dtype] {
+          return detail::concat(numel, " x ", dtype_name(dtype), " out, pairwise");
+        });
   }
 
   WorkPtr barrier(const BarrierOptions& options) override {
@@ -471,7 +482,7 @@ class MpiCommunicator final : public Communicator {
                       "barrier", options.priority, options.label, view, ReduceOp::max, rank(),
                       size(), ExecContext::host(),
                       static_cast<int>(AllreduceAlgo::recursive_doubling), OpType::barrier),
-                  options, "recursive doubling, all ranks");
+                  options, [] { return std::string("recursive doubling, all ranks"); });
   }
 
  private:
@@ -509,24 +520,26 @@ class MpiCommunicator final : public Communicator {
   // Submits `op` in the communicator's order, to start after options.after.
   // `prepare`, a local step the operation needs first, runs now when the
   // operation starts at once, else right before it starts.
-  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options,
-                 const std::string& details, std::function<void()> prepare = {}) {
+  // `details` describes the call in its Work's description, when asked for.
+  WorkPtr submit(std::shared_ptr<Operation> op, const OpOptions& options, Engine::Details details,
+                 std::function<void()> prepare = {}) {
     if (prepare) {
       if (options.after)
         op->set_prologue(std::move(prepare));
       else
         prepare();
     }
-    return engine_->submit(lane_, std::move(op), details, options);
+    return engine_->submit(lane_, std::move(op), std::move(details), options);
   }
 
   WorkPtr submit_ring(const char* name, const OpOptions& options, RingSpec spec,
                       const ExecContext& ctx, const TensorView& shown,
                       std::function<void()> prepare = {}) {
     const int n = size(), r = rank();
-    std::string details = detail::concat("ring, ", shown.numel, " x ", dtype_name(shown.dtype),
-                                         ", peers ", (r - 1 + n) % n, ",", (r + 1) % n,
-                                         spec.shared.pid != 0 ? ", shared buffers" : "");
+    auto details = [numel = shown.numel, dtype = shown.dtype, r, n, shared = spec.shared.pid != 0] {
+      return detail::concat("ring, ", numel, " x ", dtype_name(dtype), ", peers ", (r - 1 + n) % n,
+                            ",", (r + 1) % n, shared ? ", shared buffers" : "");
+    };
     return submit(std::make_shared<RingOp>(name, options.priority, options.label, std::move(spec),
                                            r, n, ctx, std::make_unique<IdentityCodec>()),
                   options, details, std::move(prepare));
@@ -586,7 +599,6 @@ Engine::Polling choose_polling(int local_size, const std::string& policy) {
   Engine::Polling polling;
   const bool yield = policy == "yield" || (policy == "auto" && cpus >= 1);
   polling.backoff = yield ? Engine::Backoff::yield : Engine::Backoff::sleep;
-  polling.callers_poll = yield && cpus >= 2;
   return polling;
 }
 
@@ -620,12 +632,13 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
                     "create_mpi_communicator: share_engine_with is not an MPI communicator");
     engine = other->engine();
   } else {
-    // The last reference may go on the engine thread itself (a completion
-    // callback that held a communicator): the engine is then destroyed on a
-    // thread of its own, since its destructor joins the engine thread.
+    // The last reference may go in a completion callback that held a
+    // communicator, on the engine thread or a caller that drives progress:
+    // the engine is then destroyed on a thread of its own, since its
+    // destructor joins the engine thread, which needs the progress token.
     engine = std::shared_ptr<mpi::Engine>(new mpi::Engine(options.tunables, mpi::Engine::Polling{}),
                                           [](mpi::Engine* e) {
-                                            if (e->on_engine_thread())
+                                            if (e->on_engine_thread() || e->holds_token())
                                               std::thread([e] { delete e; }).detach();
                                             else
                                               delete e;

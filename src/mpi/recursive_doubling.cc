@@ -1,7 +1,7 @@
 #include "recursive_doubling.h"
 
+#include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
@@ -24,23 +24,40 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
   h.algo = static_cast<uint8_t>(algo_id);
   h.count = data.numel;
   set_header(h);
-  const std::vector<ButterflyMove> moves = butterfly_schedule(rank_, size_);
-  std::map<int, std::pair<int64_t, int64_t>> messages;  // peer -> (from, to)
+  const ButterflySchedule moves = butterfly_schedule(rank_, size_);
+  // Messages per peer, peers in rank order (at most one per move).
+  struct Messages {
+    int peer = -1;
+    int64_t from = 0, to = 0;
+  };
+  std::array<Messages, ButterflySchedule::kMaxMoves> messages;
+  size_t peers = 0;
+  const auto find = [&](int peer) {
+    return std::find_if(messages.begin(), messages.begin() + peers,
+                        [&](const Messages& x) { return x.peer == peer; });
+  };
   for (const ButterflyMove& m : moves) {
-    if (m.receives()) ++messages[m.peer].first;
-    if (m.sends()) ++messages[m.peer].second;
+    auto it = find(m.peer);
+    if (it == messages.begin() + peers) {
+      it->peer = m.peer;
+      ++peers;
+    }
+    if (m.receives()) ++it->from;
+    if (m.sends()) ++it->to;
   }
-  std::map<int, int> index;
-  for (const auto& [peer, counts] : messages) {
-    index[peer] = add_peer(peer, counts.first, counts.second);
+  std::sort(messages.begin(), messages.begin() + peers,
+            [](const Messages& a, const Messages& b) { return a.peer < b.peer; });
+  for (size_t i = 0; i < peers; ++i) {
+    const int pi = add_peer(messages[i].peer, messages[i].from, messages[i].to);
     // A later step's small message carries the header to its partner.
-    if (counts.second > 0 && data.nbytes() <= kInlineBytes) hold_header_for_data(index[peer]);
+    if (messages[i].to > 0 && data.nbytes() <= kInlineBytes) hold_header_for_data(pi);
   }
-  for (const ButterflyMove& m : moves) steps_.push_back({m, index[m.peer]});
+  for (const ButterflyMove& m : moves)
+    steps_[num_steps_++] = {m, static_cast<int>(find(m.peer) - messages.begin())};
 }
 
 void RecursiveDoublingOp::run(Transport& t) {
-  while (step_ < steps_.size()) {
+  while (step_ < num_steps_) {
     const Step& s = steps_[step_];
     const ButterflyMove& m = s.move;
     if (m.sends() && !send_posted_) {
@@ -81,7 +98,7 @@ void RecursiveDoublingOp::finish_step() {
   }
   ++step_;
   send_posted_ = recv_posted_ = send_done_ = recv_done_ = false;
-  if (step_ == steps_.size() && m.kind == ButterflyStep::round && op_ == ReduceOp::avg)
+  if (step_ == num_steps_ && m.kind == ButterflyStep::round && op_ == ReduceOp::avg)
     kernels::finish_average(data_, size_, ctx_);
 }
 

@@ -9,6 +9,7 @@
 // caller's buffer, so the step combines only after its send completed.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "../collectives/butterfly.h"
@@ -33,7 +34,7 @@ class RecursiveDoublingOp final : public EdgeOp {
   void run(Transport& t) override;
   void on_sent(Transport& t, int pi, int64_t msg) override;
   void on_received(Transport& t, int pi, int64_t msg) override;
-  bool data_done() const override { return step_ == steps_.size(); }
+  bool data_done() const override { return step_ == num_steps_; }
   // Combines the step's received data and moves to the next step.
   void finish_step();
 
@@ -41,7 +42,8 @@ class RecursiveDoublingOp final : public EdgeOp {
   ReduceOp op_;
   int rank_, size_;
   ExecContext ctx_;
-  std::vector<Step> steps_;
+  std::array<Step, ButterflySchedule::kMaxMoves> steps_;  // held inline: no allocation
+  size_t num_steps_ = 0;
   size_t step_ = 0;
   bool send_posted_ = false, recv_posted_ = false, send_done_ = false, recv_done_ = false;
   ScratchPool::Buffer theirs_;
