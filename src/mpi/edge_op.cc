@@ -77,9 +77,9 @@ void EdgeOp::open_edges(Transport& t) {
     Peer& p = peers_[pi];
     // No peer's header message exceeds this (same library, same constant).
     p.header_len = kHeaderMessageBytes;
-    p.header_buf.reset(new unsigned char[2 * kHeaderMessageBytes]);
-    p.header_out = p.header_buf.get() + kHeaderMessageBytes;
-    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.get(), p.header_len, p.rank,
+    p.header_buf = t.scratch(2 * kHeaderMessageBytes);
+    p.header_out = p.header_buf.data() + kHeaderMessageBytes;
+    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_len, p.rank,
             tag(Channel::header, t));
   }
 }
@@ -154,7 +154,7 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
     RELAXCC_ENFORCE_EQ(got, bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
                        " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ",
                        bytes);
-    if (bytes > 0) std::memcpy(buf, p.header_buf.get() + sizeof(OpHeader), bytes);
+    if (bytes > 0) std::memcpy(buf, p.header_buf.data() + sizeof(OpHeader), bytes);
     p.inline_ready = true;
     return;
   }
@@ -197,7 +197,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
       if (got >= static_cast<int>(sizeof(OpHeader)))
-        std::memcpy(&p.header_in, p.header_buf.get(), sizeof(OpHeader));
+        std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
       else
         p.header_in.magic = 0;  // a corrupt header: describe() says so
       p.inline_in =

@@ -114,10 +114,10 @@ class EdgeOp : public Operation {
     int64_t elems_from = 0, elems_to = 0;
     OpHeader header_in;
     // The header messages, each the header, then possibly the first data
-    // message: one allocation (not zeroed) of 2 x kHeaderMessageBytes, the
+    // message: one scratch buffer (not zeroed) of 2 x kHeaderMessageBytes, the
     // peer's (header_buf, of which header_len bytes are in use: 0 once
     // taken), then this rank's (header_out, header_out_len bytes).
-    std::unique_ptr<unsigned char[]> header_buf;
+    ScratchPool::Buffer header_buf;
     unsigned char* header_out = nullptr;
     size_t header_len = 0, header_out_len = 0;
     bool inline_out = false;   // this rank's data message 0 rides in header_out

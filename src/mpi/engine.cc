@@ -197,6 +197,7 @@ Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> mem
 Engine::Engine(Tunables tunables, Polling polling)
     : tunables_(std::move(tunables)),
       backoff_(polling.backoff),
+      mpi_yields_(polling.mpi_yields),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)),
       doorbell_(std::make_shared<Doorbell>()),
       mutex_(doorbell_->mutex),
@@ -231,6 +232,7 @@ Engine::Engine(Tunables tunables, Polling polling)
 
 void Engine::set_polling(Polling polling) {
   backoff_.store(polling.backoff);
+  mpi_yields_.store(polling.mpi_yields);
 }
 
 Engine::~Engine() {
@@ -333,19 +335,18 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     work = std::make_shared<EngineWork>(
         *op, options.label, lane->transport_.collective_tag(op->seq_, Channel::header),
         std::move(details), std::chrono::milliseconds(lane->tunables_.timeout_ms), weak_from_this(),
-        lane);
+        lane, submissions_ + 1);
     op->work_ = work;
     op->after_ = after;
     queue_.push_back(std::move(op));
     signalled_.store(true, std::memory_order_release);
+    const bool awaited = awaited_submission_.load(std::memory_order_relaxed) == submissions_;
     ++submissions_;
     // Callers that drive pick it up. Otherwise ring the engine thread when it
     // sleeps for good, or when nobody waited for the previous operation
     // (this caller probably does not wait either: overlap); else it watches
     // and picks the operation up within kWatchInterval, unless this caller
     // waits first, as the previous one did.
-    const auto previous = std::exchange(last_submitted_, work).lock();
-    const bool awaited = previous && previous->awaited();
     const State state = state_.load(std::memory_order_relaxed);
     ring = drivers_.load(std::memory_order_acquire) == 0 && (state == State::idle || !awaited);
   }
@@ -462,6 +463,7 @@ int64_t micros(Clock::time_point t) {
 }  // namespace
 
 void Engine::test_requests(bool& progressed) {
+  tested_ = num_pending_ > 0;
   if (num_pending_ == 0) return;
   int outcount = 0;
   const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &outcount,
@@ -711,7 +713,7 @@ bool Engine::iterate(Clock::time_point now) {
   }
   // A notice that is already here poisons its lane before the lane's next
   // operations start; otherwise notices are picked up every millisecond.
-  if (!incoming_.empty() || now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
+  if (now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
   // Operations arrive in sequence order: they take their turns now, and
   // start now unless they wait for a dependency.
   for (auto& op : incoming_) {
@@ -786,6 +788,15 @@ bool Engine::iterate(Clock::time_point now) {
   return progressed;
 }
 
+bool Engine::pause(Clock::duration idle, bool tested, Clock::duration yield_until) const {
+  const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
+  if (!shared && idle < std::chrono::microseconds(tunables_.spin_us)) return true;
+  if (idle >= yield_until) return false;
+  // MPI_Testsome yielded already when it found nothing.
+  if (!(shared && tested && mpi_yields_.load(std::memory_order_relaxed))) sched_yield();
+  return true;
+}
+
 int64_t Engine::next_sleep(int64_t sleep_us) const {
   const bool only_parked =
       parked_.load(std::memory_order_relaxed) == active_count_.load(std::memory_order_relaxed);
@@ -849,10 +860,12 @@ void Engine::loop() {
     for (;; now = Clock::now()) {
       bool progressed = false;
       bool stopping = false;
+      bool tested = false;
       {
         TokenHold hold(token_, token_holder_);
         if (hold) {
           progressed = iterate(now);
+          tested = tested_;
           stopping = shutdown_deadline_ != Clock::time_point{};
           if (stopping && Clock::now() > shutdown_deadline_) {
             drain_on_shutdown();
@@ -868,15 +881,10 @@ void Engine::loop() {
         sleep_us = 0;
         continue;
       }
-      // Shared CPUs: yield from the first empty poll, and only for spin_us
-      // (computation on this CPU comes first); own CPUs: busy polling for
-      // spin_us, yields up to yield_us.
+      // Shared CPUs: yields only for spin_us (computation on this CPU comes
+      // first); own CPUs: yields up to yield_us.
       const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
-      if (!shared && now - last_progress < spin) continue;
-      if (now - last_progress < (shared ? spin : std::max(spin, yield_for))) {
-        sched_yield();
-        continue;
-      }
+      if (pause(now - last_progress, tested, shared ? spin : std::max(spin, yield_for))) continue;
       sleep_us = next_sleep(sleep_us);
       {
         std::unique_lock<std::mutex> lock(mutex_);
@@ -908,6 +916,10 @@ bool Engine::drive(EngineWork& work, Clock::time_point deadline) {
   // progress under it.
   if (holds_token()) return work.sleep_until(deadline);
   drivers_.fetch_add(1, std::memory_order_acq_rel);
+  for (uint64_t seen = awaited_submission_.load(std::memory_order_relaxed);
+       seen < work.submission() && !awaited_submission_.compare_exchange_weak(
+                                       seen, work.submission(), std::memory_order_relaxed);) {
+  }
   struct Leave {
     Engine& engine;
     ~Leave() {
@@ -921,16 +933,17 @@ bool Engine::drive(EngineWork& work, Clock::time_point deadline) {
         engine.wake_engine(false);
     }
   } leave{*this};
-  const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
-  const auto spin = std::chrono::microseconds(tunables_.spin_us);
-  const auto yield_for = std::max(spin, std::chrono::microseconds(tunables_.yield_us));
+  const auto yield_for = std::max(std::chrono::microseconds(tunables_.spin_us),
+                                  std::chrono::microseconds(tunables_.yield_us));
   auto now = Clock::now();
   auto last_progress = now;
   int64_t sleep_us = 0;
   for (;; now = Clock::now()) {
     bool progressed = false;
+    bool tested = false;
     if (TokenHold hold(token_, token_holder_); hold) {
       progressed = iterate(now);
+      tested = tested_;
       // Requests of finished operations (a cancelled receive) complete on the
       // next test: collect them now rather than leave them to the engine.
       if (work.is_completed() && parked_.load(std::memory_order_relaxed) > 0) iterate(now);
@@ -942,11 +955,7 @@ bool Engine::drive(EngineWork& work, Clock::time_point deadline) {
       sleep_us = 0;
       continue;
     }
-    if (!shared && now - last_progress < spin) continue;
-    if (now - last_progress < yield_for) {
-      sched_yield();
-      continue;
-    }
+    if (pause(now - last_progress, tested, yield_for)) continue;
     sleep_us = next_sleep(sleep_us);
     work.sleep_until(std::min(deadline, now + std::chrono::microseconds(sleep_us)));
   }
@@ -1169,7 +1178,6 @@ std::string EngineWork::describe() const {
 }
 
 bool EngineWork::await(Clock::time_point deadline) {
-  awaited_.store(true, std::memory_order_relaxed);
   auto engine = engine_.lock();
   return engine ? engine->drive(*this, deadline) : block_until(deadline);
 }

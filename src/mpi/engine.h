@@ -358,6 +358,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // How the engine and its callers wait (RELAXCC_ENGINE_POLL, the node's layout).
   struct Polling {
     Backoff backoff = Backoff::sleep;
+    // MPI's progress yields the CPU when it finds nothing
+    // (mpi_yields_when_idle): in sleep mode, a poll that tested requests
+    // needs no sched_yield of its own.
+    bool mpi_yields = false;
   };
   // `tunables`: the engine's own (spin, sleep, stall warnings, trace); each
   // lane has its own for its operations.
@@ -462,6 +466,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Sleep length of the back-off after `sleep_us`: doubling to
   // max_sleep_us, to kParkedSleep when only parked requests remain.
   int64_t next_sleep(int64_t sleep_us) const;
+  // The back-off after an iteration that moved nothing, `idle` after the
+  // last one that did (`tested`: it called MPI_Testsome): busy polling (own
+  // CPUs, for spin_us), then sched_yield() until `yield_until` (true: poll
+  // again), then false: sleep.
+  bool pause(Clock::duration idle, bool tested, Clock::duration yield_until) const;
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
   // Completes `op` with CommunicatorPoisoned, without starting it, when its
@@ -505,16 +514,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   Tunables tunables_;
   std::atomic<Backoff> backoff_;
+  std::atomic<bool> mpi_yields_;
   std::shared_ptr<ScratchPool> scratch_;
 
   // The progress token: tried, never waited for.
   std::mutex token_;
   std::atomic<std::thread::id> token_holder_{};
   std::atomic<State> state_{State::running};
-  // Under mutex_: the Work submitted last. When a caller waited for it, the
-  // next caller probably waits too, so submit() need not wake the engine
-  // thread.
-  std::weak_ptr<EngineWork> last_submitted_;
+  // The latest submission (EngineWork::submission) a caller drove progress
+  // for. When a caller waited for the previous submission, the next caller
+  // probably waits too, so submit() need not wake the engine thread.
+  std::atomic<uint64_t> awaited_submission_{0};
   // Published by iterate() for threads without the token: active operations,
   // those of them whose Work completed (they only hold requests), and
   // whether this rank's own poison notices are still being pushed out.
@@ -522,7 +532,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<int> parked_{0};
   std::atomic<bool> notices_pending_{false};
   std::atomic<int> background_count_{0};  // background operations, no requests pending
-  uint64_t submissions_ = 0;  // under mutex_
+  uint64_t submissions_ = 0;              // under mutex_
 
   std::shared_ptr<Doorbell> doorbell_;
   std::mutex& mutex_;
@@ -548,6 +558,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<Pending> pending_;
   std::vector<int> free_slots_;
   int num_pending_ = 0;
+  bool tested_ = false;  // the last iteration called MPI_Testsome
   std::vector<int> indices_;
   std::vector<MPI_Status> statuses_;
   // A posted receive of PoisonNotices from any member, per CommPair; it
@@ -585,7 +596,7 @@ class EngineWork final : public Work {
   // Described as "<name> #<seq> of '<label>' (tag <tag>, <details>)".
   EngineWork(const Operation& op, const std::string& label, int tag, Engine::Details details,
              std::chrono::milliseconds default_timeout, std::weak_ptr<Engine> engine,
-             std::weak_ptr<Lane> lane)
+             std::weak_ptr<Lane> lane, uint64_t submission)
       : Work(std::string(), default_timeout),
         engine_(std::move(engine)),
         lane_(std::move(lane)),
@@ -593,11 +604,12 @@ class EngineWork final : public Work {
         label_(label),
         seq_(op.seq()),
         tag_(tag),
-        details_(std::move(details)) {}
+        details_(std::move(details)),
+        submission_(submission) {}
   // Blocks on completion (for drive()'s sleeps).
   bool sleep_until(Clock::time_point deadline) { return block_until(deadline); }
-  // Someone waited on it (drove the engine for it).
-  bool awaited() const { return awaited_.load(std::memory_order_relaxed); }
+  // Its number among the engine's submissions (from 1).
+  uint64_t submission() const { return submission_; }
 
  protected:
   std::string describe() const override;
@@ -612,7 +624,7 @@ class EngineWork final : public Work {
   const uint64_t seq_;
   const int tag_;
   const Engine::Details details_;
-  std::atomic<bool> awaited_{false};
+  const uint64_t submission_;
 };
 
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.

@@ -1,7 +1,5 @@
 #include "relaxcc/mpi_communicator.h"
 
-#include <sched.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -19,6 +17,7 @@
 #include "engine.h"
 #include "op_header.h"
 #include "point_to_point.h"
+#include "polling.h"
 #include "recursive_doubling.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
@@ -156,6 +155,12 @@ std::vector<int64_t> balanced_chunks(int64_t numel, int n) {
   return counts;
 }
 
+// What the communicator's handshake learns of every rank.
+struct Handshake {
+  std::vector<uint64_t> hosts;  // host_key()
+  std::vector<CpuMask> cpu_masks;
+};
+
 // The node layout of the ranks of an MPI communicator (CommPair): each rank's
 // node, and RELAXCC_RANKS_PER_NODE, which splits one machine into emulated
 // nodes (ranks [k*N, (k+1)*N) form node k).
@@ -210,16 +215,18 @@ class MpiCommunicator final : public Communicator {
   int max_p2p_tag() const override { return (lane_->comms()->max_tag - 2) / 3; }
 
   // Checks that every rank runs the same relaxcc version, with the same
-  // dtype sizes and Agree-scoped tunables, and returns every rank's host key:
-  // an allgather, so a rank that does not arrive gives Timeout, and a
-  // difference PeerMismatch, on every rank.
-  std::vector<uint64_t> handshake(std::chrono::milliseconds timeout) {
+  // dtype sizes and Agree-scoped tunables, and returns every rank's host key
+  // and affinity mask: an allgather, so a rank that does not arrive gives
+  // Timeout, and a difference PeerMismatch, on every rank.
+  Handshake handshake(std::chrono::milliseconds timeout) {
     const int n = size();
-    constexpr int kFields = 3;  // version, agreement hash, host key
+    // version, agreement hash, host key, affinity mask
+    constexpr int kFields = 3 + static_cast<int>(std::tuple_size_v<CpuMask>);
     // Carried as i64 (relaxcc has no u64 dtype); compared bit for bit.
     auto mine = std::make_shared<std::vector<int64_t>>(std::initializer_list<int64_t>{
         static_cast<int64_t>(build::kVersion),
         static_cast<int64_t>(handshake_hash(lane_->tunables())), static_cast<int64_t>(host_key())});
+    for (uint64_t word : own_cpu_mask()) mine->push_back(static_cast<int64_t>(word));
     auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(kFields) * n);
     AllgatherOptions o;
     o.label =
@@ -227,7 +234,9 @@ class MpiCommunicator final : public Communicator {
     allgather(TensorView::host(mine->data(), kFields, mine),
               TensorView::host(all->data(), kFields * n, all), ExecContext::host(), o)
         ->wait(timeout);
-    std::vector<uint64_t> hosts(static_cast<size_t>(n));
+    Handshake out;
+    out.hosts.resize(static_cast<size_t>(n));
+    out.cpu_masks.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
       const int64_t* theirs = all->data() + static_cast<size_t>(kFields) * r;
       RELAXCC_ENFORCE(theirs[0] == (*mine)[0], PeerMismatch,
@@ -238,9 +247,11 @@ class MpiCommunicator final : public Communicator {
                       "create_mpi_communicator (handshake): ranks ", r, " and ", rank(),
                       " differ in the RELAXCC_* tunables that must agree (relaxcc-bench "
                       "--print-config lists them) or in their builds (dtype sizes, pointer width)");
-      hosts[r] = static_cast<uint64_t>(theirs[2]);
+      out.hosts[r] = static_cast<uint64_t>(theirs[2]);
+      for (size_t w = 0; w < out.cpu_masks[r].size(); ++w)
+        out.cpu_masks[r][w] = static_cast<uint64_t>(theirs[3 + w]);
     }
-    return hosts;
+    return out;
   }
 
   // Known after the handshake, before the communicator is handed out.
@@ -334,9 +345,8 @@ class MpiCommunicator final : public Communicator {
     for (const P2POp& op : ops) check_host(op.tensor, ctx, "point_to_point tensor");
     return submit(std::make_shared<P2PBatchOp>(ops, options), options,
                   [n = ops.size(), round = options.round] {
-                    return detail::concat(n, " ops",
-                                          round != 0 ? detail::concat(", round ", round)
-                                                     : std::string());
+                    return detail::concat(
+                        n, " ops", round != 0 ? detail::concat(", round ", round) : std::string());
                   });
   }
 
@@ -584,24 +594,6 @@ class MpiCommunicator final : public Communicator {
   uint64_t splits_ = 0;
 };
 
-// RELAXCC_ENGINE_POLL: sleep, yield, or auto: yield when each of the
-// `local_size` ranks that share this node has a CPU (of the node's hardware
-// threads, and of this process's affinity mask, which mpirun's binding
-// narrows). Callers poll too only with two CPUs per rank.
-Engine::Polling choose_polling(int local_size, const std::string& policy) {
-  RELAXCC_ENFORCE(policy == "auto" || policy == "sleep" || policy == "yield", InvalidArgument,
-                  "RELAXCC_ENGINE_POLL='", policy, "': expected auto, sleep or yield");
-  unsigned cpus =
-      std::max(1u, std::thread::hardware_concurrency()) / static_cast<unsigned>(local_size);
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof mask, &mask) == 0)
-    cpus = std::min(cpus, static_cast<unsigned>(CPU_COUNT(&mask)));
-  Engine::Polling polling;
-  const bool yield = policy == "yield" || (policy == "auto" && cpus >= 1);
-  polling.backoff = yield ? Engine::Backoff::yield : Engine::Backoff::sleep;
-  return polling;
-}
-
 }  // namespace
 }  // namespace mpi
 
@@ -613,7 +605,7 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   // Validates the selection table and the polling policy before any
   // collective call.
   AllreduceSelection::parse(options.tunables.allreduce_algo);
-  mpi::choose_polling(1, options.tunables.engine_poll);
+  mpi::choose_polling(options.tunables.engine_poll, false);
   // One collective on the caller's communicator; everything else on the dup.
   const auto [coll, p2p] = mpi::timed_dup_pair(options.comm, timeout);
   auto comms = std::make_shared<mpi::CommPair>(coll, p2p);
@@ -647,12 +639,24 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   auto comm = std::make_shared<mpi::MpiCommunicator>(
       engine, engine->add_lane(comms, {}, rank, 0, options.tunables), provisional, nullptr);
   auto nodes = std::make_shared<mpi::NodeLayoutMap>();
-  nodes->node = mpi::nodes_of(comm->handshake(timeout));
+  const mpi::Handshake handshake = comm->handshake(timeout);
+  nodes->node = mpi::nodes_of(handshake.hosts);
   nodes->ranks_per_node = options.tunables.ranks_per_node;
-  const int local_size =
-      static_cast<int>(std::count(nodes->node.begin(), nodes->node.end(), nodes->node[rank]));
-  if (!options.share_engine_with)
-    engine->set_polling(mpi::choose_polling(local_size, options.tunables.engine_poll));
+  if (!options.share_engine_with) {
+    // CPUs are shared between the ranks of one machine (emulated nodes
+    // included).
+    std::vector<mpi::CpuMask> masks;
+    size_t me = 0;
+    for (int r = 0; r < comms->size; ++r) {
+      if (nodes->node[r] != nodes->node[rank]) continue;
+      if (r == rank) me = masks.size();
+      masks.push_back(handshake.cpu_masks[r]);
+    }
+    mpi::Engine::Polling polling = mpi::choose_polling(
+        options.tunables.engine_poll, mpi::shares_cpus(masks, me, mpi::cgroup_cpu_limit()));
+    polling.mpi_yields = mpi::mpi_yields_when_idle();
+    engine->set_polling(polling);
+  }
   const bool one_node = nodes->one_node(everyone);
   comm->set_node_layout(nodes, one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);
   return comm;
