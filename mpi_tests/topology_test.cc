@@ -2,6 +2,11 @@
 // one node) or overridden with RELAXCC_RANKS_PER_NODE (CTest runs this
 // program a second time with RELAXCC_RANKS_PER_NODE=2 at 4 ranks: 2 nodes x 2).
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/topology.h"
@@ -58,6 +63,85 @@ TEST(Topology, OverrideMustDivideTheSize) {
   Tunables t;
   t.ranks_per_node = comm->size() + 1;
   EXPECT_THROW(build_hierarchy(*comm, t), InvalidArgument);
+}
+
+CpuMask mask_of(std::initializer_list<int> cpus) {
+  CpuMask m{};
+  for (int c : cpus) m[c / 64] |= uint64_t{1} << (c % 64);
+  return m;
+}
+
+TEST(CpuSharing, FromAffinityMasks) {
+  // Unbound ranks on 2 CPUs: 2 ranks have one each, 4 share.
+  const CpuMask both = mask_of({0, 1});
+  EXPECT_FALSE(shares_cpus({both, both}, 0, 0));
+  EXPECT_TRUE(shares_cpus({both, both, both, both}, 3, 0));
+  // Bound to a core each: nobody shares, whatever the count.
+  EXPECT_FALSE(shares_cpus({mask_of({0}), mask_of({1}), mask_of({2}), mask_of({3})}, 2, 0));
+  // Two ranks bound to CPU 70 share it; a rank on CPUs 0-1 does not.
+  const std::vector<CpuMask> mixed = {mask_of({70}), mask_of({70}), mask_of({0, 1})};
+  EXPECT_TRUE(shares_cpus(mixed, 0, 0));
+  EXPECT_TRUE(shares_cpus(mixed, 1, 0));
+  EXPECT_FALSE(shares_cpus(mixed, 2, 0));
+  // A quota of 1.5 CPUs: 2 ranks share, 1 does not.
+  EXPECT_TRUE(shares_cpus({mask_of({0}), mask_of({1})}, 0, 1.5));
+  EXPECT_FALSE(shares_cpus({both}, 0, 1.5));
+  EXPECT_THROW(shares_cpus({both}, 1, 0), InvalidArgument);
+  // This process's own mask names at least one CPU.
+  const CpuMask own = own_cpu_mask();
+  EXPECT_TRUE(std::any_of(own.begin(), own.end(), [](uint64_t w) { return w != 0; }));
+}
+
+// A fake /proc/self/cgroup and cgroup file system under a temporary folder.
+class CgroupFiles {
+ public:
+  CgroupFiles() {
+    char name[] = "/tmp/relaxcc-cgroup-XXXXXX";
+    dir_ = mkdtemp(name);
+  }
+  ~CgroupFiles() { std::filesystem::remove_all(dir_); }
+  void write(const std::string& path, const std::string& text) const {
+    std::filesystem::create_directories(std::filesystem::path(dir_ + path).parent_path());
+    std::ofstream(dir_ + path) << text;
+  }
+  double limit() const { return cgroup_cpu_limit(dir_ + "/proc_cgroup", dir_ + "/fs"); }
+
+ private:
+  std::string dir_;
+};
+
+TEST(CpuSharing, FromCgroupQuota) {
+  {  // v2, quota on the process's own cgroup
+    CgroupFiles f;
+    f.write("/proc_cgroup", "0::/job/rank\n");
+    f.write("/fs/job/rank/cpu.max", "150000 100000\n");
+    EXPECT_DOUBLE_EQ(f.limit(), 1.5);
+  }
+  {  // v2, no quota
+    CgroupFiles f;
+    f.write("/proc_cgroup", "0::/\n");
+    f.write("/fs/cpu.max", "max 100000\n");
+    EXPECT_EQ(f.limit(), 0);
+  }
+  {  // v1, cpu and cpuacct mounted together
+    CgroupFiles f;
+    f.write("/proc_cgroup", "4:memory:/a\n3:cpu,cpuacct:/docker/x\n");
+    f.write("/fs/cpu,cpuacct/docker/x/cpu.cfs_quota_us", "200000\n");
+    f.write("/fs/cpu,cpuacct/docker/x/cpu.cfs_period_us", "100000\n");
+    EXPECT_DOUBLE_EQ(f.limit(), 2.0);
+  }
+  {  // v1 unlimited (-1), and unreadable or corrupt files: no quota
+    CgroupFiles f;
+    f.write("/proc_cgroup", "3:cpu:/\n");
+    f.write("/fs/cpu/cpu.cfs_quota_us", "-1\n");
+    f.write("/fs/cpu/cpu.cfs_period_us", "100000\n");
+    EXPECT_EQ(f.limit(), 0);
+    CgroupFiles g;
+    g.write("/proc_cgroup", "0::/\n");
+    g.write("/fs/cpu.max", "garbage\n");
+    EXPECT_EQ(g.limit(), 0);
+    EXPECT_EQ(cgroup_cpu_limit("/nonexistent/cgroup", "/nonexistent"), 0);
+  }
 }
 
 }  // namespace

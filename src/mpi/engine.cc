@@ -711,8 +711,10 @@ bool Engine::iterate(Clock::time_point now) {
       report->cv.notify_all();
     }
   }
-  // A notice that is already here poisons its lane before the lane's next
-  // operations start; otherwise notices are picked up every millisecond.
+  // Notices are picked up every millisecond (not before each new operation:
+  // an MPI_Test per small operation costs more than its latency allows); an
+  // operation that starts on a lane poisoned elsewhere fails when the notice
+  // arrives.
   if (now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
   // Operations arrive in sequence order: they take their turns now, and
   // start now unless they wait for a dependency.

@@ -23,6 +23,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
+#include "relaxcc/topology.h"
 #include "ring.h"
 #include "shared_memory.h"
 
@@ -645,15 +646,15 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   if (!options.share_engine_with) {
     // CPUs are shared between the ranks of one machine (emulated nodes
     // included).
-    std::vector<mpi::CpuMask> masks;
+    std::vector<CpuMask> masks;
     size_t me = 0;
     for (int r = 0; r < comms->size; ++r) {
       if (nodes->node[r] != nodes->node[rank]) continue;
       if (r == rank) me = masks.size();
       masks.push_back(handshake.cpu_masks[r]);
     }
-    mpi::Engine::Polling polling = mpi::choose_polling(
-        options.tunables.engine_poll, mpi::shares_cpus(masks, me, mpi::cgroup_cpu_limit()));
+    mpi::Engine::Polling polling = mpi::choose_polling(options.tunables.engine_poll,
+                                                       shares_cpus(masks, me, cgroup_cpu_limit()));
     polling.mpi_yields = mpi::mpi_yields_when_idle();
     engine->set_polling(polling);
   }
