@@ -24,6 +24,13 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
   h.algo = static_cast<uint8_t>(algo_id);
   h.count = data.numel;
   set_header(h);
+  const size_t bytes = data.nbytes();
+  if (bytes > kInlineBytes && bytes <= kMaxSplitBytes) {
+    parts_ = static_cast<int>((bytes + kInlineBytes - 1) / kInlineBytes);
+    part_bytes_ = kInlineBytes;
+  } else {
+    part_bytes_ = bytes;
+  }
   const ButterflySchedule moves = butterfly_schedule(rank_, size_);
   // Messages per peer, peers in rank order (at most one per move).
   struct Messages {
@@ -42,15 +49,16 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
       it->peer = m.peer;
       ++peers;
     }
-    if (m.receives()) ++it->from;
-    if (m.sends()) ++it->to;
+    if (m.receives()) it->from += parts_;
+    if (m.sends()) it->to += parts_;
   }
   std::sort(messages.begin(), messages.begin() + peers,
             [](const Messages& a, const Messages& b) { return a.peer < b.peer; });
   for (size_t i = 0; i < peers; ++i) {
     const int pi = add_peer(messages[i].peer, messages[i].from, messages[i].to);
-    // A later step's small message carries the header to its partner.
-    if (messages[i].to > 0 && data.nbytes() <= kInlineBytes) hold_header_for_data(pi);
+    // A later step's small message (or first part) carries the header to
+    // its partner.
+    if (messages[i].to > 0 && part_bytes_ <= kInlineBytes) hold_header_for_data(pi);
   }
   for (const ButterflyMove& m : moves)
     steps_[num_steps_++] = {m, static_cast<int>(find(m.peer) - messages.begin())};
@@ -65,7 +73,9 @@ void RecursiveDoublingOp::run(Transport& t) {
       if (m.kind == ButterflyStep::fold_out_send && op_ == ReduceOp::avg)
         kernels::finish_average(data_, size_, ctx_);
       send_posted_ = true;
-      send_data(t, s.peer_index, 0, data_.data, data_.nbytes());
+      for (int p = 0; p < parts_; ++p)
+        send_data(t, s.peer_index, p, static_cast<unsigned char*>(data_.data) + part_offset(p),
+                  part_size(p));
     }
     if (m.receives() && !recv_posted_) {
       if (!edge_live(s.peer_index)) return;
@@ -77,9 +87,11 @@ void RecursiveDoublingOp::run(Transport& t) {
         target = theirs_.data();
       }
       recv_posted_ = true;
-      recv_data(t, s.peer_index, 0, target, data_.nbytes());
+      for (int p = 0; p < parts_; ++p)
+        recv_data(t, s.peer_index, p, static_cast<unsigned char*>(target) + part_offset(p),
+                  part_size(p));
     }
-    if ((m.sends() && !send_done_) || (m.receives() && !recv_done_)) return;
+    if ((m.sends() && sends_done_ < parts_) || (m.receives() && recvs_done_ < parts_)) return;
     finish_step();
   }
 }
@@ -97,19 +109,18 @@ void RecursiveDoublingOp::finish_step() {
     }
   }
   ++step_;
-  send_posted_ = recv_posted_ = send_done_ = recv_done_ = false;
+  send_posted_ = recv_posted_ = false;
+  sends_done_ = recvs_done_ = 0;
   if (step_ == num_steps_ && m.kind == ButterflyStep::round && op_ == ReduceOp::avg)
     kernels::finish_average(data_, size_, ctx_);
 }
 
 void RecursiveDoublingOp::on_sent(Transport& t, int, int64_t) {
-  send_done_ = true;
-  run(t);
+  if (++sends_done_ == parts_) run(t);
 }
 
 void RecursiveDoublingOp::on_received(Transport& t, int, int64_t) {
-  recv_done_ = true;
-  run(t);
+  if (++recvs_done_ == parts_) run(t);
 }
 
 }  // namespace relaxcc::mpi

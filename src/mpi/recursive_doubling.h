@@ -6,9 +6,13 @@
 // An EdgeOp: headers, optimistic sends (the first step's data travels with
 // the header, so a step costs one latency), mismatch detection, aborts and
 // drains are the edge protocol's (edge_op.h). A step's send reads the
-// caller's buffer, so the step combines only after its send completed.
+// caller's buffer, so the step combines only after its send completed. Data
+// of up to kMaxSplitBytes moves in parts of kInlineBytes, each an eager
+// message over shared memory (the first inside the header), where one
+// message would go by rendezvous.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -19,6 +23,9 @@ namespace relaxcc::mpi {
 
 class RecursiveDoublingOp final : public EdgeOp {
  public:
+  // The largest data moved in parts rather than as one message.
+  static constexpr size_t kMaxSplitBytes = 9 * kInlineBytes;
+
   // `type`: what the header says the call is (a barrier runs as an allreduce
   // of one byte).
   RecursiveDoublingOp(std::string name, int priority, std::string label, const TensorView& data,
@@ -35,6 +42,11 @@ class RecursiveDoublingOp final : public EdgeOp {
   void on_sent(Transport& t, int pi, int64_t msg) override;
   void on_received(Transport& t, int pi, int64_t msg) override;
   bool data_done() const override { return step_ == num_steps_; }
+  // Bytes of part `p` of a step's data.
+  size_t part_offset(int p) const { return static_cast<size_t>(p) * part_bytes_; }
+  size_t part_size(int p) const {
+    return std::min(part_bytes_, data_.nbytes() - std::min(data_.nbytes(), part_offset(p)));
+  }
   // Combines the step's received data and moves to the next step.
   void finish_step();
 
@@ -45,7 +57,10 @@ class RecursiveDoublingOp final : public EdgeOp {
   std::array<Step, ButterflySchedule::kMaxMoves> steps_;  // held inline: no allocation
   size_t num_steps_ = 0;
   size_t step_ = 0;
-  bool send_posted_ = false, recv_posted_ = false, send_done_ = false, recv_done_ = false;
+  int parts_ = 1;          // messages per step
+  size_t part_bytes_ = 0;  // bytes per message (the last may be shorter)
+  bool send_posted_ = false, recv_posted_ = false;
+  int sends_done_ = 0, recvs_done_ = 0;
   ScratchPool::Buffer theirs_;
 };
 
