@@ -453,6 +453,32 @@ TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
   EXPECT_THROW(AsyncModelAverager(comm, TensorView::host(x.data(), 4), lock, bad), InvalidArgument);
 }
 
+// A training loop that holds the parameters' lock across a wait on another
+// Work of the same engine (its gradient allreduce) neither deadlocks nor
+// times out: averages are applied by step(), never on the engine's threads.
+TEST(AsyncAverage, TrainingMayHoldItsLockAcrossWaits) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  std::vector<double> x(4096, static_cast<double>(me));
+  std::mutex lock;
+  AsyncAverageOptions options;
+  options.stop_timeout = 5000ms;
+  AsyncModelAverager averager(comm, TensorView::host(x.data(), 4096), lock, options);
+  std::vector<int32_t> grad(1024);
+  for (int step = 0; step < 40; ++step) {
+    {
+      std::lock_guard<std::mutex> hold(lock);
+      std::fill(grad.begin(), grad.end(), me + step);
+      comm->allreduce(TensorView::host(grad.data(), 1024), ExecContext::host())->wait(5000ms);
+      ASSERT_EQ(grad[1023], n * step + n * (n - 1) / 2);
+    }
+    averager.step();
+  }
+  EXPECT_TRUE(averager.stop());
+  EXPECT_GE(averager.counts().applied, 10);
+  for (double v : x) ASSERT_NEAR(v, (n - 1) / 2.0, 1e-9);
+}
+
 // stop() returns within its timeout while a peer is slow, and a late
 // average is never applied after it.
 TEST(AsyncAverage, StopsCleanlyWhileAPeerIsSlow) {

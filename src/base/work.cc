@@ -50,6 +50,13 @@ class AllWork final : public Work {
       if (!w->is_completed()) return w->on_timeout(reason);
     return {};
   }
+  // Waits on each part the way its own waiters do (driving its progress),
+  // then for `finish`, which ran on whichever thread completed the last part.
+  bool await(std::chrono::steady_clock::time_point deadline) override {
+    for (const WorkPtr& w : works_)
+      if (!w->is_completed() && !w->await(deadline)) return false;
+    return block_until(deadline);
+  }
 
  private:
   void one_done() {

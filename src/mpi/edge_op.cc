@@ -148,16 +148,19 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(p.live && !aborted_, InternalError, name(), ": data receive on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_in, InternalError, name(), ": data receives out of order");
-  ++p.posted_in;
   if (msg == 0 && p.inline_in) {
     const size_t got = p.header_len - sizeof(OpHeader);
+    // Counted as posted only once it is taken (a failure here leaves it to
+    // the drain).
     RELAXCC_ENFORCE_EQ(got, bytes, PeerMismatch, name(), " #", seq(), ": rank ", p.rank,
                        " sent an inline message of ", got, " bytes, rank ", t.rank(), " expects ",
                        bytes);
+    ++p.posted_in;
     if (bytes > 0) std::memcpy(buf, p.header_buf.data() + sizeof(OpHeader), bytes);
     p.inline_ready = true;
     return;
   }
+  ++p.posted_in;
   // A matching peer sends an abort record only while it owes this rank data
   // (a mismatched one always does), so the record's receive is posted with
   // the first data receive that goes through MPI, or when this rank fails.

@@ -309,10 +309,10 @@ void Doorbell::ring_released() {
   {
     std::lock_guard<std::mutex> lock(mutex);
     released = true;
-    signalled.store(true, std::memory_order_release);
+    signalled.store(true, std::memory_order_seq_cst);
   }
   // Callers that drive pick it up (and wake the engine thread when they leave).
-  if (drivers.load(std::memory_order_acquire) == 0) cv.notify_all();
+  if (drivers.load(std::memory_order_seq_cst) == 0) cv.notify_all();
 }
 
 std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
@@ -339,7 +339,7 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     op->work_ = work;
     op->after_ = after;
     queue_.push_back(std::move(op));
-    signalled_.store(true, std::memory_order_release);
+    signalled_.store(true, std::memory_order_seq_cst);
     const bool awaited = awaited_submission_.load(std::memory_order_relaxed) == submissions_;
     ++submissions_;
     // Callers that drive pick it up. Otherwise ring the engine thread when it
@@ -348,7 +348,7 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     // and picks the operation up within kWatchInterval, unless this caller
     // waits first, as the previous one did.
     const State state = state_.load(std::memory_order_relaxed);
-    ring = drivers_.load(std::memory_order_acquire) == 0 && (state == State::idle || !awaited);
+    ring = drivers_.load(std::memory_order_seq_cst) == 0 && (state == State::idle || !awaited);
   }
   if (ring) cv_.notify_all();
   // Registered after the operation is queued: a dependency that already
@@ -645,15 +645,21 @@ void Engine::inspect_stalls() {
 }
 
 namespace {
+// Progress tokens (of any engine) the calling thread holds.
+thread_local int tokens_held = 0;
+
 // Holds the progress token: records the holder, releases on scope exit.
 class TokenHold {
  public:
   TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
       : token_(token), holder_(holder), held_(token.try_lock()) {
-    if (held_) holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    if (!held_) return;
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    ++tokens_held;
   }
   ~TokenHold() {
     if (!held_) return;
+    --tokens_held;
     holder_.store(std::thread::id(), std::memory_order_relaxed);
     token_.unlock();
   }
@@ -667,6 +673,10 @@ class TokenHold {
   const bool held_;
 };
 }  // namespace
+
+bool Engine::drives_progress_here() {
+  return tokens_held > 0;
+}
 
 bool Engine::iterate(Clock::time_point now) {
   std::vector<std::shared_ptr<Lane>> apply_poison;
@@ -925,11 +935,13 @@ bool Engine::drive(EngineWork& work, Clock::time_point deadline) {
   struct Leave {
     Engine& engine;
     ~Leave() {
-      if (engine.drivers_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      // seq_cst, as in submit() and ring_released(): either they see this
+      // driver gone and ring, or this sees their signal.
+      if (engine.drivers_.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
       // The last driver leaves: the engine thread takes over what is still
       // in flight (not requests parked after completion: it finds those
       // when it watches).
-      if (engine.signalled_.load(std::memory_order_acquire) ||
+      if (engine.signalled_.load(std::memory_order_seq_cst) ||
           engine.active_count_.load(std::memory_order_relaxed) >
               engine.parked_.load(std::memory_order_relaxed))
         engine.wake_engine(false);

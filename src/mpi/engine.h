@@ -419,6 +419,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Whether the calling thread holds the progress token (and so may call MPI
   // for this engine).
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Whether the calling thread runs progress iterations of any engine (a
+  // completion callback runs inside one).
+  static bool drives_progress_here();
   bool holds_token() const {
     return token_holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
   }

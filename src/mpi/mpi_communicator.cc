@@ -1,7 +1,9 @@
 #include "relaxcc/mpi_communicator.h"
 
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -33,6 +35,58 @@ namespace {
 
 void finalize_at_exit() {
   if (!mpi_finalized()) MPI_Finalize();
+}
+
+// Engines whose last reference went inside a completion callback (on a
+// thread that runs progress iterations) are destroyed on a thread of their
+// own, since their destructor joins their engine thread, which needs the
+// token. MPI_Finalize waits for those threads: it deletes MPI_COMM_SELF's
+// attributes first, and one of them waits here (at most 15 s). Leaked on
+// purpose: it must outlive static destruction, which may run before
+// MPI_Finalize.
+struct EngineReaper {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int pending = 0;
+};
+
+EngineReaper& engine_reaper() {
+  static EngineReaper* reaper = [] {
+    auto* r = new EngineReaper;
+    int keyval = MPI_KEYVAL_INVALID;
+    const auto wait_for_reaped = [](MPI_Comm, int, void*, void*) -> int {
+      EngineReaper& er = engine_reaper();
+      std::unique_lock<std::mutex> lock(er.mutex);
+      if (!er.cv.wait_for(lock, std::chrono::seconds(15), [&] { return er.pending == 0; }))
+        RELAXCC_LOG(warn, "MPI_Finalize: ", er.pending,
+                    " communicator engine(s) still shutting down; finalizing anyway");
+      return MPI_SUCCESS;
+    };
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, wait_for_reaped, &keyval, nullptr) ==
+            MPI_SUCCESS &&
+        MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) != MPI_SUCCESS)
+      RELAXCC_LOG(warn, "cannot hook MPI_Finalize: engines reaped at exit may race it");
+    return r;
+  }();
+  return *reaper;
+}
+
+void delete_engine(Engine* e) {
+  if (!e->on_engine_thread() && !Engine::drives_progress_here()) {
+    delete e;
+    return;
+  }
+  EngineReaper& reaper = engine_reaper();
+  {
+    std::lock_guard<std::mutex> lock(reaper.mutex);
+    ++reaper.pending;
+  }
+  std::thread([e, &reaper] {
+    delete e;
+    std::lock_guard<std::mutex> lock(reaper.mutex);
+    --reaper.pending;
+    reaper.cv.notify_all();
+  }).detach();
 }
 
 void ensure_mpi() {
@@ -625,17 +679,9 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
                     "create_mpi_communicator: share_engine_with is not an MPI communicator");
     engine = other->engine();
   } else {
-    // The last reference may go in a completion callback that held a
-    // communicator, on the engine thread or a caller that drives progress:
-    // the engine is then destroyed on a thread of its own, since its
-    // destructor joins the engine thread, which needs the progress token.
+    mpi::engine_reaper();  // hooked into MPI_Finalize before any engine can be reaped
     engine = std::shared_ptr<mpi::Engine>(new mpi::Engine(options.tunables, mpi::Engine::Polling{}),
-                                          [](mpi::Engine* e) {
-                                            if (e->on_engine_thread() || e->holds_token())
-                                              std::thread([e] { delete e; }).detach();
-                                            else
-                                              delete e;
-                                          });
+                                          mpi::delete_engine);
   }
   auto comm = std::make_shared<mpi::MpiCommunicator>(
       engine, engine->add_lane(comms, {}, rank, 0, options.tunables), provisional, nullptr);

@@ -1,6 +1,5 @@
 #include "relaxcc/relaxed/async_average.h"
 
-#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -12,17 +11,10 @@ namespace relaxcc {
 
 using Clock = std::chrono::steady_clock;
 
-// What the averaging rounds share with the averager, which may be gone
-// (stopped) by the time a late round completes.
-struct AsyncModelAverager::Shared {
-  std::mutex* params_lock = nullptr;
-  // Taken by a round for its whole application and by stop(): once stop()
-  // set `stopped`, no round touches the parameters or their lock again.
-  std::mutex apply_mutex;
-  bool stopped = false;  // under apply_mutex
-  std::atomic<int64_t> steps{0};
-  mutable std::mutex counts_mutex;
-  AsyncAverageCounts counts;
+// The round in flight: its snapshot and the buffer being averaged.
+struct AsyncModelAverager::Round {
+  std::shared_ptr<std::vector<unsigned char>> snapshot, averaged;
+  int64_t started_at = 0;  // step
 };
 
 AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
@@ -30,8 +22,7 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
     : comm_(std::move(comm)),
       params_(std::move(params)),
       params_lock_(params_lock),
-      options_(options),
-      shared_(std::make_shared<Shared>()) {
+      options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "AsyncModelAverager: null communicator");
   params_.check_valid("AsyncModelAverager parameters");
   RELAXCC_ENFORCE(is_floating(params_.dtype) && params_.device.is_host(), InvalidArgument,
@@ -46,7 +37,6 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
                       (options_.round_deadline.count() == 0 && options_.adaptive == nullptr),
                   InvalidArgument,
                   "AsyncModelAverager: mode all is an allreduce and takes no deadline");
-  shared_->params_lock = &params_lock_;
 }
 
 AsyncModelAverager::~AsyncModelAverager() {
@@ -76,40 +66,38 @@ void AsyncModelAverager::start_round() {
   g.adaptive = options_.adaptive;
   g.stats = options_.stats;
   if (options_.round_deadline.count() > 0) g.deadline = Clock::now() + options_.round_deadline;
-  WorkPtr w = gossip(*comm_, work, ExecContext::host(), g);  // mode all: an allreduce
+  in_flight_ = gossip(*comm_, work, ExecContext::host(), g);  // mode all: an allreduce
+  round_state_ = std::make_unique<Round>(Round{snapshot, averaged, steps_});
   {
-    std::lock_guard<std::mutex> lock(shared_->counts_mutex);
-    ++shared_->counts.started;
+    std::lock_guard<std::mutex> lock(counts_mutex_);
+    ++counts_.started;
   }
-  const int64_t started_at = steps_;
-  auto shared = shared_;
-  const TensorView params = params_;
-  in_flight_ = w->then([shared, params, snapshot, averaged, started_at](const Work& done) {
-    if (done.exception()) return;
-    std::lock_guard<std::mutex> apply(shared->apply_mutex);
-    if (shared->stopped) return;
-    std::lock_guard<std::mutex> lock(*shared->params_lock);
-    // x += avg - snapshot: keeps what the optimizer did meanwhile.
-    relaxed::visit_averaged(params.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      T* x = params.as<T>();
-      const T* avg = reinterpret_cast<const T*>(averaged->data());
-      const T* snap = reinterpret_cast<const T*>(snapshot->data());
-      for (int64_t i = 0; i < params.numel; ++i)
-        relaxed::store(x, i, relaxed::load(x, i) + relaxed::load(avg, i) - relaxed::load(snap, i));
-    });
-    std::lock_guard<std::mutex> counts_lock(shared->counts_mutex);
-    ++shared->counts.applied;
-    shared->counts.max_staleness_seen =
-        std::max(shared->counts.max_staleness_seen, shared->steps.load() - started_at);
-  });
   in_flight_step_ = steps_;
   in_flight_since_ = Clock::now();
 }
 
+void AsyncModelAverager::apply_round() {
+  const std::unique_ptr<Round> r = std::move(round_state_);
+  {
+    std::lock_guard<std::mutex> lock(params_lock_);
+    // x += avg - snapshot: keeps what the optimizer did meanwhile.
+    relaxed::visit_averaged(params_.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* x = params_.as<T>();
+      const T* avg = reinterpret_cast<const T*>(r->averaged->data());
+      const T* snap = reinterpret_cast<const T*>(r->snapshot->data());
+      for (int64_t i = 0; i < params_.numel; ++i)
+        relaxed::store(x, i, relaxed::load(x, i) + relaxed::load(avg, i) - relaxed::load(snap, i));
+    });
+  }
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  ++counts_.applied;
+  counts_.max_staleness_seen = std::max(counts_.max_staleness_seen, steps_ - r->started_at);
+}
+
 void AsyncModelAverager::step() {
   RELAXCC_ENFORCE(!stopped_, InvalidArgument, "AsyncModelAverager: step() after stop()");
-  shared_->steps.store(++steps_);
+  ++steps_;
   const bool due = steps_ > options_.warmup_steps &&
                    (steps_ - options_.warmup_steps) % options_.interval_steps == 0;
   // Every rank numbers the due rounds alike, whatever it skips.
@@ -123,42 +111,38 @@ void AsyncModelAverager::step() {
   const bool must_start = due && options_.mode == GossipMode::all;
   if (in_flight_ && !in_flight_->is_completed() && (stale || must_start)) {
     {
-      std::lock_guard<std::mutex> lock(shared_->counts_mutex);
-      ++shared_->counts.waits;
+      std::lock_guard<std::mutex> lock(counts_mutex_);
+      ++counts_.waits;
     }
     in_flight_->wait(options_.stop_timeout);
   }
   if (in_flight_ && in_flight_->is_completed()) {
     WorkPtr done = std::exchange(in_flight_, nullptr);
     done->wait(std::chrono::milliseconds(0));  // rethrows a failed round
+    apply_round();
   }
   if (due && !in_flight_) start_round();
 }
 
 bool AsyncModelAverager::stop() {
-  if (stopped_) {
-    std::lock_guard<std::mutex> lock(shared_->counts_mutex);
-    return shared_->counts.applied == shared_->counts.started;
-  }
-  stopped_ = true;
-  if (in_flight_) {
-    try {
-      in_flight_->wait_for(options_.stop_timeout);  // no poisoning: a bound
-    } catch (const Error& e) {
-      RELAXCC_LOG(warn, "AsyncModelAverager: the last average failed: ", e.what());
+  if (!stopped_) {
+    stopped_ = true;
+    if (in_flight_) {
+      const WorkPtr last = std::exchange(in_flight_, nullptr);
+      try {
+        if (last->wait_for(options_.stop_timeout)) apply_round();  // no poisoning: a bound
+      } catch (const Error& e) {
+        RELAXCC_LOG(warn, "AsyncModelAverager: the last average failed: ", e.what());
+      }
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(shared_->apply_mutex);
-    shared_->stopped = true;
-  }
-  std::lock_guard<std::mutex> lock(shared_->counts_mutex);
-  return shared_->counts.applied == shared_->counts.started;
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  return counts_.applied == counts_.started;
 }
 
 AsyncAverageCounts AsyncModelAverager::counts() const {
-  std::lock_guard<std::mutex> lock(shared_->counts_mutex);
-  return shared_->counts;
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  return counts_;
 }
 
 }  // namespace relaxcc

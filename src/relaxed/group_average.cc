@@ -102,9 +102,10 @@ WorkPtr group_average(Communicator& comm, const TensorView& x, const ExecContext
     return relaxed::mix(comm, x, ctx, plan, call);
   }
   GroupOptions key;
-  // Groups of one round are disjoint; the round (and the call) tells apart
-  // groups of the same members from round to round. The top bit stays clear.
-  key.key = Fnv1a().bytes(what).u64(options.round).value() >> 1;
+  // Groups of one round are disjoint; the round, the tag and the call tell
+  // apart groups of the same members. The top bit stays clear.
+  key.key =
+      Fnv1a().bytes(what).u64(options.round).u64(static_cast<uint64_t>(options.tag)).value() >> 1;
   CommunicatorPtr group = comm.group(members, key);
   AllreduceOptions ar;
   static_cast<OpOptions&>(ar) = options;

@@ -157,16 +157,19 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
           weights.push_back(r->weights[k]);
           total += r->weights[k];
         }
-        visit_averaged(x.dtype, [&](auto tag) {
-          using T = decltype(tag);
-          T* out = x.as<T>();
-          for (int64_t i = 0; i < x.numel; ++i) {
-            double acc = r->self_weight * load(out, i);
-            for (size_t k = 0; k < inputs.size(); ++k)
-              acc += weights[k] * load(static_cast<const T*>(inputs[k]), i);
-            store(out, i, acc / total);
-          }
-        });
+        // Nobody weighted arrived (a zero self weight, every peer late): x
+        // stays as it is.
+        if (total > 0)
+          visit_averaged(x.dtype, [&](auto tag) {
+            using T = decltype(tag);
+            T* out = x.as<T>();
+            for (int64_t i = 0; i < x.numel; ++i) {
+              double acc = r->self_weight * load(out, i);
+              for (size_t k = 0; k < inputs.size(); ++k)
+                acc += weights[k] * load(static_cast<const T*>(inputs[k]), i);
+              store(out, i, acc / total);
+            }
+          });
         if (adaptive) {
           std::lock_guard<std::mutex> lock(r->mutex);
           for (int64_t us : r->arrival_us)

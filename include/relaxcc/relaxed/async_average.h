@@ -3,10 +3,12 @@
 // Every interval_steps steps (after warmup_steps), step() snapshots the
 // parameters (under the parameters' lock) and starts averaging the snapshot
 // with the peers, at low priority, so bucket traffic on any communicator of
-// the same engine goes first. When the average is done, the engine applies
-// it, under the parameters' lock:
+// the same engine goes first. The first step() after the average is done
+// applies it, on the caller's thread, under the parameters' lock:
 //   x += avg - snapshot
-// which keeps whatever the optimizer did to x meanwhile. One average is in
+// which keeps whatever the optimizer did to x meanwhile. (Nothing runs on
+// the engine's threads with the user's lock: a training loop may hold it
+// across waits on other Works.) One average is in
 // flight at a time (two would both pull x towards the mean: overshoot).
 // step() itself only copies and submits; it blocks only
 //   - when the average in flight has become too stale, started
@@ -53,6 +55,9 @@ struct AsyncAverageOptions {
   int priority = -1;
   std::chrono::milliseconds stop_timeout{10000};
   RelaxedStats* stats = nullptr;
+  // Gossip modes: the point-to-point tags (tag, tag + 1). Rounds count from
+  // 1 per averager, so one averager at a time per communicator and tag; a
+  // later one on the same communicator takes another tag.
   int tag = 30400;
 };
 
@@ -84,16 +89,20 @@ class AsyncModelAverager {
   AsyncAverageCounts counts() const;
 
  private:
-  struct Shared;
+  struct Round;
   void start_round();
+  // Applies the finished round in flight (round_state_) to the parameters.
+  void apply_round();
   CommunicatorPtr comm_;
   TensorView params_;
   std::mutex& params_lock_;
   AsyncAverageOptions options_;
-  std::shared_ptr<Shared> shared_;
+  mutable std::mutex counts_mutex_;  // counts() may be called from any thread
+  AsyncAverageCounts counts_;
   int64_t steps_ = 0;
   uint64_t round_ = 0;
   WorkPtr in_flight_;
+  std::unique_ptr<Round> round_state_;  // of in_flight_
   int64_t in_flight_step_ = 0;
   std::chrono::steady_clock::time_point in_flight_since_{};
   bool stopped_ = false;

@@ -1,7 +1,10 @@
 // Decentralized gossip: each rank replaces its tensor with a weighted
 // average of its own and a few peers' tensors (D-PSGD, SGP, Bagua's
 // decentralized algorithm). One call is one round; every rank calls it with
-// the same mode and round number, rounds increasing.
+// the same mode and round number, rounds increasing. (tag, round) names a
+// call: calls in flight together on one communicator need different tags,
+// and a tag's rounds keep increasing across the users of that tag (an
+// AsyncModelAverager or ChocoGossip on the same tag included).
 //
 // Peer modes and their mixing matrices W (x <- W x over the ranks):
 //   all          the global average: W = 11^T / n (an allreduce; no
@@ -34,7 +37,8 @@
 //
 // Ranks that disagree on the mode, the round or the tensor's size and
 // dtype get PeerMismatch. The mixing runs where the round's last message
-// completes (the engine thread, or a thread waiting on the Work).
+// completes (the engine thread, or a thread waiting on the Work): one pass
+// over the tensor per peer, during which that engine moves nothing else.
 #pragma once
 
 #include <chrono>

@@ -25,6 +25,10 @@
 // rank's average; its late message is dropped by its round. Ranks that
 // disagree on the grid or round get PeerMismatch (deadline path) or a
 // mismatched group (allreduce path, PeerMismatch or timeout).
+//
+// (tag, round) names a call: calls in flight together on one communicator
+// (two tensors averaged in the same round, say) need different tags, or
+// their messages and groups would be shared.
 #pragma once
 
 #include <chrono>
