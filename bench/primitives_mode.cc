@@ -109,6 +109,20 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
                       MPI_COMM_WORLD);
         for (float& e : v) e /= static_cast<float>(world.size);
       };
+    } else if (name == "mpi_pairs") {
+      // shift_one's exchange in plain MPI (MPI_Sendrecv with the round's
+      // partner, then the average): what the traffic pattern itself costs.
+      p.run = [&](std::vector<float>& v, uint64_t round) {
+        const GossipPeers peers =
+            gossip_peers(GossipMode::shift_one, world.rank, world.size, round);
+        if (peers.send_to.empty()) return;
+        std::vector<float> theirs(v.size());
+        MPI_Sendrecv(v.data(), static_cast<int>(count), MPI_FLOAT, peers.send_to[0], 0,
+                     theirs.data(), static_cast<int>(count), MPI_FLOAT, peers.recv_from[0], 0,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * (v[i] + theirs[i]);
+        p.stats.add_round(peers.send_to, count * 4, peers.recv_from, count * 4, 0);
+      };
     } else if (name == "choco") {
       ChocoOptions o;
       o.stats = &p.stats;
@@ -243,7 +257,8 @@ void add_primitives_mode(CLI::App& app) {
   sub->add_option("-n,--iters", args->iters, "Timed rounds")->capture_default_str();
   sub->add_option("-w,--warmup", args->warmup, "Untimed rounds")->capture_default_str();
   sub->add_option("--primitives", args->primitives,
-                  "mpi, all, ring, shift_one, exponential, choco, moshpit, async")
+                  "mpi, mpi_pairs (shift_one's exchange in plain MPI), all, ring, shift_one, "
+                  "exponential, choco, moshpit, async")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--straggler", args->straggler,
