@@ -4,25 +4,32 @@
 
 namespace relaxcc {
 
+namespace {
+void add_to(std::vector<uint64_t>& per_peer, uint64_t& total, int peer, uint64_t bytes) {
+  if (per_peer.size() <= static_cast<size_t>(peer))
+    per_peer.resize(static_cast<size_t>(peer) + 1, 0);
+  per_peer[peer] += bytes;
+  total += bytes;
+}
+}  // namespace
+
 void RelaxedStats::add_round(const std::vector<int>& to, uint64_t sent,
                              const std::vector<int>& from, uint64_t received, uint64_t missed) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto grow = [](std::vector<uint64_t>& v, int peer) {
-    if (v.size() <= static_cast<size_t>(peer)) v.resize(static_cast<size_t>(peer) + 1, 0);
-  };
-  for (int p : to) {
-    grow(counts_.sent_to, p);
-    counts_.sent_to[p] += sent;
-    counts_.bytes_sent += sent;
-  }
-  for (int p : from) {
-    grow(counts_.received_from, p);
-    counts_.received_from[p] += received;
-    counts_.bytes_received += received;
-  }
+  for (int p : to) add_to(counts_.sent_to, counts_.bytes_sent, p, sent);
+  for (int p : from) add_to(counts_.received_from, counts_.bytes_received, p, received);
   ++counts_.rounds;
   counts_.partial_rounds += missed > 0 ? 1 : 0;
   counts_.missed += missed;
+}
+
+void RelaxedStats::add_round(const std::vector<Traffic>& traffic) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Traffic& t : traffic) {
+    if (t.sent > 0) add_to(counts_.sent_to, counts_.bytes_sent, t.peer, t.sent);
+    if (t.received > 0) add_to(counts_.received_from, counts_.bytes_received, t.peer, t.received);
+  }
+  ++counts_.rounds;
 }
 
 }  // namespace relaxcc

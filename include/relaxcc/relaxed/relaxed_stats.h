@@ -1,5 +1,5 @@
 // RelaxedStats: what the relaxed primitives (gossip, group averaging,
-// asynchronous averaging) moved, accumulated over their calls, for one
+// asynchronous averaging, compressed allreduce) moved, accumulated over their calls, for one
 // primitive: bytes per peer, rounds, and rounds that went on without a peer.
 // Thread-safe: rounds add to it from the engine thread.
 #pragma once
@@ -30,6 +30,12 @@ class RelaxedStats {
   // `missed` peers missing.
   void add_round(const std::vector<int>& to, uint64_t sent, const std::vector<int>& from,
                  uint64_t received, uint64_t missed);
+  // One round, no peer missing, with the bytes of each peer.
+  struct Traffic {
+    int peer;
+    uint64_t sent, received;
+  };
+  void add_round(const std::vector<Traffic>& traffic);
 
  private:
   mutable std::mutex mutex_;

@@ -1,0 +1,88 @@
+// Compressed allreduce: each value is quantized at most twice, whatever the
+// number of ranks, and every rank ends with bitwise identical results.
+//
+// Schedule, for n ranks, rank r owning shard r of n balanced shards of x:
+//   1. every rank encodes each shard of x (worker-side error feedback: the
+//      shard's residual is added first and what the payload misses is kept);
+//   2. an alltoallv sends shard j's payload straight to its owner j;
+//   3. owner r decodes the n payloads of its shard and sums them in f32
+//      (avg: then divides by n), and encodes the result once (server-side
+//      error feedback on its shard);
+//   4. an allgatherv forwards the owners' payloads unchanged;
+//   5. every rank decodes every shard's payload into x (the owner its own
+//      payload too, so all ranks hold the same bits).
+// An int8 ring that re-quantizes at every hop (PCCL, prime-diloco) adds one
+// quantization error per hop; here a value meets one worker-side and one
+// server-side quantization. Bytes sent per rank: (n-1)/n of x's encoding,
+// twice (the same as the f32 ring with encoded elements).
+//
+// Codecs: the dense kinds of relaxcc/kernels/compressor.h (f16, bf16, minmax
+// with 8, 4, 2 or 1 bits, sign), nearest or stochastic rounding. Stochastic
+// rounding draws from Philox at ctx.rng: worker-side encodes of rank r use
+// seed ctx.rng.seed + 1 + r, server-side encodes seed ctx.rng.seed, each at
+// counter ctx.rng.offset + the shard's first element.
+//
+// Agreement. The payloads' headers carry the codec (kind, bits, chunk,
+// rounding); a rank that gets a payload of another codec throws PeerMismatch
+// naming the sender, and its allgather fails, so every rank fails. A payload
+// that does not decode throws CorruptPayload the same way. A size that
+// differs across ranks fails the alltoallv with PeerMismatch.
+//
+// The owner's decoding and encoding (step 3) run where the alltoallv
+// completes: the engine's thread or a thread waiting on the Work, with
+// ctx.pool's threads if given.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "relaxcc/communicator.h"
+#include "relaxcc/kernels/compressor.h"
+#include "relaxcc/relaxed/relaxed_stats.h"
+#include "relaxcc/state_dict.h"
+
+namespace relaxcc {
+
+// Error feedback of a compressed allreduce of one tensor on one
+// communicator: a residual per shard on the worker side, and the owned
+// shard's residual on the server side. Saved and restored bit for bit.
+class CompressedAllreduceState {
+ public:
+  // For a tensor of `numel` elements on a communicator of `size` ranks, this
+  // rank being `rank`.
+  CompressedAllreduceState(int64_t numel, int rank, int size);
+
+  int64_t numel() const noexcept { return numel_; }
+  // Worker-side residual of x (numel elements) and server-side residual of
+  // the owned shard.
+  std::vector<float>& worker() noexcept { return worker_; }
+  std::vector<float>& server() noexcept { return server_; }
+  const std::vector<float>& worker() const noexcept { return worker_; }
+  const std::vector<float>& server() const noexcept { return server_; }
+
+  // Entries "<prefix>worker" and "<prefix>server". load() throws
+  // InvalidArgument for missing entries or sizes that do not match.
+  void save(StateDict& dict, const std::string& prefix) const;
+  void load(const StateDict& dict, const std::string& prefix);
+
+ private:
+  int64_t numel_;
+  std::vector<float> worker_, server_;
+};
+
+struct CompressedAllreduceOptions : OpOptions {
+  kernels::CompressorConfig codec;  // a dense kind
+  ReduceOp op = ReduceOp::sum;      // sum or avg
+  // Error feedback (worker and server side) when set; it must have been made
+  // for this tensor's size and this communicator, and outlive the Work.
+  CompressedAllreduceState* state = nullptr;
+  RelaxedStats* stats = nullptr;  // bytes sent and received per peer
+};
+
+// x (f32, host) becomes the (compressed) sum or average over the ranks, in
+// place. InvalidArgument for another dtype, a sparse codec, an op other than
+// sum and avg, or a state of another size.
+WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                             const CompressedAllreduceOptions& options = {});
+
+}  // namespace relaxcc

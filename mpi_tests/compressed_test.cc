@@ -1,0 +1,304 @@
+// Compressed allreduce (relaxcc/relaxed/compressed_allreduce.h): exact where
+// the codec is exact, bitwise identical on every rank, within its stated
+// error bound, an error that does not grow with the rank count, error
+// feedback that converges and is checkpointed bit for bit, and typed errors
+// for bad input and ranks that disagree.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/mpi_communicator.h"
+#include "relaxcc/relaxed/compressed_allreduce.h"
+#include "test_util.h"
+
+namespace relaxcc {
+namespace {
+
+using kernels::CompressorConfig;
+using kernels::CompressorKind;
+using test::world;
+
+CompressorConfig minmax(int bits, kernels::Rounding rounding = kernels::Rounding::nearest) {
+  CompressorConfig c;
+  c.kind = CompressorKind::minmax;
+  c.bits = bits;
+  c.chunk = 256;
+  c.rounding = rounding;
+  return c;
+}
+
+CompressorConfig kind(CompressorKind k) {
+  CompressorConfig c;
+  c.kind = k;
+  return c;
+}
+
+// Values in [-1, 1] drawn from (seed, rank).
+std::vector<float> uniform(int64_t n, int rank, unsigned seed) {
+  std::mt19937 rng(seed * 1000u + static_cast<unsigned>(rank));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& e : v) e = u(rng);
+  return v;
+}
+
+// The exact sum over ranks of uniform(n, r, seed), in double.
+std::vector<double> exact_sum(int64_t n, int ranks, unsigned seed) {
+  std::vector<double> s(static_cast<size_t>(n), 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<float> v = uniform(n, r, seed);
+    for (size_t i = 0; i < s.size(); ++i) s[i] += v[i];
+  }
+  return s;
+}
+
+// Small integers (rank, index) whose sums over 4 ranks stay exact in f16 and
+// bf16.
+TEST(CompressedAllreduce, ExactWhereTheCodecIsExact) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  for (CompressorKind k : {CompressorKind::f16, CompressorKind::bf16}) {
+    for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{4099}}) {
+      std::vector<float> x(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+      CompressedAllreduceOptions o;
+      o.codec = kind(k);
+      compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
+          ->wait();
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < n; ++r) want += test::encode(r, i);
+        ASSERT_EQ(x[i], static_cast<float>(want))
+            << kernels::compressor_name(k) << " count " << count << " index " << i;
+      }
+    }
+  }
+}
+
+// Every rank decodes the same bytes: results are bitwise identical, for
+// every codec, stochastic rounding included.
+TEST(CompressedAllreduce, BitwiseIdenticalOnEveryRank) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  const int64_t count = 5000;
+  for (const CompressorConfig& codec :
+       {minmax(8), minmax(4, kernels::Rounding::stochastic), minmax(1), kind(CompressorKind::f16),
+        kind(CompressorKind::bf16), kind(CompressorKind::sign)}) {
+    std::vector<float> x = uniform(count, me, 7);
+    CompressedAllreduceOptions o;
+    o.codec = codec;
+    o.op = ReduceOp::avg;
+    ExecContext ctx = ExecContext::host();
+    ctx.rng.seed = 42;
+    compressed_allreduce(*comm, TensorView::host(x.data(), count), ctx, o)->wait();
+    std::vector<float> all(static_cast<size_t>(count * n));
+    comm->allgather(TensorView::host(x.data(), count), TensorView::host(all.data(), count * n),
+                    ExecContext::host())
+        ->wait();
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(std::memcmp(all.data() + r * count, x.data(), count * sizeof(float)), 0)
+          << kernels::compressor_name(codec.kind) << " " << codec.bits << " bits: rank " << r
+          << " differs from rank " << me;
+  }
+}
+
+// minmax with b bits, round to nearest: a value of range w in its chunk is
+// off by at most w / (2^b - 1) / 2. Each rank's values lie in [-1, 1]
+// (worker side: at most 1 / (2^b - 1) each), the sum of n of them in
+// [-n, n] (server side: at most n / (2^b - 1)), so the sum is off by at most
+// 2n / (2^b - 1). f16 and bf16: a relative 2^-11 and 2^-8 per rounding.
+TEST(CompressedAllreduce, WithinTheCodecsErrorBound) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  const int64_t count = 3000;
+  const std::vector<double> exact = exact_sum(count, n, 11);
+  for (int bits : {8, 4, 2, 1}) {
+    std::vector<float> x = uniform(count, me, 11);
+    CompressedAllreduceOptions o;
+    o.codec = minmax(bits);
+    compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+    const double bound = 2.0 * n / ((1 << bits) - 1) * (1 + 1e-5) + 1e-5;
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_LE(std::abs(x[i] - exact[i]), bound) << bits << " bits, index " << i;
+  }
+  for (auto [k, eps] : {std::pair{CompressorKind::f16, 0x1p-11}, {CompressorKind::bf16, 0x1p-8}}) {
+    std::vector<float> x = uniform(count, me, 11);
+    CompressedAllreduceOptions o;
+    o.codec = kind(k);
+    compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+    // n worker roundings of values <= 1, one server rounding of the sum.
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_LE(std::abs(x[i] - exact[i]), eps * (n + std::abs(exact[i])) * (1 + 1e-3) + 1e-6)
+          << kernels::compressor_name(k) << " index " << i;
+  }
+}
+
+// The error of the average does not grow with the ring's length: 8 ranks
+// against 2 of them, on data that shares its average (a common base plus a
+// small rank-dependent part).
+TEST(CompressedAllreduce, ErrorDoesNotGrowWithRanks) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 4) GTEST_SKIP() << "compares 2 ranks with " << n;
+  const int64_t count = 8192;
+  const std::vector<float> base = uniform(count, 1000, 3);
+  const auto data = [&](int r) {
+    std::vector<float> v = uniform(count, r, 5);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = base[i] + 0.05f * v[i];
+    return v;
+  };
+  const auto relative_error = [&](Communicator& c, const std::vector<int>& ranks) {
+    std::vector<float> x = data(me);
+    CompressedAllreduceOptions o;
+    o.codec = minmax(4);
+    o.op = ReduceOp::avg;
+    compressed_allreduce(c, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+    double diff = 0, norm = 0;
+    std::vector<double> avg(static_cast<size_t>(count), 0.0);
+    for (int r : ranks) {
+      const std::vector<float> v = data(r);
+      for (size_t i = 0; i < avg.size(); ++i) avg[i] += v[i] / ranks.size();
+    }
+    for (size_t i = 0; i < avg.size(); ++i) {
+      diff += (x[i] - avg[i]) * (x[i] - avg[i]);
+      norm += avg[i] * avg[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  std::vector<int> everyone(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) everyone[r] = r;
+  const double err_all = relative_error(*comm, everyone);
+  if (me < 2) {
+    GroupOptions g;
+    g.key = 77;
+    CommunicatorPtr pair = comm->group({0, 1}, g);
+    const double err_two = relative_error(*pair, {0, 1});
+    EXPECT_LE(err_all, 1.1 * err_two) << n << " ranks: " << err_all << ", 2 ranks: " << err_two;
+  }
+  comm->barrier()->wait();
+}
+
+// Error feedback: with the same tensor every step, the sum of the results
+// tracks steps x the exact sum (the residuals carry what compression
+// dropped), where without it the error of every step adds up.
+TEST(CompressedAllreduce, ErrorFeedbackConverges) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  const int64_t count = 2048;
+  const std::vector<double> exact = exact_sum(count, n, 13);
+  const int steps = 40;
+  const auto accumulated_error = [&](CompressedAllreduceState* state) {
+    std::vector<double> total(static_cast<size_t>(count), 0.0);
+    for (int s = 0; s < steps; ++s) {
+      std::vector<float> x = uniform(count, me, 13);
+      CompressedAllreduceOptions o;
+      o.codec = minmax(2);
+      o.state = state;
+      compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
+          ->wait();
+      for (size_t i = 0; i < total.size(); ++i) total[i] += x[i];
+    }
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < total.size(); ++i) {
+      diff += (total[i] - steps * exact[i]) * (total[i] - steps * exact[i]);
+      norm += steps * exact[i] * steps * exact[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  CompressedAllreduceState state(count, me, n);
+  const double with = accumulated_error(&state);
+  const double without = accumulated_error(nullptr);
+  if (n > 1) {
+    EXPECT_LE(with, without / 5) << "with feedback " << with << ", without " << without;
+  }
+}
+
+// Saving the residuals mid-run and loading them into a fresh state replays
+// the same results, bit for bit.
+TEST(CompressedAllreduce, CheckpointReplaysBitForBit) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  const int64_t count = 1500;
+  const auto run = [&](CompressedAllreduceState& state, int from, int to) {
+    std::vector<float> out;
+    for (int s = from; s < to; ++s) {
+      std::vector<float> x = uniform(count, me, 100 + s);
+      CompressedAllreduceOptions o;
+      o.codec = minmax(4, kernels::Rounding::stochastic);
+      o.state = &state;
+      ExecContext ctx = ExecContext::host();
+      ctx.rng.seed = 9;
+      ctx.rng.offset = static_cast<uint64_t>(s) * count;
+      compressed_allreduce(*comm, TensorView::host(x.data(), count), ctx, o)->wait();
+      out.insert(out.end(), x.begin(), x.end());
+    }
+    return out;
+  };
+  CompressedAllreduceState state(count, me, n);
+  run(state, 0, 3);
+  StateDict saved;
+  state.save(saved, "ef.");
+  const std::vector<float> first = run(state, 3, 6);
+  CompressedAllreduceState restored(count, me, n);
+  restored.load(StateDict::deserialize(saved.serialize()), "ef.");
+  const std::vector<float> second = run(restored, 3, 6);
+  ASSERT_EQ(first.size(), second.size());
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+  CompressedAllreduceState other(count + 1, me, n);
+  EXPECT_THROW(other.load(saved, "ef."), InvalidArgument);
+}
+
+TEST(CompressedAllreduce, BadInputIsRejected) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  std::vector<float> x(64, 1.0f);
+  std::vector<double> d(64, 1.0);
+  const ExecContext& host = ExecContext::host();
+  CompressedAllreduceOptions o;
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(d.data(), 64), host, o),
+               InvalidArgument);
+  o.codec = kind(CompressorKind::topk);
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.codec = minmax(3);
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.codec = minmax(8);
+  o.op = ReduceOp::max;
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.op = ReduceOp::sum;
+  CompressedAllreduceState wrong(65, me, n);
+  o.state = &wrong;
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+}
+
+// Ranks that disagree on the codec get an error on every rank, never a hang:
+// bits that change the payload's size (the alltoallv's blocks differ) and
+// kinds of the same size (f16 against bf16: the payload headers differ).
+TEST(CompressedAllreduce, CodecsThatDifferFailEveryRank) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (int variant = 0; variant < 2; ++variant) {
+    auto comm = create_mpi_communicator();
+    const int me = comm->rank();
+    std::vector<float> x = uniform(4096, me, 1);
+    CompressedAllreduceOptions o;
+    if (variant == 0)
+      o.codec = minmax(me == n - 1 ? 4 : 8);
+    else
+      o.codec = kind(me == n - 1 ? CompressorKind::bf16 : CompressorKind::f16);
+    WorkPtr w =
+        compressed_allreduce(*comm, TensorView::host(x.data(), 4096), ExecContext::host(), o);
+    EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
+  }
+}
+
+}  // namespace
+}  // namespace relaxcc

@@ -1,0 +1,251 @@
+#include "relaxcc/relaxed/compressed_allreduce.h"
+
+#include <cstring>
+#include <numeric>
+#include <span>
+
+#include "relaxcc/errors.h"
+
+namespace relaxcc {
+
+namespace {
+
+using kernels::CompressorConfig;
+using kernels::CompressorKind;
+
+bool dense(CompressorKind kind) {
+  return kind == CompressorKind::f16 || kind == CompressorKind::bf16 ||
+         kind == CompressorKind::minmax || kind == CompressorKind::sign;
+}
+
+// Balanced shards: the first numel % n shards get one element more.
+struct Shards {
+  std::vector<int64_t> count, offset;
+  Shards(int64_t numel, int n) : count(static_cast<size_t>(n)), offset(static_cast<size_t>(n)) {
+    for (int j = 0; j < n; ++j) {
+      count[j] = numel / n + (j < numel % n ? 1 : 0);
+      offset[j] = j == 0 ? 0 : offset[j - 1] + count[j - 1];
+    }
+  }
+};
+
+// What one call keeps until it finishes (its buffers travel with its Works).
+struct Call {
+  int rank = 0, size = 1;
+  TensorView x;
+  ExecContext ctx;
+  CompressorConfig codec;
+  ReduceOp op = ReduceOp::sum;
+  CompressedAllreduceState* state = nullptr;
+  Shards shards{0, 1};
+  std::vector<int64_t> payload_bytes;  // per shard
+  std::vector<int64_t> payload_offset;
+  // The encoded shards of x (alltoallv input), this shard's payloads from
+  // every rank (its output), and every owner's payload (allgatherv output).
+  std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
+};
+
+std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int64_t n) {
+  return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
+}
+
+// Encodes `values` into `out`, with `residual` (same length, or empty: no
+// error feedback) added first and updated with what the payload misses.
+void encode_with_feedback(std::span<const float> values, std::span<float> residual,
+                          std::span<std::byte> out, const CompressorConfig& codec,
+                          const ExecContext& ctx) {
+  const auto n = static_cast<int64_t>(values.size());
+  if (residual.empty()) {
+    kernels::encode(TensorView::host(const_cast<float*>(values.data()), n), out, codec, ctx);
+    return;
+  }
+  std::vector<float> e(values.size()), back(values.size());
+  for (size_t i = 0; i < e.size(); ++i) e[i] = values[i] + residual[i];
+  kernels::encode(TensorView::host(e.data(), n), out, codec, ctx);
+  kernels::decode(out, TensorView::host(back.data(), n), ctx);
+  for (size_t i = 0; i < e.size(); ++i) residual[i] = e[i] - back[i];
+}
+
+ExecContext with_rng(const ExecContext& ctx, uint64_t seed, uint64_t offset) {
+  ExecContext c = ctx;
+  c.rng.seed = seed;
+  c.rng.offset = ctx.rng.offset + offset;
+  return c;
+}
+
+// Step 3: the owner's sum of its shard, encoded once into its slot of
+// `gathered`.
+void reduce_owned_shard(Call& c) {
+  const int r = c.rank;
+  const int64_t count = c.shards.count[r];
+  const int64_t bytes = c.payload_bytes[r];
+  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+  const TensorView acc_view = TensorView::host(acc.data(), count);
+  for (int i = 0; i < c.size; ++i) {
+    const std::span<const std::byte> payload = bytes_of(*c.received, i * bytes, bytes);
+    // Every payload of this shard has the same header as this rank's own
+    // (same codec, same element count) unless its sender disagrees.
+    const kernels::PayloadHeader h = kernels::read_header(payload);
+    const kernels::PayloadHeader own =
+        kernels::read_header(bytes_of(*c.received, r * bytes, bytes));
+    RELAXCC_ENFORCE(std::memcmp(&h, &own, sizeof h) == 0, PeerMismatch,
+                    "compressed_allreduce: rank ", i, " encodes shard ", r, " with ",
+                    kernels::compressor_name(h.kind), " (", static_cast<int>(h.bits),
+                    " bits, chunk ", h.chunk, ", ", h.n, " elements), rank ", r, " with ",
+                    kernels::compressor_name(own.kind), " (", static_cast<int>(own.bits),
+                    " bits, chunk ", own.chunk, ", ", own.n, " elements)");
+    kernels::decode_accumulate(payload, acc_view, c.ctx);
+  }
+  if (c.op == ReduceOp::avg)
+    for (float& v : acc) v /= static_cast<float>(c.size);
+  std::span<float> residual;
+  if (c.state) residual = c.state->server();
+  encode_with_feedback(acc, residual,
+                       bytes_of(*c.gathered, c.payload_offset[r], c.payload_bytes[r]), c.codec,
+                       with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(c.shards.offset[r])));
+}
+
+}  // namespace
+
+CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size)
+    : numel_(numel) {
+  RELAXCC_ENFORCE(numel >= 0 && size >= 1 && rank >= 0 && rank < size, InvalidArgument,
+                  "CompressedAllreduceState: ", numel, " elements, rank ", rank, " of ", size);
+  const Shards shards(numel, size);
+  worker_.assign(static_cast<size_t>(numel), 0.0f);
+  server_.assign(static_cast<size_t>(shards.count[rank]), 0.0f);
+}
+
+void CompressedAllreduceState::save(StateDict& dict, const std::string& prefix) const {
+  dict.put_floats(prefix + "worker", worker_);
+  dict.put_floats(prefix + "server", server_);
+}
+
+void CompressedAllreduceState::load(const StateDict& dict, const std::string& prefix) {
+  std::vector<float> worker = dict.get_floats(prefix + "worker");
+  std::vector<float> server = dict.get_floats(prefix + "server");
+  RELAXCC_ENFORCE(worker.size() == worker_.size() && server.size() == server_.size(),
+                  InvalidArgument, "CompressedAllreduceState::load(", prefix, "): ", worker.size(),
+                  " worker and ", server.size(), " server residuals, expected ", worker_.size(),
+                  " and ", server_.size());
+  worker_ = std::move(worker);
+  server_ = std::move(server);
+}
+
+WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                             const CompressedAllreduceOptions& options) {
+  x.check_valid("compressed_allreduce tensor");
+  RELAXCC_ENFORCE(x.dtype == DType::f32 && x.device.is_host() && ctx.device.is_host(),
+                  InvalidArgument, "compressed_allreduce: f32 host tensors, got ",
+                  dtype_name(x.dtype), " on ", x.device);
+  options.codec.validate();
+  RELAXCC_ENFORCE(dense(options.codec.kind), InvalidArgument, "compressed_allreduce: codec ",
+                  kernels::compressor_name(options.codec.kind),
+                  " is sparse (expected f16, bf16, minmax or sign)");
+  RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument,
+                  "compressed_allreduce: op ", options.op, ", expected sum or avg");
+  const int n = comm.size(), r = comm.rank();
+  RELAXCC_ENFORCE(!options.state || options.state->numel() == x.numel, InvalidArgument,
+                  "compressed_allreduce: error-feedback state for ", options.state->numel(),
+                  " elements, tensor of ", x.numel);
+  RELAXCC_ENFORCE(!options.state || static_cast<int64_t>(options.state->server().size()) ==
+                                        Shards(x.numel, n).count[r],
+                  InvalidArgument,
+                  "compressed_allreduce: error-feedback state made for another communicator");
+
+  auto c = std::make_shared<Call>();
+  c->rank = r;
+  c->size = n;
+  c->x = x;
+  c->ctx = ctx;
+  c->codec = options.codec;
+  c->op = options.op;
+  c->state = options.state;
+  c->shards = Shards(x.numel, n);
+  c->payload_bytes.resize(static_cast<size_t>(n));
+  c->payload_offset.resize(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    c->payload_bytes[j] =
+        static_cast<int64_t>(kernels::encoded_size(c->shards.count[j], options.codec));
+    c->payload_offset[j] = j == 0 ? 0 : c->payload_offset[j - 1] + c->payload_bytes[j - 1];
+  }
+  const int64_t total = c->payload_offset[n - 1] + c->payload_bytes[n - 1];
+  c->sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
+  c->received =
+      std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(n * c->payload_bytes[r]));
+  c->gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
+
+  // 1. Encode every shard (on the caller's thread).
+  const float* xs = x.as<float>();
+  for (int j = 0; j < n; ++j) {
+    const auto begin = static_cast<size_t>(c->shards.offset[j]);
+    const auto count = static_cast<size_t>(c->shards.count[j]);
+    std::span<float> residual;
+    if (c->state) residual = std::span(c->state->worker()).subspan(begin, count);
+    encode_with_feedback(std::span(xs + begin, count), residual,
+                         bytes_of(*c->sent, c->payload_offset[j], c->payload_bytes[j]),
+                         options.codec,
+                         with_rng(ctx, ctx.rng.seed + 1 + static_cast<uint64_t>(r), begin));
+  }
+
+  // 2. Each shard's payloads to its owner.
+  AlltoallOptions a2a;
+  static_cast<OpOptions&>(a2a) = options;
+  std::vector<int64_t> recv_counts(static_cast<size_t>(n), c->payload_bytes[r]);
+  const TensorView sent(c->sent->data(), total, DType::u8, Device::host(), c->sent);
+  const TensorView received(c->received->data(), static_cast<int64_t>(c->received->size()),
+                            DType::u8, Device::host(), c->received);
+  WorkPtr exchanged = comm.alltoallv(sent, c->payload_bytes, received, recv_counts, ctx, a2a);
+
+  // 3. The owner's sum, encoded once; a failure fails the allgather below
+  // (its `after`), and so every rank.
+  WorkPtr reduced = exchanged->then(
+      [c](const Work& done) {
+        if (!done.exception()) reduce_owned_shard(*c);
+      },
+      "compressed_allreduce: the owner's sum");
+
+  // 4. The owners' payloads to every rank, unchanged. It takes its place in
+  // the communicator's order now, and starts once `reduced` completed.
+  AllgatherOptions ag;
+  static_cast<OpOptions&>(ag) = options;
+  ag.after = reduced;
+  const TensorView mine(c->gathered->data() + c->payload_offset[r], c->payload_bytes[r], DType::u8,
+                        Device::host(), c->gathered);
+  const TensorView gathered(c->gathered->data(), total, DType::u8, Device::host(), c->gathered);
+  WorkPtr spread = comm.allgatherv(mine, gathered, c->payload_bytes, ctx, ag);
+
+  // 5. Every rank decodes the same bytes.
+  RelaxedStats* stats = options.stats;
+  return when_all(
+      {reduced, spread},
+      [c, stats](Work&) {
+        for (int j = 0; j < c->size; ++j)
+          kernels::decode(bytes_of(*c->gathered, c->payload_offset[j], c->payload_bytes[j]),
+                          c->x.slice(c->shards.offset[j], c->shards.count[j]), c->ctx);
+        if (stats) {
+          // The alltoallv sends each peer its shard's payload and receives
+          // this shard's; the allgather ring sends every payload but the
+          // left neighbour's to the right neighbour and receives every
+          // payload but this rank's from the left one.
+          const int ranks = c->size, me = c->rank;
+          const auto all =
+              static_cast<uint64_t>(c->payload_offset[ranks - 1] + c->payload_bytes[ranks - 1]);
+          std::vector<RelaxedStats::Traffic> traffic;
+          for (int j = 0; j < ranks; ++j) {
+            if (j == me) continue;
+            RelaxedStats::Traffic t{j, static_cast<uint64_t>(c->payload_bytes[j]),
+                                    static_cast<uint64_t>(c->payload_bytes[me])};
+            if (j == (me + 1) % ranks)
+              t.sent += all - static_cast<uint64_t>(c->payload_bytes[(me + ranks - 1) % ranks]);
+            if (j == (me + ranks - 1) % ranks)
+              t.received += all - static_cast<uint64_t>(c->payload_bytes[me]);
+            traffic.push_back(t);
+          }
+          if (!traffic.empty()) stats->add_round(traffic);
+        }
+      },
+      "compressed_allreduce");
+}
+
+}  // namespace relaxcc
