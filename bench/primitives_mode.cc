@@ -31,6 +31,7 @@
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/async_average.h"
 #include "relaxcc/relaxed/choco_gossip.h"
+#include "relaxcc/relaxed/compressed_allreduce.h"
 #include "relaxcc/relaxed/gossip.h"
 #include "relaxcc/relaxed/group_average.h"
 #include "report.h"
@@ -122,6 +123,23 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * (v[i] + theirs[i]);
         p.stats.add_round(peers.send_to, count * 4, peers.recv_from, count * 4, 0);
+      };
+    } else if (name.rfind("compressed_", 0) == 0) {
+      // compressed_8bit, _4bit, _2bit, _1bit (minmax), compressed_f16, _bf16
+      const std::string codec = name.substr(11);
+      kernels::CompressorConfig c;
+      if (codec == "f16" || codec == "bf16") {
+        c.kind = codec == "f16" ? kernels::CompressorKind::f16 : kernels::CompressorKind::bf16;
+      } else {
+        c.kind = kernels::CompressorKind::minmax;
+        c.bits = std::stoi(codec);
+      }
+      p.run = [&, c](std::vector<float>& v, uint64_t) {
+        CompressedAllreduceOptions o;
+        o.codec = c;
+        o.op = ReduceOp::avg;
+        o.stats = &p.stats;
+        compressed_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
       };
     } else if (name == "choco") {
       ChocoOptions o;
@@ -258,7 +276,7 @@ void add_primitives_mode(CLI::App& app) {
   sub->add_option("-w,--warmup", args->warmup, "Untimed rounds")->capture_default_str();
   sub->add_option("--primitives", args->primitives,
                   "mpi, mpi_pairs (shift_one's exchange in plain MPI), all, ring, shift_one, "
-                  "exponential, choco, moshpit, async")
+                  "exponential, choco, moshpit, async, compressed_<8bit|4bit|2bit|1bit|f16|bf16>")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--straggler", args->straggler,
