@@ -5,10 +5,12 @@
 // for bad input and ranks that disagree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "relaxcc/errors.h"
@@ -253,6 +255,78 @@ TEST(CompressedAllreduce, CheckpointReplaysBitForBit) {
   EXPECT_THROW(other.load(saved, "ef."), InvalidArgument);
 }
 
+// One rank of n sends garbage (its values sign-flipped and scaled by 100,
+// or random values of magnitude up to 1e6). Robust aggregation keeps the
+// result near the honest ranks' mean, where a plain average would not be.
+TEST(CompressedAllreduce, RobustAggregationUnderAttack) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 3) GTEST_SKIP() << "needs 3 ranks (one of them bad)";
+  const int64_t count = 4000;
+  const int bad = n - 1;
+  const std::vector<float> base = uniform(count, 1000, 21);
+  const auto honest = [&](int r) {
+    std::vector<float> v = uniform(count, r, 22);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = base[i] + 0.01f * v[i];
+    return v;
+  };
+  std::vector<double> mean(static_cast<size_t>(count), 0.0);
+  std::vector<float> lo(static_cast<size_t>(count), 1e30f), hi(static_cast<size_t>(count), -1e30f);
+  for (int r = 0; r < bad; ++r) {
+    const std::vector<float> v = honest(r);
+    for (size_t i = 0; i < v.size(); ++i) {
+      mean[i] += v[i] / bad;
+      lo[i] = std::min(lo[i], v[i]);
+      hi[i] = std::max(hi[i], v[i]);
+    }
+  }
+  const auto relative_error = [&](const std::vector<float>& x) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      diff += (x[i] - mean[i]) * (x[i] - mean[i]);
+      norm += mean[i] * mean[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  for (int attack = 0; attack < 2; ++attack) {
+    std::vector<float> mine = honest(me);
+    if (me == bad) {
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> huge(-1e6f, 1e6f);
+      for (float& v : mine) v = attack == 0 ? -100.0f * v : huge(rng);
+    }
+    for (bool compressed : {false, true}) {
+      const auto run = [&](RobustAggregation::Kind k) {
+        std::vector<float> x = mine;
+        CompressedAllreduceOptions o;
+        if (!compressed) o.codec.reset();
+        o.op = ReduceOp::avg;
+        o.robust.kind = k;
+        o.robust.tau = 0.1;
+        compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
+            ->wait();
+        return x;
+      };
+      const std::string what = std::string(attack == 0 ? "sign-flipped x100" : "huge random") +
+                               (compressed ? ", minmax 8-bit" : ", f32");
+      // Trimmed mean: within the honest range, up to the 8-bit codec's
+      // rounding of the honest values and of the result (1/255 of each
+      // chunk's range, below 2.1, at most).
+      const std::vector<float> trimmed = run(RobustAggregation::Kind::trimmed_mean);
+      const float slack = compressed ? 2.1f / 255 : 1e-6f;
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_TRUE(trimmed[i] >= lo[i] - slack && trimmed[i] <= hi[i] + slack)
+            << what << ": index " << i << " = " << trimmed[i] << ", honest range [" << lo[i] << ", "
+            << hi[i] << "]";
+      // Centered clip: each of its 3 iterations moves at most tau / n
+      // towards the bad rank, from the coordinate-wise median.
+      EXPECT_LE(relative_error(run(RobustAggregation::Kind::centered_clip)), 0.02) << what;
+      // The plain average is far off.
+      EXPECT_GE(relative_error(run(RobustAggregation::Kind::none)), 1.0) << what;
+    }
+  }
+}
+
 TEST(CompressedAllreduce, BadInputIsRejected) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();
@@ -272,6 +346,18 @@ TEST(CompressedAllreduce, BadInputIsRejected) {
   o.op = ReduceOp::max;
   EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
                InvalidArgument);
+  o.robust.kind = RobustAggregation::Kind::trimmed_mean;  // with op sum
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.op = ReduceOp::avg;
+  o.robust.trim = (n + 1) / 2;  // 2 trim >= ranks
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.robust.kind = RobustAggregation::Kind::centered_clip;
+  o.robust.tau = 0;
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.robust = {};
   o.op = ReduceOp::sum;
   CompressedAllreduceState wrong(65, me, n);
   o.state = &wrong;

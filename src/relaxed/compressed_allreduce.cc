@@ -1,5 +1,7 @@
 #include "relaxcc/relaxed/compressed_allreduce.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <span>
@@ -34,8 +36,9 @@ struct Call {
   int rank = 0, size = 1;
   TensorView x;
   ExecContext ctx;
-  CompressorConfig codec;
+  std::optional<CompressorConfig> codec;
   ReduceOp op = ReduceOp::sum;
+  RobustAggregation robust;
   CompressedAllreduceState* state = nullptr;
   Shards shards{0, 1};
   std::vector<int64_t> payload_bytes;  // per shard
@@ -49,12 +52,41 @@ std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int
   return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
 }
 
+// Bytes on the wire for `count` elements.
+int64_t wire_bytes(int64_t count, const std::optional<CompressorConfig>& codec) {
+  return codec ? static_cast<int64_t>(kernels::encoded_size(count, *codec))
+               : count * static_cast<int64_t>(sizeof(float));
+}
+
+// out = the payload's values; an f32 payload must hold finite values only
+// (`sender` names it in the CorruptPayload).
+void read_payload(std::span<const std::byte> payload, const TensorView& out,
+                  const std::optional<CompressorConfig>& codec, const ExecContext& ctx,
+                  int sender) {
+  if (codec) {
+    kernels::decode(payload, out, ctx);
+    return;
+  }
+  if (out.numel > 0) std::memcpy(out.data, payload.data(), payload.size());
+  const float* v = out.as<float>();
+  for (int64_t i = 0; i < out.numel; ++i)
+    RELAXCC_ENFORCE(std::isfinite(v[i]), CorruptPayload, "compressed_allreduce: rank ", sender,
+                    " sent ", v[i], " at element ", i, " of its f32 payload");
+}
+
 // Encodes `values` into `out`, with `residual` (same length, or empty: no
 // error feedback) added first and updated with what the payload misses.
+// Without a codec the values go as they are (nothing is missed).
 void encode_with_feedback(std::span<const float> values, std::span<float> residual,
-                          std::span<std::byte> out, const CompressorConfig& codec,
+                          std::span<std::byte> out,
+                          const std::optional<CompressorConfig>& codec_opt,
                           const ExecContext& ctx) {
   const auto n = static_cast<int64_t>(values.size());
+  if (!codec_opt) {
+    if (n > 0) std::memcpy(out.data(), values.data(), values.size_bytes());
+    return;
+  }
+  const CompressorConfig& codec = *codec_opt;
   if (residual.empty()) {
     kernels::encode(TensorView::host(const_cast<float*>(values.data()), n), out, codec, ctx);
     return;
@@ -73,31 +105,86 @@ ExecContext with_rng(const ExecContext& ctx, uint64_t seed, uint64_t offset) {
   return c;
 }
 
-// Step 3: the owner's sum of its shard, encoded once into its slot of
-// `gathered`.
+// Robust average of the contributions (contribution i at values[i * count]).
+void robust_average(const std::vector<float>& values, int n, int64_t count,
+                    const RobustAggregation& robust, std::vector<float>& out) {
+  std::vector<float> column(static_cast<size_t>(n));
+  const auto at = [&](int i, int64_t k) { return values[static_cast<size_t>(i * count + k)]; };
+  if (robust.kind == RobustAggregation::Kind::trimmed_mean) {
+    for (int64_t k = 0; k < count; ++k) {
+      for (int i = 0; i < n; ++i) column[i] = at(i, k);
+      std::sort(column.begin(), column.end());
+      double sum = 0;
+      for (int i = robust.trim; i < n - robust.trim; ++i) sum += column[i];
+      out[k] = static_cast<float>(sum / (n - 2 * robust.trim));
+    }
+    return;
+  }
+  // Centered clipping from the coordinate-wise median.
+  for (int64_t k = 0; k < count; ++k) {
+    for (int i = 0; i < n; ++i) column[i] = at(i, k);
+    std::nth_element(column.begin(), column.begin() + n / 2, column.end());
+    double median = column[n / 2];
+    if (n % 2 == 0) {
+      const float below = *std::max_element(column.begin(), column.begin() + n / 2);
+      median = 0.5 * (median + below);
+    }
+    out[k] = static_cast<float>(median);
+  }
+  std::vector<double> step(static_cast<size_t>(count));
+  for (int it = 0; it < robust.iterations; ++it) {
+    std::fill(step.begin(), step.end(), 0.0);
+    for (int i = 0; i < n; ++i) {
+      double norm = 0;
+      for (int64_t k = 0; k < count; ++k) norm += std::pow(double{at(i, k)} - out[k], 2);
+      norm = std::sqrt(norm);
+      const double scale = norm > robust.tau ? robust.tau / norm : 1.0;
+      for (int64_t k = 0; k < count; ++k) step[k] += scale * (double{at(i, k)} - out[k]);
+    }
+    for (int64_t k = 0; k < count; ++k) out[k] = static_cast<float>(out[k] + step[k] / n);
+  }
+}
+
+// Step 3: the owner's sum (or robust average) of its shard, encoded once
+// into its slot of `gathered`.
 void reduce_owned_shard(Call& c) {
   const int r = c.rank;
   const int64_t count = c.shards.count[r];
   const int64_t bytes = c.payload_bytes[r];
   std::vector<float> acc(static_cast<size_t>(count), 0.0f);
-  const TensorView acc_view = TensorView::host(acc.data(), count);
+  const bool robust = c.robust.kind != RobustAggregation::Kind::none;
+  // Robust aggregation keeps every contribution apart.
+  std::vector<float> each(robust ? static_cast<size_t>(count * c.size) : 0);
+  std::vector<float> one(robust || !c.codec ? static_cast<size_t>(count) : 0);
   for (int i = 0; i < c.size; ++i) {
     const std::span<const std::byte> payload = bytes_of(*c.received, i * bytes, bytes);
-    // Every payload of this shard has the same header as this rank's own
-    // (same codec, same element count) unless its sender disagrees.
-    const kernels::PayloadHeader h = kernels::read_header(payload);
-    const kernels::PayloadHeader own =
-        kernels::read_header(bytes_of(*c.received, r * bytes, bytes));
-    RELAXCC_ENFORCE(std::memcmp(&h, &own, sizeof h) == 0, PeerMismatch,
-                    "compressed_allreduce: rank ", i, " encodes shard ", r, " with ",
-                    kernels::compressor_name(h.kind), " (", static_cast<int>(h.bits),
-                    " bits, chunk ", h.chunk, ", ", h.n, " elements), rank ", r, " with ",
-                    kernels::compressor_name(own.kind), " (", static_cast<int>(own.bits),
-                    " bits, chunk ", own.chunk, ", ", own.n, " elements)");
-    kernels::decode_accumulate(payload, acc_view, c.ctx);
+    if (c.codec) {
+      // Every payload of this shard has the same header as this rank's own
+      // (same codec, same element count) unless its sender disagrees.
+      const kernels::PayloadHeader h = kernels::read_header(payload);
+      const kernels::PayloadHeader own =
+          kernels::read_header(bytes_of(*c.received, r * bytes, bytes));
+      RELAXCC_ENFORCE(std::memcmp(&h, &own, sizeof h) == 0, PeerMismatch,
+                      "compressed_allreduce: rank ", i, " encodes shard ", r, " with ",
+                      kernels::compressor_name(h.kind), " (", static_cast<int>(h.bits),
+                      " bits, chunk ", h.chunk, ", ", h.n, " elements), rank ", r, " with ",
+                      kernels::compressor_name(own.kind), " (", static_cast<int>(own.bits),
+                      " bits, chunk ", own.chunk, ", ", own.n, " elements)");
+    }
+    if (robust) {
+      read_payload(payload, TensorView::host(each.data() + i * count, count), c.codec, c.ctx, i);
+    } else if (c.codec) {
+      kernels::decode_accumulate(payload, TensorView::host(acc.data(), count), c.ctx);
+    } else {
+      read_payload(payload, TensorView::host(one.data(), count), c.codec, c.ctx, i);
+      for (int64_t k = 0; k < count; ++k) acc[k] += one[k];
+    }
   }
-  if (c.op == ReduceOp::avg)
+  if (robust) {
+    robust_average(each, c.size, count, c.robust, acc);
+  } else if (c.op == ReduceOp::avg) {
     for (float& v : acc) v /= static_cast<float>(c.size);
+  }
   std::span<float> residual;
   if (c.state) residual = c.state->server();
   encode_with_feedback(acc, residual,
@@ -138,13 +225,29 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   RELAXCC_ENFORCE(x.dtype == DType::f32 && x.device.is_host() && ctx.device.is_host(),
                   InvalidArgument, "compressed_allreduce: f32 host tensors, got ",
                   dtype_name(x.dtype), " on ", x.device);
-  options.codec.validate();
-  RELAXCC_ENFORCE(dense(options.codec.kind), InvalidArgument, "compressed_allreduce: codec ",
-                  kernels::compressor_name(options.codec.kind),
-                  " is sparse (expected f16, bf16, minmax or sign)");
+  if (options.codec) {
+    options.codec->validate();
+    RELAXCC_ENFORCE(dense(options.codec->kind), InvalidArgument, "compressed_allreduce: codec ",
+                    kernels::compressor_name(options.codec->kind),
+                    " is sparse (expected f16, bf16, minmax or sign)");
+  }
   RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument,
                   "compressed_allreduce: op ", options.op, ", expected sum or avg");
   const int n = comm.size(), r = comm.rank();
+  const RobustAggregation& robust = options.robust;
+  if (robust.kind != RobustAggregation::Kind::none) {
+    RELAXCC_ENFORCE(options.op == ReduceOp::avg, InvalidArgument,
+                    "compressed_allreduce: robust aggregation averages (op avg), got op ",
+                    options.op);
+    RELAXCC_ENFORCE(robust.kind != RobustAggregation::Kind::trimmed_mean ||
+                        (robust.trim >= 0 && 2 * robust.trim < n),
+                    InvalidArgument, "compressed_allreduce: trimmed mean of ", n,
+                    " ranks with trim ", robust.trim, " (expected 0 <= 2 trim < ranks)");
+    RELAXCC_ENFORCE(robust.kind != RobustAggregation::Kind::centered_clip ||
+                        (robust.tau > 0 && robust.iterations >= 1),
+                    InvalidArgument, "compressed_allreduce: centered clip with tau ", robust.tau,
+                    " and ", robust.iterations, " iterations (expected tau > 0, iterations >= 1)");
+  }
   RELAXCC_ENFORCE(!options.state || options.state->numel() == x.numel, InvalidArgument,
                   "compressed_allreduce: error-feedback state for ", options.state->numel(),
                   " elements, tensor of ", x.numel);
@@ -160,13 +263,13 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->ctx = ctx;
   c->codec = options.codec;
   c->op = options.op;
+  c->robust = options.robust;
   c->state = options.state;
   c->shards = Shards(x.numel, n);
   c->payload_bytes.resize(static_cast<size_t>(n));
   c->payload_offset.resize(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) {
-    c->payload_bytes[j] =
-        static_cast<int64_t>(kernels::encoded_size(c->shards.count[j], options.codec));
+    c->payload_bytes[j] = wire_bytes(c->shards.count[j], options.codec);
     c->payload_offset[j] = j == 0 ? 0 : c->payload_offset[j - 1] + c->payload_bytes[j - 1];
   }
   const int64_t total = c->payload_offset[n - 1] + c->payload_bytes[n - 1];
@@ -221,8 +324,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
       {reduced, spread},
       [c, stats](Work&) {
         for (int j = 0; j < c->size; ++j)
-          kernels::decode(bytes_of(*c->gathered, c->payload_offset[j], c->payload_bytes[j]),
-                          c->x.slice(c->shards.offset[j], c->shards.count[j]), c->ctx);
+          read_payload(bytes_of(*c->gathered, c->payload_offset[j], c->payload_bytes[j]),
+                       c->x.slice(c->shards.offset[j], c->shards.count[j]), c->codec, c->ctx, j);
         if (stats) {
           // The alltoallv sends each peer its shard's payload and receives
           // this shard's; the allgather ring sends every payload but the

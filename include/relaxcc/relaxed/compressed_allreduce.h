@@ -17,7 +17,22 @@
 // twice (the same as the f32 ring with encoded elements).
 //
 // Codecs: the dense kinds of relaxcc/kernels/compressor.h (f16, bf16, minmax
-// with 8, 4, 2 or 1 bits, sign), nearest or stochastic rounding. Stochastic
+// with 8, 4, 2 or 1 bits, sign), nearest or stochastic rounding; or none: f32
+// on the wire (full precision, for robust aggregation without compression).
+//
+// Robust aggregation. The owner sees every rank's contribution to its shard
+// apart, so it can aggregate them robustly instead of averaging (as BTARD
+// runs CenteredClip on each all-reduce shard); the result is then a robust
+// average (op must be avg):
+//   trimmed_mean   per coordinate, the mean of the n values without the
+//                  `trim` smallest and `trim` largest (2 trim < n). With b <=
+//                  trim ranks sending anything, every coordinate stays
+//                  within the range of the honest ranks' values.
+//   centered_clip  v = the coordinate-wise median, then `iterations` times
+//                  v += (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)
+//                  (L2 norms over the shard). Each iteration moves v by at
+//                  most tau * b / n towards b bad ranks' values.
+// A contribution sent as f32 must be finite (CorruptPayload otherwise). Stochastic
 // rounding draws from Philox at ctx.rng: worker-side encodes of rank r use
 // seed ctx.rng.seed + 1 + r, server-side encodes seed ctx.rng.seed, each at
 // counter ctx.rng.offset + the shard's first element.
@@ -34,6 +49,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "relaxcc/communicator.h"
@@ -70,9 +86,19 @@ class CompressedAllreduceState {
   std::vector<float> worker_, server_;
 };
 
+struct RobustAggregation {
+  enum class Kind { none, trimmed_mean, centered_clip };
+  Kind kind = Kind::none;
+  int trim = 1;        // trimmed_mean: dropped at each end, 2 trim < ranks
+  double tau = 1.0;    // centered_clip: clipping radius, > 0
+  int iterations = 3;  // centered_clip: >= 1
+};
+
 struct CompressedAllreduceOptions : OpOptions {
-  kernels::CompressorConfig codec;  // a dense kind
-  ReduceOp op = ReduceOp::sum;      // sum or avg
+  // A dense kind; unset: f32 on the wire.
+  std::optional<kernels::CompressorConfig> codec = kernels::CompressorConfig{};
+  ReduceOp op = ReduceOp::sum;  // sum or avg (avg only, with robust aggregation)
+  RobustAggregation robust;
   // Error feedback (worker and server side) when set; it must have been made
   // for this tensor's size and this communicator, and outlive the Work.
   CompressedAllreduceState* state = nullptr;
@@ -81,7 +107,8 @@ struct CompressedAllreduceOptions : OpOptions {
 
 // x (f32, host) becomes the (compressed) sum or average over the ranks, in
 // place. InvalidArgument for another dtype, a sparse codec, an op other than
-// sum and avg, or a state of another size.
+// sum and avg (avg with robust aggregation), robust options out of range, or
+// a state of another size.
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options = {});
 
