@@ -256,6 +256,11 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
                   InvalidArgument,
                   "compressed_allreduce: error-feedback state made for another communicator");
 
+  // One rank: the sum and the average are x itself; nothing to quantize.
+  if (n == 1)
+    return options.after ? options.after->then([](const Work&) {}, "compressed_allreduce")
+                         : when_all({}, nullptr, "compressed_allreduce");
+
   auto c = std::make_shared<Call>();
   c->rank = r;
   c->size = n;
@@ -278,22 +283,37 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
       std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(n * c->payload_bytes[r]));
   c->gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
 
-  // 1. Encode every shard (on the caller's thread).
-  const float* xs = x.as<float>();
-  for (int j = 0; j < n; ++j) {
-    const auto begin = static_cast<size_t>(c->shards.offset[j]);
-    const auto count = static_cast<size_t>(c->shards.count[j]);
-    std::span<float> residual;
-    if (c->state) residual = std::span(c->state->worker()).subspan(begin, count);
-    encode_with_feedback(std::span(xs + begin, count), residual,
-                         bytes_of(*c->sent, c->payload_offset[j], c->payload_bytes[j]),
-                         options.codec,
-                         with_rng(ctx, ctx.rng.seed + 1 + static_cast<uint64_t>(r), begin));
+  // 1. Encode every shard: now, on the caller's thread, or once
+  // options.after completed (where it completes), the alltoallv below
+  // waiting for it.
+  const auto encode_all = [c] {
+    const float* xs = c->x.as<float>();
+    for (int j = 0; j < c->size; ++j) {
+      const auto begin = static_cast<size_t>(c->shards.offset[j]);
+      const auto count = static_cast<size_t>(c->shards.count[j]);
+      std::span<float> residual;
+      if (c->state) residual = std::span(c->state->worker()).subspan(begin, count);
+      encode_with_feedback(
+          std::span(xs + begin, count), residual,
+          bytes_of(*c->sent, c->payload_offset[j], c->payload_bytes[j]), c->codec,
+          with_rng(c->ctx, c->ctx.rng.seed + 1 + static_cast<uint64_t>(c->rank), begin));
+    }
+  };
+  WorkPtr encoded;
+  if (options.after) {
+    encoded = options.after->then(
+        [encode_all](const Work& done) {
+          if (!done.exception()) encode_all();
+        },
+        "compressed_allreduce: encoding");
+  } else {
+    encode_all();
   }
 
   // 2. Each shard's payloads to its owner.
   AlltoallOptions a2a;
   static_cast<OpOptions&>(a2a) = options;
+  a2a.after = encoded;
   std::vector<int64_t> recv_counts(static_cast<size_t>(n), c->payload_bytes[r]);
   const TensorView sent(c->sent->data(), total, DType::u8, Device::host(), c->sent);
   const TensorView received(c->received->data(), static_cast<int64_t>(c->received->size()),
@@ -320,8 +340,10 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
 
   // 5. Every rank decodes the same bytes.
   RelaxedStats* stats = options.stats;
+  std::vector<WorkPtr> parts{reduced, spread};
+  if (encoded) parts.insert(parts.begin(), encoded);
   return when_all(
-      {reduced, spread},
+      std::move(parts),
       [c, stats](Work&) {
         for (int j = 0; j < c->size; ++j)
           read_payload(bytes_of(*c->gathered, c->payload_offset[j], c->payload_bytes[j]),
@@ -349,6 +371,49 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
         }
       },
       "compressed_allreduce");
+}
+
+WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const HierarchicalComms& comms,
+                                          const TensorView& x, const ExecContext& ctx,
+                                          const CompressedAllreduceOptions& options) {
+  RELAXCC_ENFORCE(comms.intra != nullptr, InvalidArgument,
+                  "hierarchical_compressed_allreduce: no node communicator (build_hierarchy)");
+  x.check_valid("hierarchical_compressed_allreduce tensor");
+  RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument,
+                  "hierarchical_compressed_allreduce: f32 tensors, got ", dtype_name(x.dtype));
+  RELAXCC_ENFORCE(options.robust.kind == RobustAggregation::Kind::none, InvalidArgument,
+                  "hierarchical_compressed_allreduce: robust aggregation needs every rank's "
+                  "contribution apart (use compressed_allreduce)");
+  RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument,
+                  "hierarchical_compressed_allreduce: op ", options.op, ", expected sum or avg");
+  // Full precision within the node, summed.
+  AllreduceOptions local;
+  static_cast<OpOptions&>(local) = options;
+  local.op = ReduceOp::sum;
+  WorkPtr summed = comms.intra->allreduce(x, ctx, local);
+  // Compressed across the nodes' leaders, after it.
+  WorkPtr across = summed;
+  if (comms.inter) {
+    CompressedAllreduceOptions o = options;
+    o.op = ReduceOp::sum;
+    o.after = summed;
+    across = compressed_allreduce(*comms.inter, x, ctx, o);
+  }
+  // The leader's result to its node.
+  BroadcastOptions b;
+  static_cast<OpOptions&>(b) = options;
+  b.root = 0;
+  b.after = across;
+  WorkPtr spread = comms.intra->broadcast(x, ctx, b);
+  const float scale = options.op == ReduceOp::avg ? 1.0f / static_cast<float>(comm.size()) : 1.0f;
+  return when_all(
+      {summed, across, spread},
+      [x, scale](Work&) {
+        if (scale == 1.0f) return;
+        float* v = x.as<float>();
+        for (int64_t i = 0; i < x.numel; ++i) v[i] *= scale;
+      },
+      "hierarchical_compressed_allreduce");
 }
 
 }  // namespace relaxcc

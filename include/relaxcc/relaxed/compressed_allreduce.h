@@ -44,8 +44,15 @@
 // differs across ranks fails the alltoallv with PeerMismatch.
 //
 // The owner's decoding and encoding (step 3) run where the alltoallv
-// completes: the engine's thread or a thread waiting on the Work, with
-// ctx.pool's threads if given.
+// completes: the engine's thread or a thread waiting on the Work. With
+// OpOptions::after, the call takes its place in the communicator's order at
+// once and encodes x (step 1) once that Work completed, where it completes.
+//
+// Hierarchical variant: full precision within each node (an allreduce over
+// the node's ranks, shared memory on one machine), compressed across nodes
+// (this schedule over the node leaders), then a broadcast within each node.
+// Every call is submitted at once, each stage after the previous one, so
+// concurrent calls keep their order on every communicator.
 #pragma once
 
 #include <memory>
@@ -56,6 +63,7 @@
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/relaxed/relaxed_stats.h"
 #include "relaxcc/state_dict.h"
+#include "relaxcc/topology.h"
 
 namespace relaxcc {
 
@@ -106,10 +114,18 @@ struct CompressedAllreduceOptions : OpOptions {
 };
 
 // x (f32, host) becomes the (compressed) sum or average over the ranks, in
-// place. InvalidArgument for another dtype, a sparse codec, an op other than
+// place (on one rank it stays as it is: nothing is quantized). InvalidArgument for another dtype, a sparse codec, an op other than
 // sum and avg (avg with robust aggregation), robust options out of range, or
 // a state of another size.
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options = {});
+
+// The hierarchical variant over build_hierarchy(comm)'s communicators; every
+// rank of `comm` calls it. The state, if any, is the leaders' (made for the
+// inter-node communicator; ignored elsewhere). InvalidArgument with robust
+// aggregation (the leaders see node sums, not ranks).
+WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const HierarchicalComms& comms,
+                                          const TensorView& x, const ExecContext& ctx,
+                                          const CompressedAllreduceOptions& options = {});
 
 }  // namespace relaxcc
