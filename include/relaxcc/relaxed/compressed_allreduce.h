@@ -114,9 +114,9 @@ struct CompressedAllreduceOptions : OpOptions {
 };
 
 // x (f32, host) becomes the (compressed) sum or average over the ranks, in
-// place (on one rank it stays as it is: nothing is quantized). InvalidArgument for another dtype, a sparse codec, an op other than
-// sum and avg (avg with robust aggregation), robust options out of range, or
-// a state of another size.
+// place (on one rank it stays as it is: nothing is quantized). InvalidArgument for another dtype, a
+// sparse codec, an op other than sum and avg (avg with robust aggregation), robust options out of
+// range, or a state of another size.
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options = {});
 
