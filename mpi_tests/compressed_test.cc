@@ -16,6 +16,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
+#include "relaxcc/relaxed/sparse_allreduce.h"
 #include "relaxcc/topology.h"
 #include "test_util.h"
 
@@ -434,6 +435,82 @@ TEST(CompressedAllreduce, CodecsThatDifferFailEveryRank) {
         compressed_allreduce(*comm, TensorView::host(x.data(), 4096), ExecContext::host(), o);
     EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
   }
+}
+
+}  // namespace
+}  // namespace relaxcc
+
+namespace relaxcc {
+namespace {
+
+kernels::CompressorConfig random_k(kernels::RandomKMode mode, uint64_t seed, uint64_t step) {
+  kernels::CompressorConfig c;
+  c.kind = kernels::CompressorKind::randomk;
+  c.ratio = 0.1;
+  c.random_mode = mode;
+  c.seed = seed;
+  c.step = step;
+  return c;
+}
+
+// The kept coordinates hold the exact sum (integers: exact in f32), every
+// other one 0, and there are exactly k of them; error feedback keeps the
+// rest.
+TEST(SparseAllreduce, RandomKIsExactAtTheKeptCoordinates) {
+  auto comm = test::world();
+  const int n = comm->size(), me = comm->rank();
+  const int64_t count = 5003;
+  for (auto mode : {kernels::RandomKMode::stratified, kernels::RandomKMode::rolling}) {
+    for (uint64_t step : {uint64_t{0}, uint64_t{7}}) {
+      std::vector<float> x(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+      kernels::ErrorFeedback feedback(count);
+      SparseAllreduceOptions o;
+      o.codec = random_k(mode, 99, step);
+      o.feedback = &feedback;
+      sparse_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+      int64_t kept = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < n; ++r) want += test::encode(r, i);
+        const bool sent = x[i] != 0.0f;
+        kept += sent ? 1 : 0;
+        if (sent) {
+          ASSERT_EQ(x[i], static_cast<float>(want)) << "index " << i;
+        }
+        // What was not sent waits in the residual.
+        ASSERT_EQ(feedback.residual()[i], sent ? 0.0f : static_cast<float>(test::encode(me, i)))
+            << "index " << i;
+      }
+      EXPECT_EQ(kept, kernels::kept_elements(count, o.codec)) << "step " << step;
+    }
+  }
+}
+
+// Ranks that draw different selections never sum unrelated coordinates:
+// PeerMismatch on every rank, x untouched.
+TEST(SparseAllreduce, SelectionsThatDifferFailEveryRank) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank();
+  std::vector<float> x(1000, 1.0f);
+  SparseAllreduceOptions o;
+  o.codec = random_k(kernels::RandomKMode::stratified, me == n - 1 ? 2 : 1, 0);
+  WorkPtr w = sparse_allreduce(*comm, TensorView::host(x.data(), 1000), ExecContext::host(), o);
+  EXPECT_THROW(w->wait(), PeerMismatch);
+  for (float v : x) ASSERT_EQ(v, 1.0f);
+  std::vector<double> d(8);
+  EXPECT_THROW(sparse_allreduce(*comm, TensorView::host(d.data(), 8), ExecContext::host(), o),
+               InvalidArgument);
+  o.codec.kind = kernels::CompressorKind::topk;
+  EXPECT_THROW(sparse_allreduce(*comm, TensorView::host(x.data(), 1000), ExecContext::host(), o),
+               InvalidArgument);
+  o.codec = random_k(kernels::RandomKMode::stratified, 1, 0);
+  kernels::ErrorFeedback wrong(999);
+  o.feedback = &wrong;
+  EXPECT_THROW(sparse_allreduce(*comm, TensorView::host(x.data(), 1000), ExecContext::host(), o),
+               InvalidArgument);
 }
 
 }  // namespace
