@@ -7,6 +7,7 @@
 #include <span>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/kernels/error_feedback.h"
 
 namespace relaxcc {
 
@@ -87,15 +88,13 @@ void encode_with_feedback(std::span<const float> values, std::span<float> residu
     return;
   }
   const CompressorConfig& codec = *codec_opt;
+  const TensorView in = TensorView::host(const_cast<float*>(values.data()), n);
   if (residual.empty()) {
-    kernels::encode(TensorView::host(const_cast<float*>(values.data()), n), out, codec, ctx);
+    kernels::encode(in, out, codec, ctx);
     return;
   }
-  std::vector<float> e(values.size()), back(values.size());
-  for (size_t i = 0; i < e.size(); ++i) e[i] = values[i] + residual[i];
-  kernels::encode(TensorView::host(e.data(), n), out, codec, ctx);
-  kernels::decode(out, TensorView::host(back.data(), n), ctx);
-  for (size_t i = 0; i < e.size(); ++i) residual[i] = e[i] - back[i];
+  std::vector<float> scratch(values.size());
+  kernels::compress_with_feedback(in, residual, scratch, out, codec, ctx);
 }
 
 ExecContext with_rng(const ExecContext& ctx, uint64_t seed, uint64_t offset) {

@@ -12,6 +12,13 @@
 
 namespace relaxcc::kernels {
 
+// The step itself, on caller-owned memory: `residual` (in.numel elements) is
+// added to `in` before encoding and left holding what the payload misses;
+// `scratch` (in.numel elements) is overwritten. Returns the bytes written.
+size_t compress_with_feedback(const TensorView& in, std::span<float> residual,
+                              std::span<float> scratch, std::span<std::byte> out,
+                              const CompressorConfig& config, const ExecContext& ctx);
+
 class ErrorFeedback {
  public:
   explicit ErrorFeedback(int64_t numel)
