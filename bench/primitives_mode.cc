@@ -52,6 +52,7 @@ struct PrimitivesArgs {
   double slowdown = 3.0;
   double compute_ms = 20.0;
   int straggler_rounds = 30;
+  double rate_mbit = 0;  // recorded in the JSON rows (the harness's link rate)
   std::string json;
 };
 
@@ -65,16 +66,22 @@ void fresh_data(std::vector<float>& x, int rank, int round) {
   for (float& v : x) v = normal(rng);
 }
 
-// max over ranks of ||x_r - mean|| / ||mean||.
-double distance_to_mean(const std::vector<float>& x, const BenchWorld& world) {
-  std::vector<double> sum(x.begin(), x.end());
-  MPI_Allreduce(MPI_IN_PLACE, sum.data(), static_cast<int>(sum.size()), MPI_DOUBLE, MPI_SUM,
+// The exact average over ranks of x, in double.
+std::vector<double> exact_mean(const std::vector<float>& x, const BenchWorld& world) {
+  std::vector<double> mean(x.begin(), x.end());
+  MPI_Allreduce(MPI_IN_PLACE, mean.data(), static_cast<int>(mean.size()), MPI_DOUBLE, MPI_SUM,
                 MPI_COMM_WORLD);
+  for (double& m : mean) m /= world.size;
+  return mean;
+}
+
+// max over ranks of ||x_r - reference|| / ||reference||.
+double relative_distance(const std::vector<float>& x, const std::vector<double>& reference,
+                         const BenchWorld& world) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < x.size(); ++i) {
-    const double mean = sum[i] / world.size;
-    diff += (x[i] - mean) * (x[i] - mean);
-    norm += mean * mean;
+    diff += (x[i] - reference[i]) * (x[i] - reference[i]);
+    norm += reference[i] * reference[i];
   }
   return world.max_over_ranks(std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
 }
@@ -95,11 +102,14 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
   const int64_t count = std::max<int64_t>(parse_size(args.bytes) / 4, 1);
   CommunicatorPtr comm = relaxcc_communicator(world);
   const ExecContext& host = ExecContext::host();
-  report.print("#   primitive      size   time(us)  sent/rank/round  distance  vs MPI_Allreduce");
+  report.print(
+      "#   primitive      size   time(us)  sent/rank/round  distance  rel_error  vs MPI_Allreduce");
   double mpi_us = 0;
   uint64_t tag_round = 0;  // rounds increase across primitives (shared tags are per primitive)
   for (const std::string& name : args.primitives) {
     Primitive p;
+    std::string codec_name = "f32";
+    int codec_bits = 32;
     std::unique_ptr<ChocoGossip> choco;
     std::unique_ptr<AsyncModelAverager> averager;
     std::mutex lock;
@@ -134,6 +144,8 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
         c.kind = kernels::CompressorKind::minmax;
         c.bits = std::stoi(codec);
       }
+      codec_name = kernels::compressor_name(c.kind);
+      codec_bits = c.kind == kernels::CompressorKind::minmax ? c.bits : 16;
       p.run = [&, c](std::vector<float>& v, uint64_t) {
         CompressedAllreduceOptions o;
         o.codec = c;
@@ -173,8 +185,12 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       };
     }
     std::vector<double> times;
+    // The exact average of the last round's inputs (async rounds reuse x:
+    // no error is reported for them).
+    std::vector<double> exact;
     for (int it = 0; it < args.warmup + args.iters; ++it) {
       if (name != "async") fresh_data(x, world.rank, it);
+      if (name != "async" && it + 1 == args.warmup + args.iters) exact = exact_mean(x, world);
       MPI_Barrier(MPI_COMM_WORLD);
       const auto t0 = Clock::now();
       p.run(x, ++tag_round);
@@ -182,27 +198,36 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       if (it >= args.warmup) times.push_back(us);
     }
     if (averager) averager->stop();
-    const double distance = distance_to_mean(x, world);
+    const double distance = relative_distance(x, exact_mean(x, world), world);
+    const double rel_error = exact.empty() ? 0.0 : relative_distance(x, exact, world);
     const double us = median(times);
     if (name == "mpi") mpi_us = us;
     const RelaxedCounts c = p.stats.counts();
     const double sent = name == "mpi"
                             ? 2.0 * (world.size - 1) / world.size * count * 4
                             : (c.rounds ? static_cast<double>(c.bytes_sent) / c.rounds : 0.0);
+    const double f32_ring = 2.0 * (world.size - 1) / world.size * count * 4;
     char line[256];
-    std::snprintf(line, sizeof line, "%13s %9s %10.1f %16.0f %9.2e %16.2f", name.c_str(),
-                  format_bytes(count * 4).c_str(), us, sent, distance,
+    std::snprintf(line, sizeof line, "%13s %9s %10.1f %16.0f %9.2e %10.2e %16.2f", name.c_str(),
+                  format_bytes(count * 4).c_str(), us, sent, distance, rel_error,
                   mpi_us > 0 ? us / mpi_us : 0.0);
     report.print(line);
-    report.add(Row()
-                   .set("mode", "primitives")
-                   .set("primitive", name)
-                   .set("ranks", world.size)
-                   .set("bytes", count * 4)
-                   .set("time_us", us)
-                   .set("sent_per_rank_per_round", sent)
-                   .set("distance_to_mean", distance)
-                   .set("time_vs_mpi_allreduce", mpi_us > 0 ? us / mpi_us : 0.0));
+    report.add(
+        Row()
+            .set("mode", "primitives")
+            .set("primitive", name)
+            .set("codec", codec_name)
+            .set("bits", codec_bits)
+            .set("ranks", world.size)
+            .set("bytes", count * 4)
+            .set("time_us", us)
+            .set("sent_per_rank_per_round", sent)
+            .set("bytes_on_wire", sent)
+            .set("compression_ratio", codec_name == "f32" || sent <= 0 ? 1.0 : f32_ring / sent)
+            .set("rel_error", rel_error)
+            .set("rate_mbit", args.rate_mbit)
+            .set("distance_to_mean", distance)
+            .set("time_vs_mpi_allreduce", mpi_us > 0 ? us / mpi_us : 0.0));
   }
 }
 
@@ -286,6 +311,8 @@ void add_primitives_mode(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--straggler-rounds", args->straggler_rounds, "Rounds per straggler run")
       ->capture_default_str();
+  sub->add_option("--rate-mbit", args->rate_mbit,
+                  "The link rate the run is shaped to, recorded in the JSON rows (0: unshaped)");
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
   sub->callback([args] {
     BenchWorld world;
