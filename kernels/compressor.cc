@@ -375,7 +375,9 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
     case CompressorKind::f16:
     case CompressorKind::bf16: {
       const auto* bits = reinterpret_cast<const uint16_t*>(body);
-      const int64_t bad = first_non_finite_half(bits, h.n, h.kind);
+      const int64_t bad = cpu::halves_finite(bits, h.n, h.kind == CompressorKind::bf16)
+                              ? -1
+                              : first_non_finite_half(bits, h.n, h.kind);
       if (bad >= 0) {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%04x", static_cast<unsigned>(bits[bad]));
@@ -569,9 +571,12 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
   switch (c.kind) {
     case CompressorKind::f16:
     case CompressorKind::bf16: {
-      require_finite(x, n, compressor_name(c.kind), 0, ctx);
       auto* bits = reinterpret_cast<uint16_t*>(body);
-      (c.kind == CompressorKind::f16 ? cpu::f32_to_f16 : cpu::f32_to_bf16)(x, bits, n);
+      // One pass converts and checks; only a failure looks for the element.
+      if ((c.kind == CompressorKind::f16 ? cpu::f32_to_f16_finite : cpu::f32_to_bf16_finite)(
+              x, bits, n))
+        break;
+      require_finite(x, n, compressor_name(c.kind), 0, ctx);
       // A finite value that rounds to Inf would decode as corrupt: refuse it here.
       const int64_t bad = first_non_finite_half(bits, n, c.kind);
       if (bad >= 0)
