@@ -251,13 +251,105 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
   scalar(vector_end, len);
 }
 
+// Packs one-byte codes of BITS bits (each < 2^BITS) little-endian into
+// bytes, 32 codes at a time; returns how many codes it packed (a multiple of
+// 32; the caller packs the rest).
+template <int BITS>
+__attribute__((target("avx2"))) int64_t pack_avx2(const unsigned char* q, int64_t len,
+                                                  unsigned char* out) {
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+    if constexpr (BITS == 1) {
+      // Bit 0 of each byte to its top bit: movemask gathers them in order.
+      const uint32_t m = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(v, 7)));
+      std::memcpy(out + i / 8, &m, 4);
+    } else {
+      // Pairs of codes to 16 bits (q0 + q1 << BITS), then on to bytes.
+      __m256i w =
+          _mm256_maddubs_epi16(v, _mm256_set1_epi16(static_cast<short>(1 | (1 << (8 + BITS)))));
+      if constexpr (BITS == 2)  // pairs of pairs: (p0 + p1 << 4), 32-bit lanes
+        w = _mm256_madd_epi16(w, _mm256_set1_epi32(1 | (16 << 16)));
+      if constexpr (BITS == 4) {
+        // 16 x 16-bit values < 256, in two 128-bit lanes: to 16 bytes.
+        const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i / 2), _mm_packus_epi16(lo, hi));
+      } else {
+        // 8 x 32-bit values < 256: to 8 bytes.
+        const __m128i lo = _mm256_castsi256_si128(w), hi = _mm256_extracti128_si256(w, 1);
+        const __m128i b16 = _mm_packus_epi32(lo, hi);
+        const __m128i b8 = _mm_packus_epi16(b16, b16);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 4), b8);
+      }
+    }
+  }
+  return i;
+}
+
+// Codes of BITS bits, little-endian within each byte, to one byte each, 32
+// at a time; returns how many it unpacked.
+template <int BITS>
+__attribute__((target("avx2"))) int64_t unpack_avx2(const unsigned char* codes, int64_t len,
+                                                    unsigned char* out) {
+  constexpr int kPer = 8 / BITS;
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    // Byte j of the result takes source byte j / kPer, shifted right by
+    // (j % kPer) * BITS: broadcast the source bytes, shuffle each to its
+    // kPer slots, then shift per slot with a multiply-free variable shift
+    // on 16-bit lanes.
+    __m256i v;
+    if constexpr (BITS == 1) {
+      uint32_t m;
+      std::memcpy(&m, codes + i / 8, 4);
+      const __m256i rep =
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(m)),
+                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                               2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+      const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+      v = _mm256_min_epu8(_mm256_and_si256(rep, bit), _mm256_set1_epi8(1));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), v);
+      continue;
+    } else {
+      __m128i src;
+      if constexpr (BITS == 4) {
+        src = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i / 2));
+      } else {
+        src = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 4));
+      }
+      // Each source byte repeated kPer times.
+      const __m256i wide = _mm256_broadcastsi128_si256(src);
+      const __m256i idx =
+          BITS == 4 ? _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9,
+                                       10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)
+                    : _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4,
+                                       5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+      const __m256i rep = _mm256_shuffle_epi8(wide, idx);
+      // Shift slot s right by s * BITS: one shifted copy per slot, blended.
+      v = _mm256_setzero_si256();
+      for (int sl = 0; sl < kPer; ++sl) {
+        alignas(32) unsigned char sel[32];
+        for (int j = 0; j < 32; ++j) sel[j] = (j % kPer) == sl ? 0xff : 0;
+        const __m256i shifted = _mm256_srli_epi16(rep, sl * BITS);
+        v = _mm256_or_si256(
+            v, _mm256_and_si256(shifted, _mm256_load_si256(reinterpret_cast<const __m256i*>(sel))));
+      }
+      v = _mm256_and_si256(v, mask);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), v);
+  }
+  return i;
+}
+
 // Codes of BITS bits, little-endian within each byte, to one byte each.
 template <int BITS>
 void unpack(const unsigned char* codes, int64_t len, unsigned char* out) {
   constexpr int kPer = 8 / BITS;
   constexpr unsigned kMask = (1u << BITS) - 1u;
+  const int64_t done = has_avx2() ? unpack_avx2<BITS>(codes, len, out) : 0;
   const int64_t whole = len / kPer;
-  for (int64_t b = 0; b < whole; ++b)
+  for (int64_t b = done / kPer; b < whole; ++b)
     for (int j = 0; j < kPer; ++j)
       out[b * kPer + j] = static_cast<unsigned char>((codes[b] >> (j * BITS)) & kMask);
   for (int64_t i = whole * kPer; i < len; ++i)
@@ -281,7 +373,12 @@ void quantize_chunk(const float* x, int64_t len, float min, float scale, int bit
   codes_bytewise(x, len, min, scale, bits, rounding, seed, offset, index0, q);
   const int per_byte = 8 / bits;
   const int64_t bytes = (len * bits + 7) / 8;
-  for (int64_t b = 0; b < bytes; ++b) {
+  int64_t packed_codes = 0;
+  if (has_avx2())
+    packed_codes = bits == 4   ? pack_avx2<4>(q, len, codes)
+                   : bits == 2 ? pack_avx2<2>(q, len, codes)
+                               : pack_avx2<1>(q, len, codes);
+  for (int64_t b = packed_codes / per_byte; b < bytes; ++b) {
     unsigned packed = 0;
     for (int j = 0; j < per_byte; ++j) {
       const int64_t i = b * per_byte + j;
