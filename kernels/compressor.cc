@@ -271,8 +271,9 @@ void encode_sign(const float* x, int64_t n, int64_t chunk, std::byte* out) {
   const int64_t stride = 4 + (chunk + 7) / 8;
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const int64_t first = ch * chunk, len = std::min(chunk, n - first);
-    double sum = 0;
-    for (int64_t i = 0; i < len; ++i) sum += static_cast<double>(x[first + i]) * x[first + i];
+    const double sum = cpu::sum_of_squares(x + first, len);
+    // A non-finite element makes the sum non-finite: only then look for it.
+    if (!std::isfinite(sum)) require_finite(x + first, len, "sign", first);
     const float scale = static_cast<float>(std::sqrt(sum / static_cast<double>(len)));
     std::byte* p = out + ch * stride;
     std::memcpy(p, &scale, 4);
@@ -591,8 +592,7 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       encode_minmax(x, n, c, ctx, 0, body);
       break;
     case CompressorKind::sign:
-      require_finite(x, n, "sign", 0, ctx);
-      encode_sign(x, n, c.chunk, body);
+      encode_sign(x, n, c.chunk, body);  // checks finiteness on the way
       break;
     case CompressorKind::topk: {
       const cpu::Selection sel = cpu::topk(x, n, h.k, c.approximate, ctx);

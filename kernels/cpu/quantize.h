@@ -43,6 +43,9 @@ void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float 
 // Sign bits of x (bit i of byte i / 8 set when x[i] has its sign bit set),
 // (len + 7) / 8 bytes.
 void sign_pack(const float* x, int64_t len, unsigned char* bits);
+// sum_i x_i^2 in double, in a fixed order whatever the path (AVX2: four
+// lanes of four partial sums, then the tail); not finite when an x_i is not.
+double sum_of_squares(const float* x, int64_t len);
 // out[i] = bit i set ? -scale : scale, or out[i] += that when `accumulate`.
 void sign_unpack(const unsigned char* bits, int64_t len, float scale, float* out, bool accumulate);
 
