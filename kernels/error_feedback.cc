@@ -16,10 +16,12 @@ size_t compress_with_feedback(const TensorView& in, std::span<float> residual,
                   residual.size(), " residual and ", scratch.size(), " scratch elements");
   const auto* x = in.as<const float>();
   const int64_t n = in.numel;
-  for (int64_t i = 0; i < n; ++i) residual[i] += x[i];  // e = x + residual
-  const size_t bytes = encode(TensorView::host(residual.data(), n), out, config, ctx);
-  decode(out.first(bytes), TensorView::host(scratch.data(), n), ctx);
-  for (int64_t i = 0; i < n; ++i) residual[i] -= scratch[i];  // residual = e - decode(payload)
+  // e = x + residual in scratch: an input the codec refuses leaves the
+  // residual as it was.
+  for (int64_t i = 0; i < n; ++i) scratch[i] = x[i] + residual[i];
+  const size_t bytes = encode(TensorView::host(scratch.data(), n), out, config, ctx);
+  decode(out.first(bytes), TensorView::host(residual.data(), n), ctx);
+  for (int64_t i = 0; i < n; ++i) residual[i] = scratch[i] - residual[i];  // e - decode(payload)
   return bytes;
 }
 

@@ -378,6 +378,34 @@ TEST(CompressedAllreduce, HierarchicalExactAndIdentical) {
                InvalidArgument);
 }
 
+// One rank's values that its codec refuses (NaN, a value f16 cannot hold),
+// or a sum that overflows f32, fail every rank's call, never a hang.
+TEST(CompressedAllreduce, OneRanksBadValuesFailEveryRank) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (int variant = 0; variant < 4; ++variant) {
+    auto comm = create_mpi_communicator();
+    const int me = comm->rank();
+    std::vector<float> x(1024, 1.0f);
+    WorkPtr w;
+    if (variant < 3) {
+      CompressedAllreduceOptions o;
+      if (variant == 0) o.codec = minmax(8);
+      if (variant == 1) o.codec = kind(CompressorKind::f16);
+      if (variant == 2) o.codec.reset();
+      if (me == n - 1) x[100] = variant == 0 ? NAN : variant == 1 ? 1e6f : 3e38f;
+      if (variant == 2) x[100] = 3e38f;  // every rank: the sum overflows
+      w = compressed_allreduce(*comm, TensorView::host(x.data(), 1024), ExecContext::host(), o);
+    } else {
+      SparseAllreduceOptions o;
+      o.codec.ratio = 1.0;  // keeps everything, the NaN included
+      if (me == n - 1) x[100] = NAN;
+      w = sparse_allreduce(*comm, TensorView::host(x.data(), 1024), ExecContext::host(), o);
+    }
+    EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
+  }
+}
+
 TEST(CompressedAllreduce, BadInputIsRejected) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();

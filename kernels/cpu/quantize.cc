@@ -416,15 +416,15 @@ void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float 
 }
 
 namespace {
-__attribute__((target("avx2,fma"))) double sum_of_squares_avx2(const float* x, int64_t len,
-                                                               int64_t* done) {
+__attribute__((target("avx2"))) double sum_of_squares_avx2(const float* x, int64_t len,
+                                                           int64_t* done) {
   __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                     _mm256_setzero_pd()};
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
     for (int k = 0; k < 4; ++k) {
       const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * k));
-      acc[k] = _mm256_fmadd_pd(v, v, acc[k]);
+      acc[k] = _mm256_add_pd(_mm256_mul_pd(v, v), acc[k]);  // the square is exact
     }
   }
   *done = i;
@@ -447,8 +447,7 @@ double sum_of_squares(const float* x, int64_t len) {
     // i % 16, then the tail.
     double partial[16] = {};
     for (; done + 16 <= len; done += 16)
-      for (int j = 0; j < 16; ++j)
-        partial[j] = std::fma(double{x[done + j]}, double{x[done + j]}, partial[j]);
+      for (int j = 0; j < 16; ++j) partial[j] += double{x[done + j]} * double{x[done + j]};
     for (int k = 0; k < 4; ++k)
       for (int l = 0; l < 4; ++l) sum += partial[4 * k + l];
   }

@@ -68,11 +68,14 @@ void read_payload(std::span<const std::byte> payload, const TensorView& out,
     kernels::decode(payload, out, ctx);
     return;
   }
+  // Checked before anything is written.
+  for (int64_t i = 0; i < out.numel; ++i) {
+    float v;
+    std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
+    RELAXCC_ENFORCE(std::isfinite(v), CorruptPayload, "compressed_allreduce: rank ", sender,
+                    " sent ", v, " at element ", i, " of its f32 payload");
+  }
   if (out.numel > 0) std::memcpy(out.data, payload.data(), payload.size());
-  const float* v = out.as<float>();
-  for (int64_t i = 0; i < out.numel; ++i)
-    RELAXCC_ENFORCE(std::isfinite(v[i]), CorruptPayload, "compressed_allreduce: rank ", sender,
-                    " sent ", v[i], " at element ", i, " of its f32 payload");
 }
 
 // Encodes `values` into `out`, with `residual` (same length, or empty: no
@@ -163,12 +166,15 @@ void reduce_owned_shard(Call& c) {
       const kernels::PayloadHeader h = kernels::read_header(payload);
       const kernels::PayloadHeader own =
           kernels::read_header(bytes_of(*c.received, r * bytes, bytes));
-      RELAXCC_ENFORCE(std::memcmp(&h, &own, sizeof h) == 0, PeerMismatch,
-                      "compressed_allreduce: rank ", i, " encodes shard ", r, " with ",
-                      kernels::compressor_name(h.kind), " (", static_cast<int>(h.bits),
-                      " bits, chunk ", h.chunk, ", ", h.n, " elements), rank ", r, " with ",
-                      kernels::compressor_name(own.kind), " (", static_cast<int>(own.bits),
-                      " bits, chunk ", own.chunk, ", ", own.n, " elements)");
+      const auto describe = [](const kernels::PayloadHeader& p) {
+        return detail::concat(kernels::compressor_name(p.kind), " (", static_cast<int>(p.bits),
+                              " bits, chunk ", p.chunk, ", rounding ", static_cast<int>(p.rounding),
+                              ", ", p.n, " elements)");
+      };
+      RELAXCC_ENFORCE(h.kind == own.kind && h.bits == own.bits && h.chunk == own.chunk &&
+                          h.rounding == own.rounding && h.n == own.n,
+                      PeerMismatch, "compressed_allreduce: rank ", i, " encodes shard ", r,
+                      " with ", describe(h), ", rank ", r, " with ", describe(own));
     }
     if (robust) {
       read_payload(payload, TensorView::host(each.data() + i * count, count), c.codec, c.ctx, i);
@@ -184,11 +190,56 @@ void reduce_owned_shard(Call& c) {
   } else if (c.op == ReduceOp::avg) {
     for (float& v : acc) v /= static_cast<float>(c.size);
   }
+  // Finite contributions can still sum to Inf (a codec's encode refuses it
+  // below; f32 goes as it is): refuse it here, naming where.
+  for (int64_t k = 0; k < count; ++k)
+    RELAXCC_ENFORCE(std::isfinite(acc[k]), InvalidArgument, "compressed_allreduce: the ",
+                    c.op == ReduceOp::avg ? "average" : "sum", " of element ",
+                    c.shards.offset[r] + k, " overflows f32");
   std::span<float> residual;
   if (c.state) residual = c.state->server();
   encode_with_feedback(acc, residual,
                        bytes_of(*c.gathered, c.payload_offset[r], c.payload_bytes[r]), c.codec,
                        with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(c.shards.offset[r])));
+}
+
+// The checks every rank makes before submitting anything (so that a bad
+// call fails on every rank alike, at the call). `n` and `r`: the ranks and
+// this rank of the communicator the shards are over.
+void check_options(const TensorView& x, const ExecContext& ctx,
+                   const CompressedAllreduceOptions& options, int n, int r, const char* what) {
+  x.check_valid(what);
+  RELAXCC_ENFORCE(x.dtype == DType::f32 && x.device.is_host() && ctx.device.is_host(),
+                  InvalidArgument, what, ": f32 host tensors, got ", dtype_name(x.dtype), " on ",
+                  x.device);
+  if (options.codec) {
+    options.codec->validate();
+    RELAXCC_ENFORCE(dense(options.codec->kind), InvalidArgument, what, ": codec ",
+                    kernels::compressor_name(options.codec->kind),
+                    " is sparse (expected f16, bf16, minmax or sign)");
+  }
+  RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument, what,
+                  ": op ", options.op, ", expected sum or avg");
+  const RobustAggregation& robust = options.robust;
+  if (robust.kind != RobustAggregation::Kind::none) {
+    RELAXCC_ENFORCE(options.op == ReduceOp::avg, InvalidArgument, what,
+                    ": robust aggregation averages (op avg), got op ", options.op);
+    RELAXCC_ENFORCE(robust.kind != RobustAggregation::Kind::trimmed_mean ||
+                        (robust.trim >= 0 && 2 * robust.trim < n),
+                    InvalidArgument, what, ": trimmed mean of ", n, " ranks with trim ",
+                    robust.trim, " (expected 0 <= 2 trim < ranks)");
+    RELAXCC_ENFORCE(robust.kind != RobustAggregation::Kind::centered_clip ||
+                        (robust.tau > 0 && robust.iterations >= 1),
+                    InvalidArgument, what, ": centered clip with tau ", robust.tau, " and ",
+                    robust.iterations, " iterations (expected tau > 0, iterations >= 1)");
+  }
+  if (r < 0) return;  // not a member of the shards' communicator: no state
+  RELAXCC_ENFORCE(!options.state || options.state->numel() == x.numel, InvalidArgument, what,
+                  ": error-feedback state for ", options.state ? options.state->numel() : 0,
+                  " elements, tensor of ", x.numel);
+  RELAXCC_ENFORCE(!options.state || static_cast<int64_t>(options.state->server().size()) ==
+                                        Shards(x.numel, n).count[r],
+                  InvalidArgument, what, ": error-feedback state made for another communicator");
 }
 
 }  // namespace
@@ -220,40 +271,8 @@ void CompressedAllreduceState::load(const StateDict& dict, const std::string& pr
 
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options) {
-  x.check_valid("compressed_allreduce tensor");
-  RELAXCC_ENFORCE(x.dtype == DType::f32 && x.device.is_host() && ctx.device.is_host(),
-                  InvalidArgument, "compressed_allreduce: f32 host tensors, got ",
-                  dtype_name(x.dtype), " on ", x.device);
-  if (options.codec) {
-    options.codec->validate();
-    RELAXCC_ENFORCE(dense(options.codec->kind), InvalidArgument, "compressed_allreduce: codec ",
-                    kernels::compressor_name(options.codec->kind),
-                    " is sparse (expected f16, bf16, minmax or sign)");
-  }
-  RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument,
-                  "compressed_allreduce: op ", options.op, ", expected sum or avg");
+  check_options(x, ctx, options, comm.size(), comm.rank(), "compressed_allreduce");
   const int n = comm.size(), r = comm.rank();
-  const RobustAggregation& robust = options.robust;
-  if (robust.kind != RobustAggregation::Kind::none) {
-    RELAXCC_ENFORCE(options.op == ReduceOp::avg, InvalidArgument,
-                    "compressed_allreduce: robust aggregation averages (op avg), got op ",
-                    options.op);
-    RELAXCC_ENFORCE(robust.kind != RobustAggregation::Kind::trimmed_mean ||
-                        (robust.trim >= 0 && 2 * robust.trim < n),
-                    InvalidArgument, "compressed_allreduce: trimmed mean of ", n,
-                    " ranks with trim ", robust.trim, " (expected 0 <= 2 trim < ranks)");
-    RELAXCC_ENFORCE(robust.kind != RobustAggregation::Kind::centered_clip ||
-                        (robust.tau > 0 && robust.iterations >= 1),
-                    InvalidArgument, "compressed_allreduce: centered clip with tau ", robust.tau,
-                    " and ", robust.iterations, " iterations (expected tau > 0, iterations >= 1)");
-  }
-  RELAXCC_ENFORCE(!options.state || options.state->numel() == x.numel, InvalidArgument,
-                  "compressed_allreduce: error-feedback state for ", options.state->numel(),
-                  " elements, tensor of ", x.numel);
-  RELAXCC_ENFORCE(!options.state || static_cast<int64_t>(options.state->server().size()) ==
-                                        Shards(x.numel, n).count[r],
-                  InvalidArgument,
-                  "compressed_allreduce: error-feedback state made for another communicator");
 
   // One rank: the sum and the average are x itself; nothing to quantize.
   if (n == 1)
@@ -283,8 +302,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
 
   // 1. Encode every shard: now, on the caller's thread, or once
-  // options.after completed (where it completes), the alltoallv below
-  // waiting for it.
+  // options.after completed (where it completes); the alltoallv below waits
+  // for it.
   const auto encode_all = [c] {
     const float* xs = c->x.as<float>();
     for (int j = 0; j < c->size; ++j) {
@@ -298,16 +317,15 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
           with_rng(c->ctx, c->ctx.rng.seed + 1 + static_cast<uint64_t>(c->rank), begin));
     }
   };
-  WorkPtr encoded;
-  if (options.after) {
-    encoded = options.after->then(
-        [encode_all](const Work& done) {
-          if (!done.exception()) encode_all();
-        },
-        "compressed_allreduce: encoding");
-  } else {
-    encode_all();
-  }
+  // Inside a Work either way: an input the codec refuses fails this rank's
+  // alltoallv, and so every rank, instead of throwing here before the
+  // collectives are submitted (which would leave the peers waiting).
+  const WorkPtr start = options.after ? options.after : when_all({}, nullptr, "now");
+  const WorkPtr encoded = start->then(
+      [encode_all](const Work& done) {
+        if (!done.exception()) encode_all();
+      },
+      "compressed_allreduce: encoding");
 
   // 2. Each shard's payloads to its owner.
   AlltoallOptions a2a;
@@ -339,10 +357,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
 
   // 5. Every rank decodes the same bytes.
   RelaxedStats* stats = options.stats;
-  std::vector<WorkPtr> parts{reduced, spread};
-  if (encoded) parts.insert(parts.begin(), encoded);
   return when_all(
-      std::move(parts),
+      {encoded, reduced, spread},
       [c, stats](Work&) {
         for (int j = 0; j < c->size; ++j)
           read_payload(bytes_of(*c->gathered, c->payload_offset[j], c->payload_bytes[j]),
@@ -350,7 +366,7 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
         if (stats) {
           // The alltoallv sends each peer its shard's payload and receives
           // this shard's; the allgather ring sends every payload but the
-          // left neighbour's to the right neighbour and receives every
+          // right neighbour's own to the right neighbour and receives every
           // payload but this rank's from the left one.
           const int ranks = c->size, me = c->rank;
           const auto all =
@@ -361,7 +377,7 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
             RelaxedStats::Traffic t{j, static_cast<uint64_t>(c->payload_bytes[j]),
                                     static_cast<uint64_t>(c->payload_bytes[me])};
             if (j == (me + 1) % ranks)
-              t.sent += all - static_cast<uint64_t>(c->payload_bytes[(me + ranks - 1) % ranks]);
+              t.sent += all - static_cast<uint64_t>(c->payload_bytes[(me + 1) % ranks]);
             if (j == (me + ranks - 1) % ranks)
               t.received += all - static_cast<uint64_t>(c->payload_bytes[me]);
             traffic.push_back(t);
@@ -377,14 +393,13 @@ WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const Hierarchical
                                           const CompressedAllreduceOptions& options) {
   RELAXCC_ENFORCE(comms.intra != nullptr, InvalidArgument,
                   "hierarchical_compressed_allreduce: no node communicator (build_hierarchy)");
-  x.check_valid("hierarchical_compressed_allreduce tensor");
-  RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument,
-                  "hierarchical_compressed_allreduce: f32 tensors, got ", dtype_name(x.dtype));
   RELAXCC_ENFORCE(options.robust.kind == RobustAggregation::Kind::none, InvalidArgument,
                   "hierarchical_compressed_allreduce: robust aggregation needs every rank's "
                   "contribution apart (use compressed_allreduce)");
-  RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument,
-                  "hierarchical_compressed_allreduce: op ", options.op, ", expected sum or avg");
+  // Every rank checks what the leaders' call would, before submitting (the
+  // state only where it is used).
+  check_options(x, ctx, options, comms.inter ? comms.inter->size() : 1,
+                comms.inter ? comms.inter->rank() : -1, "hierarchical_compressed_allreduce");
   // Full precision within the node, summed.
   AllreduceOptions local;
   static_cast<OpOptions&>(local) = options;

@@ -1,5 +1,6 @@
 #include "relaxcc/relaxed/sparse_allreduce.h"
 
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -28,43 +29,57 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
       InvalidArgument, "sparse_allreduce: error feedback for ",
       options.feedback ? options.feedback->residual().size() : 0, " elements, tensor of ", x.numel);
 
-  // The payload: a header, then the k kept values (no indices).
+  // The payload: a header, then the k kept values (no indices). Its size,
+  // k and everything the ranks must agree on follow from the configuration.
   auto payload =
       std::make_shared<std::vector<unsigned char>>(kernels::encoded_size(x.numel, codec));
-  const auto out = std::as_writable_bytes(std::span(payload->data(), payload->size()));
-  if (options.feedback)
-    options.feedback->compress(x, out, codec, ctx);
-  else
-    kernels::encode(x, out, codec, ctx);
-  const kernels::PayloadHeader header = kernels::read_header(out);
+  const int64_t k = kernels::kept_elements(x.numel, codec);
+  const auto h = static_cast<int64_t>(Fnv1a()
+                                          .u64(static_cast<uint64_t>(x.numel))
+                                          .u64(static_cast<uint64_t>(k))
+                                          .u64(codec.seed)
+                                          .u64(codec.step)
+                                          .u64(std::bit_cast<uint64_t>(codec.ratio))
+                                          .u64(static_cast<uint64_t>(codec.keep))
+                                          .u64(static_cast<uint64_t>(codec.random_mode))
+                                          .value() >>
+                                      2);
+
+  // Encoding runs inside a Work, after options.after (if any): an input the
+  // codec refuses fails this rank's allreduces, and so every rank.
+  kernels::ErrorFeedback* feedback = options.feedback;
+  const WorkPtr start = options.after ? options.after : when_all({}, nullptr, "now");
+  const WorkPtr encoded = start->then(
+      [payload, feedback, x, codec, ctx](const Work& done) {
+        if (done.exception()) return;
+        const auto out = std::as_writable_bytes(std::span(payload->data(), payload->size()));
+        if (feedback)
+          feedback->compress(x, out, codec, ctx);
+        else
+          kernels::encode(x, out, codec, ctx);
+      },
+      "sparse_allreduce: encoding");
 
   // What every rank must agree on, as [h, -h]: its max is [h, -h] on every
   // rank only when all hashes are equal.
-  const auto h = static_cast<int64_t>(Fnv1a()
-                                          .u64(static_cast<uint64_t>(header.n))
-                                          .u64(static_cast<uint64_t>(header.k))
-                                          .u64(header.seed)
-                                          .u64(header.step)
-                                          .u64(header.chunk)
-                                          .u64(static_cast<uint64_t>(header.random_mode))
-                                          .value() >>
-                                      2);
   auto check = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{h, -h});
   AllreduceOptions agree;
   static_cast<OpOptions&>(agree) = options;
   agree.op = ReduceOp::max;
+  agree.after = encoded;
   WorkPtr agreed = comm.allreduce(TensorView(check->data(), 2, DType::i64, Device::host(), check),
                                   ExecContext::host(), agree);
 
   AllreduceOptions sum;
   static_cast<OpOptions&>(sum) = options;
   sum.op = options.op;
-  const TensorView values(payload->data() + sizeof(kernels::PayloadHeader), header.k, DType::f32,
+  sum.after = encoded;
+  const TensorView values(payload->data() + sizeof(kernels::PayloadHeader), k, DType::f32,
                           Device::host(), payload);
   WorkPtr summed = comm.allreduce(values, ctx, sum);
 
   return when_all(
-      {agreed, summed},
+      {encoded, agreed, summed},
       [payload, check, h, x, ctx](Work&) {
         RELAXCC_ENFORCE((*check)[0] == h && (*check)[1] == -h, PeerMismatch,
                         "sparse_allreduce: ranks disagree on the random-k selection (seed, step, "
