@@ -160,6 +160,10 @@ struct RoundStream {
   uint64_t abandoned = 0;
   Clock::time_point sweep_until{};
   bool sweeping = false;
+  // Matched receives (MPI_Imrecv) in flight on the stream: an abandoned
+  // receive's or the sweeper's. The first receiver does not probe while
+  // one is, so a message is never taken past an older one still arriving.
+  int matched = 0;
 };
 
 // One communicator's (or group's) share of an engine. Created by

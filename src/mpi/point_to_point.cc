@@ -161,12 +161,14 @@ void P2PBatchOp::take_next(Transport& t, size_t i) {
     on_round_message(t, i, bytes);
     return;
   }
+  if (stream.matched > 0) return;  // an older message is still arriving
   const P2POp& op = ops_[i];
   MPI_Message message;
   size_t bytes = 0;
   if (!t.improbe(op.peer, p2p_tag(op.tag, P2PChannel::round), &message, &bytes, false)) return;
   buffers_[i] = t.scratch(std::max<size_t>(bytes, 1));
   t.imrecv(*this, static_cast<int64_t>(i) * 2, buffers_[i].data(), bytes, &message, op.peer);
+  ++stream.matched;
   ++outstanding_;
   ++pending_[i];
   recv_state_[i] = RecvState::receiving;
@@ -247,6 +249,7 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   const P2POp& op = ops_[i];
   --pending_[i];
   if (op.kind == P2POp::Kind::send && !is_header) --data_sends_in_flight_;
+  if (rounds() && op.kind == P2POp::Kind::recv) --streams_[i]->matched;
   if (error != MPI_SUCCESS) {
     set_error(std::make_exception_ptr(CommunicationError(
         detail::concat(where(i), ": ", mpi_error_string(error)), __FILE__, __LINE__)));
@@ -367,11 +370,13 @@ void RoundSweeper::progress(Transport& t) {
   if (!t.improbe(peer_, p2p_tag(tag_, P2PChannel::round), &message, &bytes, false)) return;
   buffer_ = t.scratch(std::max<size_t>(bytes, 1));
   t.imrecv(*this, 0, buffer_.data(), bytes, &message, peer_);
+  ++stream_.matched;
   receiving_ = true;
 }
 
 void RoundSweeper::on_complete(Transport& t, int64_t, const MPI_Status& status, int error) {
   receiving_ = false;
+  --stream_.matched;
   int got = 0;
   if (error == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &got);
   RoundHeader h;
