@@ -197,6 +197,17 @@ TEST(Gossip, RanksThatDisagreeGetPeerMismatch) {
   EXPECT_FALSE(comm->poisoned());
 }
 
+// Rounds 1..d of group averaging of x over options.grid's d axes.
+template <typename T>
+void average_over_grid(Communicator& comm, std::vector<T>& x, GroupAverageOptions options) {
+  for (size_t t = 1; t <= options.grid.size(); ++t) {
+    options.round = t;
+    group_average(comm, TensorView::host(x.data(), static_cast<int64_t>(x.size())),
+                  ExecContext::host(), options)
+        ->wait(30s);
+  }
+}
+
 // Moshpit: N = M^d ranks reach the exact global average in d rounds.
 TEST(GroupAverage, GridReachesTheGlobalAverageInDRounds) {
   auto comm = world();
@@ -212,11 +223,7 @@ TEST(GroupAverage, GridReachesTheGlobalAverageInDRounds) {
   std::vector<double> x = dyadic_vector(me, kCount);
   GroupAverageOptions options;
   options.grid = grid;
-  for (size_t t = 1; t <= grid.size(); ++t) {
-    options.round = t;
-    group_average(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)
-        ->wait(30s);
-  }
+  average_over_grid(*comm, x, options);
   for (int64_t i = 0; i < kCount; ++i) {
     double s = 0;
     for (int r = 0; r < n; ++r) s += dyadic(r, i);
@@ -241,11 +248,7 @@ TEST(GroupAverage, CompressedGroupsReachTheMeanWithinTheCodecError) {
   options.grid = grid;
   options.codec = kernels::CompressorConfig{};
   options.codec->kind = kernels::CompressorKind::f16;
-  for (size_t t = 1; t <= grid.size(); ++t) {
-    options.round = t;
-    group_average(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)
-        ->wait(30s);
-  }
+  average_over_grid(*comm, x, options);
   for (int64_t i = 0; i < kCount; ++i) {
     double s = 0;
     for (int r = 0; r < n; ++r) s += dyadic(r, i);

@@ -48,6 +48,19 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* in, fl
   for (; i < n; ++i) out[i] = f16_bits_to_f32(in[i]);
 }
 
+// Converts in[i] with Convert and checks that the input is finite and the
+// result's exponent (kExponent) is not all ones: the reference for the
+// vector paths' tails and the fallback.
+template <uint16_t (*Convert)(float), uint16_t kExponent>
+bool convert_finite_scalar(const float* in, uint16_t* out, int64_t n) {
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = Convert(in[i]);
+    ok &= std::isfinite(in[i]) && (out[i] & kExponent) != kExponent;
+  }
+  return ok;
+}
+
 __attribute__((target("avx2,f16c"))) bool f32_to_f16_finite_f16c(const float* in, uint16_t* out,
                                                                  int64_t n) {
   const __m256i exp32 = _mm256_set1_epi32(0x7f800000);
@@ -63,12 +76,8 @@ __attribute__((target("avx2,f16c"))) bool f32_to_f16_finite_f16c(const float* in
     bad_out = _mm_or_si128(bad_out, _mm_cmpeq_epi16(_mm_and_si128(h, exp16), exp16));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
   }
-  bool ok = _mm256_testz_si256(bad_in, bad_in) && _mm_testz_si128(bad_out, bad_out);
-  for (; i < n; ++i) {
-    out[i] = f32_to_f16_bits(in[i]);
-    ok &= std::isfinite(in[i]) && (out[i] & 0x7c00) != 0x7c00;
-  }
-  return ok;
+  const bool tail_ok = convert_finite_scalar<f32_to_f16_bits, 0x7c00>(in + i, out + i, n - i);
+  return _mm256_testz_si256(bad_in, bad_in) && _mm_testz_si128(bad_out, bad_out) && tail_ok;
 }
 
 __attribute__((target("avx2"))) bool f32_to_bf16_finite_avx2(const float* in, uint16_t* out,
@@ -93,12 +102,8 @@ __attribute__((target("avx2"))) bool f32_to_bf16_finite_avx2(const float* in, ui
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
   }
-  bool ok = _mm256_testz_si256(bad, bad);
-  for (; i < n; ++i) {
-    out[i] = f32_to_bf16_bits(in[i]);
-    ok &= std::isfinite(in[i]) && (out[i] & 0x7f80) != 0x7f80;
-  }
-  return ok;
+  const bool tail_ok = convert_finite_scalar<f32_to_bf16_bits, 0x7f80>(in + i, out + i, n - i);
+  return _mm256_testz_si256(bad, bad) && tail_ok;
 }
 
 __attribute__((target("avx2"))) bool halves_finite_avx2(const uint16_t* bits, int64_t n,
@@ -134,22 +139,12 @@ __attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* in, float*
 
 bool f32_to_f16_finite(const float* in, uint16_t* out, int64_t n) {
   if (has_f16c()) return f32_to_f16_finite_f16c(in, out, n);
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = f32_to_f16_bits(in[i]);
-    ok &= std::isfinite(in[i]) && (out[i] & 0x7c00) != 0x7c00;
-  }
-  return ok;
+  return convert_finite_scalar<f32_to_f16_bits, 0x7c00>(in, out, n);
 }
 
 bool f32_to_bf16_finite(const float* in, uint16_t* out, int64_t n) {
   if (has_avx2()) return f32_to_bf16_finite_avx2(in, out, n);
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = f32_to_bf16_bits(in[i]);
-    ok &= std::isfinite(in[i]) && (out[i] & 0x7f80) != 0x7f80;
-  }
-  return ok;
+  return convert_finite_scalar<f32_to_bf16_bits, 0x7f80>(in, out, n);
 }
 
 bool halves_finite(const uint16_t* bits, int64_t n, bool bf16) {

@@ -131,15 +131,7 @@ WorkPtr gossip(Communicator& comm, const TensorView& x, const ExecContext& ctx,
     plan.self_weight = options.weights[0];
     plan.weights.assign(options.weights.begin() + 1, options.weights.end());
   }
-  relaxed::MixCall call;
-  call.what = what;
-  call.round = options.round;
-  call.tag = options.tag;
-  call.deadline = options.deadline;
-  call.adaptive = options.adaptive;
-  call.stats = options.stats;
-  call.op = options;
-  return relaxed::mix(comm, x, ctx, plan, call);
+  return relaxed::mix(comm, x, ctx, plan, relaxed::mix_call(what, options));
 }
 
 }  // namespace relaxcc

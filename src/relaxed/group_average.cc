@@ -90,14 +90,7 @@ WorkPtr group_average(Communicator& comm, const TensorView& x, const ExecContext
       if (m != me) plan.send_to.push_back(m);
     plan.recv_from = plan.send_to;
     plan.weights.assign(plan.recv_from.size(), 1.0);
-    relaxed::MixCall call;
-    call.what = what;
-    call.round = options.round;
-    call.tag = options.tag;
-    call.deadline = options.deadline;
-    call.adaptive = options.adaptive;
-    call.stats = options.stats;
-    call.op = options;
+    relaxed::MixCall call = relaxed::mix_call(what, options);
     call.codec = options.codec;
     return relaxed::mix(comm, x, ctx, plan, call);
   }

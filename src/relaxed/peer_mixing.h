@@ -46,6 +46,21 @@ struct MixCall {
   std::optional<kernels::CompressorConfig> codec;
 };
 
+// The call of a primitive whose options carry round, tag, deadline,
+// adaptive and stats (GossipOptions, GroupAverageOptions).
+template <typename Options>
+MixCall mix_call(std::string what, const Options& options) {
+  MixCall call;
+  call.what = std::move(what);
+  call.round = options.round;
+  call.tag = options.tag;
+  call.deadline = options.deadline;
+  call.adaptive = options.adaptive;
+  call.stats = options.stats;
+  call.op = options;
+  return call;
+}
+
 // Floating dtypes only (InvalidArgument otherwise).
 WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, const MixPlan& plan,
             const MixCall& call);
