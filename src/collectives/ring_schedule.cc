@@ -4,6 +4,12 @@
 
 namespace relaxcc {
 
+std::vector<int64_t> balanced_chunks(int64_t numel, int size) {
+  std::vector<int64_t> counts(static_cast<size_t>(size), numel / size);
+  for (int c = 0; c < numel % size; ++c) ++counts[c];
+  return counts;
+}
+
 RingSchedule::RingSchedule(int rank, int size, const std::vector<int64_t>& chunk_counts,
                            int64_t requested_segment_elems, int pipeline_depth, bool reduce_phase,
                            bool gather_phase)

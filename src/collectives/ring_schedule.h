@@ -25,6 +25,10 @@
 
 namespace relaxcc {
 
+// The ring's chunks of a tensor of `numel` elements over `size` ranks: the
+// first numel % size chunks hold one element more.
+std::vector<int64_t> balanced_chunks(int64_t numel, int size);
+
 struct RingSegment {
   bool reduce = false;  // reduce-scatter phase (else allgather)
   int step = 0;

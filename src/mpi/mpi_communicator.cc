@@ -204,12 +204,6 @@ void check_host(const TensorView& t, const ExecContext& ctx, const char* what) {
                   ": the MPI communicator moves host memory (device tensors go through NCCL)");
 }
 
-std::vector<int64_t> balanced_chunks(int64_t numel, int n) {
-  std::vector<int64_t> counts(n, numel / n);
-  for (int c = 0; c < numel % n; ++c) ++counts[c];
-  return counts;
-}
-
 // What the communicator's handshake learns of every rank.
 struct Handshake {
   std::vector<uint64_t> hosts;  // host_key()

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <span>
 
+#include "../collectives/ring_schedule.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
 
@@ -21,14 +22,11 @@ bool dense(CompressorKind kind) {
          kind == CompressorKind::minmax || kind == CompressorKind::sign;
 }
 
-// Balanced shards: the first numel % n shards get one element more.
+// The shards: the ring's balanced chunks, and where each starts.
 struct Shards {
   std::vector<int64_t> count, offset;
-  Shards(int64_t numel, int n) : count(static_cast<size_t>(n)), offset(static_cast<size_t>(n)) {
-    for (int j = 0; j < n; ++j) {
-      count[j] = numel / n + (j < numel % n ? 1 : 0);
-      offset[j] = j == 0 ? 0 : offset[j - 1] + count[j - 1];
-    }
+  Shards(int64_t numel, int n) : count(balanced_chunks(numel, n)), offset(count.size(), 0) {
+    for (size_t j = 1; j < count.size(); ++j) offset[j] = offset[j - 1] + count[j - 1];
   }
 };
 
