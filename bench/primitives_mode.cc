@@ -34,6 +34,7 @@
 #include "relaxcc/relaxed/compressed_allreduce.h"
 #include "relaxcc/relaxed/gossip.h"
 #include "relaxcc/relaxed/group_average.h"
+#include "relaxcc/relaxed/sparse_allreduce.h"
 #include "report.h"
 
 namespace relaxcc::bench {
@@ -152,6 +153,20 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
         compressed_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
+      };
+    } else if (name == "topk" || name.rfind("topk_", 0) == 0) {
+      // Top-k sparse allreduce, averaged: topk keeps 1%, topk_<ratio> that
+      // fraction (relaxcc/relaxed/sparse_allreduce.h).
+      kernels::CompressorConfig c;
+      c.kind = kernels::CompressorKind::topk;
+      c.ratio = name == "topk" ? 0.01 : std::stod(name.substr(5));
+      codec_name = kernels::compressor_name(c.kind);
+      p.run = [&, c](std::vector<float>& v, uint64_t) {
+        SparseAllreduceOptions o;
+        o.codec = c;
+        o.op = ReduceOp::avg;
+        o.stats = &p.stats;
+        sparse_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
       };
     } else if (name == "choco") {
       ChocoOptions o;
@@ -301,7 +316,8 @@ void add_primitives_mode(CLI::App& app) {
   sub->add_option("-w,--warmup", args->warmup, "Untimed rounds")->capture_default_str();
   sub->add_option("--primitives", args->primitives,
                   "mpi, mpi_pairs (shift_one's exchange in plain MPI), all, ring, shift_one, "
-                  "exponential, choco, moshpit, async, compressed_<8bit|4bit|2bit|1bit|f16|bf16>")
+                  "exponential, choco, moshpit, async, compressed_<8bit|4bit|2bit|1bit|f16|bf16>, "
+                  "topk (top-k sparse allreduce keeping 1%), topk_<ratio>")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--straggler", args->straggler,
