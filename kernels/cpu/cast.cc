@@ -15,6 +15,11 @@ bool has_avx2() noexcept {
   return yes;
 }
 
+bool has_avx512vl() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return yes;
+}
+
 bool has_f16c() noexcept {
   static const bool yes = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;

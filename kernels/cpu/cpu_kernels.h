@@ -20,5 +20,7 @@ bool f32_to_bf16_finite(const float* in, uint16_t* out, int64_t n);
 bool halves_finite(const uint16_t* bits, int64_t n, bool bf16);
 bool has_f16c() noexcept;
 bool has_avx2() noexcept;
+// AVX-512 F and VL (256-bit EVEX forms: three-way XOR, 32 registers).
+bool has_avx512vl() noexcept;
 
 }  // namespace relaxcc::kernels::cpu

@@ -104,58 +104,167 @@ __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* co
   return i;
 }
 
-// Stochastic rounding of elements [i, i + 16 * groups), where index0 + i is a
-// multiple of 4: Philox4x32-10 on four counters at once (64-bit lanes holding
-// 32-bit words, as _mm256_mul_epu32 wants), then the same IEEE operations as
-// the scalar loop. Returns the number of elements done.
-__attribute__((target("avx2"))) int64_t stochastic8_avx2(const float* x, int64_t len, float min,
-                                                         float scale, uint32_t levels,
-                                                         uint64_t seed, uint64_t offset,
-                                                         int64_t index0, unsigned char* out) {
-  const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
-  const __m256 vzero = _mm256_setzero_ps(), vlevels = _mm256_set1_ps(static_cast<float>(levels));
-  const __m256 inv24 = _mm256_set1_ps(1.0f / 16777216.0f);
-  const __m256i m0 = _mm256_set1_epi64x(0xD2511F53), m1 = _mm256_set1_epi64x(0xCD9E8D57);
-  const __m256i low32 = _mm256_set1_epi64x(0xFFFFFFFF);
-  const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
-  int64_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    const uint64_t counter = offset + (static_cast<uint64_t>(index0 + i) >> 2);
-    const __m256i ctr = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(counter)), lane);
-    __m256i c0 = _mm256_and_si256(ctr, low32), c1 = _mm256_srli_epi64(ctr, 32);
-    __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+// Stochastic rounding with the uniforms of rounding_uniform(), 32 * G
+// elements at a time: Philox4x32-10 on four counters per vector, one per
+// 64-bit lane as _mm256_mul_epu32 wants (the upper halves of the lanes hold
+// junk that no multiply reads and the final blend drops), G vectors side by
+// side so that their multiply latencies overlap. Each block's 128 bits are
+// the 16-bit cells of its eight elements in element order.
+struct Stochastic {
+  __m256 vmin, vs, vlevels, half_cell;
+  __m256i one, m0, m1, lane, perm;
+  __m256i key0[10], key1[10];
+  uint64_t offset;
+
+  __attribute__((target("avx2")))
+  Stochastic(float min, float scale, uint32_t levels, uint64_t seed, uint64_t offset_)
+      : vmin(_mm256_set1_ps(min)),
+        vs(_mm256_set1_ps(scale)),
+        vlevels(_mm256_set1_ps(static_cast<float>(levels))),
+        half_cell(_mm256_set1_ps(1.0f / 131072.0f)),
+        one(_mm256_set1_epi32(1)),
+        m0(_mm256_set1_epi64x(0xD2511F53)),
+        m1(_mm256_set1_epi64x(0xCD9E8D57)),
+        lane(_mm256_setr_epi64x(0, 1, 2, 3)),
+        perm(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+        offset(offset_) {
     uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
     for (int round = 0; round < 10; ++round) {
-      const __m256i p0 = _mm256_mul_epu32(c0, m0), p1 = _mm256_mul_epu32(c2, m1);
-      const __m256i n0 =
-          _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), _mm256_set1_epi64x(k0));
-      const __m256i n2 =
-          _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), _mm256_set1_epi64x(k1));
-      c1 = _mm256_and_si256(p1, low32);
-      c3 = _mm256_and_si256(p0, low32);
-      c0 = n0;
-      c2 = n2;
+      key0[round] = _mm256_set1_epi32(static_cast<int>(k0));
+      key1[round] = _mm256_set1_epi32(static_cast<int>(k1));
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
-    // 32-bit lanes in element order: blocks 0 and 1, then blocks 2 and 3.
-    const __m256i c01 = _mm256_or_si256(c0, _mm256_slli_epi64(c1, 32));
-    const __m256i c23 = _mm256_or_si256(c2, _mm256_slli_epi64(c3, 32));
-    const __m256i lo = _mm256_unpacklo_epi64(c01, c23), hi = _mm256_unpackhi_epi64(c01, c23);
-    const __m256i words[2] = {_mm256_permute2x128_si256(lo, hi, 0x20),
-                              _mm256_permute2x128_si256(lo, hi, 0x31)};
-    __m256i q[2];
-    for (int k = 0; k < 2; ++k) {
-      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(words[k], 8)), inv24);
-      const __m256 t =
-          _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs), u);
-      const __m256 v = _mm256_floor_ps(t);
-      q[k] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, vzero), vlevels));
+  }
+
+  // The Philox state of the blocks of elements [index, index + 32 * G),
+  // `index` a multiple of 8, before the rounds: c[word][g].
+  template <int G>
+  __attribute__((target("avx2"), always_inline)) inline void counters(uint64_t index,
+                                                                      __m256i (&c)[4][G]) const {
+    for (int g = 0; g < G; ++g) {
+      const uint64_t counter = rounding_counter(offset, index + 32 * g);
+      c[0][g] = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(counter)), lane);
+      c[1][g] = _mm256_srli_epi64(c[0][g], 32);
+      c[2][g] = c[3][g] = _mm256_setzero_si256();
     }
-    const __m256i packed16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(q[0], q[1]), 0xD8);
-    const __m128i bytes =
-        _mm_packus_epi16(_mm256_castsi256_si128(packed16), _mm256_extracti128_si256(packed16, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), bytes);
+  }
+
+  // One round's multiplies; the caller XORs hi(p1) ^ c1 ^ key0 into c0 and
+  // hi(p0) ^ c3 ^ key1 into c2 (the key off the multiply's critical path).
+  template <int G>
+  __attribute__((target("avx2"), always_inline)) inline void products(const __m256i (&c)[4][G],
+                                                                      __m256i (&p0)[G],
+                                                                      __m256i (&p1)[G]) const {
+    for (int g = 0; g < G; ++g) {
+      p0[g] = _mm256_mul_epu32(c[0][g], m0);
+      p1[g] = _mm256_mul_epu32(c[2][g], m1);
+    }
+  }
+
+  template <int G>
+  __attribute__((target("avx2"), always_inline)) inline void rounds_avx2(__m256i (&c)[4][G]) const {
+    for (int round = 0; round < 10; ++round) {
+      __m256i p0[G], p1[G];
+      products<G>(c, p0, p1);
+      for (int g = 0; g < G; ++g) {
+        c[0][g] =
+            _mm256_xor_si256(_mm256_srli_epi64(p1[g], 32), _mm256_xor_si256(c[1][g], key0[round]));
+        c[2][g] =
+            _mm256_xor_si256(_mm256_srli_epi64(p0[g], 32), _mm256_xor_si256(c[3][g], key1[round]));
+        c[1][g] = p1[g];
+        c[3][g] = p0[g];
+      }
+    }
+  }
+
+  // The same rounds with three-way XORs (and 32 vector registers).
+  template <int G>
+  __attribute__((target("avx2,avx512f,avx512vl"), always_inline)) inline void rounds_avx512(
+      __m256i (&c)[4][G]) const {
+    for (int round = 0; round < 10; ++round) {
+      __m256i p0[G], p1[G];
+      products<G>(c, p0, p1);
+      for (int g = 0; g < G; ++g) {
+        c[0][g] =
+            _mm256_ternarylogic_epi32(_mm256_srli_epi64(p1[g], 32), c[1][g], key0[round], 0x96);
+        c[2][g] =
+            _mm256_ternarylogic_epi32(_mm256_srli_epi64(p0[g], 32), c[3][g], key1[round], 0x96);
+        c[1][g] = p1[g];
+        c[3][g] = p0[g];
+      }
+    }
+  }
+
+  // Codes of x[0, 32 * G) to out[0, 32 * G) from the blocks' final state.
+  template <int G>
+  __attribute__((target("avx2"), always_inline)) inline void codes(const __m256i (&c)[4][G],
+                                                                   const float* x,
+                                                                   unsigned char* out) const {
+    for (int g = 0; g < G; ++g) {
+      // Words 0 and 1 of each block in one 64-bit lane, words 2 and 3 in
+      // another; then blocks 0 and 2 in `lo`, 1 and 3 in `hi`, 128 bits each.
+      const __m256i c01 = _mm256_blend_epi32(c[0][g], _mm256_slli_epi64(c[1][g], 32), 0xAA);
+      const __m256i c23 = _mm256_blend_epi32(c[2][g], _mm256_slli_epi64(c[3][g], 32), 0xAA);
+      const __m256i lo = _mm256_unpacklo_epi64(c01, c23), hi = _mm256_unpackhi_epi64(c01, c23);
+      const __m128i blocks[4] = {_mm256_castsi256_si128(lo), _mm256_castsi256_si128(hi),
+                                 _mm256_extracti128_si256(lo, 1), _mm256_extracti128_si256(hi, 1)};
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i h = _mm256_cvtepu16_epi32(blocks[k]);
+        const __m256 u = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_slli_epi32(h, 1), one)), half_cell);
+        const __m256 t = _mm256_add_ps(
+            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vmin), vs), u);
+        // x >= min, so t >= u > 0 and truncation is the floor.
+        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(t, vlevels));
+      }
+      const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
+      const __m256i b = _mm256_packus_epi32(q[2], q[3]);
+      const __m256i v = _mm256_packus_epi16(a, b);  // 8-bit, in 32-bit groups per lane
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * g),
+                          _mm256_permutevar8x32_epi32(v, perm));
+    }
+  }
+};
+
+// Stochastic codes of x[0, 32 * m), whose first index index0 is a multiple
+// of 8; return 32 * m, the elements done.
+__attribute__((target("avx2"))) int64_t stochastic_avx2(const float* x, int64_t len,
+                                                        const Stochastic& shared, int64_t index0,
+                                                        unsigned char* out) {
+  const Stochastic sr = shared;  // a local copy: stores through `out` cannot alias it
+  int64_t i = 0;
+  for (; i + 128 <= len; i += 128) {
+    __m256i c[4][4];
+    sr.counters<4>(static_cast<uint64_t>(index0 + i), c);
+    sr.rounds_avx2<4>(c);
+    sr.codes<4>(c, x + i, out + i);
+  }
+  for (; i + 32 <= len; i += 32) {
+    __m256i c[4][1];
+    sr.counters<1>(static_cast<uint64_t>(index0 + i), c);
+    sr.rounds_avx2<1>(c);
+    sr.codes<1>(c, x + i, out + i);
+  }
+  return i;
+}
+
+__attribute__((target("avx2,avx512f,avx512vl"))) int64_t stochastic_avx512(
+    const float* x, int64_t len, const Stochastic& shared, int64_t index0, unsigned char* out) {
+  const Stochastic sr = shared;  // a local copy: stores through `out` cannot alias it
+  int64_t i = 0;
+  for (; i + 128 <= len; i += 128) {
+    __m256i c[4][4];
+    sr.counters<4>(static_cast<uint64_t>(index0 + i), c);
+    sr.rounds_avx512<4>(c);
+    sr.codes<4>(c, x + i, out + i);
+  }
+  for (; i + 32 <= len; i += 32) {
+    __m256i c[4][1];
+    sr.counters<1>(static_cast<uint64_t>(index0 + i), c);
+    sr.rounds_avx512<1>(c);
+    sr.codes<1>(c, x + i, out + i);
   }
   return i;
 }
@@ -225,26 +334,28 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
       out[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
     return;
   }
-  // Stochastic: one Philox block gives the uniforms of 4 consecutive indices.
-  // The scalar loop takes the elements before the first multiple of 4 and
-  // after the last whole group of 16; AVX2 the groups between.
-  const int64_t head = std::min<int64_t>(len, (4 - index0 % 4) % 4);
-  const int64_t vector_end = has_avx2()
-                                 ? head + stochastic8_avx2(x + head, len - head, min, scale, levels,
-                                                           seed, offset, index0 + head, out + head)
-                                 : head;
+  // Stochastic: one Philox block gives the uniforms of 8 consecutive indices
+  // (rounding_uniform). The scalar loop takes the elements before the first
+  // multiple of 8 and after the last whole group of 32; AVX2 the groups
+  // between.
+  const int64_t head = std::min<int64_t>(len, (8 - index0 % 8) % 8);
+  int64_t vector_end = head;
+  if (has_avx2()) {
+    const Stochastic sr(min, scale, levels, seed, offset);
+    vector_end += (has_avx512vl() ? stochastic_avx512 : stochastic_avx2)(x + head, len - head, sr,
+                                                                         index0 + head, out + head);
+  }
   auto scalar = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end;) {
+    Philox4x32 block{};
+    for (int64_t i = begin; i < end; ++i) {
       const uint64_t index = static_cast<uint64_t>(index0 + i);
-      const Philox4x32 r = philox4x32(seed, 0, offset + (index >> 2));
-      for (uint64_t lane = index & 3; lane < 4 && i < end; ++lane, ++i) {
-        const float u = static_cast<float>(r.v[lane] >> 8) * (1.0f / 16777216.0f);
-        const float v = std::floor((x[i] - min) * scale + u);
-        out[i] = static_cast<unsigned char>(v <= 0.0f ? 0u
-                                            : v >= static_cast<float>(levels)
-                                                ? levels
-                                                : static_cast<uint32_t>(v));
-      }
+      if (i == begin || index % 8 == 0)
+        block = philox4x32(seed, 0, rounding_counter(offset, index));
+      const float v = std::floor((x[i] - min) * scale + rounding_uniform_of(block, index));
+      out[i] =
+          static_cast<unsigned char>(v <= 0.0f                         ? 0u
+                                     : v >= static_cast<float>(levels) ? levels
+                                                                       : static_cast<uint32_t>(v));
     }
   };
   scalar(0, head);

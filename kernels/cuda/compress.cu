@@ -143,7 +143,7 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
       const float v = __fmul_rn(__fsub_rn(x[first + i], mn), scale);
       float r;
       if (stochastic) {
-        const float u = philox_uniform(seed, offset, static_cast<uint64_t>(first + i));
+        const float u = rounding_uniform(seed, offset, static_cast<uint64_t>(first + i));
         r = floorf(__fadd_rn(v, u));
       } else {
         r = rintf(v);

@@ -247,10 +247,28 @@ TEST(MinMax, StochasticRoundingIsUnbiasedAndReproducible) {
   EXPECT_EQ(a.bytes, b.bytes);
 }
 
+TEST(MinMax, StochasticRoundingUniformsAreWithinTwoToMinus17OfUnbiased) {
+  // Over the 2^16 cells, floor(f + u) = 1 for floor(2^16 f + 1/2) of them:
+  // P(round up) is within 2^-17 of f (sums exact: f on a 2^-20 grid).
+  for (uint32_t g = 0; g < (1u << 20); g += 4093) {
+    const float f = static_cast<float>(g) / static_cast<float>(1u << 20);
+    int64_t up = 0;
+    for (uint32_t h = 0; h < (1u << 16); ++h)
+      up += std::floor(f + static_cast<float>(2 * h + 1) / 131072.0f) >= 1.0f;
+    ASSERT_LE(std::fabs(static_cast<double>(up) / 65536.0 - f), 1.0 / 131072.0) << f;
+  }
+  // The cells come from Philox: eight elements per block, 16 bits each.
+  const Philox4x32 r = philox4x32(5, 0, 3 + 2);
+  for (uint64_t i = 16; i < 24; ++i) {
+    const uint32_t h = (r.v[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu;
+    ASSERT_EQ(rounding_uniform(5, 3, i), static_cast<float>(2 * h + 1) / 131072.0f) << i;
+  }
+}
+
 TEST(MinMax, StochasticCodesMatchTheScalarReference) {
   // Whatever path the CPU takes (AVX2 Philox on four counters or scalar), each
-  // code is floor((x - min) * scale + u) clamped, with u = philox_uniform of
-  // the element's index. Chunks of 1001 start at indices 1 and 2 mod 4, so
+  // code is floor((x - min) * scale + u) clamped, with u = rounding_uniform of
+  // the element's index. Chunks of 1001 start at indices 1, 2 and 3 mod 8, so
   // the vector path's head, body and tail all run.
   const int64_t n = 4099, chunk = 1001;
   auto x = gaussian(n, 23);
@@ -268,7 +286,8 @@ TEST(MinMax, StochasticCodesMatchTheScalarReference) {
     float mn, s;
     std::memcpy(&mn, p, 4);
     std::memcpy(&s, p + 4, 4);
-    const float u = kernels::philox_uniform(ctx.rng.seed, ctx.rng.offset, static_cast<uint64_t>(i));
+    const float u =
+        kernels::rounding_uniform(ctx.rng.seed, ctx.rng.offset, static_cast<uint64_t>(i));
     const float v = std::floor((x[i] - mn) * s + u);
     const auto want = static_cast<unsigned char>(std::clamp(v, 0.0f, 255.0f));
     ASSERT_EQ(static_cast<unsigned char>(p[8 + i - ch * chunk]), want) << i;

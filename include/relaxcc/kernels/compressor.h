@@ -19,9 +19,16 @@
 //               values: k u32 indices, then a minmax body of k values
 //
 // encoded_size(n, config) is a pure function, known on the host before any
-// data moves, and equals the bytes encode() writes. Stochastic rounding draws
-// from Philox4x32 keyed by ctx.rng.seed at counter ctx.rng.offset + element
-// index, so every backend and every rank reproduces it.
+// data moves, and equals the bytes encode() writes.
+//
+// Stochastic rounding (minmax, cocktail): code = floor((x - min) * s + u),
+// clamped, where u = rounding_uniform(ctx.rng.seed, ctx.rng.offset, i) of
+// philox.h for element i of the encoded values: 16 random bits per element,
+// one Philox4x32-10 block (counter ctx.rng.offset + i / 8) per eight
+// elements. The expected code is within 2^-17 of a quantization step of (x -
+// min) * s (besides the f32 rounding of the sum); every backend and every
+// rank reproduces the payload. Streams that must not share random bits need
+// counter ranges that do not overlap: offsets n apart for n elements suffice.
 //
 // Encoder contract. Inputs must be finite, and representable by the kind:
 // encode() throws InvalidArgument naming the first element that is NaN or

@@ -37,12 +37,27 @@ RELAXCC_HD constexpr Philox4x32 philox4x32(uint64_t key, uint64_t counter_hi, ui
   return Philox4x32{{c0, c1, c2, c3}};
 }
 
-// A uniform float in [0, 1) for element `index` of stream (seed, offset):
-// 24 random bits, exact in f32, identical on every backend.
-RELAXCC_HD constexpr float philox_uniform(uint64_t seed, uint64_t offset, uint64_t index) {
-  const uint64_t counter = offset + (index >> 2);
-  const Philox4x32 r = philox4x32(seed, 0, counter);
-  return static_cast<float>(r.v[index & 3] >> 8) * (1.0f / 16777216.0f);
+// The uniform u in (0, 1) that stochastic rounding adds to element `index`
+// of stream (seed, offset): code = floor(v + u), clamped, v = (x - min) *
+// scale in f32. One Philox4x32-10 block, counter offset + index / 8
+// (counter_hi 0), serves eight consecutive elements, 16 bits each: element
+// `index` takes word (index % 8) / 2, its low half for an even index and its
+// high half for an odd one, as h, and u = (2h + 1) / 2^17, the midpoint of
+// one of 2^16 equal cells (exact in f32). For v with fractional part f, the
+// code rounds up with probability floor(2^16 f + 1/2) / 2^16, within 2^-17
+// of f: the expected code is within 2^-17 of a quantization step of v, apart
+// from the f32 rounding of v + u. Every backend computes u with this
+// function or reproduces it bit for bit (the AVX2 path).
+RELAXCC_HD constexpr uint64_t rounding_counter(uint64_t offset, uint64_t index) {
+  return offset + index / 8;
+}
+// u of element `index` from its block, philox4x32(seed, 0, rounding_counter()).
+RELAXCC_HD constexpr float rounding_uniform_of(const Philox4x32& block, uint64_t index) {
+  const uint32_t h = (block.v[(index / 2) % 4] >> (16 * (index % 2))) & 0xFFFFu;
+  return static_cast<float>(2 * h + 1) * (1.0f / 131072.0f);
+}
+RELAXCC_HD constexpr float rounding_uniform(uint64_t seed, uint64_t offset, uint64_t index) {
+  return rounding_uniform_of(philox4x32(seed, 0, rounding_counter(offset, index)), index);
 }
 
 }  // namespace relaxcc::kernels
