@@ -638,6 +638,70 @@ TEST(After, WaitsForItsDependencyWithoutHoldingUpLaterOperations) {
   }
 }
 
+// ---- compute ------------------------------------------------------------------
+
+// encode -> collective -> decode, each stage after the one before, the local
+// stages off the caller's thread: the collective reads what the first stage
+// wrote, the last stage reads the collective's result.
+TEST(Compute, StagesAroundACollectiveRunOffTheCallersThreadInOrder) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (int64_t count : {int64_t{1}, int64_t{(1 << 16) + 3}}) {
+    Buffer b(DType::i64, count);
+    std::vector<int64_t> doubled(static_cast<size_t>(count));
+    std::thread::id encode_thread, decode_thread;
+    WorkPtr encoded = comm->compute([&] {
+      encode_thread = std::this_thread::get_id();
+      test::fill(b, r);
+    });
+    AllreduceOptions o;
+    o.after = encoded;
+    WorkPtr summed = comm->allreduce(b.view(), ExecContext::host(), o);
+    OpOptions d;
+    d.after = summed;
+    d.label = "decode";
+    WorkPtr decoded = comm->compute(
+        [&] {
+          decode_thread = std::this_thread::get_id();
+          for (int64_t i = 0; i < count; ++i) doubled[i] = 2 * b.as<int64_t>()[i];
+        },
+        d);
+    decoded->wait();
+    EXPECT_TRUE(encoded->is_completed() && summed->is_completed());
+    EXPECT_NE(encode_thread, std::this_thread::get_id());
+    EXPECT_NE(decode_thread, std::this_thread::get_id());
+    EXPECT_NE(decoded->description().find("compute"), std::string::npos) << decoded->description();
+    EXPECT_NE(decoded->description().find("decode"), std::string::npos) << decoded->description();
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(doubled[i], 2 * test::expected_reduction<int64_t>(i, ReduceOp::sum, n))
+          << "count " << count << " index " << i;
+  }
+}
+
+// What the function throws is the Work's error; a failed dependency fails the
+// Work without running the function; the communicator stays usable.
+TEST(Compute, ErrorsAndFailedDependencies) {
+  auto comm = world();
+  WorkPtr thrown = comm->compute([] { RELAXCC_THROW(CorruptPayload, "test: bad bytes"); });
+  EXPECT_THROW(thrown->wait(), CorruptPayload);
+  auto gate = std::make_shared<Work>("gate");
+  bool ran = false;
+  OpOptions o;
+  o.after = gate;
+  WorkPtr dependent = comm->compute([&] { ran = true; }, o);
+  gate->complete(std::make_exception_ptr(
+      InvalidArgument("test: the stage before failed", __FILE__, __LINE__)));
+  EXPECT_THROW(dependent->wait(), CommunicationError);
+  EXPECT_FALSE(ran);
+  EXPECT_THROW(comm->compute(nullptr), InvalidArgument);
+  Buffer b(DType::i32, 3);
+  test::fill(b, comm->rank());
+  comm->allreduce(b.view(), ExecContext::host())->wait();
+  for (int64_t i = 0; i < 3; ++i)
+    ASSERT_EQ(b.as<int32_t>()[i],
+              test::expected_reduction<int32_t>(i, ReduceOp::sum, comm->size()));
+}
+
 // ---- groups -------------------------------------------------------------------
 
 // Threads and resident memory of this process, from /proc/self/status.

@@ -475,6 +475,9 @@ class CorruptingCommunicator : public Communicator {
     return inner_->alltoallv(input, send_counts, output, recv_counts, ctx, o);
   }
   WorkPtr barrier(const BarrierOptions& options) override { return inner_->barrier(options); }
+  WorkPtr compute(std::function<void()> fn, const OpOptions& options) override {
+    return inner_->compute(std::move(fn), options);
+  }
 
  private:
   CommunicatorPtr inner_;

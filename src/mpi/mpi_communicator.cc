@@ -16,6 +16,7 @@
 #include "../collectives/argument_checks.h"
 #include "alltoall_pairwise.h"
 #include "broadcast_chain.h"
+#include "compute_op.h"
 #include "engine.h"
 #include "op_header.h"
 #include "point_to_point.h"
@@ -542,6 +543,12 @@ class MpiCommunicator final : public Communicator {
                       size(), ExecContext::host(),
                       static_cast<int>(AllreduceAlgo::recursive_doubling), OpType::barrier),
                   options, [] { return std::string("recursive doubling, all ranks"); });
+  }
+
+  WorkPtr compute(std::function<void()> fn, const OpOptions& options) override {
+    RELAXCC_ENFORCE(fn != nullptr, InvalidArgument, "compute: no function");
+    return submit(std::make_shared<ComputeOp>(std::move(fn), options.priority), options,
+                  [] { return std::string("local"); });
   }
 
  private:
