@@ -610,16 +610,23 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       break;
     }
     case CompressorKind::cocktail: {
-      const std::vector<uint32_t> r = random_indices(n, c);
-      std::vector<float> picked(r.size());
-      for (size_t j = 0; j < r.size(); ++j) picked[j] = x[r[j]];
-      require_finite(picked.data(), static_cast<int64_t>(picked.size()), "cocktail");
-      const cpu::Selection top =
-          cpu::topk(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx);
-      for (size_t j = 0; j < top.indices.size(); ++j) {
-        const uint32_t absolute = r[top.indices[j]];
-        std::memcpy(body + j * 4, &absolute, 4);
+      // Top-k among the random selection: a rolling one is read in place
+      // (one strided pass, nothing gathered); a stratified one is gathered.
+      cpu::Selection top;
+      if (c.random_mode == RandomKMode::rolling) {
+        const int64_t stride = rolling_stride(c.ratio);
+        top = cpu::topk_strided(x, static_cast<int64_t>(c.step % static_cast<uint64_t>(stride)),
+                                stride, random_count(n, c), h.k, c.approximate, ctx, "cocktail");
+      } else {
+        const std::vector<uint32_t> r = random_indices(n, c);
+        std::vector<float> picked(r.size());
+        for (size_t j = 0; j < r.size(); ++j) picked[j] = x[r[j]];
+        require_finite(picked.data(), static_cast<int64_t>(picked.size()), "cocktail");
+        top = cpu::topk(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx,
+                        "cocktail");
+        for (uint32_t& i : top.indices) i = r[i];
       }
+      copy_bytes(body, top.indices.data(), top.indices.size() * 4);
       encode_minmax(top.values.data(), static_cast<int64_t>(top.values.size()), c, ctx, 0,
                     body + top.indices.size() * 4);
       break;

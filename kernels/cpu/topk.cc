@@ -3,10 +3,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "cpu_kernels.h"
-#include "quantize.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/thread_pool.h"
 
@@ -14,117 +17,124 @@ namespace relaxcc::kernels::cpu {
 
 namespace {
 
-struct Candidates {
-  std::vector<uint32_t> idx;
-  std::vector<float> val;
-  int64_t bad = -1;  // first non-finite index seen
+// Elements x[offset + j * stride], j in [0, count).
+struct View {
+  const float* x;
+  int64_t offset, stride, count;
+
+  int64_t index(int64_t j) const { return offset + j * stride; }
+  float operator[](int64_t j) const { return x[index(j)]; }
+  // AVX2 gathers take 32-bit signed offsets: seven strides must fit.
+  bool gatherable() const { return stride <= (int64_t{1} << 31) / 8; }
 };
 
-void scan_scalar(const float* x, int64_t begin, int64_t end, float t, Candidates& out) {
-  for (int64_t i = begin; i < end; ++i) {
-    if (!std::isfinite(x[i])) {
-      if (out.bad < 0) out.bad = i;
-      continue;
+uint32_t magnitude_bits(float v) {
+  return std::bit_cast<uint32_t>(v) & 0x7fffffffu;  // ordered like |v| for finite v
+}
+
+// Candidates (index into x, value) in ascending index order. The buffers have
+// room for 32 more than `size` whenever a scan writes, so the vector path
+// stores whole registers.
+struct Candidates {
+  std::unique_ptr<uint32_t[]> idx;
+  std::unique_ptr<float[]> val;
+  int64_t size = 0, capacity = 0;
+  bool bad = false;  // a NaN or infinity was scanned
+
+  void reserve(int64_t want) {
+    if (want <= capacity) return;
+    const int64_t cap = std::max(want, capacity * 2);
+    auto i = std::make_unique_for_overwrite<uint32_t[]>(static_cast<size_t>(cap));
+    auto v = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(cap));
+    if (size > 0) {
+      std::memcpy(i.get(), idx.get(), static_cast<size_t>(size) * 4);
+      std::memcpy(v.get(), val.get(), static_cast<size_t>(size) * 4);
     }
-    if (std::fabs(x[i]) >= t) {
-      out.idx.push_back(static_cast<uint32_t>(i));
-      out.val.push_back(x[i]);
+    idx = std::move(i);
+    val = std::move(v);
+    capacity = cap;
+  }
+  void push(uint32_t i, float v) {
+    reserve(size + 33);
+    idx[size] = i;
+    val[size] = v;
+    ++size;
+  }
+};
+
+void scan_scalar(const View& x, int64_t begin, int64_t end, float t, Candidates& out) {
+  for (int64_t j = begin; j < end; ++j) {
+    const float v = x[j];
+    if (!std::isfinite(v)) {
+      out.bad = true;
+    } else if (std::fabs(v) >= t) {
+      out.push(static_cast<uint32_t>(x.index(j)), v);
     }
   }
 }
 
-// Compares 32 magnitudes per iteration; at low density most masks are empty.
-__attribute__((target("avx2"))) void scan_avx2(const float* x, int64_t begin, int64_t end, float t,
+// For each 8-bit mask, the lanes whose bit is set, first (a
+// _mm256_permutevar8x32 pattern that packs them to the front).
+constexpr std::array<std::array<int32_t, 8>, 256> kCompress = [] {
+  std::array<std::array<int32_t, 8>, 256> lut{};
+  for (int m = 0; m < 256; ++m) {
+    int n = 0;
+    for (int l = 0; l < 8; ++l)
+      if (m & (1 << l)) lut[m][n++] = l;
+  }
+  return lut;
+}();
+
+// Compares 32 magnitudes per iteration (at low density most masks are
+// empty); each non-empty group of 8 writes its candidates' indices and values
+// with one permute each.
+template <bool kStrided>
+__attribute__((target("avx2"))) void scan_avx2(const View& x, int64_t begin, int64_t end, float t,
                                                Candidates& out) {
   const __m256 vt = _mm256_set1_ps(t), inf = _mm256_set1_ps(INFINITY);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  int64_t i = begin;
-  for (; i + 32 <= end; i += 32) {
-    uint32_t bits = 0, bad = 0;
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i lane_step =
+      _mm256_mullo_epi32(lanes, _mm256_set1_epi32(static_cast<int>(x.stride)));
+  __m256 bad = _mm256_setzero_ps();
+  int64_t j = begin;
+  for (; j + 32 <= end; j += 32) {
+    out.reserve(out.size + 33);
+    __m256 v[4];
+    uint32_t mask[4], any = 0;
     for (int k = 0; k < 4; ++k) {
-      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i + 8 * k), abs_mask);
-      bits |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)))
-              << (8 * k);
-      bad |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ)));
+      const float* p = x.x + x.index(j + 8 * k);
+      v[k] = kStrided ? _mm256_i32gather_ps(p, lane_step, 4) : _mm256_loadu_ps(p);
+      const __m256 a = _mm256_and_ps(v[k], abs_mask);
+      mask[k] = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)));
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+      any |= mask[k];
     }
-    if (bad != 0) {
-      scan_scalar(x, i, i + 32, t, out);
-      continue;
-    }
-    while (bits != 0) {
-      const int64_t j = i + __builtin_ctz(bits);
-      out.idx.push_back(static_cast<uint32_t>(j));
-      out.val.push_back(x[j]);
-      bits &= bits - 1;
+    if (any == 0) continue;
+    for (int k = 0; k < 4; ++k) {
+      if (mask[k] == 0) continue;
+      const __m256i perm =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress[mask[k]].data()));
+      const __m256i idx = _mm256_add_epi32(
+          _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(x.index(j + 8 * k)))),
+          lane_step);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.idx.get() + out.size),
+                          _mm256_permutevar8x32_epi32(idx, perm));
+      _mm256_storeu_ps(out.val.get() + out.size, _mm256_permutevar8x32_ps(v[k], perm));
+      out.size += std::popcount(mask[k]);
     }
   }
-  scan_scalar(x, i, end, t, out);
+  if (_mm256_movemask_ps(bad) != 0) out.bad = true;
+  scan_scalar(x, j, end, t, out);
 }
 
-void scan(const float* x, int64_t begin, int64_t end, float t, Candidates& out) {
-  if (has_avx2())
-    scan_avx2(x, begin, end, t, out);
+void scan(const View& x, int64_t begin, int64_t end, float t, Candidates& out) {
+  if (has_avx2() && x.stride == 1)
+    scan_avx2<false>(x, begin, end, t, out);
+  else if (has_avx2() && x.gatherable())
+    scan_avx2<true>(x, begin, end, t, out);
   else
     scan_scalar(x, begin, end, t, out);
-}
-
-// Candidates with |x| >= t over [0, n), in index order, split over the pool.
-Candidates candidates(const float* x, int64_t n, float t, const ExecContext& ctx,
-                      int64_t expected) {
-  const int parts = ctx.pool ? ctx.pool->num_threads() : 1;
-  Candidates out;
-  if (parts == 1 || n < (1 << 20)) {
-    out.idx.reserve(static_cast<size_t>(expected));
-    out.val.reserve(static_cast<size_t>(expected));
-    scan(x, 0, n, t, out);
-  } else {
-    std::vector<Candidates> pieces(parts);
-    ctx.pool->parallel_for(parts, 1, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        pieces[p].idx.reserve(static_cast<size_t>(expected / parts + 1024));
-        pieces[p].val.reserve(static_cast<size_t>(expected / parts + 1024));
-        scan(x, n * p / parts, n * (p + 1) / parts, t, pieces[p]);
-      }
-    });
-    size_t total = 0;
-    for (const auto& p : pieces) total += p.idx.size();
-    out.idx.reserve(total);
-    out.val.reserve(total);
-    for (const auto& p : pieces) {
-      out.idx.insert(out.idx.end(), p.idx.begin(), p.idx.end());
-      out.val.insert(out.val.end(), p.val.begin(), p.val.end());
-      if (out.bad < 0) out.bad = p.bad;
-    }
-  }
-  if (out.bad >= 0)
-    RELAXCC_THROW(InvalidArgument, "topk: element ", out.bad, " is ", x[out.bad],
-                  "; compressors take finite values (check for overflow first)");
-  return out;
-}
-
-float kth_largest(std::vector<float> mags, int64_t k) {
-  std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
-  return mags[k - 1];
-}
-
-// Keeps exactly k of the ascending candidates: all above the k-th magnitude,
-// then the lowest-index ties.
-Selection trim(const Candidates& cand, int64_t k) {
-  std::vector<float> mags(cand.val.size());
-  for (size_t j = 0; j < mags.size(); ++j) mags[j] = std::fabs(cand.val[j]);
-  const float tk = kth_largest(mags, k);
-  int64_t ties_left = k;
-  for (float m : mags) ties_left -= m > tk;
-  Selection out;
-  out.indices.reserve(static_cast<size_t>(k));
-  out.values.reserve(static_cast<size_t>(k));
-  for (size_t j = 0; j < mags.size(); ++j) {
-    if (mags[j] > tk || (mags[j] == tk && ties_left-- > 0)) {
-      out.indices.push_back(cand.idx[j]);
-      out.values.push_back(cand.val[j]);
-    }
-  }
-  return out;
 }
 
 __attribute__((target("avx2"))) int64_t first_bad_avx2(const float* x, int64_t begin, int64_t end) {
@@ -150,6 +160,104 @@ int64_t first_bad(const float* x, int64_t begin, int64_t end) {
   return -1;
 }
 
+[[noreturn]] void throw_non_finite(const View& x, const char* what) {
+  int64_t j = 0;
+  if (x.stride == 1) {
+    j = first_bad(x.x + x.offset, 0, x.count);
+  } else {
+    while (std::isfinite(x[j])) ++j;
+  }
+  RELAXCC_THROW(InvalidArgument, what, ": element ", x.index(j), " is ", x[j],
+                "; compressors take finite values (check for overflow first)");
+}
+
+// Candidates with |x| >= t, in index order, the scan split over the pool.
+Candidates candidates(const View& x, float t, const ExecContext& ctx, int64_t expected,
+                      const char* what) {
+  const int parts = ctx.pool ? ctx.pool->num_threads() : 1;
+  Candidates out;
+  if (parts == 1 || x.count < (1 << 20)) {
+    out.reserve(expected + 33);
+    scan(x, 0, x.count, t, out);
+  } else {
+    std::vector<Candidates> pieces(parts);
+    ctx.pool->parallel_for(parts, 1, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        pieces[p].reserve(expected / parts + 1024);
+        scan(x, x.count * p / parts, x.count * (p + 1) / parts, t, pieces[p]);
+      }
+    });
+    int64_t total = 0;
+    for (const auto& p : pieces) total += p.size;
+    out.reserve(total + 33);
+    for (const auto& p : pieces) {
+      if (p.size > 0) {
+        std::memcpy(out.idx.get() + out.size, p.idx.get(), static_cast<size_t>(p.size) * 4);
+        std::memcpy(out.val.get() + out.size, p.val.get(), static_cast<size_t>(p.size) * 4);
+      }
+      out.size += p.size;
+      out.bad |= p.bad;
+    }
+  }
+  if (out.bad) throw_non_finite(x, what);
+  return out;
+}
+
+// Keeps exactly k (<= cand.size) of the candidates, all >= t in magnitude:
+// every one above the k-th largest magnitude, then the lowest-index ties.
+// The k-th largest comes from a histogram of magnitude bits just above t
+// (fine bins where the candidates to drop lie), then a selection within its
+// bin.
+Selection keep_k(const Candidates& cand, int64_t k, float t) {
+  Selection out;
+  const int64_t n = cand.size, drop = n - k;
+  const uint32_t tb = magnitude_bits(t);
+  constexpr int kShift = 8, kBins = 4096;
+  auto bin_of = [&](uint32_t b) {
+    return static_cast<int>(std::min<uint32_t>((b - tb) >> kShift, kBins - 1));
+  };
+  uint32_t kth = tb;  // the k-th largest magnitude's bits (any candidate's, when all are kept)
+  int64_t above = 0;  // candidates above it (ties with it fill up to k)
+  if (drop > 0) {
+    std::vector<int64_t> hist(kBins, 0);
+    for (int64_t i = 0; i < n; ++i) ++hist[bin_of(magnitude_bits(cand.val[i]))];
+    int bin = 0;
+    int64_t below = 0;  // candidates in the bins before `bin`
+    while (below + hist[bin] <= drop) below += hist[bin++];
+    std::vector<uint32_t> in_bin;
+    in_bin.reserve(static_cast<size_t>(hist[bin]));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t b = magnitude_bits(cand.val[i]);
+      if (bin_of(b) == bin) in_bin.push_back(b);
+    }
+    // Ascending, the k-th largest overall is the (drop + 1)-th smallest.
+    const auto nth = in_bin.begin() + (drop - below);
+    std::nth_element(in_bin.begin(), nth, in_bin.end());
+    kth = *nth;
+    above = 0;
+    for (uint32_t b : in_bin) above += b > kth;
+    for (int b = bin + 1; b < kBins; ++b) above += hist[b];
+  }
+  int64_t ties_left = k - above;
+  // Branch-free: every candidate is written, and the next overwrites it
+  // unless kept (one slot of room past k).
+  out.indices.resize(static_cast<size_t>(k) + 1);
+  out.values.resize(static_cast<size_t>(k) + 1);
+  int64_t pos = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = magnitude_bits(cand.val[i]);
+    const bool tie = b == kth;
+    const bool keep = b > kth || (tie && ties_left > 0);
+    ties_left -= tie && keep;
+    out.indices[pos] = cand.idx[i];
+    out.values[pos] = cand.val[i];
+    pos += keep;
+  }
+  out.indices.resize(static_cast<size_t>(k));
+  out.values.resize(static_cast<size_t>(k));
+  return out;
+}
+
 }  // namespace
 
 int64_t first_non_finite(const float* x, int64_t n, const ExecContext& ctx) {
@@ -164,38 +272,50 @@ int64_t first_non_finite(const float* x, int64_t n, const ExecContext& ctx) {
   return -1;
 }
 
-Selection topk(const float* x, int64_t n, int64_t k, bool approximate, const ExecContext& ctx) {
+Selection topk_strided(const float* data, int64_t offset, int64_t stride, int64_t count, int64_t k,
+                       bool approximate, const ExecContext& ctx, const char* what) {
+  const View x{data, offset, stride, count};
   if (k <= 0) return {};
-  if (k >= n) return trim(candidates(x, n, 0.0f, ctx, n), n);
-  if (approximate && n >= (1 << 16)) {
+  if (k >= count) return keep_k(candidates(x, 0.0f, ctx, count, what), count, 0.0f);
+  if (approximate && count >= (1 << 16)) {
     // Threshold from a sample of 256 evenly spaced runs of 256 elements
-    // (sequential reads), aimed at ~1.5 k candidates. A threshold that
-    // turns out too high is lowered and the scan repeated, so the count is
-    // always exact and recall only depends on ties.
+    // (sequential reads), aimed at 5% more candidates than k plus four
+    // standard deviations of the sample's count. A threshold that turns out
+    // too high is lowered and the scan repeated, so the count is always
+    // exact and recall only depends on ties.
     constexpr int64_t kRuns = 256, kRun = 256;
-    const int64_t m = kRuns * kRun;
+    constexpr int64_t m = kRuns * kRun;
     std::vector<float> sample(static_cast<size_t>(m));
     for (int64_t r = 0; r < kRuns; ++r) {
-      const int64_t start = r * (n - kRun) / (kRuns - 1);
+      const int64_t start = r * (count - kRun) / (kRuns - 1);
       for (int64_t j = 0; j < kRun; ++j) sample[r * kRun + j] = std::fabs(x[start + j]);
     }
-    int64_t rank = std::min<int64_t>(m, (k * m * 3) / (2 * n) + 16);
+    const double expect = static_cast<double>(k) * m / static_cast<double>(count);
+    int64_t rank =
+        std::min<int64_t>(m, static_cast<int64_t>(expect * 1.05 + 4 * std::sqrt(expect)) + 16);
     for (int attempt = 0; attempt < 4; ++attempt) {
       std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
                        std::greater<float>());
-      const Candidates cand = candidates(x, n, sample[rank - 1], ctx, rank * n / m + 1024);
-      if (static_cast<int64_t>(cand.idx.size()) >= k) return trim(cand, k);
+      const float t = sample[rank - 1];
+      const Candidates cand = candidates(x, t, ctx, rank * count / m + 1024, what);
+      if (cand.size >= k) return keep_k(cand, k, t);
       if (rank == m) break;
       rank = std::min(m, rank * 4);  // too few above the threshold: lower it
     }
   }
-  const int64_t bad = first_non_finite(x, n, ctx);
-  if (bad >= 0)
-    RELAXCC_THROW(InvalidArgument, "topk: element ", bad, " is ", x[bad],
-                  "; compressors take finite values (check for overflow first)");
-  std::vector<float> mags(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) mags[i] = std::fabs(x[i]);
-  return trim(candidates(x, n, kth_largest(std::move(mags), k), ctx, k + 1024), k);
+  std::vector<float> mags(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) {
+    mags[j] = std::fabs(x[j]);
+    if (!std::isfinite(mags[j])) throw_non_finite(x, what);
+  }
+  std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
+  const float t = mags[k - 1];
+  return keep_k(candidates(x, t, ctx, k + 1024, what), k, t);
+}
+
+Selection topk(const float* x, int64_t n, int64_t k, bool approximate, const ExecContext& ctx,
+               const char* what) {
+  return topk_strided(x, 0, 1, n, k, approximate, ctx, what);
 }
 
 }  // namespace relaxcc::kernels::cpu

@@ -321,7 +321,7 @@ TEST(Sign, DecodesToScaledSigns) {
 
 TEST(TopK, ExactlyKLargestMagnitudes) {
   ThreadPool pool(2);
-  for (int64_t n : {int64_t{10}, int64_t{5000}, int64_t{1} << 18}) {
+  for (int64_t n : {int64_t{10}, int64_t{5000}, int64_t{1} << 18, (int64_t{1} << 20) + 5}) {
     auto x = gaussian(n, 31);
     for (int64_t i = 0; i < n; i += 97) x[i] = 0.5f;  // ties
     for (bool approximate : {false, true}) {
@@ -407,6 +407,62 @@ TEST(Cocktail, RandomThenTopkThenQuantize) {
   // The kept values are the 4-bit quantization of the originals.
   for (uint32_t i : idx) ASSERT_NEAR(y[i], x[i], 0.5);
   EXPECT_GT(compression_ratio(n, c), 40.0);
+}
+
+TEST(Cocktail, StridedTopkMatchesTheReferenceSelection) {
+  // Random positions step mod stride + j * stride, then exactly the k largest
+  // magnitudes among them, ties to the lower index: large enough for the
+  // sampled threshold, the AVX2 gather and (with a pool) a split scan.
+  ThreadPool pool(2);
+  const int64_t n = (int64_t{1} << 21) + 77;
+  auto x = gaussian(n, 53);
+  for (int64_t i = 0; i < n; i += 89) x[i] = 1.25f;  // ties near the threshold
+  for (int64_t stride : {1, 10, 30}) {
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      CompressorConfig c = make(CompressorKind::cocktail, 8, 128);
+      c.ratio = 1.0 / static_cast<double>(stride);
+      c.topk_ratio = 0.2;
+      c.random_mode = RandomKMode::rolling;
+      c.step = 7;
+      const Encoded e = encode_vec(x, c, ExecContext::host(p));
+      const int64_t k = read_header(e.span()).k;
+      const int64_t offset = 7 % stride, count = (n - offset + stride - 1) / stride;
+      std::vector<int64_t> order(static_cast<size_t>(count));
+      std::iota(order.begin(), order.end(), 0);
+      auto mag = [&](int64_t j) { return std::fabs(x[offset + j * stride]); };
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return mag(a) > mag(b); });
+      std::vector<uint32_t> want;
+      for (int64_t r = 0; r < k; ++r)
+        want.push_back(static_cast<uint32_t>(offset + order[r] * stride));
+      std::sort(want.begin(), want.end());
+      std::vector<uint32_t> got(static_cast<size_t>(k));
+      std::memcpy(got.data(), e.bytes.data() + 48, k * 4);
+      ASSERT_EQ(got, want) << "stride " << stride;
+    }
+  }
+  // A stride past what a gather reaches: one element, read in place.
+  CompressorConfig c = make(CompressorKind::cocktail, 8, 128);
+  c.ratio = 1.0 / 3e8;
+  c.random_mode = RandomKMode::rolling;
+  c.step = 5;
+  const Encoded e = encode_vec(x, c);
+  ASSERT_EQ(read_header(e.span()).k, 1);
+  uint32_t only = 0;
+  std::memcpy(&only, e.bytes.data() + 48, 4);
+  EXPECT_EQ(only, 5u);
+  // A non-finite element among the selected ones is named by its index.
+  x[7 + 10 * 1000] = NAN;
+  c.ratio = 0.1;
+  c.step = 7;
+  std::vector<std::byte> out(encoded_size(n, c));
+  try {
+    encode(TensorView::host(x.data(), n), out, c, ExecContext::host());
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("cocktail: element 10007 is nan"), std::string::npos)
+        << err.what();
+  }
 }
 
 TEST(Compressor, DecodeAccumulateAndRequantize) {
