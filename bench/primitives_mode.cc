@@ -30,11 +30,13 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/async_average.h"
+#include "relaxcc/relaxed/auto_codec.h"
 #include "relaxcc/relaxed/choco_gossip.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
 #include "relaxcc/relaxed/gossip.h"
 #include "relaxcc/relaxed/group_average.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
+#include "relaxcc/tunables.h"
 #include "report.h"
 
 namespace relaxcc::bench {
@@ -112,6 +114,7 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
     std::string codec_name = "f32";
     int codec_bits = 32;
     std::unique_ptr<ChocoGossip> choco;
+    std::unique_ptr<AutoCodec> chooser;
     std::unique_ptr<AsyncModelAverager> averager;
     std::mutex lock;
     std::vector<float> x(static_cast<size_t>(count));
@@ -150,6 +153,38 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       p.run = [&, c](std::vector<float>& v, uint64_t) {
         CompressedAllreduceOptions o;
         o.codec = c;
+        o.op = ReduceOp::avg;
+        o.stats = &p.stats;
+        compressed_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
+      };
+    } else if (name == "auto") {
+      // The auto codec, calibrated here (untimed), RELAXCC_AUTO_CODEC
+      // forcing it if set.
+      AutoCodecOptions ao;
+      ao.force = Tunables::from_env().auto_codec;
+      chooser = std::make_unique<AutoCodec>(AutoCodec::calibrate(*comm, host, ao));
+      const AutoChoice choice = chooser->choose(count);
+      if (choice.codec) {
+        codec_name = kernels::compressor_name(choice.codec->kind);
+        codec_bits =
+            choice.codec->kind == kernels::CompressorKind::minmax ? choice.codec->bits : 16;
+      }
+      const AutoCodecMeasurements& m = chooser->measurements();
+      std::string line =
+          detail::concat("# auto: ring ", 1e-9 / std::max(m.ring_seconds_per_byte, 1e-30),
+                         " GB/s, call ", m.call_seconds * 1e6, " us");
+      for (size_t i = 0; i < ao.codecs.size(); ++i)
+        line +=
+            detail::concat("; ", relaxcc::codec_name(ao.codecs[i]), " encode ",
+                           1e-9 / std::max(m.encode_seconds_per_byte[i], 1e-30), " GB/s, decode ",
+                           1e-9 / std::max(m.decode_seconds_per_byte[i], 1e-30),
+                           " GB/s, predicted ", chooser->predict(count, static_cast<int>(i)), " s");
+      report.print(detail::concat(line, "; f32 predicted ", chooser->predict(count, -1),
+                                  " s; chose ",
+                                  choice.codec ? relaxcc::codec_name(*choice.codec) : "f32"));
+      p.run = [&](std::vector<float>& v, uint64_t) {
+        CompressedAllreduceOptions o;
+        o.auto_codec = chooser.get();
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
         compressed_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
@@ -317,7 +352,8 @@ void add_primitives_mode(CLI::App& app) {
   sub->add_option("--primitives", args->primitives,
                   "mpi, mpi_pairs (shift_one's exchange in plain MPI), all, ring, shift_one, "
                   "exponential, choco, moshpit, async, compressed_<8bit|4bit|2bit|1bit|f16|bf16>, "
-                  "topk (top-k sparse allreduce keeping 1%), topk_<ratio>")
+                  "auto (the auto codec; RELAXCC_AUTO_CODEC forces a choice), topk (top-k sparse "
+                  "allreduce keeping 1%), topk_<ratio>")
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--straggler", args->straggler,

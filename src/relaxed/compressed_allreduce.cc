@@ -6,7 +6,7 @@
 #include <numeric>
 #include <span>
 
-#include "../collectives/ring_schedule.h"
+#include "compressed_shards.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
 
@@ -17,18 +17,8 @@ namespace {
 using kernels::CompressorConfig;
 using kernels::CompressorKind;
 
-bool dense(CompressorKind kind) {
-  return kind == CompressorKind::f16 || kind == CompressorKind::bf16 ||
-         kind == CompressorKind::minmax || kind == CompressorKind::sign;
-}
-
-// The shards: the ring's balanced chunks, and where each starts.
-struct Shards {
-  std::vector<int64_t> count, offset;
-  Shards(int64_t numel, int n) : count(balanced_chunks(numel, n)), offset(count.size(), 0) {
-    for (size_t j = 1; j < count.size(); ++j) offset[j] = offset[j - 1] + count[j - 1];
-  }
-};
+using relaxed::dense;
+using relaxed::Shards;
 
 // What one call keeps until it finishes (its buffers travel with its Works).
 struct Call {
@@ -240,6 +230,36 @@ void check_options(const TensorView& x, const ExecContext& ctx,
                   InvalidArgument, what, ": error-feedback state made for another communicator");
 }
 
+// The auto codec's uncompressed choice: the communicator's allreduce, its
+// traffic counted as the ring moves it (reduce-scatter: every chunk but this
+// rank's to the right neighbour; allgather: every chunk but the right
+// neighbour's).
+WorkPtr uncompressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                               const CompressedAllreduceOptions& options) {
+  AllreduceOptions a;
+  static_cast<OpOptions&>(a) = options;
+  a.op = options.op;
+  WorkPtr done = comm.allreduce(x, ctx, a);
+  RelaxedStats* stats = options.stats;
+  const int n = comm.size(), me = comm.rank();
+  if (!stats || n == 1) return done;
+  return when_all(
+      {done},
+      [stats, n, me, numel = x.numel](Work&) {
+        const Shards s(numel, n);
+        const int right = (me + 1) % n, left = (me + n - 1) % n;
+        const auto elems = [&](int64_t v) { return static_cast<uint64_t>(v) * sizeof(float); };
+        const uint64_t sent = elems(2 * numel - s.count[me] - s.count[right]);
+        const uint64_t received = elems(2 * numel - s.count[left] - s.count[me]);
+        if (right == left) {
+          stats->add_round({{right, sent, received}});
+        } else {
+          stats->add_round({{right, sent, 0}, {left, 0, received}});
+        }
+      },
+      "compressed_allreduce (auto: uncompressed)");
+}
+
 }  // namespace
 
 CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size)
@@ -269,6 +289,19 @@ void CompressedAllreduceState::load(const StateDict& dict, const std::string& pr
 
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options) {
+  if (options.auto_codec) {
+    const AutoCodec& chooser = *options.auto_codec;
+    RELAXCC_ENFORCE(chooser.ranks() == comm.size(), InvalidArgument, "compressed_allreduce: rank ",
+                    comm.rank(), "'s auto codec was calibrated for ", chooser.ranks(),
+                    " ranks, the communicator has ", comm.size());
+    CompressedAllreduceOptions o = options;
+    o.auto_codec = nullptr;
+    o.codec = chooser.choose(x.numel).codec;
+    if (o.codec || o.robust.kind != RobustAggregation::Kind::none)
+      return compressed_allreduce(comm, x, ctx, o);
+    check_options(x, ctx, o, comm.size(), comm.rank(), "compressed_allreduce");
+    return uncompressed_allreduce(comm, x, ctx, o);
+  }
   check_options(x, ctx, options, comm.size(), comm.rank(), "compressed_allreduce");
   const int n = comm.size(), r = comm.rank();
 

@@ -48,6 +48,18 @@
 // OpOptions::after, the call takes its place in the communicator's order at
 // once and encodes x (step 1) once that Work completed, where it completes.
 //
+// Auto codec (relaxcc/relaxed/auto_codec.h): with options.auto_codec set,
+// `codec` is ignored and each call takes auto_codec->choose(x.numel): a
+// codec for this schedule, or the uncompressed allreduce
+// (Communicator::allreduce with op sum or avg, its selection table and its
+// ring), which auto takes whenever no codec is predicted faster by the
+// AutoCodec's margin. Every rank makes the same choice (agreed
+// calibration, same bucket size). With robust aggregation the uncompressed
+// choice is this schedule with f32 payloads (the allreduce cannot aggregate
+// robustly). The uncompressed allreduce leaves an error-feedback state as it
+// is (its residuals wait for the next compressed call; a bucket's choice
+// only changes with a new calibration).
+//
 // Hierarchical variant: full precision within each node (an allreduce over
 // the node's ranks, shared memory on one machine), compressed across nodes
 // (this schedule over the node leaders), then a broadcast within each node.
@@ -61,6 +73,7 @@
 
 #include "relaxcc/communicator.h"
 #include "relaxcc/kernels/compressor.h"
+#include "relaxcc/relaxed/auto_codec.h"
 #include "relaxcc/relaxed/relaxed_stats.h"
 #include "relaxcc/state_dict.h"
 #include "relaxcc/topology.h"
@@ -111,12 +124,16 @@ struct CompressedAllreduceOptions : OpOptions {
   // for this tensor's size and this communicator, and outlive the Work.
   CompressedAllreduceState* state = nullptr;
   RelaxedStats* stats = nullptr;  // bytes sent and received per peer
+  // When set, chooses the codec of each call (see "Auto codec" above) and
+  // `codec` is ignored. Calibrated on this communicator (hierarchical: on
+  // comms.inter; ignored elsewhere); it must outlive the call.
+  const AutoCodec* auto_codec = nullptr;
 };
 
 // x (f32, host) becomes the (compressed) sum or average over the ranks, in
 // place (on one rank it stays as it is: nothing is quantized). InvalidArgument for another dtype, a
 // sparse codec, an op other than sum and avg (avg with robust aggregation), robust options out of
-// range, or a state of another size.
+// range, a state of another size, or an auto codec calibrated for another rank count.
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options = {});
 

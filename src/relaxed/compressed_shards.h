@@ -1,0 +1,26 @@
+// What the compressed allreduce (compressed_allreduce.cc) and its auto codec
+// (auto_codec.cc) share: which codecs are dense, and the shards of a tensor.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../collectives/ring_schedule.h"
+#include "relaxcc/kernels/compressor.h"
+
+namespace relaxcc::relaxed {
+
+inline bool dense(kernels::CompressorKind kind) {
+  return kind == kernels::CompressorKind::f16 || kind == kernels::CompressorKind::bf16 ||
+         kind == kernels::CompressorKind::minmax || kind == kernels::CompressorKind::sign;
+}
+
+// The shards: the ring's balanced chunks, and where each starts.
+struct Shards {
+  std::vector<int64_t> count, offset;
+  Shards(int64_t numel, int n) : count(balanced_chunks(numel, n)), offset(count.size(), 0) {
+    for (size_t j = 1; j < count.size(); ++j) offset[j] = offset[j - 1] + count[j - 1];
+  }
+};
+
+}  // namespace relaxcc::relaxed
