@@ -595,9 +595,9 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       encode_sign(x, n, c.chunk, body);  // checks finiteness on the way
       break;
     case CompressorKind::topk: {
-      const cpu::Selection sel = cpu::topk(x, n, h.k, c.approximate, ctx);
-      copy_bytes(body, sel.indices.data(), sel.indices.size() * 4);
-      copy_bytes(body + sel.indices.size() * 4, sel.values.data(), sel.values.size() * 4);
+      auto* indices = reinterpret_cast<uint32_t*>(body);
+      cpu::topk_strided(x, 0, 1, n, h.k, c.approximate, ctx, "topk", indices,
+                        reinterpret_cast<float*>(indices + h.k));
       break;
     }
     case CompressorKind::randomk: {
@@ -612,23 +612,23 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
     case CompressorKind::cocktail: {
       // Top-k among the random selection: a rolling one is read in place
       // (one strided pass, nothing gathered); a stratified one is gathered.
-      cpu::Selection top;
+      auto* indices = reinterpret_cast<uint32_t*>(body);
+      std::vector<float> values(static_cast<size_t>(h.k));
       if (c.random_mode == RandomKMode::rolling) {
         const int64_t stride = rolling_stride(c.ratio);
-        top = cpu::topk_strided(x, static_cast<int64_t>(c.step % static_cast<uint64_t>(stride)),
-                                stride, random_count(n, c), h.k, c.approximate, ctx, "cocktail");
+        cpu::topk_strided(x, static_cast<int64_t>(c.step % static_cast<uint64_t>(stride)), stride,
+                          random_count(n, c), h.k, c.approximate, ctx, "cocktail", indices,
+                          values.data());
       } else {
         const std::vector<uint32_t> r = random_indices(n, c);
         std::vector<float> picked(r.size());
         for (size_t j = 0; j < r.size(); ++j) picked[j] = x[r[j]];
         require_finite(picked.data(), static_cast<int64_t>(picked.size()), "cocktail");
-        top = cpu::topk(picked.data(), static_cast<int64_t>(picked.size()), h.k, c.approximate, ctx,
-                        "cocktail");
-        for (uint32_t& i : top.indices) i = r[i];
+        cpu::topk_strided(picked.data(), 0, 1, static_cast<int64_t>(picked.size()), h.k,
+                          c.approximate, ctx, "cocktail", indices, values.data());
+        for (int64_t j = 0; j < h.k; ++j) indices[j] = r[indices[j]];
       }
-      copy_bytes(body, top.indices.data(), top.indices.size() * 4);
-      encode_minmax(top.values.data(), static_cast<int64_t>(top.values.size()), c, ctx, 0,
-                    body + top.indices.size() * 4);
+      encode_minmax(values.data(), h.k, c, ctx, 0, body + h.k * 4);
       break;
     }
   }

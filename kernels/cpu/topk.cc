@@ -87,44 +87,63 @@ constexpr std::array<std::array<int32_t, 8>, 256> kCompress = [] {
 
 // Compares 32 magnitudes per iteration (at low density most masks are
 // empty); each non-empty group of 8 writes its candidates' indices and values
-// with one permute each.
+// with one permute each. Works in blocks whose candidates fit the buffers.
 template <bool kStrided>
 __attribute__((target("avx2"))) void scan_avx2(const View& x, int64_t begin, int64_t end, float t,
                                                Candidates& out) {
-  const __m256 vt = _mm256_set1_ps(t), inf = _mm256_set1_ps(INFINITY);
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  constexpr int64_t kAhead = 256, kBlock = 4096;
+  const __m256 vt = _mm256_set1_ps(t);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i lane_step =
       _mm256_mullo_epi32(lanes, _mm256_set1_epi32(static_cast<int>(x.stride)));
-  __m256 bad = _mm256_setzero_ps();
+  const int64_t step = std::max<int64_t>(16, x.stride);  // prefetch stride, in floats
+  // The largest magnitude's bits, signed: NaN and infinity are >= 0x7f800000.
+  __m256i top = _mm256_setzero_si256();
   int64_t j = begin;
-  for (; j + 32 <= end; j += 32) {
-    out.reserve(out.size + 33);
-    __m256 v[4];
-    uint32_t mask[4], any = 0;
-    for (int k = 0; k < 4; ++k) {
-      const float* p = x.x + x.index(j + 8 * k);
-      v[k] = kStrided ? _mm256_i32gather_ps(p, lane_step, 4) : _mm256_loadu_ps(p);
-      const __m256 a = _mm256_and_ps(v[k], abs_mask);
-      mask[k] = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ)));
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
-      any |= mask[k];
+  while (j + 32 <= end) {
+    out.reserve(out.size + kBlock + 33);
+    uint32_t* idx_out = out.idx.get();
+    float* val_out = out.val.get();
+    int64_t size = out.size;
+    for (const int64_t stop = std::min(end, j + kBlock); j + 32 <= stop; j += 32) {
+      if (kStrided && j + kAhead + 32 <= end) {
+        // Gathers alone do not keep the memory streaming: prefetch every line
+        // (every element, for strides of a line or more) kAhead elements on.
+        const float* p = x.x + x.index(j + kAhead);
+        for (int64_t o = 0; o < 32 * x.stride; o += step)
+          _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+      }
+      __m256 v[4];
+      uint32_t mask[4], any = 0;
+      for (int k = 0; k < 4; ++k) {
+        const float* p = x.x + x.index(j + 8 * k);
+        v[k] = kStrided ? _mm256_i32gather_ps(p, lane_step, 4) : _mm256_loadu_ps(p);
+        const __m256i a = _mm256_and_si256(_mm256_castps_si256(v[k]), abs_mask);
+        top = _mm256_max_epi32(top, a);
+        mask[k] = static_cast<uint32_t>(
+            _mm256_movemask_ps(_mm256_cmp_ps(_mm256_castsi256_ps(a), vt, _CMP_GE_OQ)));
+        any |= mask[k];
+      }
+      if (any == 0) continue;
+      for (int k = 0; k < 4; ++k) {
+        if (mask[k] == 0) continue;
+        const __m256i perm =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress[mask[k]].data()));
+        const __m256i idx = _mm256_add_epi32(
+            _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(x.index(j + 8 * k)))),
+            lane_step);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx_out + size),
+                            _mm256_permutevar8x32_epi32(idx, perm));
+        _mm256_storeu_ps(val_out + size, _mm256_permutevar8x32_ps(v[k], perm));
+        size += std::popcount(mask[k]);
+      }
     }
-    if (any == 0) continue;
-    for (int k = 0; k < 4; ++k) {
-      if (mask[k] == 0) continue;
-      const __m256i perm =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress[mask[k]].data()));
-      const __m256i idx = _mm256_add_epi32(
-          _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(x.index(j + 8 * k)))),
-          lane_step);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.idx.get() + out.size),
-                          _mm256_permutevar8x32_epi32(idx, perm));
-      _mm256_storeu_ps(out.val.get() + out.size, _mm256_permutevar8x32_ps(v[k], perm));
-      out.size += std::popcount(mask[k]);
-    }
+    out.size = size;
   }
-  if (_mm256_movemask_ps(bad) != 0) out.bad = true;
+  if (_mm256_movemask_ps(
+          _mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x7f7fffff)))) != 0)
+    out.bad = true;
   scan_scalar(x, j, end, t, out);
 }
 
@@ -171,11 +190,13 @@ int64_t first_bad(const float* x, int64_t begin, int64_t end) {
                 "; compressors take finite values (check for overflow first)");
 }
 
-// Candidates with |x| >= t, in index order, the scan split over the pool.
-Candidates candidates(const View& x, float t, const ExecContext& ctx, int64_t expected,
-                      const char* what) {
+// Candidates with |x| >= t, in index order, into `out` (emptied first), the
+// scan split over the pool.
+void candidates(const View& x, float t, const ExecContext& ctx, int64_t expected, const char* what,
+                Candidates& out) {
   const int parts = ctx.pool ? ctx.pool->num_threads() : 1;
-  Candidates out;
+  out.size = 0;
+  out.bad = false;
   if (parts == 1 || x.count < (1 << 20)) {
     out.reserve(expected + 33);
     scan(x, 0, x.count, t, out);
@@ -200,7 +221,6 @@ Candidates candidates(const View& x, float t, const ExecContext& ctx, int64_t ex
     }
   }
   if (out.bad) throw_non_finite(x, what);
-  return out;
 }
 
 // Keeps exactly k (<= cand.size) of the candidates, all >= t in magnitude:
@@ -208,8 +228,7 @@ Candidates candidates(const View& x, float t, const ExecContext& ctx, int64_t ex
 // The k-th largest comes from a histogram of magnitude bits just above t
 // (fine bins where the candidates to drop lie), then a selection within its
 // bin.
-Selection keep_k(const Candidates& cand, int64_t k, float t) {
-  Selection out;
+void keep_k(const Candidates& cand, int64_t k, float t, uint32_t* indices, float* values) {
   const int64_t n = cand.size, drop = n - k;
   const uint32_t tb = magnitude_bits(t);
   constexpr int kShift = 8, kBins = 4096;
@@ -239,23 +258,18 @@ Selection keep_k(const Candidates& cand, int64_t k, float t) {
     for (int b = bin + 1; b < kBins; ++b) above += hist[b];
   }
   int64_t ties_left = k - above;
-  // Branch-free: every candidate is written, and the next overwrites it
-  // unless kept (one slot of room past k).
-  out.indices.resize(static_cast<size_t>(k) + 1);
-  out.values.resize(static_cast<size_t>(k) + 1);
+  // Branch-free: each candidate is written, and the next one overwrites it
+  // unless it is kept; the k-th kept one ends the loop.
   int64_t pos = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; pos < k; ++i) {
     const uint32_t b = magnitude_bits(cand.val[i]);
     const bool tie = b == kth;
     const bool keep = b > kth || (tie && ties_left > 0);
     ties_left -= tie && keep;
-    out.indices[pos] = cand.idx[i];
-    out.values[pos] = cand.val[i];
+    indices[pos] = cand.idx[i];
+    values[pos] = cand.val[i];
     pos += keep;
   }
-  out.indices.resize(static_cast<size_t>(k));
-  out.values.resize(static_cast<size_t>(k));
-  return out;
 }
 
 }  // namespace
@@ -272,11 +286,23 @@ int64_t first_non_finite(const float* x, int64_t n, const ExecContext& ctx) {
   return -1;
 }
 
-Selection topk_strided(const float* data, int64_t offset, int64_t stride, int64_t count, int64_t k,
-                       bool approximate, const ExecContext& ctx, const char* what) {
+void topk_strided(const float* data, int64_t offset, int64_t stride, int64_t count, int64_t k,
+                  bool approximate, const ExecContext& ctx, const char* what, uint32_t* indices,
+                  float* values) {
   const View x{data, offset, stride, count};
-  if (k <= 0) return {};
-  if (k >= count) return keep_k(candidates(x, 0.0f, ctx, count, what), count, 0.0f);
+  if (k <= 0) return;
+  // Reused across calls (no page faults for a fresh buffer each time), unless
+  // a call left it large.
+  thread_local Candidates cand;
+  struct Release {
+    ~Release() {
+      if (cand.capacity > (int64_t{1} << 24)) cand = Candidates{};
+    }
+  } release;
+  if (k >= count) {
+    candidates(x, 0.0f, ctx, count, what, cand);
+    return keep_k(cand, count, 0.0f, indices, values);
+  }
   if (approximate && count >= (1 << 16)) {
     // Threshold from a sample of 256 evenly spaced runs of 256 elements
     // (sequential reads), aimed at 5% more candidates than k plus four
@@ -297,8 +323,8 @@ Selection topk_strided(const float* data, int64_t offset, int64_t stride, int64_
       std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
                        std::greater<float>());
       const float t = sample[rank - 1];
-      const Candidates cand = candidates(x, t, ctx, rank * count / m + 1024, what);
-      if (cand.size >= k) return keep_k(cand, k, t);
+      candidates(x, t, ctx, rank * count / m + 1024, what, cand);
+      if (cand.size >= k) return keep_k(cand, k, t, indices, values);
       if (rank == m) break;
       rank = std::min(m, rank * 4);  // too few above the threshold: lower it
     }
@@ -310,12 +336,18 @@ Selection topk_strided(const float* data, int64_t offset, int64_t stride, int64_
   }
   std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
   const float t = mags[k - 1];
-  return keep_k(candidates(x, t, ctx, k + 1024, what), k, t);
+  candidates(x, t, ctx, k + 1024, what, cand);
+  keep_k(cand, k, t, indices, values);
 }
 
 Selection topk(const float* x, int64_t n, int64_t k, bool approximate, const ExecContext& ctx,
                const char* what) {
-  return topk_strided(x, 0, 1, n, k, approximate, ctx, what);
+  const int64_t kept = std::clamp<int64_t>(k, 0, n);
+  Selection out;
+  out.indices.resize(static_cast<size_t>(kept));
+  out.values.resize(static_cast<size_t>(kept));
+  topk_strided(x, 0, 1, n, kept, approximate, ctx, what, out.indices.data(), out.values.data());
+  return out;
 }
 
 }  // namespace relaxcc::kernels::cpu

@@ -26,9 +26,11 @@ Selection topk(const float* x, int64_t n, int64_t k, bool approximate, const Exe
                const char* what = "topk");
 
 // The same among the `count` elements x[offset + j * stride], j in [0,
-// count), in one pass over them (no gathered copy); the indices are x's.
-Selection topk_strided(const float* x, int64_t offset, int64_t stride, int64_t count, int64_t k,
-                       bool approximate, const ExecContext& ctx, const char* what);
+// count), in one pass over them (no gathered copy), written straight to
+// indices[0, min(k, count)) (x's indices) and values[0, min(k, count)).
+void topk_strided(const float* x, int64_t offset, int64_t stride, int64_t count, int64_t k,
+                  bool approximate, const ExecContext& ctx, const char* what, uint32_t* indices,
+                  float* values);
 
 // Index of the first NaN or infinity in x[0, n), or -1 (vectorized).
 int64_t first_non_finite(const float* x, int64_t n, const ExecContext& ctx);
