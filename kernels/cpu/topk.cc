@@ -85,6 +85,18 @@ constexpr std::array<std::array<int32_t, 8>, 256> kCompress = [] {
   return lut;
 }();
 
+// Stores the lanes of `idx` and `val` whose bit is set in `mask` (8 bits),
+// packed, at idx_out and val_out (room for 8 each); returns how many.
+__attribute__((target("avx2"), always_inline)) inline int compress_store(uint32_t mask, __m256i idx,
+                                                                         __m256 val,
+                                                                         uint32_t* idx_out,
+                                                                         float* val_out) {
+  const __m256i perm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress[mask].data()));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx_out), _mm256_permutevar8x32_epi32(idx, perm));
+  _mm256_storeu_ps(val_out, _mm256_permutevar8x32_ps(val, perm));
+  return std::popcount(mask);
+}
+
 // Compares 32 magnitudes per iteration (at low density most masks are
 // empty); each non-empty group of 8 writes its candidates' indices and values
 // with one permute each. Works in blocks whose candidates fit the buffers.
@@ -128,15 +140,10 @@ __attribute__((target("avx2"))) void scan_avx2(const View& x, int64_t begin, int
       if (any == 0) continue;
       for (int k = 0; k < 4; ++k) {
         if (mask[k] == 0) continue;
-        const __m256i perm =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress[mask[k]].data()));
         const __m256i idx = _mm256_add_epi32(
             _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(x.index(j + 8 * k)))),
             lane_step);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx_out + size),
-                            _mm256_permutevar8x32_epi32(idx, perm));
-        _mm256_storeu_ps(val_out + size, _mm256_permutevar8x32_ps(v[k], perm));
-        size += std::popcount(mask[k]);
+        size += compress_store(mask[k], idx, v[k], idx_out + size, val_out + size);
       }
     }
     out.size = size;
@@ -223,6 +230,64 @@ void candidates(const View& x, float t, const ExecContext& ctx, int64_t expected
   if (out.bad) throw_non_finite(x, what);
 }
 
+// Writes, in order, the candidates [i, n) whose magnitude bits are above
+// kth, and of those equal to it the first *ties_left (counted down), until k
+// are written (pos counts them); returns the candidate reached.
+int64_t keep_scalar(const Candidates& cand, int64_t i, int64_t n, uint32_t kth, int64_t k,
+                    int64_t& ties_left, int64_t& pos, uint32_t* indices, float* values) {
+  for (; i < n && pos < k; ++i) {
+    const uint32_t b = magnitude_bits(cand.val[i]);
+    const bool tie = b == kth;
+    if (b > kth || (tie && ties_left > 0)) {
+      ties_left -= tie;
+      indices[pos] = cand.idx[i];
+      values[pos] = cand.val[i];
+      ++pos;
+    }
+  }
+  return i;
+}
+
+// The same, 8 candidates at a time while 8 more fit before k; a group with a
+// tie goes to the scalar loop.
+__attribute__((target("avx2"))) int64_t keep_avx2(const Candidates& cand, int64_t n, uint32_t kth,
+                                                  int64_t k, int64_t& ties_left, int64_t& pos,
+                                                  uint32_t* indices, float* values) {
+  const uint32_t* idx = cand.idx.get();
+  const float* val = cand.val.get();
+  const __m256i vkth = _mm256_set1_epi32(static_cast<int>(kth));
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  int64_t i = 0, p = pos;
+  for (; i + 8 <= n && p + 8 <= k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(val + i);
+    const __m256i b = _mm256_and_si256(_mm256_castps_si256(v), abs_mask);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(b, vkth)) != 0) {
+      pos = p;
+      keep_scalar(cand, i, i + 8, kth, k, ties_left, pos, indices, values);
+      p = pos;
+      continue;
+    }
+    const auto gt =
+        static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(b, vkth))));
+    if (gt == 0) continue;
+    const __m256i iv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i));
+    if (gt == 0xff) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(indices + p), iv);
+      _mm256_storeu_ps(values + p, v);
+      p += 8;
+    } else {
+      alignas(32) uint32_t ti[8];
+      alignas(32) float tv[8];
+      const int c = compress_store(gt, iv, v, ti, tv);
+      std::memcpy(indices + p, ti, static_cast<size_t>(c) * 4);
+      std::memcpy(values + p, tv, static_cast<size_t>(c) * 4);
+      p += c;
+    }
+  }
+  pos = p;
+  return i;
+}
+
 // Keeps exactly k (<= cand.size) of the candidates, all >= t in magnitude:
 // every one above the k-th largest magnitude, then the lowest-index ties.
 // The k-th largest comes from a histogram of magnitude bits just above t
@@ -230,46 +295,36 @@ void candidates(const View& x, float t, const ExecContext& ctx, int64_t expected
 // bin.
 void keep_k(const Candidates& cand, int64_t k, float t, uint32_t* indices, float* values) {
   const int64_t n = cand.size, drop = n - k;
+  const float* val = cand.val.get();
   const uint32_t tb = magnitude_bits(t);
   constexpr int kShift = 8, kBins = 4096;
-  auto bin_of = [&](uint32_t b) {
+  auto bin_of = [tb](uint32_t b) {
     return static_cast<int>(std::min<uint32_t>((b - tb) >> kShift, kBins - 1));
   };
   uint32_t kth = tb;  // the k-th largest magnitude's bits (any candidate's, when all are kept)
   int64_t above = 0;  // candidates above it (ties with it fill up to k)
   if (drop > 0) {
-    std::vector<int64_t> hist(kBins, 0);
-    for (int64_t i = 0; i < n; ++i) ++hist[bin_of(magnitude_bits(cand.val[i]))];
+    std::vector<uint32_t> hist(kBins, 0);
+    for (int64_t i = 0; i < n; ++i) ++hist[bin_of(magnitude_bits(val[i]))];
     int bin = 0;
     int64_t below = 0;  // candidates in the bins before `bin`
     while (below + hist[bin] <= drop) below += hist[bin++];
     std::vector<uint32_t> in_bin;
-    in_bin.reserve(static_cast<size_t>(hist[bin]));
+    in_bin.reserve(hist[bin]);
     for (int64_t i = 0; i < n; ++i) {
-      const uint32_t b = magnitude_bits(cand.val[i]);
+      const uint32_t b = magnitude_bits(val[i]);
       if (bin_of(b) == bin) in_bin.push_back(b);
     }
     // Ascending, the k-th largest overall is the (drop + 1)-th smallest.
     const auto nth = in_bin.begin() + (drop - below);
     std::nth_element(in_bin.begin(), nth, in_bin.end());
     kth = *nth;
-    above = 0;
     for (uint32_t b : in_bin) above += b > kth;
     for (int b = bin + 1; b < kBins; ++b) above += hist[b];
   }
-  int64_t ties_left = k - above;
-  // Branch-free: each candidate is written, and the next one overwrites it
-  // unless it is kept; the k-th kept one ends the loop.
-  int64_t pos = 0;
-  for (int64_t i = 0; pos < k; ++i) {
-    const uint32_t b = magnitude_bits(cand.val[i]);
-    const bool tie = b == kth;
-    const bool keep = b > kth || (tie && ties_left > 0);
-    ties_left -= tie && keep;
-    indices[pos] = cand.idx[i];
-    values[pos] = cand.val[i];
-    pos += keep;
-  }
+  int64_t ties_left = k - above, pos = 0;
+  const int64_t i = has_avx2() ? keep_avx2(cand, n, kth, k, ties_left, pos, indices, values) : 0;
+  keep_scalar(cand, i, n, kth, k, ties_left, pos, indices, values);
 }
 
 }  // namespace
