@@ -55,7 +55,8 @@ struct PrimitivesArgs {
   double slowdown = 3.0;
   double compute_ms = 20.0;
   int straggler_rounds = 30;
-  double rate_mbit = 0;  // recorded in the JSON rows (the harness's link rate)
+  double rate_mbit = 0;       // recorded in the JSON rows (the harness's link rate)
+  std::string segment_bytes;  // compressed allreduce segments; empty: the default
   std::string json;
 };
 
@@ -105,6 +106,9 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
   const int64_t count = std::max<int64_t>(parse_size(args.bytes) / 4, 1);
   CommunicatorPtr comm = relaxcc_communicator(world);
   const ExecContext& host = ExecContext::host();
+  CompressedAllreduceOptions compressed_options;
+  if (!args.segment_bytes.empty())
+    compressed_options.segment_bytes = parse_size(args.segment_bytes);
   report.print(
       "#   primitive      size   time(us)  sent/rank/round  distance  rel_error  vs MPI_Allreduce");
   double mpi_us = 0;
@@ -151,7 +155,7 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       codec_name = kernels::compressor_name(c.kind);
       codec_bits = c.kind == kernels::CompressorKind::minmax ? c.bits : 16;
       p.run = [&, c](std::vector<float>& v, uint64_t) {
-        CompressedAllreduceOptions o;
+        CompressedAllreduceOptions o = compressed_options;
         o.codec = c;
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
@@ -183,7 +187,7 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
                                   " s; chose ",
                                   choice.codec ? relaxcc::codec_name(*choice.codec) : "f32"));
       p.run = [&](std::vector<float>& v, uint64_t) {
-        CompressedAllreduceOptions o;
+        CompressedAllreduceOptions o = compressed_options;
         o.auto_codec = chooser.get();
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
@@ -365,6 +369,9 @@ void add_primitives_mode(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--rate-mbit", args->rate_mbit,
                   "The link rate the run is shaped to, recorded in the JSON rows (0: unshaped)");
+  sub->add_option("--segment-bytes", args->segment_bytes,
+                  "Pipeline segment of the compressed allreduce (f32 bytes; default: the "
+                  "library's)");
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
   sub->callback([args] {
     BenchWorld world;

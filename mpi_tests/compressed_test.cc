@@ -74,6 +74,10 @@ int rank_that_differs(Communicator& comm, const std::vector<float>& x) {
   return -1;
 }
 
+// The default segment (one per call here) and small ones: many segments,
+// each shard cut into pieces of a few elements.
+constexpr int64_t kSegmentBytes[] = {int64_t{4} << 20, 64, 1000};
+
 // Small integers (rank, index) whose sums over 4 ranks stay exact in f16 and
 // bf16.
 TEST(CompressedAllreduce, ExactWhereTheCodecIsExact) {
@@ -81,17 +85,21 @@ TEST(CompressedAllreduce, ExactWhereTheCodecIsExact) {
   const int n = comm->size(), me = comm->rank();
   for (CompressorKind k : {CompressorKind::f16, CompressorKind::bf16}) {
     for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{4099}}) {
-      std::vector<float> x(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
-      CompressedAllreduceOptions o;
-      o.codec = kind(k);
-      compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
-          ->wait();
-      for (int64_t i = 0; i < count; ++i) {
-        int64_t want = 0;
-        for (int r = 0; r < n; ++r) want += test::encode(r, i);
-        ASSERT_EQ(x[i], static_cast<float>(want))
-            << kernels::compressor_name(k) << " count " << count << " index " << i;
+      for (int64_t segment : kSegmentBytes) {
+        std::vector<float> x(static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+        CompressedAllreduceOptions o;
+        o.codec = kind(k);
+        o.segment_bytes = segment;
+        compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
+            ->wait();
+        for (int64_t i = 0; i < count; ++i) {
+          int64_t want = 0;
+          for (int r = 0; r < n; ++r) want += test::encode(r, i);
+          ASSERT_EQ(x[i], static_cast<float>(want))
+              << kernels::compressor_name(k) << " count " << count << " segment " << segment
+              << " index " << i;
+        }
       }
     }
   }
@@ -106,15 +114,60 @@ TEST(CompressedAllreduce, BitwiseIdenticalOnEveryRank) {
   for (const CompressorConfig& codec :
        {minmax(8), minmax(4, kernels::Rounding::stochastic), minmax(1), kind(CompressorKind::f16),
         kind(CompressorKind::bf16), kind(CompressorKind::sign)}) {
-    std::vector<float> x = uniform(count, me, 7);
+    for (int64_t segment : kSegmentBytes) {
+      std::vector<float> x = uniform(count, me, 7);
+      CompressedAllreduceOptions o;
+      o.codec = codec;
+      o.op = ReduceOp::avg;
+      o.segment_bytes = segment;
+      ExecContext ctx = ExecContext::host();
+      ctx.rng.seed = 42;
+      compressed_allreduce(*comm, TensorView::host(x.data(), count), ctx, o)->wait();
+      ASSERT_EQ(rank_that_differs(*comm, x), -1)
+          << kernels::compressor_name(codec.kind) << " " << codec.bits << " bits, segment "
+          << segment << ", rank " << me;
+    }
+  }
+}
+
+// The bytes counted per peer agree between the two ends of every pair
+// (what rank i sent j is what j received from i), over many segments, and
+// lie within what the transport moved (which adds its own headers).
+TEST(CompressedAllreduce, StatsAgreeAcrossPeersAndWithTheTransport) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (int64_t segment : {int64_t{4} << 20, int64_t{16000}}) {
+    RelaxedStats stats;
+    std::vector<float> x = uniform(20000, me, 3);
     CompressedAllreduceOptions o;
-    o.codec = codec;
-    o.op = ReduceOp::avg;
-    ExecContext ctx = ExecContext::host();
-    ctx.rng.seed = 42;
-    compressed_allreduce(*comm, TensorView::host(x.data(), count), ctx, o)->wait();
-    ASSERT_EQ(rank_that_differs(*comm, x), -1)
-        << kernels::compressor_name(codec.kind) << " " << codec.bits << " bits, rank " << me;
+    o.codec = minmax(8);
+    o.segment_bytes = segment;
+    o.stats = &stats;
+    const CommStats before = comm->stats();
+    compressed_allreduce(*comm, TensorView::host(x.data(), 20000), ExecContext::host(), o)->wait();
+    const CommStats after = comm->stats();
+    const RelaxedCounts c = stats.counts();
+    const auto at = [](const std::vector<uint64_t>& v, int j) {
+      return j < static_cast<int>(v.size()) ? static_cast<int64_t>(v[j]) : int64_t{0};
+    };
+    std::vector<int64_t> mine(2 * static_cast<size_t>(n)), all(2 * static_cast<size_t>(n * n));
+    for (int j = 0; j < n; ++j) {
+      mine[2 * j] = at(c.sent_to, j);
+      mine[2 * j + 1] = at(c.received_from, j);
+    }
+    comm->allgather(TensorView::host(mine.data(), 2 * n), TensorView::host(all.data(), 2 * n * n),
+                    ExecContext::host())
+        ->wait();
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j)
+        ASSERT_EQ(all[2 * (i * n + j)], all[2 * (j * n + i) + 1])
+            << "segment " << segment << ": rank " << i << " sent rank " << j;
+    const uint64_t moved = after.bytes_sent - before.bytes_sent;
+    EXPECT_LE(c.bytes_sent, moved) << "segment " << segment;
+    // Per message at most a header message of 4 KiB rides along.
+    EXPECT_GE(c.bytes_sent + 4096 * 4 * n * (1 + 20000 * 4 / segment), moved)
+        << "segment " << segment;
   }
 }
 
@@ -210,6 +263,7 @@ TEST(CompressedAllreduce, ErrorFeedbackConverges) {
       CompressedAllreduceOptions o;
       o.codec = minmax(2);
       o.state = state;
+      o.segment_bytes = 2000;
       compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
           ->wait();
       for (size_t i = 0; i < total.size(); ++i) total[i] += x[i];
@@ -242,6 +296,7 @@ TEST(CompressedAllreduce, CheckpointReplaysBitForBit) {
       CompressedAllreduceOptions o;
       o.codec = minmax(4, kernels::Rounding::stochastic);
       o.state = &state;
+      o.segment_bytes = 1000;  // several pieces per shard
       ExecContext ctx = ExecContext::host();
       ctx.rng.seed = 9;
       ctx.rng.offset = static_cast<uint64_t>(s) * count;
@@ -438,6 +493,10 @@ TEST(CompressedAllreduce, BadInputIsRejected) {
                InvalidArgument);
   o.robust = {};
   o.op = ReduceOp::sum;
+  o.segment_bytes = 3;  // less than one f32
+  EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
+               InvalidArgument);
+  o.segment_bytes = CompressedAllreduceOptions{}.segment_bytes;
   CompressedAllreduceState wrong(65, me, n);
   o.state = &wrong;
   EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),

@@ -21,6 +21,10 @@ using relaxed::dense;
 using relaxed::Shards;
 
 // What one call keeps until it finishes (its buffers travel with its Works).
+// Shard j (the ring's balanced chunk j, owned by rank j) is cut into pieces
+// of at most `piece` elements; segment s is piece s of every shard, and each
+// segment is exchanged, reduced and gathered on its own, so that segment s
+// is on the wire while segment s + 1 is encoded and segment s - 1 reduced.
 struct Call {
   int rank = 0, size = 1;
   TensorView x;
@@ -30,11 +34,17 @@ struct Call {
   RobustAggregation robust;
   CompressedAllreduceState* state = nullptr;
   Shards shards{0, 1};
-  std::vector<int64_t> payload_bytes;  // per shard
-  std::vector<int64_t> payload_offset;
-  // The encoded shards of x (alltoallv input), this shard's payloads from
-  // every rank (its output), and every owner's payload (allgatherv output).
-  std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
+  int64_t piece = 1;  // elements per piece of a shard
+  struct Segment {
+    // Per shard: the piece's first element in x, its elements, its payload
+    // bytes and where the payload lies in `sent` and `gathered`.
+    std::vector<int64_t> first, count, bytes, offset;
+    int64_t total = 0;  // bytes of every shard's payload
+    // The encoded pieces of x (alltoallv input), this rank's piece from
+    // every rank (its output), and every owner's payload (allgatherv output).
+    std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
+  };
+  std::vector<Segment> segments;
 };
 
 std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int64_t n) {
@@ -135,25 +145,26 @@ void robust_average(const std::vector<float>& values, int n, int64_t count,
   }
 }
 
-// Step 3: the owner's sum (or robust average) of its shard, encoded once
-// into its slot of `gathered`.
-void reduce_owned_shard(Call& c) {
+// Step 3 for segment s: the owner's sum (or robust average) of its piece,
+// encoded once into its slot of the segment's `gathered`.
+void reduce_segment(Call& c, size_t s) {
+  const Call::Segment& g = c.segments[s];
   const int r = c.rank;
-  const int64_t count = c.shards.count[r];
-  const int64_t bytes = c.payload_bytes[r];
+  const int64_t count = g.count[r];
+  const int64_t bytes = g.bytes[r];
   std::vector<float> acc(static_cast<size_t>(count), 0.0f);
   const bool robust = c.robust.kind != RobustAggregation::Kind::none;
   // Robust aggregation keeps every contribution apart.
   std::vector<float> each(robust ? static_cast<size_t>(count * c.size) : 0);
   std::vector<float> one(robust || !c.codec ? static_cast<size_t>(count) : 0);
   for (int i = 0; i < c.size; ++i) {
-    const std::span<const std::byte> payload = bytes_of(*c.received, i * bytes, bytes);
+    const std::span<const std::byte> payload = bytes_of(*g.received, i * bytes, bytes);
     if (c.codec) {
       // Every payload of this shard has the same header as this rank's own
       // (same codec, same element count) unless its sender disagrees.
       const kernels::PayloadHeader h = kernels::read_header(payload);
       const kernels::PayloadHeader own =
-          kernels::read_header(bytes_of(*c.received, r * bytes, bytes));
+          kernels::read_header(bytes_of(*g.received, r * bytes, bytes));
       const auto describe = [](const kernels::PayloadHeader& p) {
         return detail::concat(kernels::compressor_name(p.kind), " (", static_cast<int>(p.bits),
                               " bits, chunk ", p.chunk, ", rounding ", static_cast<int>(p.rounding),
@@ -182,13 +193,91 @@ void reduce_owned_shard(Call& c) {
   // below; f32 goes as it is): refuse it here, naming where.
   for (int64_t k = 0; k < count; ++k)
     RELAXCC_ENFORCE(std::isfinite(acc[k]), InvalidArgument, "compressed_allreduce: the ",
-                    c.op == ReduceOp::avg ? "average" : "sum", " of element ",
-                    c.shards.offset[r] + k, " overflows f32");
+                    c.op == ReduceOp::avg ? "average" : "sum", " of element ", g.first[r] + k,
+                    " overflows f32");
   std::span<float> residual;
-  if (c.state) residual = c.state->server();
-  encode_with_feedback(acc, residual,
-                       bytes_of(*c.gathered, c.payload_offset[r], c.payload_bytes[r]), c.codec,
-                       with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(c.shards.offset[r])));
+  if (c.state)
+    residual = std::span(c.state->server())
+                   .subspan(static_cast<size_t>(g.first[r] - c.shards.offset[r]),
+                            static_cast<size_t>(count));
+  encode_with_feedback(acc, residual, bytes_of(*g.gathered, g.offset[r], bytes), c.codec,
+                       with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(g.first[r])));
+}
+
+// Cuts the shards into pieces of at most `piece` elements and sizes every
+// segment's payloads and buffers (identically on every rank).
+void plan_segments(Call& c) {
+  const int n = c.size;
+  const int64_t longest = *std::max_element(c.shards.count.begin(), c.shards.count.end());
+  const int64_t segments = std::max<int64_t>(1, (longest + c.piece - 1) / c.piece);
+  c.segments.resize(static_cast<size_t>(segments));
+  for (int64_t s = 0; s < segments; ++s) {
+    Call::Segment& g = c.segments[static_cast<size_t>(s)];
+    g.first.resize(static_cast<size_t>(n));
+    g.count.resize(static_cast<size_t>(n));
+    g.bytes.resize(static_cast<size_t>(n));
+    g.offset.resize(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      const int64_t begin = std::min(s * c.piece, c.shards.count[j]);
+      g.first[j] = c.shards.offset[j] + begin;
+      g.count[j] = std::min(c.piece, c.shards.count[j] - begin);
+      g.bytes[j] = wire_bytes(g.count[j], c.codec);
+      g.offset[j] = g.total;
+      g.total += g.bytes[j];
+    }
+    g.sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(g.total));
+    g.received =
+        std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(n * g.bytes[c.rank]));
+    g.gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(g.total));
+  }
+}
+
+// Step 1 for segment s: every shard's piece, encoded for its owner.
+void encode_segment(Call& c, size_t s) {
+  const Call::Segment& g = c.segments[s];
+  const float* xs = c.x.as<float>();
+  for (int j = 0; j < c.size; ++j) {
+    const auto first = static_cast<size_t>(g.first[j]);
+    const auto count = static_cast<size_t>(g.count[j]);
+    std::span<float> residual;
+    if (c.state) residual = std::span(c.state->worker()).subspan(first, count);
+    encode_with_feedback(
+        std::span(xs + first, count), residual, bytes_of(*g.sent, g.offset[j], g.bytes[j]), c.codec,
+        with_rng(c.ctx, c.ctx.rng.seed + 1 + static_cast<uint64_t>(c.rank), first));
+  }
+}
+
+// Step 5: every rank decodes the same bytes into x, once every segment arrived.
+void decode_segments(const Call& c) {
+  for (const Call::Segment& g : c.segments)
+    for (int j = 0; j < c.size; ++j)
+      read_payload(bytes_of(*g.gathered, g.offset[j], g.bytes[j]),
+                   c.x.slice(g.first[j], g.count[j]), c.codec, c.ctx, j);
+}
+
+// Bytes each peer got from this rank and sent it, over every segment: the
+// alltoallv sends each peer its shard's piece and receives this shard's; the
+// allgather ring sends every payload but the right neighbour's own to the
+// right neighbour and receives every payload but this rank's from the left
+// one.
+std::vector<RelaxedStats::Traffic> traffic(const Call& c) {
+  const int ranks = c.size, me = c.rank;
+  std::vector<RelaxedStats::Traffic> out;
+  for (int j = 0; j < ranks; ++j)
+    if (j != me) out.push_back({j, 0, 0});
+  const auto at = [&](int j) -> RelaxedStats::Traffic& { return out[j < me ? j : j - 1]; };
+  for (const Call::Segment& g : c.segments) {
+    const auto all = static_cast<uint64_t>(g.total);
+    for (int j = 0; j < ranks; ++j) {
+      if (j == me) continue;
+      RelaxedStats::Traffic& t = at(j);
+      t.sent += static_cast<uint64_t>(g.bytes[j]);
+      t.received += static_cast<uint64_t>(g.bytes[me]);
+      if (j == (me + 1) % ranks) t.sent += all - static_cast<uint64_t>(g.bytes[j]);
+      if (j == (me + ranks - 1) % ranks) t.received += all - static_cast<uint64_t>(g.bytes[me]);
+    }
+  }
+  return out;
 }
 
 // The checks every rank makes before submitting anything (so that a bad
@@ -208,6 +297,8 @@ void check_options(const TensorView& x, const ExecContext& ctx,
   }
   RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument, what,
                   ": op ", options.op, ", expected sum or avg");
+  RELAXCC_ENFORCE(options.segment_bytes >= static_cast<int64_t>(sizeof(float)), InvalidArgument,
+                  what, ": segment_bytes ", options.segment_bytes, " (expected at least one f32)");
   const RobustAggregation& robust = options.robust;
   if (robust.kind != RobustAggregation::Kind::none) {
     RELAXCC_ENFORCE(options.op == ReduceOp::avg, InvalidArgument, what,
@@ -320,101 +411,58 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->robust = options.robust;
   c->state = options.state;
   c->shards = Shards(x.numel, n);
-  c->payload_bytes.resize(static_cast<size_t>(n));
-  c->payload_offset.resize(static_cast<size_t>(n));
-  for (int j = 0; j < n; ++j) {
-    c->payload_bytes[j] = wire_bytes(c->shards.count[j], options.codec);
-    c->payload_offset[j] = j == 0 ? 0 : c->payload_offset[j - 1] + c->payload_bytes[j - 1];
+  c->piece = std::max<int64_t>(1, options.segment_bytes / static_cast<int64_t>(sizeof(float)) / n);
+  plan_segments(*c);
+
+  // Every stage is submitted now, in the same order on every rank, each to
+  // start once the stage before it completed. The local stages run off the
+  // thread that moves the data (Communicator::compute): segment s + 1 is
+  // encoded, and segment s - 1 reduced, while segment s is on the wire. A
+  // stage that fails (an input the codec refuses, a payload that does not
+  // decode) fails the collective after it, and so every rank.
+  OpOptions local;
+  local.priority = options.priority;
+  local.label = options.label;
+  std::vector<WorkPtr> stages;
+  WorkPtr encoded = options.after;
+  for (size_t s = 0; s < c->segments.size(); ++s) {
+    Call::Segment& g = c->segments[s];
+    // 1. Encode every shard's piece (after the previous segment's encoding).
+    local.after = encoded;
+    encoded = comm.compute([c, s] { encode_segment(*c, s); }, local);
+    // 2. Each piece's payload to its shard's owner.
+    AlltoallOptions a2a;
+    static_cast<OpOptions&>(a2a) = options;
+    a2a.after = encoded;
+    const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
+    WorkPtr exchanged = comm.alltoallv(
+        TensorView(g.sent->data(), g.total, DType::u8, Device::host(), g.sent), g.bytes,
+        TensorView(g.received->data(), static_cast<int64_t>(g.received->size()), DType::u8,
+                   Device::host(), g.received),
+        recv_counts, ctx, a2a);
+    // 3. The owner's sum of its piece, encoded once.
+    local.after = exchanged;
+    WorkPtr reduced = comm.compute([c, s] { reduce_segment(*c, s); }, local);
+    // 4. The owners' payloads to every rank, unchanged.
+    AllgatherOptions ag;
+    static_cast<OpOptions&>(ag) = options;
+    ag.after = reduced;
+    WorkPtr spread = comm.allgatherv(
+        TensorView(g.gathered->data() + g.offset[r], g.bytes[r], DType::u8, Device::host(),
+                   g.gathered),
+        TensorView(g.gathered->data(), g.total, DType::u8, Device::host(), g.gathered), g.bytes,
+        ctx, ag);
+    stages.insert(stages.end(), {encoded, reduced, spread});
   }
-  const int64_t total = c->payload_offset[n - 1] + c->payload_bytes[n - 1];
-  c->sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
-  c->received =
-      std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(n * c->payload_bytes[r]));
-  c->gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
-
-  // 1. Encode every shard: now, on the caller's thread, or once
-  // options.after completed (where it completes); the alltoallv below waits
-  // for it.
-  const auto encode_all = [c] {
-    const float* xs = c->x.as<float>();
-    for (int j = 0; j < c->size; ++j) {
-      const auto begin = static_cast<size_t>(c->shards.offset[j]);
-      const auto count = static_cast<size_t>(c->shards.count[j]);
-      std::span<float> residual;
-      if (c->state) residual = std::span(c->state->worker()).subspan(begin, count);
-      encode_with_feedback(
-          std::span(xs + begin, count), residual,
-          bytes_of(*c->sent, c->payload_offset[j], c->payload_bytes[j]), c->codec,
-          with_rng(c->ctx, c->ctx.rng.seed + 1 + static_cast<uint64_t>(c->rank), begin));
-    }
-  };
-  // Inside a Work either way: an input the codec refuses fails this rank's
-  // alltoallv, and so every rank, instead of throwing here before the
-  // collectives are submitted (which would leave the peers waiting).
-  const WorkPtr start = options.after ? options.after : when_all({}, nullptr, "now");
-  const WorkPtr encoded = start->then(
-      [encode_all](const Work& done) {
-        if (!done.exception()) encode_all();
-      },
-      "compressed_allreduce: encoding");
-
-  // 2. Each shard's payloads to its owner.
-  AlltoallOptions a2a;
-  static_cast<OpOptions&>(a2a) = options;
-  a2a.after = encoded;
-  std::vector<int64_t> recv_counts(static_cast<size_t>(n), c->payload_bytes[r]);
-  const TensorView sent(c->sent->data(), total, DType::u8, Device::host(), c->sent);
-  const TensorView received(c->received->data(), static_cast<int64_t>(c->received->size()),
-                            DType::u8, Device::host(), c->received);
-  WorkPtr exchanged = comm.alltoallv(sent, c->payload_bytes, received, recv_counts, ctx, a2a);
-
-  // 3. The owner's sum, encoded once; a failure fails the allgather below
-  // (its `after`), and so every rank.
-  WorkPtr reduced = exchanged->then(
-      [c](const Work& done) {
-        if (!done.exception()) reduce_owned_shard(*c);
-      },
-      "compressed_allreduce: the owner's sum");
-
-  // 4. The owners' payloads to every rank, unchanged. It takes its place in
-  // the communicator's order now, and starts once `reduced` completed.
-  AllgatherOptions ag;
-  static_cast<OpOptions&>(ag) = options;
-  ag.after = reduced;
-  const TensorView mine(c->gathered->data() + c->payload_offset[r], c->payload_bytes[r], DType::u8,
-                        Device::host(), c->gathered);
-  const TensorView gathered(c->gathered->data(), total, DType::u8, Device::host(), c->gathered);
-  WorkPtr spread = comm.allgatherv(mine, gathered, c->payload_bytes, ctx, ag);
-
-  // 5. Every rank decodes the same bytes.
+  // 5. Every rank decodes the same bytes into x, once every segment arrived
+  // (x is left as it was when any stage failed).
+  local.after = when_all(stages, nullptr, "compressed_allreduce: every segment");
+  stages.push_back(comm.compute([c] { decode_segments(*c); }, local));
   RelaxedStats* stats = options.stats;
   return when_all(
-      {encoded, reduced, spread},
+      std::move(stages),
       [c, stats](Work&) {
-        for (int j = 0; j < c->size; ++j)
-          read_payload(bytes_of(*c->gathered, c->payload_offset[j], c->payload_bytes[j]),
-                       c->x.slice(c->shards.offset[j], c->shards.count[j]), c->codec, c->ctx, j);
-        if (stats) {
-          // The alltoallv sends each peer its shard's payload and receives
-          // this shard's; the allgather ring sends every payload but the
-          // right neighbour's own to the right neighbour and receives every
-          // payload but this rank's from the left one.
-          const int ranks = c->size, me = c->rank;
-          const auto all =
-              static_cast<uint64_t>(c->payload_offset[ranks - 1] + c->payload_bytes[ranks - 1]);
-          std::vector<RelaxedStats::Traffic> traffic;
-          for (int j = 0; j < ranks; ++j) {
-            if (j == me) continue;
-            RelaxedStats::Traffic t{j, static_cast<uint64_t>(c->payload_bytes[j]),
-                                    static_cast<uint64_t>(c->payload_bytes[me])};
-            if (j == (me + 1) % ranks)
-              t.sent += all - static_cast<uint64_t>(c->payload_bytes[(me + 1) % ranks]);
-            if (j == (me + ranks - 1) % ranks)
-              t.received += all - static_cast<uint64_t>(c->payload_bytes[me]);
-            traffic.push_back(t);
-          }
-          if (!traffic.empty()) stats->add_round(traffic);
-        }
+        if (stats) stats->add_round(traffic(*c));
       },
       "compressed_allreduce");
 }

@@ -1,16 +1,24 @@
 // Compressed allreduce: each value is quantized at most twice, whatever the
 // number of ranks, and every rank ends with bitwise identical results.
 //
-// Schedule, for n ranks, rank r owning shard r of n balanced shards of x:
-//   1. every rank encodes each shard of x (worker-side error feedback: the
-//      shard's residual is added first and what the payload misses is kept);
-//   2. an alltoallv sends shard j's payload straight to its owner j;
-//   3. owner r decodes the n payloads of its shard and sums them in f32
+// Schedule, for n ranks, rank r owning shard r of n balanced shards of x,
+// each shard cut into pieces of about segment_bytes / n (segment s: piece s
+// of every shard), per segment:
+//   1. every rank encodes each shard's piece (worker-side error feedback:
+//      the piece's residual is added first and what the payload misses is
+//      kept);
+//   2. an alltoallv sends piece j's payload straight to its owner j;
+//   3. owner r decodes the n payloads of its piece and sums them in f32
 //      (avg: then divides by n), and encodes the result once (server-side
 //      error feedback on its shard);
 //   4. an allgatherv forwards the owners' payloads unchanged;
-//   5. every rank decodes every shard's payload into x (the owner its own
-//      payload too, so all ranks hold the same bits).
+// and once every segment arrived:
+//   5. every rank decodes every payload into x (the owner its own payload
+//      too, so all ranks hold the same bits).
+// Steps 1, 3 and 5 run off the thread that moves the data
+// (Communicator::compute), so the encoding of segment s + 1 and the owner's
+// reduction of segment s - 1 overlap the transfer of segment s. Every stage
+// is submitted at the call, in the same order on every rank.
 // An int8 ring that re-quantizes at every hop (PCCL, prime-diloco) adds one
 // quantization error per hop; here a value meets one worker-side and one
 // server-side quantization. Bytes sent per rank: (n-1)/n of x's encoding,
@@ -30,12 +38,12 @@
 //                  within the range of the honest ranks' values.
 //   centered_clip  v = the coordinate-wise median, then `iterations` times
 //                  v += (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)
-//                  (L2 norms over the shard). Each iteration moves v by at
+//                  (L2 norms over the shard's piece). Each iteration moves v by at
 //                  most tau * b / n towards b bad ranks' values.
 // A contribution sent as f32 must be finite (CorruptPayload otherwise). Stochastic
 // rounding draws from Philox at ctx.rng: worker-side encodes of rank r use
 // seed ctx.rng.seed + 1 + r, server-side encodes seed ctx.rng.seed, each at
-// counter ctx.rng.offset + the shard's first element.
+// counter ctx.rng.offset + the piece's first element.
 //
 // Agreement. The payloads' headers carry the codec (kind, bits, chunk,
 // rounding); a rank that gets a payload of another codec throws PeerMismatch
@@ -43,10 +51,9 @@
 // that does not decode throws CorruptPayload the same way. A size that
 // differs across ranks fails the alltoallv with PeerMismatch.
 //
-// The owner's decoding and encoding (step 3) run where the alltoallv
-// completes: the engine's thread or a thread waiting on the Work. With
-// OpOptions::after, the call takes its place in the communicator's order at
-// once and encodes x (step 1) once that Work completed, where it completes.
+// With OpOptions::after, the call takes its place in the communicator's
+// order at once and encodes x (step 1) once that Work completed. x is
+// written only in step 5: when any stage fails, x is left as it was.
 //
 // Auto codec (relaxcc/relaxed/auto_codec.h): with options.auto_codec set,
 // `codec` is ignored and each call takes auto_codec->choose(x.numel): a
@@ -124,6 +131,9 @@ struct CompressedAllreduceOptions : OpOptions {
   // for this tensor's size and this communicator, and outlive the Work.
   CompressedAllreduceState* state = nullptr;
   RelaxedStats* stats = nullptr;  // bytes sent and received per peer
+  // f32 bytes of x per pipeline segment (each shard contributes a piece of
+  // segment_bytes / ranks); every rank must pass the same.
+  int64_t segment_bytes = int64_t{4} << 20;
   // When set, chooses the codec of each call (see "Auto codec" above) and
   // `codec` is ignored. Calibrated on this communicator (hierarchical: on
   // comms.inter; ignored elsewhere); it must outlive the call.
