@@ -111,8 +111,8 @@ __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* co
 // side so that their multiply latencies overlap. Each block's 128 bits are
 // the 16-bit cells of its eight elements in element order.
 struct Stochastic {
-  __m256 vmin, vs, vlevels, half_cell;
-  __m256i one, m0, m1, lane, perm;
+  __m256 vmin, vs, one;
+  __m256i vlevels, one_and_half_cell, m0, m1, lane, perm;
   __m256i key0[10], key1[10];
   uint64_t offset;
 
@@ -120,9 +120,9 @@ struct Stochastic {
   Stochastic(float min, float scale, uint32_t levels, uint64_t seed, uint64_t offset_)
       : vmin(_mm256_set1_ps(min)),
         vs(_mm256_set1_ps(scale)),
-        vlevels(_mm256_set1_ps(static_cast<float>(levels))),
-        half_cell(_mm256_set1_ps(1.0f / 131072.0f)),
-        one(_mm256_set1_epi32(1)),
+        one(_mm256_set1_ps(1.0f)),
+        vlevels(_mm256_set1_epi8(static_cast<char>(levels))),
+        one_and_half_cell(_mm256_set1_epi32(0x3F800040)),
         m0(_mm256_set1_epi64x(0xD2511F53)),
         m1(_mm256_set1_epi64x(0xCD9E8D57)),
         lane(_mm256_setr_epi64x(0, 1, 2, 3)),
@@ -138,15 +138,20 @@ struct Stochastic {
   }
 
   // The Philox state of the blocks of elements [index, index + 32 * G),
-  // `index` a multiple of 8, before the rounds: c[word][g].
+  // `index` a multiple of 8, after the first round (counter_hi is 0, so
+  // that round has one multiply): c[word][g].
   template <int G>
   __attribute__((target("avx2"), always_inline)) inline void counters(uint64_t index,
                                                                       __m256i (&c)[4][G]) const {
     for (int g = 0; g < G; ++g) {
       const uint64_t counter = rounding_counter(offset, index + 32 * g);
-      c[0][g] = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(counter)), lane);
-      c[1][g] = _mm256_srli_epi64(c[0][g], 32);
-      c[2][g] = c[3][g] = _mm256_setzero_si256();
+      const __m256i ctr =
+          _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(counter)), lane);
+      const __m256i p0 = _mm256_mul_epu32(ctr, m0);
+      c[0][g] = _mm256_xor_si256(_mm256_srli_epi64(ctr, 32), key0[0]);
+      c[1][g] = _mm256_setzero_si256();
+      c[2][g] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), key1[0]);
+      c[3][g] = p0;
     }
   }
 
@@ -164,7 +169,7 @@ struct Stochastic {
 
   template <int G>
   __attribute__((target("avx2"), always_inline)) inline void rounds_avx2(__m256i (&c)[4][G]) const {
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 1; round < 10; ++round) {
       __m256i p0[G], p1[G];
       products<G>(c, p0, p1);
       for (int g = 0; g < G; ++g) {
@@ -182,7 +187,7 @@ struct Stochastic {
   template <int G>
   __attribute__((target("avx2,avx512f,avx512vl"), always_inline)) inline void rounds_avx512(
       __m256i (&c)[4][G]) const {
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 1; round < 10; ++round) {
       __m256i p0[G], p1[G];
       products<G>(c, p0, p1);
       for (int g = 0; g < G; ++g) {
@@ -211,17 +216,22 @@ struct Stochastic {
                                  _mm256_extracti128_si256(lo, 1), _mm256_extracti128_si256(hi, 1)};
       __m256i q[4];
       for (int k = 0; k < 4; ++k) {
+        // u = (2h + 1) / 2^17 as (1 + (2h + 1) / 2^17) - 1, both exact: h
+        // into mantissa bits 22..7 of 1.0f, bit 6 set.
         const __m256i h = _mm256_cvtepu16_epi32(blocks[k]);
-        const __m256 u = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_slli_epi32(h, 1), one)), half_cell);
+        const __m256 u = _mm256_sub_ps(
+            _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(h, 7), one_and_half_cell)), one);
         const __m256 t = _mm256_add_ps(
             _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vmin), vs), u);
-        // x >= min, so t >= u > 0 and truncation is the floor.
-        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(t, vlevels));
+        // x >= min, so t >= u > 0 and truncation is the floor; t is about
+        // levels at most, far below 2^31, so the saturating packs and the
+        // min clamp from above.
+        q[k] = _mm256_cvttps_epi32(t);
       }
       const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
       const __m256i b = _mm256_packus_epi32(q[2], q[3]);
-      const __m256i v = _mm256_packus_epi16(a, b);  // 8-bit, in 32-bit groups per lane
+      // 8-bit (saturating at 255), in 32-bit groups per lane, clamped to levels.
+      const __m256i v = _mm256_min_epu8(_mm256_packus_epi16(a, b), vlevels);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * g),
                           _mm256_permutevar8x32_epi32(v, perm));
     }

@@ -266,31 +266,37 @@ TEST(MinMax, StochasticRoundingUniformsAreWithinTwoToMinus17OfUnbiased) {
 }
 
 TEST(MinMax, StochasticCodesMatchTheScalarReference) {
-  // Whatever path the CPU takes (AVX2 Philox on four counters or scalar), each
-  // code is floor((x - min) * scale + u) clamped, with u = rounding_uniform of
-  // the element's index. Chunks of 1001 start at indices 1, 2 and 3 mod 8, so
-  // the vector path's head, body and tail all run.
+  // Whatever path the CPU takes (scalar, AVX2 or AVX-512VL Philox on four
+  // counters per vector), each code is floor((x - min) * scale + u) clamped,
+  // with u = rounding_uniform of the element's index. Chunks of 1001 start at
+  // indices 1, 2 and 3 mod 8, so the vector path's head, body and tail all
+  // run; every code width.
   const int64_t n = 4099, chunk = 1001;
   auto x = gaussian(n, 23);
-  CompressorConfig c = make(CompressorKind::minmax, 8, chunk);
-  c.rounding = Rounding::stochastic;
-  ExecContext ctx = ExecContext::host();
-  ctx.rng = {0x1234567890abcdefull, 77};
-  Encoded e;
-  e.bytes.resize(encoded_size(n, c));
-  encode(TensorView::host(x.data(), n), e.bytes, c, ctx);
-  const int64_t stride = 8 + chunk;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t ch = i / chunk;
-    const std::byte* p = e.bytes.data() + 48 + ch * stride;
-    float mn, s;
-    std::memcpy(&mn, p, 4);
-    std::memcpy(&s, p + 4, 4);
-    const float u =
-        kernels::rounding_uniform(ctx.rng.seed, ctx.rng.offset, static_cast<uint64_t>(i));
-    const float v = std::floor((x[i] - mn) * s + u);
-    const auto want = static_cast<unsigned char>(std::clamp(v, 0.0f, 255.0f));
-    ASSERT_EQ(static_cast<unsigned char>(p[8 + i - ch * chunk]), want) << i;
+  for (int bits : {8, 4, 2, 1}) {
+    CompressorConfig c = make(CompressorKind::minmax, bits, chunk);
+    c.rounding = Rounding::stochastic;
+    ExecContext ctx = ExecContext::host();
+    ctx.rng = {0x1234567890abcdefull, 77};
+    Encoded e;
+    e.bytes.resize(encoded_size(n, c));
+    encode(TensorView::host(x.data(), n), e.bytes, c, ctx);
+    const int64_t stride = 8 + (chunk * bits + 7) / 8;
+    const auto levels = static_cast<float>((1u << bits) - 1u);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t ch = i / chunk, j = i - ch * chunk;
+      const std::byte* p = e.bytes.data() + 48 + ch * stride;
+      float mn, s;
+      std::memcpy(&mn, p, 4);
+      std::memcpy(&s, p + 4, 4);
+      const float u =
+          kernels::rounding_uniform(ctx.rng.seed, ctx.rng.offset, static_cast<uint64_t>(i));
+      const float v = std::floor((x[i] - mn) * s + u);
+      const auto want = static_cast<unsigned>(std::clamp(v, 0.0f, levels));
+      const unsigned got =
+          (static_cast<unsigned>(p[8 + j * bits / 8]) >> (j * bits % 8)) & ((1u << bits) - 1u);
+      ASSERT_EQ(got, want) << bits << " bits, element " << i;
+    }
   }
 }
 
