@@ -504,23 +504,41 @@ TEST(CompressedAllreduce, BadInputIsRejected) {
 }
 
 // Ranks that disagree on the codec get an error on every rank, never a hang:
-// bits that change the payload's size (the alltoallv's blocks differ) and
-// kinds of the same size (f16 against bf16: the payload headers differ).
+// bits that change the payload's size (the alltoallv's blocks differ), kinds
+// of the same size (f16 against bf16: the payload headers differ) and, with
+// stochastic rounding, the RNG seed or offset. The last rank disagrees: its
+// owner's check names it, and the others fail with it.
 TEST(CompressedAllreduce, CodecsThatDifferFailEveryRank) {
   const int n = test::world_size();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     auto comm = create_mpi_communicator();
     const int me = comm->rank();
+    const bool odd = me == n - 1;
     std::vector<float> x = uniform(4096, me, 1);
     CompressedAllreduceOptions o;
-    if (variant == 0)
-      o.codec = minmax(me == n - 1 ? 4 : 8);
-    else
-      o.codec = kind(me == n - 1 ? CompressorKind::bf16 : CompressorKind::f16);
-    WorkPtr w =
-        compressed_allreduce(*comm, TensorView::host(x.data(), 4096), ExecContext::host(), o);
-    EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
+    ExecContext ctx = ExecContext::host();
+    if (variant == 0) {
+      o.codec = minmax(odd ? 4 : 8);
+    } else if (variant == 1) {
+      o.codec = kind(odd ? CompressorKind::bf16 : CompressorKind::f16);
+    } else {
+      o.codec = minmax(8, kernels::Rounding::stochastic);
+      (variant == 2 ? ctx.rng.seed : ctx.rng.offset) = odd ? 7 : 5;
+    }
+    WorkPtr w = compressed_allreduce(*comm, TensorView::host(x.data(), 4096), ctx, o);
+    if (me == 0 && variant >= 1) {
+      // Rank 0 owns shard 0 and reads the odd rank's payload header.
+      try {
+        w->wait(std::chrono::milliseconds(20000));
+        ADD_FAILURE() << "variant " << variant << ": no error";
+      } catch (const PeerMismatch& e) {
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(n - 1)), std::string::npos)
+            << e.what();
+      }
+    } else {
+      EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
+    }
   }
 }
 

@@ -145,6 +145,29 @@ void robust_average(const std::vector<float>& values, int n, int64_t count,
   }
 }
 
+// Every payload of a stage has the same header as this rank's own (`own`)
+// but for its element count (`count`), unless its sender disagrees on the
+// codec or, with stochastic rounding, on the RNG position: then PeerMismatch
+// naming both ranks.
+void check_same_codec(const kernels::PayloadHeader& own, std::span<const std::byte> payload,
+                      int64_t count, int sender, int me, const char* what) {
+  const kernels::PayloadHeader h = kernels::read_header(payload);
+  const auto describe = [](const kernels::PayloadHeader& p) {
+    return detail::concat(
+        kernels::compressor_name(p.kind), " (", static_cast<int>(p.bits), " bits, chunk ", p.chunk,
+        p.rounding == kernels::Rounding::stochastic
+            ? detail::concat(", stochastic rounding at RNG seed ", p.seed, " offset ", p.step)
+            : std::string(", rounding to nearest"),
+        ")");
+  };
+  RELAXCC_ENFORCE(h.kind == own.kind && h.bits == own.bits && h.chunk == own.chunk &&
+                      h.rounding == own.rounding && h.seed == own.seed && h.step == own.step,
+                  PeerMismatch, "compressed_allreduce: rank ", sender, " ", what, " with ",
+                  describe(h), ", rank ", me, " with ", describe(own));
+  RELAXCC_ENFORCE(h.n == count, PeerMismatch, "compressed_allreduce: rank ", sender, " ", what,
+                  " of ", h.n, " elements, rank ", me, " expects ", count);
+}
+
 // Step 3 for segment s: the owner's sum (or robust average) of its piece,
 // encoded once into its slot of the segment's `gathered`.
 void reduce_segment(Call& c, size_t s) {
@@ -159,22 +182,9 @@ void reduce_segment(Call& c, size_t s) {
   std::vector<float> one(robust || !c.codec ? static_cast<size_t>(count) : 0);
   for (int i = 0; i < c.size; ++i) {
     const std::span<const std::byte> payload = bytes_of(*g.received, i * bytes, bytes);
-    if (c.codec) {
-      // Every payload of this shard has the same header as this rank's own
-      // (same codec, same element count) unless its sender disagrees.
-      const kernels::PayloadHeader h = kernels::read_header(payload);
-      const kernels::PayloadHeader own =
-          kernels::read_header(bytes_of(*g.received, r * bytes, bytes));
-      const auto describe = [](const kernels::PayloadHeader& p) {
-        return detail::concat(kernels::compressor_name(p.kind), " (", static_cast<int>(p.bits),
-                              " bits, chunk ", p.chunk, ", rounding ", static_cast<int>(p.rounding),
-                              ", ", p.n, " elements)");
-      };
-      RELAXCC_ENFORCE(h.kind == own.kind && h.bits == own.bits && h.chunk == own.chunk &&
-                          h.rounding == own.rounding && h.n == own.n,
-                      PeerMismatch, "compressed_allreduce: rank ", i, " encodes shard ", r,
-                      " with ", describe(h), ", rank ", r, " with ", describe(own));
-    }
+    if (c.codec)
+      check_same_codec(kernels::read_header(bytes_of(*g.received, r * bytes, bytes)), payload,
+                       count, i, r, "encodes its piece of shard");
     if (robust) {
       read_payload(payload, TensorView::host(each.data() + i * count, count), c.codec, c.ctx, i);
     } else if (c.codec) {
@@ -249,10 +259,16 @@ void encode_segment(Call& c, size_t s) {
 
 // Step 5: every rank decodes the same bytes into x, once every segment arrived.
 void decode_segments(const Call& c) {
-  for (const Call::Segment& g : c.segments)
-    for (int j = 0; j < c.size; ++j)
-      read_payload(bytes_of(*g.gathered, g.offset[j], g.bytes[j]),
-                   c.x.slice(g.first[j], g.count[j]), c.codec, c.ctx, j);
+  for (const Call::Segment& g : c.segments) {
+    for (int j = 0; j < c.size; ++j) {
+      const std::span<const std::byte> payload = bytes_of(*g.gathered, g.offset[j], g.bytes[j]);
+      if (c.codec)
+        check_same_codec(
+            kernels::read_header(bytes_of(*g.gathered, g.offset[c.rank], g.bytes[c.rank])), payload,
+            g.count[j], j, c.rank, "encodes the sum of its piece");
+      read_payload(payload, c.x.slice(g.first[j], g.count[j]), c.codec, c.ctx, j);
+    }
+  }
 }
 
 // Bytes each peer got from this rank and sent it, over every segment: the
@@ -407,6 +423,13 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->x = x;
   c->ctx = ctx;
   c->codec = options.codec;
+  if (c->codec && c->codec->rounding == kernels::Rounding::stochastic) {
+    // The call's RNG position travels in every payload's header (dense codecs
+    // leave its seed and step fields unread), so ranks that would draw
+    // different random numbers get PeerMismatch.
+    c->codec->seed = ctx.rng.seed;
+    c->codec->step = ctx.rng.offset;
+  }
   c->op = options.op;
   c->robust = options.robust;
   c->state = options.state;

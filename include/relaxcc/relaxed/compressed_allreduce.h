@@ -46,10 +46,12 @@
 // counter ctx.rng.offset + the piece's first element.
 //
 // Agreement. The payloads' headers carry the codec (kind, bits, chunk,
-// rounding); a rank that gets a payload of another codec throws PeerMismatch
-// naming the sender, and its allgather fails, so every rank fails. A payload
-// that does not decode throws CorruptPayload the same way. A size that
-// differs across ranks fails the alltoallv with PeerMismatch.
+// rounding) and, with stochastic rounding, the call's RNG position (ctx.rng
+// seed and offset); a rank that gets a payload of another codec or RNG
+// position throws PeerMismatch naming the sender, and its allgather fails,
+// so every rank fails. A payload that does not decode throws CorruptPayload
+// the same way. A size that differs across ranks fails the alltoallv with
+// PeerMismatch.
 //
 // With OpOptions::after, the call takes its place in the communicator's
 // order at once and encodes x (step 1) once that Work completed. x is
