@@ -1,8 +1,11 @@
 // What the compressed allreduce (compressed_allreduce.cc) and its auto codec
 // (auto_codec.cc) share: which codecs are dense, and the shards of a tensor.
+// The sparse allreduce (sparse_allreduce.cc) uses the shards and bytes_of.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "../collectives/ring_schedule.h"
@@ -22,5 +25,10 @@ struct Shards {
     for (size_t j = 1; j < count.size(); ++j) offset[j] = offset[j - 1] + count[j - 1];
   }
 };
+
+// Bytes [offset, offset + n) of a host buffer, as a codec reads or writes them.
+inline std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int64_t n) {
+  return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
+}
 
 }  // namespace relaxcc::relaxed

@@ -8,9 +8,10 @@
 #include <span>
 #include <vector>
 
-#include "../collectives/ring_schedule.h"
+#include "compressed_shards.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
+#include "relaxcc/kernels/reduce.h"
 
 namespace relaxcc {
 
@@ -18,16 +19,61 @@ namespace {
 
 using kernels::CompressorConfig;
 using kernels::CompressorKind;
+using relaxed::bytes_of;
+
+// Error feedback that a call changes only if it succeeds: the call works on
+// `next`, a copy of the residual taken when it encodes, and commit() puts it
+// in place (a swap) once the call is known to have succeeded everywhere.
+struct PendingResidual {
+  kernels::ErrorFeedback* feedback = nullptr;
+  std::vector<float> next;
+  bool begun = false;
+
+  std::span<float> begin() {
+    next = feedback->residual();
+    begun = true;
+    return next;
+  }
+  void commit() {
+    if (begun) next.swap(feedback->residual());
+  }
+};
+
+// The message of any exception.
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    return x.message();
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
+OpOptions op_options(const OpOptions& options, WorkPtr after) {
+  OpOptions o = options;
+  o.after = std::move(after);
+  return o;
+}
 
 // ---- random-k -------------------------------------------------------------
+
+// What one random-k call keeps until it finishes.
+struct RandomkCall {
+  std::vector<unsigned char> payload;
+  PendingResidual residual;
+};
 
 WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                  const SparseAllreduceOptions& options) {
   const CompressorConfig& codec = options.codec;
   // The payload: a header, then the k kept values (no indices). Its size,
   // k and everything the ranks must agree on follow from the configuration.
-  auto payload =
-      std::make_shared<std::vector<unsigned char>>(kernels::encoded_size(x.numel, codec));
+  auto call = std::make_shared<RandomkCall>();
+  call->payload.resize(kernels::encoded_size(x.numel, codec));
+  call->residual.feedback = options.feedback;
   const int64_t k = kernels::kept_elements(x.numel, codec);
   const auto h = static_cast<int64_t>(Fnv1a()
                                           .u64(static_cast<uint64_t>(x.numel))
@@ -40,83 +86,102 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
                                           .value() >>
                                       2);
 
-  // Encoding runs inside a Work, after options.after (if any): an input the
-  // codec refuses fails this rank's allreduces, and so every rank.
-  kernels::ErrorFeedback* feedback = options.feedback;
-  const WorkPtr start = options.after ? options.after : when_all({}, nullptr, "now");
-  const WorkPtr encoded = start->then(
-      [payload, feedback, x, codec, ctx](const Work& done) {
-        if (done.exception()) return;
-        const auto out = std::as_writable_bytes(std::span(payload->data(), payload->size()));
-        if (feedback)
-          feedback->compress(x, out, codec, ctx);
-        else
+  // Encoding runs off the engine thread, after options.after (if any): an
+  // input the codec refuses fails this rank's allreduces, and so every rank.
+  const WorkPtr encoded = comm.compute(
+      [call, x, codec, ctx] {
+        const std::span<std::byte> out = bytes_of(call->payload, 0, std::ssize(call->payload));
+        if (call->residual.feedback) {
+          std::vector<float> scratch(static_cast<size_t>(x.numel));
+          kernels::compress_with_feedback(x, call->residual.begin(), scratch, out, codec, ctx);
+        } else {
           kernels::encode(x, out, codec, ctx);
+        }
       },
-      "sparse_allreduce: encoding");
+      op_options(options, options.after));
 
   // What every rank must agree on, as [h, -h]: its max is [h, -h] on every
   // rank only when all hashes are equal.
   auto check = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{h, -h});
   AllreduceOptions agree;
-  static_cast<OpOptions&>(agree) = options;
+  static_cast<OpOptions&>(agree) = op_options(options, encoded);
   agree.op = ReduceOp::max;
-  agree.after = encoded;
   WorkPtr agreed = comm.allreduce(TensorView(check->data(), 2, DType::i64, Device::host(), check),
                                   ExecContext::host(), agree);
 
   AllreduceOptions sum;
-  static_cast<OpOptions&>(sum) = options;
+  static_cast<OpOptions&>(sum) = op_options(options, encoded);
   sum.op = options.op;
-  sum.after = encoded;
-  const TensorView values(payload->data() + sizeof(kernels::PayloadHeader), k, DType::f32,
-                          Device::host(), payload);
+  const TensorView values(call->payload.data() + sizeof(kernels::PayloadHeader), k, DType::f32,
+                          Device::host(), call);
   WorkPtr summed = comm.allreduce(values, ctx, sum);
 
   return when_all(
       {encoded, agreed, summed},
-      [payload, check, h, x, ctx](Work&) {
+      [call, check, h, x, ctx](Work&) {
         RELAXCC_ENFORCE((*check)[0] == h && (*check)[1] == -h, PeerMismatch,
                         "sparse_allreduce: ranks disagree on the random-k selection (seed, step, "
                         "ratio, keep or mode)");
-        kernels::decode(std::as_bytes(std::span(payload->data(), payload->size())), x, ctx);
+        kernels::decode(std::as_bytes(std::span(call->payload)), x, ctx);
+        call->residual.commit();
       },
       "sparse_allreduce");
 }
 
 // ---- top-k ----------------------------------------------------------------
 
+// Ahead of each alltoallv block: what the owner checks before it reads the
+// payload behind it.
+struct BlockPrefix {
+  uint64_t fingerprint = 0;  // of the sender's call (TopkCall::fingerprint)
+  int32_t code = 0;          // the sender's selection: an OwnerStatus::Code
+  int32_t reserved = 0;
+};
+static_assert(sizeof(BlockPrefix) == 16);
+
 // What an owner's step ended with, ahead of its payload in the all-gather.
 struct OwnerStatus {
   enum Code : int32_t { ok = 0, corrupt = 1, mismatch = 2, invalid = 3, failed = 4 };
+  // Where it failed: the owner's own sum and selection, its alltoallv, or
+  // rank `sender`'s call (fingerprint), input (its selection) or payload.
+  enum Stage : int32_t { own = 0, exchange = 1, call = 2, input = 3, payload = 4 };
   int32_t code = ok;
-  int32_t sender = -1;  // the rank whose payload failed; -1: the owner's own step
+  int32_t stage = own;
+  int32_t sender = -1;  // -1 for the stages own and exchange
+  int32_t reserved = 0;
 };
-static_assert(sizeof(OwnerStatus) == 8);
+static_assert(sizeof(OwnerStatus) == 16);
 
-// What one call keeps until it finishes (its buffers travel with its Works).
-struct TopkCall {
-  int rank = 0, size = 1;
-  TensorView x;
-  ExecContext ctx;
-  CompressorConfig codec;
-  ReduceOp op = ReduceOp::sum;
-  kernels::ErrorFeedback* feedback = nullptr;
-  kernels::ErrorFeedback* server_feedback = nullptr;
-  // Shard j: count[j] elements from offset[j], kept[j] of them kept.
-  std::vector<int64_t> count, offset, kept;
-  // Shard j's payload (alltoallv block j, at most one per shard), and owner
-  // j's slot in the all-gather: its OwnerStatus, then its payload.
-  std::vector<int64_t> payload_bytes, payload_offset, slot_bytes, slot_offset;
-  // The encoded shards of x (alltoallv input), this shard's payloads from
-  // every rank (its output), and every owner's slot (allgatherv output).
-  std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
-  int sender = -1;           // the rank whose payload the owner is reading
-  std::exception_ptr error;  // the owner's step's, if it failed
-};
+OwnerStatus::Code code_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CorruptPayload&) {
+    return OwnerStatus::corrupt;
+  } catch (const PeerMismatch&) {
+    return OwnerStatus::mismatch;
+  } catch (const InvalidArgument&) {
+    return OwnerStatus::invalid;
+  } catch (...) {
+    return OwnerStatus::failed;
+  }
+}
 
-std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int64_t n) {
-  return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
+// Shard j's share of k: k_j = floor(k / n), plus 1 for k mod n of the m
+// shards with room for it (all n, or the first numel mod n when floor(k /
+// n) already fills the smaller shards): shard j < m takes it when (j -
+// step) mod m < k mod n. Rotating with the step sends every shard in turn
+// when k < n. So k_j <= count[j] and the shares sum to k.
+std::vector<int64_t> shares_of(int64_t k, const std::vector<int64_t>& count, uint64_t step) {
+  const auto n = static_cast<int64_t>(count.size());
+  const int64_t base = k / n, extra = k % n;
+  std::vector<int64_t> kept(count.size(), base);
+  if (extra == 0) return kept;
+  const auto room = static_cast<int64_t>(
+      std::count_if(count.begin(), count.end(), [&](int64_t c) { return c > base; }));
+  const auto rotation = static_cast<int64_t>(step % static_cast<uint64_t>(room));
+  for (int64_t j = 0; j < room; ++j)
+    if ((j - rotation + room) % room < extra) ++kept[static_cast<size_t>(j)];
+  return kept;
 }
 
 // The codec of a shard's payload: exactly `kept` of its elements.
@@ -126,239 +191,412 @@ CompressorConfig shard_codec(const CompressorConfig& codec, int64_t kept) {
   return c;
 }
 
-// Step 1, inside a Work: the top k_j of each shard of x (with the worker's
-// residual added) into `sent`. Checked before any residual changes.
+// What one call keeps until it finishes (its buffers travel with its Works).
+struct TopkCall {
+  int rank, size;
+  TensorView x;
+  ExecContext ctx;
+  CompressorConfig codec;
+  ReduceOp op;
+  // Everything the ranks' layouts and results depend on: element count, k,
+  // op, ratio, keep, step and exact or approximate selection.
+  uint64_t fingerprint;
+  // Shard j: shards.count[j] elements from shards.offset[j], kept[j] of them
+  // kept, in a payload of payload_bytes[j] (0 when kept[j] is 0).
+  relaxed::Shards shards;
+  std::vector<int64_t> kept, payload_bytes;
+  // Alltoallv block j: a BlockPrefix, then shard j's payload. All-gather
+  // slot j: owner j's OwnerStatus, then its payload.
+  std::vector<int64_t> block_bytes, block_offset, slot_bytes, slot_offset;
+  // The blocks of x (alltoallv input), this shard's blocks from every rank
+  // (its output), and every owner's slot (allgatherv output).
+  std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
+  // Worker-side and server-side error feedback, committed only when every
+  // owner's status is ok.
+  PendingResidual worker, server;
+  std::exception_ptr encode_error;    // this rank's selection (step 1)
+  std::exception_ptr exchange_error;  // this rank's alltoallv
+  std::exception_ptr owner_error;     // this rank's owner step (step 3), or its alltoallv's
+
+  TopkCall(const Communicator& comm, const TensorView& tensor, const ExecContext& context,
+           const SparseAllreduceOptions& options)
+      : rank(comm.rank()),
+        size(comm.size()),
+        x(tensor),
+        ctx(context),
+        codec(options.codec),
+        op(options.op),
+        shards(tensor.numel, comm.size()) {
+    const int64_t k = kernels::kept_elements(x.numel, codec);
+    fingerprint = Fnv1a()
+                      .bytes("topk")
+                      .u64(static_cast<uint64_t>(x.numel))
+                      .u64(static_cast<uint64_t>(k))
+                      .u64(static_cast<uint64_t>(op))
+                      .u64(std::bit_cast<uint64_t>(codec.ratio))
+                      .u64(static_cast<uint64_t>(codec.keep))
+                      .u64(codec.step)
+                      .u64(codec.approximate ? 1 : 0)
+                      .value();
+    kept = shares_of(k, shards.count, codec.step);
+    worker.feedback = options.feedback;
+    server.feedback = options.server_feedback;
+    const auto n = static_cast<size_t>(size);
+    payload_bytes.assign(n, 0);
+    block_bytes.assign(n, 0);
+    block_offset.assign(n, 0);
+    slot_bytes.assign(n, 0);
+    slot_offset.assign(n, 0);
+    for (size_t j = 0; j < n; ++j) {
+      if (kept[j] > 0)
+        payload_bytes[j] = static_cast<int64_t>(
+            kernels::encoded_size(shards.count[j], shard_codec(codec, kept[j])));
+      block_bytes[j] = static_cast<int64_t>(sizeof(BlockPrefix)) + payload_bytes[j];
+      slot_bytes[j] = static_cast<int64_t>(sizeof(OwnerStatus)) + payload_bytes[j];
+      if (j > 0) {
+        block_offset[j] = block_offset[j - 1] + block_bytes[j - 1];
+        slot_offset[j] = slot_offset[j - 1] + slot_bytes[j - 1];
+      }
+    }
+    sent = std::make_shared<std::vector<unsigned char>>(
+        static_cast<size_t>(block_offset[n - 1] + block_bytes[n - 1]));
+    received = std::make_shared<std::vector<unsigned char>>(
+        static_cast<size_t>(size * block_bytes[static_cast<size_t>(rank)]));
+    gathered = std::make_shared<std::vector<unsigned char>>(
+        static_cast<size_t>(slot_offset[n - 1] + slot_bytes[n - 1]));
+  }
+
+  std::span<std::byte> payload_sent(int j) {
+    return bytes_of(*sent, block_offset[j] + static_cast<int64_t>(sizeof(BlockPrefix)),
+                    payload_bytes[j]);
+  }
+  std::span<std::byte> payload_received(int from) {
+    return bytes_of(*received, from * block_bytes[rank] + static_cast<int64_t>(sizeof(BlockPrefix)),
+                    payload_bytes[rank]);
+  }
+  std::span<std::byte> payload_gathered(int j) {
+    return bytes_of(*gathered, slot_offset[j] + static_cast<int64_t>(sizeof(OwnerStatus)),
+                    payload_bytes[j]);
+  }
+};
+
+// Names shard j's payload from rank `from` (step 3) or from the all-gather
+// (step 5) in an error.
+std::string payload_name(int j, int from, bool gathered) {
+  return gathered ? detail::concat("the all-gathered payload of shard ", j,
+                                   " (from its owner, rank ", from, ")")
+                  : detail::concat("the payload of rank ", from, " for shard ", j);
+}
+
+// That payload's header, checked against the layout: a top-k payload of
+// kept[j] in count[j] elements (read_header checks the rest of the header
+// and the size). CorruptPayload otherwise.
+void check_header(const TopkCall& c, std::span<const std::byte> payload, int j, int from,
+                  bool gathered) {
+  kernels::PayloadHeader h;
+  try {
+    h = kernels::read_header(payload);
+  } catch (const CorruptPayload& e) {
+    RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, from, gathered), ": ",
+                  e.message());
+  }
+  const int64_t count = c.shards.count[j], k = c.kept[j];
+  RELAXCC_ENFORCE(h.kind == CompressorKind::topk && h.n == count && h.k == k, CorruptPayload,
+                  "sparse_allreduce: ", payload_name(j, from, gathered), " reads ",
+                  kernels::compressor_name(h.kind), " of ", h.k, " in ", h.n,
+                  " elements, expected topk of ", k, " in ", count);
+}
+
+// Step 1: the top k_j of each shard of x (plus the worker's residual) into
+// the blocks. Throws InvalidArgument for an input the codec refuses; the
+// worker's residual changes only in its PendingResidual.
 void encode_shards(TopkCall& c) {
   const float* xs = c.x.as<float>();
-  for (int64_t i = 0; i < c.x.numel; ++i)
-    RELAXCC_ENFORCE(std::isfinite(xs[i]), InvalidArgument, "sparse_allreduce: element ", i, " is ",
-                    xs[i], ", expected a finite value");
-  std::vector<float> scratch(c.feedback ? static_cast<size_t>(c.count[0]) : 0);
+  const std::span<float> residual = c.worker.feedback ? c.worker.begin() : std::span<float>();
+  std::vector<float> scratch(c.worker.feedback ? static_cast<size_t>(c.shards.count[0]) : 0);
   for (int j = 0; j < c.size; ++j) {
-    const TensorView shard = c.x.slice(c.offset[j], c.count[j]);
-    const auto begin = static_cast<size_t>(c.offset[j]);
-    const auto count = static_cast<size_t>(c.count[j]);
+    const int64_t begin = c.shards.offset[j], count = c.shards.count[j];
     if (c.kept[j] == 0) {
-      // Nothing of this shard travels: all of it waits in the residual.
-      if (c.feedback)
-        for (size_t i = 0; i < count; ++i) c.feedback->residual()[begin + i] += xs[begin + i];
+      // Nothing of this shard travels: x waits in the residual. Checked
+      // here, since no encoder sees it.
+      for (int64_t i = begin; i < begin + count; ++i) {
+        const float e = residual.empty() ? xs[i] : xs[i] + residual[i];
+        RELAXCC_ENFORCE(std::isfinite(e), InvalidArgument, "sparse_allreduce: element ", i, " is ",
+                        xs[i],
+                        residual.empty() ? "" : detail::concat(" plus its residual ", residual[i]),
+                        ", expected a finite value");
+        if (!residual.empty()) residual[i] = e;
+      }
       continue;
     }
-    const std::span<std::byte> out = bytes_of(*c.sent, c.payload_offset[j], c.payload_bytes[j]);
+    const TensorView shard = c.x.slice(begin, count);
     const CompressorConfig codec = shard_codec(c.codec, c.kept[j]);
-    if (c.feedback)
-      kernels::compress_with_feedback(shard,
-                                      std::span(c.feedback->residual()).subspan(begin, count),
-                                      std::span(scratch).first(count), out, codec, c.ctx);
-    else
-      kernels::encode(shard, out, codec, c.ctx);
+    try {
+      if (c.worker.feedback)
+        kernels::compress_with_feedback(shard, residual.subspan(begin, count),
+                                        std::span(scratch).first(count), c.payload_sent(j), codec,
+                                        c.ctx);
+      else
+        kernels::encode(shard, c.payload_sent(j), codec, c.ctx);
+    } catch (const InvalidArgument& e) {
+      RELAXCC_THROW(InvalidArgument, "sparse_allreduce: shard ", j, " (elements from ", begin, ")",
+                    c.worker.feedback ? " plus its residual" : "", ": ", e.message());
+    }
   }
 }
 
-// Step 3: the owner's sum of its shard, its top k_r encoded once after the
-// OwnerStatus of its slot.
-void reduce_owned_shard(TopkCall& c) {
-  const int r = c.rank;
-  const int64_t count = c.count[r], k = c.kept[r], bytes = c.payload_bytes[r];
-  if (k == 0) return;  // nothing was sent, nothing is kept
-  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
-  const TensorView sum = TensorView::host(acc.data(), count);
-  for (int i = 0; i < c.size; ++i) {
-    c.sender = i;
-    const std::span<const std::byte> payload = bytes_of(*c.received, i * bytes, bytes);
-    const kernels::PayloadHeader h = kernels::read_header(payload);  // checks it and the size
-    RELAXCC_ENFORCE(h.kind == CompressorKind::topk && h.n == count && h.k == k, CorruptPayload,
-                    "sparse_allreduce: rank ", i, " sent shard ", r, " as ",
-                    kernels::compressor_name(h.kind), " of ", h.k, " in ", h.n,
-                    " elements, expected topk of ", k, " in ", count,
-                    " (a corrupt payload, or ranks that disagree on the tensor)");
-    // Indices in [0, count) and strictly increasing, finite values: checked
-    // before anything is added.
-    kernels::decode_accumulate(payload, sum, c.ctx);
-  }
-  c.sender = -1;
-  if (c.op == ReduceOp::avg)
-    for (float& v : acc) v /= static_cast<float>(c.size);
-  // Finite contributions can still sum to Inf: refuse it here, naming where.
-  for (int64_t i = 0; i < count; ++i)
-    RELAXCC_ENFORCE(std::isfinite(acc[i]), InvalidArgument, "sparse_allreduce: the ",
-                    c.op == ReduceOp::avg ? "average" : "sum", " of element ", c.offset[r] + i,
-                    " overflows f32");
-  const std::span<std::byte> out =
-      bytes_of(*c.gathered, c.slot_offset[r] + sizeof(OwnerStatus), bytes);
-  const CompressorConfig codec = shard_codec(c.codec, k);
-  if (c.server_feedback)
-    c.server_feedback->compress(sum, out, codec, c.ctx);
-  else
-    kernels::encode(sum, out, codec, c.ctx);
-}
-
-OwnerStatus status_of(const std::exception_ptr& error, int sender) {
-  OwnerStatus s{OwnerStatus::failed, sender};
+// Step 1 as it runs: the selection, then every block's prefix, which
+// carries the selection's failure (if any) to every owner.
+void select_shards(TopkCall& c) {
+  BlockPrefix prefix{c.fingerprint, OwnerStatus::ok, 0};
   try {
-    std::rethrow_exception(error);
-  } catch (const CorruptPayload&) {
-    s.code = OwnerStatus::corrupt;
-  } catch (const PeerMismatch&) {
-    s.code = OwnerStatus::mismatch;
-  } catch (const InvalidArgument&) {
-    s.code = OwnerStatus::invalid;
+    encode_shards(c);
   } catch (...) {
+    c.encode_error = std::current_exception();
+    prefix.code = code_of(c.encode_error);
+  }
+  for (int j = 0; j < c.size; ++j)
+    std::memcpy(c.sent->data() + c.block_offset[j], &prefix, sizeof prefix);
+}
+
+// Step 3: the owner's check of every block of its shard, its sum, and its
+// top k_r encoded once after the OwnerStatus of its slot. Returns that
+// status; a failure of this rank's own is kept in c.owner_error.
+OwnerStatus reduce_owned_shard(TopkCall& c) {
+  const int r = c.rank;
+  OwnerStatus s;
+  try {
+    if (c.exchange_error) {
+      s.stage = OwnerStatus::exchange;
+      std::rethrow_exception(c.exchange_error);
+    }
+    // Every sender's call and selection, before any payload is read.
+    for (int i = 0; i < c.size; ++i) {
+      BlockPrefix p;
+      std::memcpy(&p, c.received->data() + i * c.block_bytes[r], sizeof p);
+      s.sender = i;
+      s.stage = OwnerStatus::call;
+      RELAXCC_ENFORCE(p.fingerprint == c.fingerprint, PeerMismatch, "sparse_allreduce: rank ", i,
+                      " calls with fingerprint ", p.fingerprint, ", rank ", r, " with ",
+                      c.fingerprint,
+                      ": they differ in the element count, k, op, ratio, keep, step or selection");
+      s.stage = OwnerStatus::input;
+      RELAXCC_ENFORCE(p.code >= OwnerStatus::ok && p.code <= OwnerStatus::failed && p.reserved == 0,
+                      CorruptPayload, "sparse_allreduce: the block prefix of rank ", i,
+                      " reads code ", p.code, " and reserved ", p.reserved,
+                      ", expected a code in [0, 4] and 0");
+      if (p.code != OwnerStatus::ok) {
+        s.code = p.code;  // the sender throws its own error with the details
+        return s;
+      }
+    }
+    s.sender = -1;
+    s.stage = OwnerStatus::own;
+    const int64_t count = c.shards.count[r], k = c.kept[r];
+    if (k == 0) return s;  // nothing was sent, nothing is kept
+    std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+    const TensorView sum = TensorView::host(acc.data(), count);
+    for (int i = 0; i < c.size; ++i) {
+      s.sender = i;
+      s.stage = OwnerStatus::payload;
+      const std::span<const std::byte> payload = c.payload_received(i);
+      check_header(c, payload, r, i, /*gathered=*/false);
+      // Indices in [0, count) and strictly increasing, finite values: checked
+      // before anything is added.
+      kernels::decode_accumulate(payload, sum, c.ctx);
+    }
+    s.sender = -1;
+    s.stage = OwnerStatus::own;
+    if (c.op == ReduceOp::avg) kernels::finish_average(sum, c.size, c.ctx);
+    const CompressorConfig codec = shard_codec(c.codec, k);
+    try {
+      // The encoder refuses a sum (plus residual) that overflowed f32.
+      if (c.server.feedback) {
+        std::vector<float> scratch(static_cast<size_t>(count));
+        kernels::compress_with_feedback(sum, c.server.begin(), scratch, c.payload_gathered(r),
+                                        codec, c.ctx);
+      } else {
+        kernels::encode(sum, c.payload_gathered(r), codec, c.ctx);
+      }
+    } catch (const InvalidArgument& e) {
+      RELAXCC_THROW(InvalidArgument, "sparse_allreduce: the ",
+                    c.op == ReduceOp::avg ? "average" : "sum", " of shard ", r, " (elements from ",
+                    c.shards.offset[r], ")", c.server.feedback ? " plus its server residual" : "",
+                    " overflows f32: ", e.message());
+    }
+  } catch (...) {
+    c.owner_error = std::current_exception();
+    s.code = code_of(c.owner_error);
   }
   return s;
 }
 
-// Throws, as the same type on every rank, what owner `owner`'s step met.
-void throw_owner_failure(int owner, const OwnerStatus& s) {
-  const std::string where = detail::concat(
-      "sparse_allreduce: the owner of shard ", owner, " (rank ", owner, ") failed",
-      s.sender >= 0 ? detail::concat(" on the payload of rank ", s.sender) : std::string(),
-      " (its own error says why)");
+// Throws, as the same type on every rank, the failure that owner j's
+// status word reports, with this rank's own error where it is the source.
+[[noreturn]] void throw_owner_failure(const TopkCall& c, int j, const OwnerStatus& s) {
+  std::string what;
+  switch (s.stage) {
+    case OwnerStatus::own:
+      what = detail::concat("the owner of shard ", j, " (rank ", j, ") failed in its own step");
+      break;
+    case OwnerStatus::exchange:
+      what = detail::concat("the alltoallv failed on the owner of shard ", j, " (rank ", j, ")");
+      break;
+    case OwnerStatus::call:
+      what =
+          detail::concat("rank ", s.sender, " calls with another element count, k, op, ratio, ",
+                         "keep, step or selection than the owner of shard ", j, " (rank ", j, ")");
+      break;
+    case OwnerStatus::input:
+      what = detail::concat("rank ", s.sender, "'s selection failed (reported to the owner of ",
+                            "shard ", j, ", rank ", j, ")");
+      break;
+    default:
+      what = detail::concat("the payload of rank ", s.sender, " for shard ", j,
+                            " does not decode on its owner (rank ", j, ")");
+  }
+  if (j == c.rank && c.owner_error)
+    what += detail::concat(": ", message_of(c.owner_error));
+  else if (s.stage == OwnerStatus::input && s.sender == c.rank && c.encode_error)
+    what += detail::concat(": ", message_of(c.encode_error));
   switch (s.code) {
     case OwnerStatus::corrupt:
-      RELAXCC_THROW(CorruptPayload, where, ": corrupt payload");
+      RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", what);
     case OwnerStatus::mismatch:
-      RELAXCC_THROW(PeerMismatch, where, ": ranks disagree");
+      RELAXCC_THROW(PeerMismatch, "sparse_allreduce: ", what);
     case OwnerStatus::invalid:
-      RELAXCC_THROW(InvalidArgument, where, ": input refused");
-    case OwnerStatus::failed:
-      RELAXCC_THROW(CommunicationError, where);
+      RELAXCC_THROW(InvalidArgument, "sparse_allreduce: ", what);
     default:
-      RELAXCC_THROW(CorruptPayload, "sparse_allreduce: the status of shard ", owner,
-                    "'s owner reads code ", s.code, " for sender ", s.sender,
-                    ", expected a code in [0, 4] (sender -1 with code 0)");
+      RELAXCC_THROW(CommunicationError, "sparse_allreduce: ", what);
+  }
+}
+
+// Owner j's status word, as the all-gather brought it; CorruptPayload when
+// it is not one that an owner writes.
+OwnerStatus status_of(const TopkCall& c, int j) {
+  OwnerStatus s;
+  std::memcpy(&s, c.gathered->data() + c.slot_offset[j], sizeof s);
+  const bool from_owner = s.stage == OwnerStatus::own || s.stage == OwnerStatus::exchange;
+  const bool valid = s.reserved == 0 && s.code >= OwnerStatus::ok &&
+                     s.code <= OwnerStatus::failed && s.stage >= OwnerStatus::own &&
+                     s.stage <= OwnerStatus::payload &&
+                     (from_owner ? s.sender == -1 : s.sender >= 0 && s.sender < c.size) &&
+                     (s.code != OwnerStatus::ok || (s.stage == OwnerStatus::own && s.sender == -1));
+  RELAXCC_ENFORCE(valid, CorruptPayload, "sparse_allreduce: the status of shard ", j,
+                  "'s owner reads code ", s.code, ", stage ", s.stage, ", sender ", s.sender,
+                  ", reserved ", s.reserved,
+                  ", expected code 0 with stage 0 and sender -1, or a code in [1, 4] with a stage "
+                  "in [0, 4] and a sender in [-1, ",
+                  c.size, ")");
+  return s;
+}
+
+// The bytes this rank moved: the alltoallv sends each peer its block and
+// receives this shard's; the all-gather ring sends every slot but the right
+// neighbour's own to the right neighbour and receives every slot but this
+// rank's from the left one.
+void count_traffic(const TopkCall& c, RelaxedStats& stats) {
+  const int n = c.size, me = c.rank;
+  if (n == 1) return;
+  const auto all = static_cast<uint64_t>(c.slot_offset[n - 1] + c.slot_bytes[n - 1]);
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  std::vector<RelaxedStats::Traffic> traffic;
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    RelaxedStats::Traffic t{j, static_cast<uint64_t>(c.block_bytes[j]),
+                            static_cast<uint64_t>(c.block_bytes[me])};
+    if (j == right) t.sent += all - static_cast<uint64_t>(c.slot_bytes[right]);
+    if (j == left) t.received += all - static_cast<uint64_t>(c.slot_bytes[me]);
+    traffic.push_back(t);
+  }
+  stats.add_round(traffic);
+}
+
+// Step 5: every owner's status, then (all ok) the residuals committed and
+// every shard decoded into x from the same bytes on every rank.
+void finish(TopkCall& c) {
+  for (int j = 0; j < c.size; ++j) {
+    const OwnerStatus s = status_of(c, j);
+    if (s.code != OwnerStatus::ok) throw_owner_failure(c, j, s);
+  }
+  // Every owner summed every rank's blocks and sent its payload: the call
+  // happened, whatever this rank's copy of the all-gather holds.
+  c.worker.commit();
+  c.server.commit();
+  for (int j = 0; j < c.size; ++j)
+    if (c.kept[j] > 0) check_header(c, c.payload_gathered(j), j, j, /*gathered=*/true);
+  for (int j = 0; j < c.size; ++j) {
+    const TensorView shard = c.x.slice(c.shards.offset[j], c.shards.count[j]);
+    if (c.kept[j] == 0) {
+      std::fill_n(shard.as<float>(), shard.numel, 0.0f);
+      continue;
+    }
+    try {
+      kernels::decode(c.payload_gathered(j), shard, c.ctx);
+    } catch (const CorruptPayload& e) {
+      RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, j, true), ": ",
+                    e.message());
+    }
   }
 }
 
 WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
               const SparseAllreduceOptions& options) {
   const int n = comm.size(), r = comm.rank();
-  auto c = std::make_shared<TopkCall>();
-  c->rank = r;
-  c->size = n;
-  c->x = x;
-  c->ctx = ctx;
-  c->codec = options.codec;
-  c->op = options.op;
-  c->feedback = options.feedback;
-  c->server_feedback = options.server_feedback;
-  c->count = balanced_chunks(x.numel, n);
-  // Balanced shares of k: k_j <= count[j] since k <= numel.
-  c->kept = balanced_chunks(kernels::kept_elements(x.numel, options.codec), n);
-  c->offset.assign(static_cast<size_t>(n), 0);
-  c->payload_bytes.resize(static_cast<size_t>(n));
-  c->payload_offset.assign(static_cast<size_t>(n), 0);
-  c->slot_bytes.resize(static_cast<size_t>(n));
-  c->slot_offset.assign(static_cast<size_t>(n), 0);
-  for (int j = 0; j < n; ++j) {
-    c->payload_bytes[j] = c->kept[j] > 0 ? static_cast<int64_t>(kernels::encoded_size(
-                                               c->count[j], shard_codec(options.codec, c->kept[j])))
-                                         : 0;
-    c->slot_bytes[j] = static_cast<int64_t>(sizeof(OwnerStatus)) + c->payload_bytes[j];
-    if (j > 0) {
-      c->offset[j] = c->offset[j - 1] + c->count[j - 1];
-      c->payload_offset[j] = c->payload_offset[j - 1] + c->payload_bytes[j - 1];
-      c->slot_offset[j] = c->slot_offset[j - 1] + c->slot_bytes[j - 1];
-    }
-  }
-  const int64_t sent_total = c->payload_offset[n - 1] + c->payload_bytes[n - 1];
-  const int64_t gathered_total = c->slot_offset[n - 1] + c->slot_bytes[n - 1];
-  c->sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(sent_total));
-  c->received =
-      std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(n * c->payload_bytes[r]));
-  c->gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(gathered_total));
+  auto c = std::make_shared<TopkCall>(comm, x, ctx, options);
 
-  // 1. Inside a Work (after options.after): an input the codec refuses fails
-  // this rank's alltoallv, and so every rank.
-  const WorkPtr start = options.after ? options.after : when_all({}, nullptr, "now");
-  const WorkPtr encoded = start->then(
-      [c](const Work& done) {
-        if (!done.exception()) encode_shards(*c);
-      },
-      "sparse_allreduce: top-k selection");
+  // 1. Off the engine thread, after options.after: the selection, whose
+  // failure travels in the blocks' prefixes (so the alltoallv runs).
+  const WorkPtr encoded =
+      comm.compute([c] { select_shards(*c); }, op_options(options, options.after));
 
-  // 2. Each shard's pairs to its owner.
+  // 2. Each shard's block to its owner.
   AlltoallOptions a2a;
-  static_cast<OpOptions&>(a2a) = options;
-  a2a.after = encoded;
-  const std::vector<int64_t> recv_counts(static_cast<size_t>(n), c->payload_bytes[r]);
-  const TensorView sent(c->sent->data(), sent_total, DType::u8, Device::host(), c->sent);
-  const TensorView received(c->received->data(), static_cast<int64_t>(c->received->size()),
-                            DType::u8, Device::host(), c->received);
-  WorkPtr exchanged = comm.alltoallv(sent, c->payload_bytes, received, recv_counts, ctx, a2a);
+  static_cast<OpOptions&>(a2a) = op_options(options, encoded);
+  const std::vector<int64_t> recv_counts(static_cast<size_t>(n), c->block_bytes[r]);
+  const TensorView sent(c->sent->data(), std::ssize(*c->sent), DType::u8, Device::host(), c->sent);
+  const TensorView received(c->received->data(), std::ssize(*c->received), DType::u8,
+                            Device::host(), c->received);
+  const WorkPtr exchanged = comm.alltoallv(sent, c->block_bytes, received, recv_counts, ctx, a2a);
 
-  // 3. The owner's sum and top-k. It never fails itself: what goes wrong
-  // (here or in the alltoallv) becomes its status word, so the all-gather
-  // below runs and every rank learns of it.
-  WorkPtr reduced = exchanged->then(
-      [c](const Work& done) {
-        OwnerStatus status;
-        try {
-          if (const std::exception_ptr e = done.exception()) std::rethrow_exception(e);
-          reduce_owned_shard(*c);
-        } catch (...) {
-          c->error = std::current_exception();
-          status = status_of(c->error, c->sender);
-        }
+  // 3. Off the engine thread: the owner's checks, sum and top-k. It runs
+  // whatever the alltoallv ended with: its failure, too, becomes the
+  // owner's status word, so the all-gather below runs and every rank learns
+  // of it.
+  auto settled = std::make_shared<Work>("sparse_allreduce: the alltoallv settled");
+  exchanged->then(
+      [c, settled](const Work& done) {
+        c->exchange_error = done.exception();
+        settled->complete(nullptr);
+      },
+      "sparse_allreduce: the alltoallv's outcome");
+  const WorkPtr reduced = comm.compute(
+      [c] {
+        const OwnerStatus status = reduce_owned_shard(*c);
         std::memcpy(c->gathered->data() + c->slot_offset[c->rank], &status, sizeof status);
       },
-      "sparse_allreduce: the owner's top-k");
-  const WorkPtr own = reduced->then(
-      [c](const Work&) {
-        if (c->error) std::rethrow_exception(c->error);
-      },
-      "sparse_allreduce: the owner's result");
+      op_options(options, settled));
 
   // 4. The owners' slots to every rank, unchanged.
   AllgatherOptions ag;
-  static_cast<OpOptions&>(ag) = options;
-  ag.after = reduced;
+  static_cast<OpOptions&>(ag) = op_options(options, reduced);
   const TensorView mine(c->gathered->data() + c->slot_offset[r], c->slot_bytes[r], DType::u8,
                         Device::host(), c->gathered);
-  const TensorView gathered(c->gathered->data(), gathered_total, DType::u8, Device::host(),
-                            c->gathered);
-  WorkPtr spread = comm.allgatherv(mine, gathered, c->slot_bytes, ctx, ag);
+  const TensorView gathered(c->gathered->data(), std::ssize(*c->gathered), DType::u8,
+                            Device::host(), c->gathered);
+  const WorkPtr spread = comm.allgatherv(mine, gathered, c->slot_bytes, ctx, ag);
 
-  // 5. Every owner's status, then every rank decodes the same bytes.
+  // 5. Decided from the gathered status words, the same on every rank;
+  // only when the all-gather itself failed, from what this rank knows.
   RelaxedStats* stats = options.stats;
-  return when_all(
-      {encoded, own, spread},
-      [c, stats](Work&) {
-        const int ranks = c->size, me = c->rank;
-        for (int j = 0; j < ranks; ++j) {
-          OwnerStatus s;
-          std::memcpy(&s, c->gathered->data() + c->slot_offset[j], sizeof s);
-          if (s.code != OwnerStatus::ok || s.sender != -1) throw_owner_failure(j, s);
-        }
-        for (int j = 0; j < ranks; ++j) {
-          const TensorView shard = c->x.slice(c->offset[j], c->count[j]);
-          if (c->kept[j] == 0) {
-            std::fill_n(shard.as<float>(), shard.numel, 0.0f);
-            continue;
-          }
-          kernels::decode(
-              bytes_of(*c->gathered, c->slot_offset[j] + sizeof(OwnerStatus), c->payload_bytes[j]),
-              shard, c->ctx);
-        }
-        if (stats && ranks > 1) {
-          // The alltoallv sends each peer its shard's payload and receives
-          // this shard's; the all-gather ring sends every slot but the right
-          // neighbour's own to the right neighbour and receives every slot
-          // but this rank's from the left one.
-          const auto all =
-              static_cast<uint64_t>(c->slot_offset[ranks - 1] + c->slot_bytes[ranks - 1]);
-          const int right = (me + 1) % ranks, left = (me + ranks - 1) % ranks;
-          std::vector<RelaxedStats::Traffic> traffic;
-          for (int j = 0; j < ranks; ++j) {
-            if (j == me) continue;
-            RelaxedStats::Traffic t{j, static_cast<uint64_t>(c->payload_bytes[j]),
-                                    static_cast<uint64_t>(c->payload_bytes[me])};
-            if (j == right) t.sent += all - static_cast<uint64_t>(c->slot_bytes[right]);
-            if (j == left) t.received += all - static_cast<uint64_t>(c->slot_bytes[me]);
-            traffic.push_back(t);
-          }
-          stats->add_round(traffic);
-        }
+  return spread->then(
+      [c, stats](const Work& done) {
+        if (const std::exception_ptr e = done.exception())
+          std::rethrow_exception(c->owner_error    ? c->owner_error
+                                 : c->encode_error ? c->encode_error
+                                                   : e);
+        if (stats) count_traffic(*c, *stats);
+        finish(*c);
       },
       "sparse_allreduce");
 }
@@ -368,7 +606,7 @@ WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
 int64_t sparse_allreduce_owned(int64_t numel, int rank, int size) {
   RELAXCC_ENFORCE(numel >= 0 && size >= 1 && rank >= 0 && rank < size, InvalidArgument,
                   "sparse_allreduce_owned: ", numel, " elements, rank ", rank, " of ", size);
-  return balanced_chunks(numel, size)[static_cast<size_t>(rank)];
+  return relaxed::Shards(numel, size).count[static_cast<size_t>(rank)];
 }
 
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,

@@ -14,43 +14,74 @@
 // Top-k (kind topk): a sparse reduce-scatter to shard owners, then an
 // all-gather of each owner's top-k. For n ranks, rank r owns shard r of n
 // balanced shards of x. The tensor's budget k = kept_elements(x.numel,
-// codec) (ceil(ratio * numel), or `keep`) is split the same way, k_j =
-// balanced share j of k (k_j <= the shard's size), so the k kept coordinates
-// are the top k_j of each shard rather than the top k of the whole tensor:
+// codec) (ceil(ratio * numel), or `keep`) is split into shares k_j <= the
+// shard's size that sum to k: k_j = floor(k / n), plus 1 for k mod n of
+// the m shards with room for it (all n, or the first numel mod n when
+// floor(k / n) already fills the smaller ones): shard j < m takes it when
+// (j - codec.step) mod m < k mod n. The step rotates the extra share, so
+// with k < n the shards take turns: pass the training step, as random-k
+// does (a step that never changes leaves the shards without a share unsent,
+// their residual growing). The k kept coordinates are the top k_j of each
+// shard rather than the top k of the whole tensor:
 //   1. every rank selects the k_j largest |x| of each shard j (kernels'
 //      topk, exact or approximate as the codec says; worker-side error
 //      feedback: the residual is added first and keeps what was not sent);
-//   2. an alltoallv sends shard j's k_j (index, value) pairs to owner j;
-//   3. owner r sums the n payloads of its shard in f32 (rank order; avg:
-//      then divides by n), keeps their top k_r (server-side error feedback:
-//      what it drops waits in server_feedback) and encodes them once;
-//   4. an allgatherv forwards the owners' payloads unchanged;
+//   2. an alltoallv sends owner j a block: a 16-byte prefix (a fingerprint
+//      of the call: element count, k, op, ratio, keep, step, exact or
+//      approximate; and whether the sender's selection succeeded), then
+//      shard j's k_j (index, value) pairs, shard-relative;
+//   3. owner r checks every sender's prefix, sums the n payloads of its
+//      shard in f32 (rank order; avg: then divides by n), keeps their top
+//      k_r (server-side error feedback: what it drops waits in
+//      server_feedback) and encodes them once;
+//   4. an allgatherv forwards the owners' slots unchanged: a 16-byte status
+//      word, then the payload;
 //   5. every rank writes every shard's pairs into x, 0 elsewhere, from the
 //      same bytes: the results are bitwise identical on every rank.
+// Steps 1 and 3 run off the engine thread (Communicator::compute).
 // Bytes sent per rank: (n-1)/n of the k pairs (8 bytes each) in the
-// alltoallv and again in the all-gather, ~ 16 k (n-1)/n, plus 104 bytes of
-// headers per peer: the traffic does not grow with the number of ranks (an
-// all-gather of every rank's top-k, as DeMo's, grows as n k). Exact where
-// nothing is dropped: when every rank's nonzeros in shard j, and their union,
-// number at most k_j, x holds the exact f32 sum of the inputs.
+// alltoallv and again in the all-gather, ~ 16 k (n-1)/n, plus per peer the
+// blocks' prefixes and payload headers and the owners' status words (about
+// 130 bytes) and the transport's own headers: the traffic does not grow
+// with the number of ranks (an all-gather of every rank's top-k, as
+// DeMo's, grows as n k). Exact where nothing is dropped: when, for every
+// shard j, every rank's nonzeros of its input plus its residual, and their
+// union, number at most k_j (and the server residual is 0 there), x holds
+// the exact f32 sum.
 //
-// Failures of the owner's step (a payload that does not decode, a header of
-// another kind, element count or k, ranks that disagree on the layout, a sum
-// that overflows f32) travel with the all-gather as a status word per owner:
-// every rank throws the same type (CorruptPayload, PeerMismatch,
-// InvalidArgument; CommunicationError for anything else), naming the owner
-// and the sender, and leaves x untouched; the owner throws its own error.
-// Decoders never trust the wire: every index must lie in the shard and
-// strictly increase, every value must be finite, and every count must match
-// the layout. A payload corrupted in the all-gather itself fails only the
-// rank that receives it (CorruptPayload; x may then hold the shards decoded
-// before it).
+// Failures. Every owner's status word travels with the all-gather, and
+// every rank decides from the gathered words: the first owner in rank order
+// whose status is not ok decides, the same type on every rank (the owner's
+// and the sender's included), naming the owner and the rank at fault, with
+// this rank's own error message appended where it is the source:
+//   - PeerMismatch: a sender's fingerprint differs from the owner's (ranks
+//     that disagree on the element count, k, op, ratio, keep, step or
+//     selection), or the alltoallv's blocks disagree in size;
+//   - InvalidArgument: a rank's input that its selection refused (NaN, Inf,
+//     or x plus its residual overflowing f32), or an owner's sum (plus its
+//     server residual) that overflows f32;
+//   - CorruptPayload: a payload that does not decode: decoders never trust
+//     the wire (a prefix or status word out of range, a header of another
+//     kind, element count or k, an index outside the shard or out of order,
+//     a value that is not finite);
+//   - CommunicationError: anything else (the alltoallv failed on an owner).
+// x and both error feedbacks are then untouched on every rank: the new
+// residuals are computed into buffers of the call's own and put in place
+// only once every status word is ok. When the all-gather itself fails,
+// each rank throws its own error from steps 1-3 if it has one, otherwise
+// the all-gather's. A payload corrupted in the all-gather (after every
+// status word said ok) fails the ranks that receive it with CorruptPayload:
+// every slot's header is checked before x is written, but an index or
+// value found corrupt while decoding may leave x holding the shards decoded
+// before it; the residuals are committed, since every owner's step
+// succeeded (unless the corrupt bytes are a status word, which fails the
+// rank before it commits).
 //
 // Both kinds encode inside a Work (after options.after, if any): an input
-// the codec refuses (NaN, Inf) fails this rank's collectives, and so every
-// rank, instead of leaving the peers waiting. No thread of their own: the
-// owner's step runs where the alltoallv completes (the engine's thread or a
-// thread waiting on a Work).
+// the codec refuses fails this rank's collectives (random-k) or travels in
+// its blocks' prefixes (top-k), and so every rank fails instead of leaving
+// the peers waiting. A random-k call, too, changes its error feedback only
+// when it succeeds. No thread of their own.
 #pragma once
 
 #include "relaxcc/communicator.h"
@@ -63,7 +94,8 @@ namespace relaxcc {
 struct SparseAllreduceOptions : OpOptions {
   // randomk or topk, ratio in (0, 1] (or keep > 0). randomk: seed and step
   // shared by every rank (the step rolls the selection from call to call).
-  // topk: `approximate` picks the sampled-threshold selection.
+  // topk: `approximate` picks the sampled-threshold selection; the step,
+  // shared by every rank, rotates the shares of k over the shards.
   kernels::CompressorConfig codec = [] {
     kernels::CompressorConfig c;
     c.kind = kernels::CompressorKind::randomk;
@@ -71,14 +103,18 @@ struct SparseAllreduceOptions : OpOptions {
   }();
   ReduceOp op = ReduceOp::sum;  // sum or avg
   // Set: worker-side error feedback, made for x's element count; it must
-  // outlive the call's Work.
+  // outlive the call's Work. A call reads the residual when it encodes and
+  // replaces it when it completes successfully: calls that share it must
+  // run one after the other (the next one `after` this one).
   kernels::ErrorFeedback* feedback = nullptr;
   // topk only. Set: server-side error feedback of the owned shard, made for
   // sparse_allreduce_owned(x.numel, comm.rank(), comm.size()) elements (in
   // the units of `op`: keep the op from call to call); it must outlive the
-  // call's Work.
+  // call's Work. Changed, as `feedback`, only by a call that succeeds.
   kernels::ErrorFeedback* server_feedback = nullptr;
-  // topk only: bytes sent to and received from each peer, one round per call.
+  // topk only: bytes sent to and received from each peer (the blocks and
+  // slots, not the transport's own headers), one round per call whose
+  // all-gather completed; it must outlive the call's Work.
   RelaxedStats* stats = nullptr;
 };
 
