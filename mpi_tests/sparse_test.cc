@@ -75,6 +75,55 @@ TEST(SparseAllreduce, RandomKIsExactAtTheKeptCoordinates) {
   }
 }
 
+// The bytes counted per peer: the ring's, for the k values (f32) and the
+// selection's hash (two i64), one round each; what rank i counts as sent to
+// j, j counts as received from i; and the transport moved no less, plus at
+// most its own headers.
+TEST(SparseAllreduce, RandomKCountsItsBytesPerPeer) {
+  auto comm = test::world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int64_t count = 100003;
+  std::vector<float> x(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+  RelaxedStats stats;
+  SparseAllreduceOptions o;
+  o.codec = random_k(kernels::RandomKMode::rolling, 5, 3);
+  o.stats = &stats;
+  comm->barrier()->wait();
+  const CommStats before = comm->stats();
+  sparse_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+  const CommStats after = comm->stats();
+  const RelaxedCounts c = stats.counts();
+  EXPECT_EQ(c.rounds, 2u);
+  const int64_t k = kernels::kept_elements(count, o.codec);
+  // Every rank sends 2 (n - 1) / n of each tensor: all of it twice but its
+  // own chunk and its right neighbour's (chunk j: numel / n, one more for
+  // the first numel % n).
+  const auto ring = [&](int64_t numel, int64_t element) {
+    const auto chunk = [&](int j) { return numel / n + (j < numel % n ? 1 : 0); };
+    return static_cast<uint64_t>((2 * numel - chunk(me) - chunk((me + 1) % n)) * element);
+  };
+  EXPECT_EQ(c.bytes_sent, ring(k, 4) + ring(2, 8));
+  const auto at = [](const std::vector<uint64_t>& v, int j) {
+    return j < static_cast<int>(v.size()) ? static_cast<int64_t>(v[j]) : int64_t{0};
+  };
+  std::vector<int64_t> mine(2 * static_cast<size_t>(n)), all(2 * static_cast<size_t>(n * n));
+  for (int j = 0; j < n; ++j) {
+    mine[2 * j] = at(c.sent_to, j);
+    mine[2 * j + 1] = at(c.received_from, j);
+  }
+  comm->allgather(TensorView::host(mine.data(), 2 * n), TensorView::host(all.data(), 2 * n * n),
+                  ExecContext::host())
+      ->wait();
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j)
+      ASSERT_EQ(all[2 * (i * n + j)], all[2 * (j * n + i) + 1]) << "rank " << i << " to " << j;
+  const uint64_t moved = after.bytes_sent - before.bytes_sent;
+  EXPECT_LE(c.bytes_sent, moved);
+  EXPECT_LE(moved, c.bytes_sent + 4096 * 4);  // headers of the two rings' few messages
+}
+
 // Ranks that draw different selections never sum unrelated coordinates:
 // PeerMismatch on every rank, x untouched.
 TEST(SparseAllreduce, SelectionsThatDifferFailEveryRank) {

@@ -17,6 +17,7 @@ namespace {
 using kernels::CompressorConfig;
 using kernels::CompressorKind;
 
+using relaxed::bytes_of;
 using relaxed::dense;
 using relaxed::Shards;
 
@@ -46,10 +47,6 @@ struct Call {
   };
   std::vector<Segment> segments;
 };
-
-std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int64_t n) {
-  return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
-}
 
 // Bytes on the wire for `count` elements.
 int64_t wire_bytes(int64_t count, const std::optional<CompressorConfig>& codec) {
@@ -337,36 +334,6 @@ void check_options(const TensorView& x, const ExecContext& ctx,
                   InvalidArgument, what, ": error-feedback state made for another communicator");
 }
 
-// The auto codec's uncompressed choice: the communicator's allreduce, its
-// traffic counted as the ring moves it (reduce-scatter: every chunk but this
-// rank's to the right neighbour; allgather: every chunk but the right
-// neighbour's).
-WorkPtr uncompressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
-                               const CompressedAllreduceOptions& options) {
-  AllreduceOptions a;
-  static_cast<OpOptions&>(a) = options;
-  a.op = options.op;
-  WorkPtr done = comm.allreduce(x, ctx, a);
-  RelaxedStats* stats = options.stats;
-  const int n = comm.size(), me = comm.rank();
-  if (!stats || n == 1) return done;
-  return when_all(
-      {done},
-      [stats, n, me, numel = x.numel](Work&) {
-        const Shards s(numel, n);
-        const int right = (me + 1) % n, left = (me + n - 1) % n;
-        const auto elems = [&](int64_t v) { return static_cast<uint64_t>(v) * sizeof(float); };
-        const uint64_t sent = elems(2 * numel - s.count[me] - s.count[right]);
-        const uint64_t received = elems(2 * numel - s.count[left] - s.count[me]);
-        if (right == left) {
-          stats->add_round({{right, sent, received}});
-        } else {
-          stats->add_round({{right, sent, 0}, {left, 0, received}});
-        }
-      },
-      "compressed_allreduce (auto: uncompressed)");
-}
-
 }  // namespace
 
 CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size)
@@ -407,7 +374,10 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
     if (o.codec || o.robust.kind != RobustAggregation::Kind::none)
       return compressed_allreduce(comm, x, ctx, o);
     check_options(x, ctx, o, comm.size(), comm.rank(), "compressed_allreduce");
-    return uncompressed_allreduce(comm, x, ctx, o);
+    AllreduceOptions a;
+    static_cast<OpOptions&>(a) = o;
+    a.op = o.op;
+    return relaxed::counted_allreduce(comm, x, ctx, a, o.stats);
   }
   check_options(x, ctx, options, comm.size(), comm.rank(), "compressed_allreduce");
   const int n = comm.size(), r = comm.rank();

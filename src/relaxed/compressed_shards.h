@@ -1,6 +1,7 @@
-// What the compressed allreduce (compressed_allreduce.cc) and its auto codec
-// (auto_codec.cc) share: which codecs are dense, and the shards of a tensor.
-// The sparse allreduce (sparse_allreduce.cc) uses the shards and bytes_of.
+// What the compressed allreduce (compressed_allreduce.cc), its auto codec
+// (auto_codec.cc) and the sparse allreduce (sparse_allreduce.cc) share:
+// which codecs are dense, the shards of a tensor, byte views of buffers, and
+// a full-precision allreduce whose bytes are counted per peer.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,9 @@
 #include <vector>
 
 #include "../collectives/ring_schedule.h"
+#include "relaxcc/communicator.h"
 #include "relaxcc/kernels/compressor.h"
+#include "relaxcc/relaxed/relaxed_stats.h"
 
 namespace relaxcc::relaxed {
 
@@ -30,5 +33,13 @@ struct Shards {
 inline std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offset, int64_t n) {
   return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
 }
+
+// comm.allreduce(x, ctx, options), with its bytes per peer added to `stats`
+// (if set) when it completes. Counting runs it on the ring (options.algo
+// forced; the other algorithms move other bytes): the reduce-scatter sends
+// the right neighbour every chunk but this rank's, the allgather every
+// chunk but the right neighbour's.
+WorkPtr counted_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                          AllreduceOptions options, RelaxedStats* stats);
 
 }  // namespace relaxcc::relaxed

@@ -106,15 +106,16 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
   AllreduceOptions agree;
   static_cast<OpOptions&>(agree) = op_options(options, encoded);
   agree.op = ReduceOp::max;
-  WorkPtr agreed = comm.allreduce(TensorView(check->data(), 2, DType::i64, Device::host(), check),
-                                  ExecContext::host(), agree);
+  WorkPtr agreed = relaxed::counted_allreduce(
+      comm, TensorView(check->data(), 2, DType::i64, Device::host(), check), ExecContext::host(),
+      agree, options.stats);
 
   AllreduceOptions sum;
   static_cast<OpOptions&>(sum) = op_options(options, encoded);
   sum.op = options.op;
   const TensorView values(call->payload.data() + sizeof(kernels::PayloadHeader), k, DType::f32,
                           Device::host(), call);
-  WorkPtr summed = comm.allreduce(values, ctx, sum);
+  WorkPtr summed = relaxed::counted_allreduce(comm, values, ctx, sum, options.stats);
 
   return when_all(
       {encoded, agreed, summed},
@@ -631,8 +632,8 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
       InvalidArgument, "sparse_allreduce: error feedback for ",
       options.feedback ? options.feedback->residual().size() : 0, " elements, tensor of ", x.numel);
   if (!topk) {
-    RELAXCC_ENFORCE(!options.server_feedback && !options.stats, InvalidArgument,
-                    "sparse_allreduce: server_feedback and stats are for topk, got randomk");
+    RELAXCC_ENFORCE(!options.server_feedback, InvalidArgument,
+                    "sparse_allreduce: server_feedback is for topk, got randomk");
     return random_k(comm, x, ctx, options);
   }
   const int64_t owned = sparse_allreduce_owned(x.numel, comm.rank(), comm.size());

@@ -112,17 +112,18 @@ struct SparseAllreduceOptions : OpOptions {
   // the units of `op`: keep the op from call to call); it must outlive the
   // call's Work. Changed, as `feedback`, only by a call that succeeds.
   kernels::ErrorFeedback* server_feedback = nullptr;
-  // topk only: bytes sent to and received from each peer (the blocks and
-  // slots, not the transport's own headers), one round per call whose
-  // all-gather completed; it must outlive the call's Work.
+  // Bytes sent to and received from each peer (topk: the blocks and slots;
+  // randomk: its two allreduces, which then run on the ring; not the
+  // transport's own headers), one round per collective that completed; it
+  // must outlive the call's Work.
   RelaxedStats* stats = nullptr;
 };
 
 // InvalidArgument, from the call on every rank before anything is
 // submitted, for a tensor that is not f32 on the host, a codec other than
 // randomk and topk or out of its ranges (ratio outside (0, 1]), an op other
-// than sum and avg, feedback of another size, or server_feedback or stats
-// with randomk.
+// than sum and avg, feedback of another size, or server_feedback with
+// randomk.
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                          const SparseAllreduceOptions& options = {});
 
