@@ -65,6 +65,15 @@ __attribute__((target("avx2"))) ChunkRange chunk_range_avx2(const float* x, int6
   return r;
 }
 
+// The 32 codes of q[0..3] (8 each, in order) as bytes in order, each
+// saturated to [0, 255].
+__attribute__((target("avx2"), always_inline)) inline __m256i pack_codes_avx2(const __m256i* q) {
+  const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
+  const __m256i b = _mm256_packus_epi32(q[2], q[3]);
+  const __m256i c = _mm256_packus_epi16(a, b);  // 8-bit, in 32-bit groups per lane
+  return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // Round-to-nearest codes, one byte each, clamped to [0, levels]: 32
 // elements per iteration.
 __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t len, float min,
@@ -72,7 +81,6 @@ __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t l
                                                        unsigned char* out) {
   const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
   const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(static_cast<int>(levels));
-  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   int64_t i = 0;
   for (; i + 32 <= len; i += 32) {
     __m256i q[4];
@@ -81,10 +89,7 @@ __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t l
       q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo),
                               hi);  // rint: MXCSR nearest-even
     }
-    const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
-    const __m256i b = _mm256_packus_epi32(q[2], q[3]);
-    const __m256i c = _mm256_packus_epi16(a, b);  // 8-bit, in 32-bit groups per lane
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(c, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), pack_codes_avx2(q));
   }
   return i;
 }
@@ -104,15 +109,17 @@ __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* co
   return i;
 }
 
-// Stochastic rounding with the uniforms of rounding_uniform(), 32 * G
+// Stochastic rounding with the uniforms of rounding_uniform(), 64 * G
 // elements at a time: Philox4x32-10 on four counters per vector, one per
 // 64-bit lane as _mm256_mul_epu32 wants (the upper halves of the lanes hold
 // junk that no multiply reads and the final blend drops), G vectors side by
-// side so that their multiply latencies overlap. Each block's 128 bits are
-// the 16-bit cells of its eight elements in element order.
+// side so that their multiply latencies overlap. Each block's 128 bits,
+// words v[0..3] little-endian, are the 8-bit cells of its sixteen elements
+// in element order.
 struct Stochastic {
-  __m256 vmin, vs, one;
-  __m256i vlevels, one_and_half_cell, m0, m1, lane, perm;
+  static constexpr int64_t per_vector = 4 * rounding_block_elements;  // elements
+  __m256 vmin, vs, base;
+  __m256i vlevels, cell_bytes, cells_base, m0, m1, lane;
   __m256i key0[10], key1[10];
   uint64_t offset;
 
@@ -120,13 +127,14 @@ struct Stochastic {
   Stochastic(float min, float scale, uint32_t levels, uint64_t seed, uint64_t offset_)
       : vmin(_mm256_set1_ps(min)),
         vs(_mm256_set1_ps(scale)),
-        one(_mm256_set1_ps(1.0f)),
+        base(_mm256_set1_ps(128.0f)),
         vlevels(_mm256_set1_epi8(static_cast<char>(levels))),
-        one_and_half_cell(_mm256_set1_epi32(0x3F800040)),
+        cell_bytes(_mm256_setr_epi8(-1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+                                    0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1)),
+        cells_base(_mm256_set1_epi32(0x43000080)),
         m0(_mm256_set1_epi64x(0xD2511F53)),
         m1(_mm256_set1_epi64x(0xCD9E8D57)),
         lane(_mm256_setr_epi64x(0, 1, 2, 3)),
-        perm(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
         offset(offset_) {
     uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
     for (int round = 0; round < 10; ++round) {
@@ -137,14 +145,14 @@ struct Stochastic {
     }
   }
 
-  // The Philox state of the blocks of elements [index, index + 32 * G),
-  // `index` a multiple of 8, after the first round (counter_hi is 0, so
-  // that round has one multiply): c[word][g].
+  // The Philox state of the blocks of elements [index, index + 64 * G),
+  // `index` a multiple of rounding_block_elements, after the first round
+  // (counter_hi is 0, so that round has one multiply): c[word][g].
   template <int G>
   __attribute__((target("avx2"), always_inline)) inline void counters(uint64_t index,
                                                                       __m256i (&c)[4][G]) const {
     for (int g = 0; g < G; ++g) {
-      const uint64_t counter = rounding_counter(offset, index + 32 * g);
+      const uint64_t counter = rounding_counter(offset, index + per_vector * g);
       const __m256i ctr =
           _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(counter)), lane);
       const __m256i p0 = _mm256_mul_epu32(ctr, m0);
@@ -201,57 +209,57 @@ struct Stochastic {
     }
   }
 
-  // Codes of x[0, 32 * G) to out[0, 32 * G) from the blocks' final state.
+  // Codes of x[0, 64 * G) to out[0, 64 * G) from the blocks' final state.
   template <int G>
   __attribute__((target("avx2"), always_inline)) inline void codes(const __m256i (&c)[4][G],
                                                                    const float* x,
                                                                    unsigned char* out) const {
     for (int g = 0; g < G; ++g) {
-      // Words 0 and 1 of each block in one 64-bit lane, words 2 and 3 in
-      // another; then blocks 0 and 2 in `lo`, 1 and 3 in `hi`, 128 bits each.
+      // Words 0 and 1 of block j in dwords 2j and 2j + 1 of c01 (its bytes
+      // 0..7, the cells of elements 0..7), words 2 and 3 in c23.
       const __m256i c01 = _mm256_blend_epi32(c[0][g], _mm256_slli_epi64(c[1][g], 32), 0xAA);
       const __m256i c23 = _mm256_blend_epi32(c[2][g], _mm256_slli_epi64(c[3][g], 32), 0xAA);
-      const __m256i lo = _mm256_unpacklo_epi64(c01, c23), hi = _mm256_unpackhi_epi64(c01, c23);
-      const __m128i blocks[4] = {_mm256_castsi256_si128(lo), _mm256_castsi256_si128(hi),
-                                 _mm256_extracti128_si256(lo, 1), _mm256_extracti128_si256(hi, 1)};
-      __m256i q[4];
-      for (int k = 0; k < 4; ++k) {
-        // u = (2h + 1) / 2^17 as (1 + (2h + 1) / 2^17) - 1, both exact: h
-        // into mantissa bits 22..7 of 1.0f, bit 6 set.
-        const __m256i h = _mm256_cvtepu16_epi32(blocks[k]);
-        const __m256 u = _mm256_sub_ps(
-            _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(h, 7), one_and_half_cell)), one);
+      __m256i q[8];
+      for (int k = 0; k < 8; ++k) {
+        // Elements 8k..8k+7, whose cells are words 0 and 1 (2 and 3 for odd
+        // k) of block j: the low lane gets the first word, the high lane the
+        // second; dword e of a lane takes byte e of the lane's word as bits
+        // 15..8 of 128.0f, with bit 7 set: 128 + (2h + 1) / 2^9, exact, and
+        // u is that minus 128, exact.
+        const int j = k / 2;
+        const __m256i words = _mm256_permutevar8x32_epi32(
+            k % 2 == 0 ? c01 : c23, _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1,
+                                                      2 * j + 1, 2 * j + 1, 2 * j + 1));
+        const __m256i h = _mm256_shuffle_epi8(words, cell_bytes);
+        const __m256 u = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(h, cells_base)), base);
         const __m256 t = _mm256_add_ps(
-            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vmin), vs), u);
+            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + per_vector * g + 8 * k), vmin), vs), u);
         // x >= min, so t >= u > 0 and truncation is the floor; t is about
         // levels at most, far below 2^31, so the saturating packs and the
         // min clamp from above.
         q[k] = _mm256_cvttps_epi32(t);
       }
-      const __m256i a = _mm256_packus_epi32(q[0], q[1]);  // 16-bit, lanes interleaved
-      const __m256i b = _mm256_packus_epi32(q[2], q[3]);
-      // 8-bit (saturating at 255), in 32-bit groups per lane, clamped to levels.
-      const __m256i v = _mm256_min_epu8(_mm256_packus_epi16(a, b), vlevels);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * g),
-                          _mm256_permutevar8x32_epi32(v, perm));
+      for (int half = 0; half < 2; ++half)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + per_vector * g + 32 * half),
+                            _mm256_min_epu8(pack_codes_avx2(q + 4 * half), vlevels));
     }
   }
 };
 
-// Stochastic codes of x[0, 32 * m), whose first index index0 is a multiple
-// of 8; return 32 * m, the elements done.
+// Stochastic codes of x[0, Stochastic::per_vector * m), whose first index
+// index0 is a multiple of rounding_block_elements; return the elements done.
 __attribute__((target("avx2"))) int64_t stochastic_avx2(const float* x, int64_t len,
                                                         const Stochastic& shared, int64_t index0,
                                                         unsigned char* out) {
   const Stochastic sr = shared;  // a local copy: stores through `out` cannot alias it
   int64_t i = 0;
-  for (; i + 128 <= len; i += 128) {
+  for (; i + 4 * Stochastic::per_vector <= len; i += 4 * Stochastic::per_vector) {
     __m256i c[4][4];
     sr.counters<4>(static_cast<uint64_t>(index0 + i), c);
     sr.rounds_avx2<4>(c);
     sr.codes<4>(c, x + i, out + i);
   }
-  for (; i + 32 <= len; i += 32) {
+  for (; i + Stochastic::per_vector <= len; i += Stochastic::per_vector) {
     __m256i c[4][1];
     sr.counters<1>(static_cast<uint64_t>(index0 + i), c);
     sr.rounds_avx2<1>(c);
@@ -264,13 +272,13 @@ __attribute__((target("avx2,avx512f,avx512vl"))) int64_t stochastic_avx512(
     const float* x, int64_t len, const Stochastic& shared, int64_t index0, unsigned char* out) {
   const Stochastic sr = shared;  // a local copy: stores through `out` cannot alias it
   int64_t i = 0;
-  for (; i + 128 <= len; i += 128) {
+  for (; i + 4 * Stochastic::per_vector <= len; i += 4 * Stochastic::per_vector) {
     __m256i c[4][4];
     sr.counters<4>(static_cast<uint64_t>(index0 + i), c);
     sr.rounds_avx512<4>(c);
     sr.codes<4>(c, x + i, out + i);
   }
-  for (; i + 32 <= len; i += 32) {
+  for (; i + Stochastic::per_vector <= len; i += Stochastic::per_vector) {
     __m256i c[4][1];
     sr.counters<1>(static_cast<uint64_t>(index0 + i), c);
     sr.rounds_avx512<1>(c);
@@ -344,11 +352,12 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
       out[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
     return;
   }
-  // Stochastic: one Philox block gives the uniforms of 8 consecutive indices
-  // (rounding_uniform). The scalar loop takes the elements before the first
-  // multiple of 8 and after the last whole group of 32; AVX2 the groups
-  // between.
-  const int64_t head = std::min<int64_t>(len, (8 - index0 % 8) % 8);
+  // Stochastic: one Philox block gives the uniforms of rounding_block_elements
+  // consecutive indices (rounding_uniform). The scalar loop takes the
+  // elements before the first multiple of rounding_block_elements and after
+  // the last whole group of Stochastic::per_vector; AVX2 the groups between.
+  constexpr auto per_block = static_cast<int64_t>(rounding_block_elements);
+  const int64_t head = std::min<int64_t>(len, (per_block - index0 % per_block) % per_block);
   int64_t vector_end = head;
   if (has_avx2()) {
     const Stochastic sr(min, scale, levels, seed, offset);
@@ -359,7 +368,7 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
     Philox4x32 block{};
     for (int64_t i = begin; i < end; ++i) {
       const uint64_t index = static_cast<uint64_t>(index0 + i);
-      if (i == begin || index % 8 == 0)
+      if (i == begin || index % rounding_block_elements == 0)
         block = philox4x32(seed, 0, rounding_counter(offset, index));
       const float v = std::floor((x[i] - min) * scale + rounding_uniform_of(block, index));
       out[i] =

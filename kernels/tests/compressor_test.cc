@@ -247,30 +247,43 @@ TEST(MinMax, StochasticRoundingIsUnbiasedAndReproducible) {
   EXPECT_EQ(a.bytes, b.bytes);
 }
 
-TEST(MinMax, StochasticRoundingUniformsAreWithinTwoToMinus17OfUnbiased) {
-  // Over the 2^16 cells, floor(f + u) = 1 for floor(2^16 f + 1/2) of them:
-  // P(round up) is within 2^-17 of f (sums exact: f on a 2^-20 grid).
-  for (uint32_t g = 0; g < (1u << 20); g += 4093) {
-    const float f = static_cast<float>(g) / static_cast<float>(1u << 20);
-    int64_t up = 0;
-    for (uint32_t h = 0; h < (1u << 16); ++h)
-      up += std::floor(f + static_cast<float>(2 * h + 1) / 131072.0f) >= 1.0f;
-    ASSERT_LE(std::fabs(static_cast<double>(up) / 65536.0 - f), 1.0 / 131072.0) << f;
+TEST(MinMax, StochasticRoundingUniformsAreWithinTwoToMinus9OfUnbiased) {
+  // Over the 2^8 cells, floor(f + u) = 1 for floor(2^8 f + 1/2) of them:
+  // P(round up) is within 2^-9 of f (sums exact: f on a 2^-20 grid). Every
+  // f on a 2^-12 grid, so each cell boundary and the points either side.
+  for (uint32_t g = 0; g < (1u << 20); g += 1u << 8) {
+    for (uint32_t d : {0u, 1u, 255u}) {
+      const float f =
+          static_cast<float>(std::min(g + d, (1u << 20) - 1)) / static_cast<float>(1u << 20);
+      int64_t up = 0;
+      for (uint32_t h = 0; h < (1u << 8); ++h)
+        up += std::floor(f + static_cast<float>(2 * h + 1) / 512.0f) >= 1.0f;
+      ASSERT_EQ(up, static_cast<int64_t>(std::floor(256.0 * f + 0.5))) << f;
+      ASSERT_LE(std::fabs(static_cast<double>(up) / 256.0 - f), 1.0 / 512.0) << f;
+    }
   }
-  // The cells come from Philox: eight elements per block, 16 bits each.
+  // The cells come from Philox: sixteen elements per block, byte i % 4
+  // (from the low end) of word (i % 16) / 4.
   const Philox4x32 r = philox4x32(5, 0, 3 + 2);
-  for (uint64_t i = 16; i < 24; ++i) {
-    const uint32_t h = (r.v[(i % 8) / 2] >> (16 * (i % 2))) & 0xFFFFu;
-    ASSERT_EQ(rounding_uniform(5, 3, i), static_cast<float>(2 * h + 1) / 131072.0f) << i;
+  for (uint64_t i = 32; i < 48; ++i) {
+    const uint32_t h = (r.v[(i % 16) / 4] >> (8 * (i % 4))) & 0xFFu;
+    ASSERT_EQ(rounding_uniform(5, 3, i), static_cast<float>(2 * h + 1) / 512.0f) << i;
   }
+  // The same, as the block's 16 bytes in little-endian word order.
+  unsigned char bytes[16];
+  for (int w = 0; w < 4; ++w)
+    for (int b = 0; b < 4; ++b) bytes[4 * w + b] = static_cast<unsigned char>(r.v[w] >> (8 * b));
+  for (uint64_t i = 32; i < 48; ++i)
+    ASSERT_EQ(rounding_uniform(5, 3, i), static_cast<float>(2 * bytes[i % 16] + 1) / 512.0f) << i;
+  EXPECT_NE(rounding_uniform(5, 3, 47), rounding_uniform(5, 3, 48));
 }
 
 TEST(MinMax, StochasticCodesMatchTheScalarReference) {
   // Whatever path the CPU takes (scalar, AVX2 or AVX-512VL Philox on four
   // counters per vector), each code is floor((x - min) * scale + u) clamped,
   // with u = rounding_uniform of the element's index. Chunks of 1001 start at
-  // indices 1, 2 and 3 mod 8, so the vector path's head, body and tail all
-  // run; every code width.
+  // indices 0, 9, 2 and 11 mod 16, so the vector path's head, body and tail
+  // all run; every code width.
   const int64_t n = 4099, chunk = 1001;
   auto x = gaussian(n, 23);
   for (int bits : {8, 4, 2, 1}) {

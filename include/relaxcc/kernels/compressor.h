@@ -23,12 +23,15 @@
 //
 // Stochastic rounding (minmax, cocktail): code = floor((x - min) * s + u),
 // clamped, where u = rounding_uniform(ctx.rng.seed, ctx.rng.offset, i) of
-// philox.h for element i of the encoded values: 16 random bits per element,
-// one Philox4x32-10 block (counter ctx.rng.offset + i / 8) per eight
-// elements. The expected code is within 2^-17 of a quantization step of (x -
-// min) * s (besides the f32 rounding of the sum); every backend and every
-// rank reproduces the payload. Streams that must not share random bits need
-// counter ranges that do not overlap: offsets n apart for n elements suffice.
+// philox.h for element i of the encoded values: 8 random bits per element
+// (byte i % 16 of the block, u = (2h + 1) / 2^9), one Philox4x32-10 block
+// (counter ctx.rng.offset + i / 16) per sixteen elements. The code rounds up
+// with probability floor(256 f + 1/2) / 256, within 2^-9 of the fractional
+// part f of (x - min) * s, so the expected code is within 2^-9 of a
+// quantization step of (x - min) * s (besides the f32 rounding of the sum);
+// every backend and every rank reproduces the payload. Streams that must
+// not share random bits need counter ranges that do not overlap: offsets n
+// apart for n elements suffice.
 //
 // Encoder contract. Inputs must be finite, and representable by the kind:
 // encode() throws InvalidArgument naming the first element that is NaN or

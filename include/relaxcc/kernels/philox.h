@@ -39,22 +39,25 @@ RELAXCC_HD constexpr Philox4x32 philox4x32(uint64_t key, uint64_t counter_hi, ui
 
 // The uniform u in (0, 1) that stochastic rounding adds to element `index`
 // of stream (seed, offset): code = floor(v + u), clamped, v = (x - min) *
-// scale in f32. One Philox4x32-10 block, counter offset + index / 8
-// (counter_hi 0), serves eight consecutive elements, 16 bits each: element
-// `index` takes word (index % 8) / 2, its low half for an even index and its
-// high half for an odd one, as h, and u = (2h + 1) / 2^17, the midpoint of
-// one of 2^16 equal cells (exact in f32). For v with fractional part f, the
-// code rounds up with probability floor(2^16 f + 1/2) / 2^16, within 2^-17
-// of f: the expected code is within 2^-17 of a quantization step of v, apart
+// scale in f32. One Philox4x32-10 block, counter offset + index / 16
+// (counter_hi 0), serves sixteen consecutive elements, 8 bits each: element
+// `index` takes byte index % 4 (from the low end) of word (index % 16) / 4,
+// that is byte index % 16 of the block's words v[0..3] laid out
+// little-endian, as h in [0, 255], and u = (2h + 1) / 2^9, the midpoint of
+// one of 2^8 equal cells (exact in f32). For v with fractional part f, the
+// code rounds up with probability floor(2^8 f + 1/2) / 2^8, within 2^-9 of
+// f: the expected code is within 2^-9 of a quantization step of v, apart
 // from the f32 rounding of v + u. Every backend computes u with this
-// function or reproduces it bit for bit (the AVX2 path).
+// function or reproduces it bit for bit (the AVX2 and AVX-512VL paths).
+inline constexpr uint64_t rounding_block_elements = 16;
 RELAXCC_HD constexpr uint64_t rounding_counter(uint64_t offset, uint64_t index) {
-  return offset + index / 8;
+  return offset + index / rounding_block_elements;
 }
 // u of element `index` from its block, philox4x32(seed, 0, rounding_counter()).
 RELAXCC_HD constexpr float rounding_uniform_of(const Philox4x32& block, uint64_t index) {
-  const uint32_t h = (block.v[(index / 2) % 4] >> (16 * (index % 2))) & 0xFFFFu;
-  return static_cast<float>(2 * h + 1) * (1.0f / 131072.0f);
+  const uint64_t byte = index % rounding_block_elements;
+  const uint32_t h = (block.v[byte / 4] >> (8 * (byte % 4))) & 0xFFu;
+  return static_cast<float>(2 * h + 1) * (1.0f / 512.0f);
 }
 RELAXCC_HD constexpr float rounding_uniform(uint64_t seed, uint64_t offset, uint64_t index) {
   return rounding_uniform_of(philox4x32(seed, 0, rounding_counter(offset, index)), index);
