@@ -74,8 +74,8 @@ int rank_that_differs(Communicator& comm, const std::vector<float>& x) {
   return -1;
 }
 
-// The default segment (one per call here) and small ones: many segments,
-// each shard cut into pieces of a few elements.
+// The default segment (one per call here) and small ones: several segments
+// of the smallest pieces (16384 elements) for the larger tensors.
 constexpr int64_t kSegmentBytes[] = {int64_t{4} << 20, 64, 1000};
 
 // Small integers (rank, index) whose sums over 4 ranks stay exact in f16 and
@@ -84,7 +84,7 @@ TEST(CompressedAllreduce, ExactWhereTheCodecIsExact) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();
   for (CompressorKind k : {CompressorKind::f16, CompressorKind::bf16}) {
-    for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{4099}}) {
+    for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{4099}, int64_t{70001}}) {
       for (int64_t segment : kSegmentBytes) {
         std::vector<float> x(static_cast<size_t>(count));
         for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
@@ -110,7 +110,7 @@ TEST(CompressedAllreduce, ExactWhereTheCodecIsExact) {
 TEST(CompressedAllreduce, BitwiseIdenticalOnEveryRank) {
   auto comm = world();
   const int me = comm->rank();
-  const int64_t count = 5000;
+  const int64_t count = 70001;  // several segments of the smallest pieces
   for (const CompressorConfig& codec :
        {minmax(8), minmax(4, kernels::Rounding::stochastic), minmax(1), kind(CompressorKind::f16),
         kind(CompressorKind::bf16), kind(CompressorKind::sign)}) {
@@ -501,6 +501,39 @@ TEST(CompressedAllreduce, BadInputIsRejected) {
   o.state = &wrong;
   EXPECT_THROW(compressed_allreduce(*comm, TensorView::host(x.data(), 64), host, o),
                InvalidArgument);
+}
+
+// A failure in a later segment (a value the codec refuses on one rank, in
+// the last piece of the last shard; a sum that overflows) fails every rank
+// and leaves x and the error-feedback state as they were, although earlier
+// segments went through.
+TEST(CompressedAllreduce, FailureInALaterSegmentLeavesXAndStateAlone) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int64_t count = 200000;
+  for (int variant = 0; variant < 2; ++variant) {
+    auto comm = create_mpi_communicator();
+    const int me = comm->rank();
+    std::vector<float> x = uniform(count, me, 5);
+    CompressedAllreduceState state(count, me, n);
+    CompressedAllreduceOptions o;
+    o.codec = minmax(8);
+    o.state = &state;
+    o.segment_bytes = 4096;  // pieces of the 16384-element minimum: several segments
+    // One good call first, so that the residuals are not zero.
+    compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+    x = uniform(count, me, 6);
+    if (variant == 0 && me == n - 1) x[count - 1] = NAN;
+    if (variant == 1) x[count - 1] = 3e38f;  // the sum overflows at its owner
+    const std::vector<float> x_before = x, worker = state.worker(), server = state.server();
+    WorkPtr w =
+        compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o);
+    EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
+    EXPECT_EQ(std::memcmp(x.data(), x_before.data(), x.size() * sizeof(float)), 0)
+        << "variant " << variant;
+    EXPECT_EQ(state.worker(), worker) << "variant " << variant;
+    EXPECT_EQ(state.server(), server) << "variant " << variant;
+  }
 }
 
 // Ranks that disagree on the codec get an error on every rank, never a hang:

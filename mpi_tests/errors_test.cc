@@ -1,5 +1,6 @@
 // Bad input and misbehaving peers: typed errors with clear messages, on
 // every rank, never a hang, a crash or memory written out of bounds.
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -379,6 +380,37 @@ TEST(Timeout, SplitWithMissingRank) {
     // Timeout, or CommunicatorPoisoned from a rank that timed out first.
     expect_throw<CommunicationError>([&] { comm->split(0, comm->rank(), o); });
     EXPECT_TRUE(comm->poisoned());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Communicator::compute under a poisoning: a function that has not started
+// never runs and its Work fails; one that runs finishes and its Work
+// reports its own result.
+TEST(Timeout, ComputeAfterAPoisoningNeverRuns) {
+  if (test::world_size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  auto comm = create_mpi_communicator();
+  if (comm->rank() != 0) {
+    std::atomic<bool> started{false}, finished{false}, ran{false};
+    WorkPtr running = comm->compute([&] {
+      started = true;
+      std::this_thread::sleep_for(1s);
+      finished = true;
+    });
+    auto gate = std::make_shared<Work>("gate");
+    OpOptions o;
+    o.after = gate;
+    WorkPtr waiting = comm->compute([&] { ran = true; }, o);
+    for (int i = 0; i < 5000 && !started; ++i) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(started);
+    // Rank 0 never calls: the barrier times out and poisons the communicator.
+    expect_throw<CommunicationError>([&] { comm->barrier()->wait(300ms); });
+    gate->complete(nullptr);
+    expect_throw<CommunicationError>([&] { waiting->wait(5s); });
+    EXPECT_FALSE(ran);
+    running->wait(5s);
+    EXPECT_TRUE(finished);
+    expect_throw<CommunicatorPoisoned>([&] { comm->compute([] {}); });
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -159,16 +159,19 @@ class Communicator {
                             const ExecContext& ctx, const AlltoallOptions& options = {}) = 0;
   virtual WorkPtr barrier(const BarrierOptions& options = {}) = 0;
 
-  // Runs `fn` off the thread that moves this communicator's data (for an MPI
-  // communicator, its engine's compute thread, shared by the communicators of
-  // one engine), once options.after (if any) completed, so that transfers go
-  // on meanwhile: a codec encodes the next segment while this one is on the
-  // wire. Local, not collective: no sequence number, no tag. Functions run
-  // one at a time, each when it becomes ready. The Work completes once `fn`
-  // returned, with what it threw; if options.after failed, with
-  // CommunicationError and `fn` is not run; on a poisoned communicator, with
-  // CommunicatorPoisoned. `fn` follows the rules of a completion callback
-  // (work.h): it must not wait on Works.
+  // Runs the host function `fn` off the thread that moves this
+  // communicator's data (for an MPI communicator, its engine's compute
+  // thread, shared by the communicators of one engine), once options.after
+  // (if any) completed, so that transfers go on meanwhile: a codec encodes
+  // the next segment while this one is on the wire. Local, not collective:
+  // no sequence number, no tag. Functions run one at a time, in the order
+  // they become ready (priority is not used). The Work completes once `fn`
+  // returned, with what it threw. If options.after failed, or the
+  // communicator is poisoned before `fn` started, the Work fails
+  // (CommunicationError, CommunicatorPoisoned) and `fn` never runs; once it
+  // started, its own result stands. On a communicator poisoned already,
+  // compute throws CommunicatorPoisoned. `fn` follows the rules of a
+  // completion callback (work.h): it must not wait on Works.
   virtual WorkPtr compute(std::function<void()> fn, const OpOptions& options = {}) = 0;
 };
 

@@ -36,6 +36,10 @@ struct Call {
   CompressedAllreduceState* state = nullptr;
   Shards shards{0, 1};
   int64_t piece = 1;  // elements per piece of a shard
+  // With error feedback: the residuals this call leaves (worker: x's
+  // elements; server: the owned shard's), put in place only once every
+  // stage succeeded.
+  std::vector<float> worker, server;
   struct Segment {
     // Per shard: the piece's first element in x, its elements, its payload
     // bytes and where the payload lies in `sent` and `gathered`.
@@ -203,19 +207,32 @@ void reduce_segment(Call& c, size_t s) {
                     c.op == ReduceOp::avg ? "average" : "sum", " of element ", g.first[r] + k,
                     " overflows f32");
   std::span<float> residual;
-  if (c.state)
-    residual = std::span(c.state->server())
-                   .subspan(static_cast<size_t>(g.first[r] - c.shards.offset[r]),
-                            static_cast<size_t>(count));
+  if (c.state) {
+    const auto at = static_cast<size_t>(g.first[r] - c.shards.offset[r]);
+    residual = std::span(c.server).subspan(at, static_cast<size_t>(count));
+    std::copy_n(c.state->server().begin() + static_cast<std::ptrdiff_t>(at), count,
+                residual.begin());
+  }
   encode_with_feedback(acc, residual, bytes_of(*g.gathered, g.offset[r], bytes), c.codec,
                        with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(g.first[r])));
 }
+
+constexpr int64_t kMinPiece = 16384;
+constexpr int64_t kMaxSegments = 16;
 
 // Cuts the shards into pieces of at most `piece` elements and sizes every
 // segment's payloads and buffers (identically on every rank).
 void plan_segments(Call& c) {
   const int n = c.size;
   const int64_t longest = *std::max_element(c.shards.count.begin(), c.shards.count.end());
+  // Pieces of at least kMinPiece elements (and whole codec chunks), at most
+  // kMaxSegments per call: a call's collectives take 2 sequence numbers per
+  // segment, and a lane's tags repeat after kLaneSeqs of them in flight.
+  // Centered clipping takes its norms over a whole shard: one segment.
+  if (c.robust.kind == RobustAggregation::Kind::centered_clip) c.piece = longest;
+  c.piece = std::max({c.piece, kMinPiece, (longest + kMaxSegments - 1) / kMaxSegments});
+  if (c.codec && c.codec->kind != CompressorKind::f16 && c.codec->kind != CompressorKind::bf16)
+    c.piece = (c.piece + c.codec->chunk - 1) / c.codec->chunk * c.codec->chunk;
   const int64_t segments = std::max<int64_t>(1, (longest + c.piece - 1) / c.piece);
   c.segments.resize(static_cast<size_t>(segments));
   for (int64_t s = 0; s < segments; ++s) {
@@ -247,24 +264,43 @@ void encode_segment(Call& c, size_t s) {
     const auto first = static_cast<size_t>(g.first[j]);
     const auto count = static_cast<size_t>(g.count[j]);
     std::span<float> residual;
-    if (c.state) residual = std::span(c.state->worker()).subspan(first, count);
+    if (c.state) {
+      residual = std::span(c.worker).subspan(first, count);
+      std::copy_n(c.state->worker().begin() + static_cast<std::ptrdiff_t>(first), count,
+                  residual.begin());
+    }
     encode_with_feedback(
         std::span(xs + first, count), residual, bytes_of(*g.sent, g.offset[j], g.bytes[j]), c.codec,
         with_rng(c.ctx, c.ctx.rng.seed + 1 + static_cast<uint64_t>(c.rank), first));
   }
 }
 
-// Step 5: every rank decodes the same bytes into x, once every segment arrived.
-void decode_segments(const Call& c) {
-  for (const Call::Segment& g : c.segments) {
-    for (int j = 0; j < c.size; ++j) {
-      const std::span<const std::byte> payload = bytes_of(*g.gathered, g.offset[j], g.bytes[j]);
-      if (c.codec)
-        check_same_codec(
-            kernels::read_header(bytes_of(*g.gathered, g.offset[c.rank], g.bytes[c.rank])), payload,
-            g.count[j], j, c.rank, "encodes the sum of its piece");
-      read_payload(payload, c.x.slice(g.first[j], g.count[j]), c.codec, c.ctx, j);
+// Step 5: every rank decodes the same bytes into x, once every segment
+// arrived: every payload is checked and decoded into scratch first, so
+// that x (and the error-feedback state) change only when all of them are
+// good; then x is written and the residuals put in place.
+void decode_segments(Call& c) {
+  std::vector<float> scratch;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Call::Segment& g : c.segments) {
+      for (int j = 0; j < c.size; ++j) {
+        const std::span<const std::byte> payload = bytes_of(*g.gathered, g.offset[j], g.bytes[j]);
+        TensorView out = c.x.slice(g.first[j], g.count[j]);
+        if (pass == 0) {
+          if (c.codec)
+            check_same_codec(
+                kernels::read_header(bytes_of(*g.gathered, g.offset[c.rank], g.bytes[c.rank])),
+                payload, g.count[j], j, c.rank, "encodes the sum of its piece");
+          scratch.resize(static_cast<size_t>(g.count[j]));
+          out = TensorView::host(scratch.data(), g.count[j]);
+        }
+        read_payload(payload, out, c.codec, c.ctx, j);
+      }
     }
+  }
+  if (c.state) {
+    c.state->worker() = std::move(c.worker);
+    c.state->server() = std::move(c.server);
   }
 }
 
@@ -393,12 +429,14 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->x = x;
   c->ctx = ctx;
   c->codec = options.codec;
-  if (c->codec && c->codec->rounding == kernels::Rounding::stochastic) {
-    // The call's RNG position travels in every payload's header (dense codecs
-    // leave its seed and step fields unread), so ranks that would draw
-    // different random numbers get PeerMismatch.
-    c->codec->seed = ctx.rng.seed;
-    c->codec->step = ctx.rng.offset;
+  if (c->codec) {
+    // With stochastic rounding the call's RNG position travels in every
+    // payload's header (dense codecs leave its seed and step fields unread
+    // otherwise), so ranks that would draw different random numbers get
+    // PeerMismatch; with rounding to nearest they carry 0.
+    const bool stochastic = c->codec->rounding == kernels::Rounding::stochastic;
+    c->codec->seed = stochastic ? ctx.rng.seed : 0;
+    c->codec->step = stochastic ? ctx.rng.offset : 0;
   }
   c->op = options.op;
   c->robust = options.robust;
@@ -406,6 +444,10 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->shards = Shards(x.numel, n);
   c->piece = std::max<int64_t>(1, options.segment_bytes / static_cast<int64_t>(sizeof(float)) / n);
   plan_segments(*c);
+  if (c->state) {
+    c->worker.resize(static_cast<size_t>(x.numel));
+    c->server.resize(static_cast<size_t>(c->shards.count[r]));
+  }
 
   // Every stage is submitted now, in the same order on every rank, each to
   // start once the stage before it completed. The local stages run off the
@@ -416,41 +458,57 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   OpOptions local;
   local.priority = options.priority;
   local.label = options.label;
-  std::vector<WorkPtr> stages;
-  WorkPtr encoded = options.after;
-  for (size_t s = 0; s < c->segments.size(); ++s) {
-    Call::Segment& g = c->segments[s];
-    // 1. Encode every shard's piece (after the previous segment's encoding).
-    local.after = encoded;
-    encoded = comm.compute([c, s] { encode_segment(*c, s); }, local);
-    // 2. Each piece's payload to its shard's owner.
-    AlltoallOptions a2a;
-    static_cast<OpOptions&>(a2a) = options;
-    a2a.after = encoded;
-    const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
-    WorkPtr exchanged = comm.alltoallv(
-        TensorView(g.sent->data(), g.total, DType::u8, Device::host(), g.sent), g.bytes,
-        TensorView(g.received->data(), static_cast<int64_t>(g.received->size()), DType::u8,
-                   Device::host(), g.received),
-        recv_counts, ctx, a2a);
-    // 3. The owner's sum of its piece, encoded once.
-    local.after = exchanged;
-    WorkPtr reduced = comm.compute([c, s] { reduce_segment(*c, s); }, local);
-    // 4. The owners' payloads to every rank, unchanged.
-    AllgatherOptions ag;
-    static_cast<OpOptions&>(ag) = options;
-    ag.after = reduced;
-    WorkPtr spread = comm.allgatherv(
-        TensorView(g.gathered->data() + g.offset[r], g.bytes[r], DType::u8, Device::host(),
-                   g.gathered),
-        TensorView(g.gathered->data(), g.total, DType::u8, Device::host(), g.gathered), g.bytes,
-        ctx, ag);
-    stages.insert(stages.end(), {encoded, reduced, spread});
+  std::vector<WorkPtr> stages, submitted;
+  const auto submit = [&submitted](WorkPtr w) {
+    submitted.push_back(w);
+    return w;
+  };
+  try {
+    WorkPtr encoded = options.after;
+    for (size_t s = 0; s < c->segments.size(); ++s) {
+      Call::Segment& g = c->segments[s];
+      // 1. Encode every shard's piece (after the previous segment's encoding).
+      local.after = encoded;
+      encoded = submit(comm.compute([c, s] { encode_segment(*c, s); }, local));
+      // 2. Each piece's payload to its shard's owner.
+      AlltoallOptions a2a;
+      static_cast<OpOptions&>(a2a) = options;
+      a2a.after = encoded;
+      const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
+      WorkPtr exchanged = submit(comm.alltoallv(
+          TensorView(g.sent->data(), g.total, DType::u8, Device::host(), g.sent), g.bytes,
+          TensorView(g.received->data(), static_cast<int64_t>(g.received->size()), DType::u8,
+                     Device::host(), g.received),
+          recv_counts, ctx, a2a));
+      // 3. The owner's sum of its piece, encoded once.
+      local.after = exchanged;
+      WorkPtr reduced = submit(comm.compute([c, s] { reduce_segment(*c, s); }, local));
+      // 4. The owners' payloads to every rank, unchanged.
+      AllgatherOptions ag;
+      static_cast<OpOptions&>(ag) = options;
+      ag.after = reduced;
+      WorkPtr spread = submit(comm.allgatherv(
+          TensorView(g.gathered->data() + g.offset[r], g.bytes[r], DType::u8, Device::host(),
+                     g.gathered),
+          TensorView(g.gathered->data(), g.total, DType::u8, Device::host(), g.gathered), g.bytes,
+          ctx, ag));
+      stages.insert(stages.end(), {encoded, reduced, spread});
+    }
+    // 5. Every rank decodes the same bytes into x, once every segment
+    // arrived (x is left as it was when any stage failed).
+    local.after = when_all(stages, nullptr, "compressed_allreduce: every segment");
+    stages.push_back(submit(comm.compute([c] { decode_segments(*c); }, local)));
+  } catch (...) {
+    // A submission refused half way (the communicator was poisoned
+    // meanwhile): nothing submitted yet, the error goes to the caller;
+    // otherwise the call's Work fails with it once what was submitted
+    // drained (it holds x and the state until then).
+    if (submitted.empty()) throw;
+    auto refused = std::make_shared<Work>("compressed_allreduce: submission");
+    refused->complete(std::current_exception());
+    submitted.push_back(std::move(refused));
+    return when_all(std::move(submitted), nullptr, "compressed_allreduce");
   }
-  // 5. Every rank decodes the same bytes into x, once every segment arrived
-  // (x is left as it was when any stage failed).
-  local.after = when_all(stages, nullptr, "compressed_allreduce: every segment");
-  stages.push_back(comm.compute([c] { decode_segments(*c); }, local));
   RelaxedStats* stats = options.stats;
   return when_all(
       std::move(stages),

@@ -3,7 +3,8 @@
 //
 // Schedule, for n ranks, rank r owning shard r of n balanced shards of x,
 // each shard cut into pieces of about segment_bytes / n (segment s: piece s
-// of every shard), per segment:
+// of every shard; pieces of at least 16384 elements and whole codec chunks,
+// at most 16 segments per call, one with centered clipping), per segment:
 //   1. every rank encodes each shard's piece (worker-side error feedback:
 //      the piece's residual is added first and what the payload misses is
 //      kept);
@@ -38,12 +39,12 @@
 //                  within the range of the honest ranks' values.
 //   centered_clip  v = the coordinate-wise median, then `iterations` times
 //                  v += (1/n) sum_i (x_i - v) min(1, tau / ||x_i - v||)
-//                  (L2 norms over the shard's piece). Each iteration moves v by at
+//                  (L2 norms over the shard). Each iteration moves v by at
 //                  most tau * b / n towards b bad ranks' values.
 // A contribution sent as f32 must be finite (CorruptPayload otherwise). Stochastic
 // rounding draws from Philox at ctx.rng: worker-side encodes of rank r use
 // seed ctx.rng.seed + 1 + r, server-side encodes seed ctx.rng.seed, each at
-// counter ctx.rng.offset + the piece's first element.
+// counter ctx.rng.offset + the piece's first element (relaxcc/kernels/philox.h).
 //
 // Agreement. The payloads' headers carry the codec (kind, bits, chunk,
 // rounding) and, with stochastic rounding, the call's RNG position (ctx.rng
@@ -54,8 +55,11 @@
 // PeerMismatch.
 //
 // With OpOptions::after, the call takes its place in the communicator's
-// order at once and encodes x (step 1) once that Work completed. x is
-// written only in step 5: when any stage fails, x is left as it was.
+// order at once and encodes x (step 1) once that Work completed. x and the
+// error-feedback state are written only at the end of step 5, once every
+// payload decoded: when any stage fails, both are left as they were. Calls
+// that share a state must therefore run one after the other (the next one
+// `after` this one).
 //
 // Auto codec (relaxcc/relaxed/auto_codec.h): with options.auto_codec set,
 // `codec` is ignored and each call takes auto_codec->choose(x.numel): a
@@ -73,7 +77,8 @@
 // the node's ranks, shared memory on one machine), compressed across nodes
 // (this schedule over the node leaders), then a broadcast within each node.
 // Every call is submitted at once, each stage after the previous one, so
-// concurrent calls keep their order on every communicator.
+// concurrent calls keep their order on every communicator. Its first stage
+// writes the node's sum into x: a later failure leaves that sum there.
 #pragma once
 
 #include <memory>
