@@ -638,6 +638,37 @@ TEST(After, WaitsForItsDependencyWithoutHoldingUpLaterOperations) {
   }
 }
 
+// A lane's tags repeat every 4096 sequence numbers: the 4097th collective
+// in flight is refused (CommunicationError, nothing submitted), never given
+// the tags of one still in flight; once they completed, calls go on.
+TEST(After, MoreCollectivesInFlightThanTagsAreRefused) {
+  auto comm = world();
+  const int n = comm->size();
+  if (n < 2) GTEST_SKIP() << "one rank's collectives complete at the call";
+  auto gate = std::make_shared<Work>("gate");
+  std::vector<int32_t> values(4096);
+  std::vector<WorkPtr> held;
+  AllreduceOptions o;
+  o.after = gate;
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<int32_t>(i);
+    held.push_back(comm->allreduce(TensorView::host(&values[i], 1), ExecContext::host(), o));
+  }
+  int32_t one = 1;
+  try {
+    comm->allreduce(TensorView::host(&one, 1), ExecContext::host());
+    ADD_FAILURE() << "the 4097th collective in flight was accepted";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("in flight"), std::string::npos) << e.what();
+  }
+  gate->complete(nullptr);
+  for (WorkPtr& w : held) w->wait();
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], static_cast<int32_t>(i) * n) << i;
+  held.clear();
+  comm->allreduce(TensorView::host(&one, 1), ExecContext::host())->wait();
+  EXPECT_EQ(one, n);
+}
+
 // ---- compute ------------------------------------------------------------------
 
 // encode -> collective -> decode, each stage after the one before, the local

@@ -47,6 +47,14 @@ bool mpi_finalized() {
   return finalized != 0;
 }
 
+// ---- Operation ---------------------------------------------------------------
+
+Operation::~Operation() {
+  if (!in_flight_) return;
+  std::lock_guard<std::mutex> lock(lane_->in_flight_mutex_);
+  lane_->in_flight_.erase(seq_);
+}
+
 // ---- Transport -------------------------------------------------------------
 
 namespace {
@@ -329,7 +337,20 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
                     lane->poison_reason_, ") and accepts no more operations");
     RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(),
                     ": the communicator is shutting down");
-    op->seq_ = op->collective() ? lane->next_seq_++ : lane->next_p2p_seq_++;
+    if (op->collective()) {
+      std::lock_guard<std::mutex> seqs(lane->in_flight_mutex_);
+      const uint64_t oldest =
+          lane->in_flight_.empty() ? lane->next_seq_ : *lane->in_flight_.begin();
+      if (lane->next_seq_ - oldest >= kLaneSeqs)
+        RELAXCC_THROW(CommunicationError, op->name(), " #", lane->next_seq_, ": ", kLaneSeqs,
+                      " collective operations of this communicator are in flight (the oldest is #",
+                      oldest, "): their tags would repeat; wait for earlier ones first");
+      op->seq_ = lane->next_seq_++;
+      lane->in_flight_.insert(op->seq_);
+      op->in_flight_ = true;
+    } else {
+      op->seq_ = lane->next_p2p_seq_++;
+    }
     op->submitted_ = Clock::now();
     op->lane_ = lane;
     work = std::make_shared<EngineWork>(

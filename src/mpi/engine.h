@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,6 +188,7 @@ class Lane {
  private:
   friend class Engine;
   friend class Transport;
+  friend class Operation;
   Engine& engine_;
   Transport transport_;
   std::shared_ptr<CommPair> comms_;
@@ -210,6 +212,11 @@ class Lane {
   std::atomic<bool> poisoned_{false};
   // Engine thread only: round streams by (peer, tag).
   std::map<std::pair<int, int>, RoundStream> round_streams_;
+  // Sequence numbers of the lane's collective operations not released yet
+  // (submitted, and not destroyed): a new one may be at most kLaneSeqs - 1
+  // past the oldest, or their tags would repeat (op_header.h).
+  std::mutex in_flight_mutex_;
+  std::set<uint64_t> in_flight_;
 };
 
 // A resumable operation. Every method runs on the thread that holds the
@@ -217,7 +224,8 @@ class Lane {
 class Operation {
  public:
   Operation(std::string name, int priority) : name_(std::move(name)), priority_(priority) {}
-  virtual ~Operation() = default;
+  // Releases the operation's sequence number (and so its tags) in its lane.
+  virtual ~Operation();
 
   // Posts the first requests. Called once: in submission order, or once the
   // Work it runs after completed.
@@ -288,6 +296,7 @@ class Operation {
   bool work_completed_ = false;
   std::shared_ptr<EngineWork> work_;
   std::shared_ptr<Lane> lane_;
+  bool in_flight_ = false;  // its seq is in lane_->in_flight_
   // Submitted to run after this Work; reset when the operation starts.
   WorkPtr after_;
   std::function<void()> prologue_;

@@ -131,8 +131,10 @@ struct PoisonNotice {
 static_assert(sizeof(PoisonNotice) == 256);
 
 // Tags of the collective communicator. Each lane owns a window of
-// kLaneSeqs sequence numbers (its operations' seq modulo kLaneSeqs, far more
-// than a lane ever has in flight), with one tag per channel each. A
+// kLaneSeqs sequence numbers (its operations' seq modulo kLaneSeqs), with
+// one tag per channel each; Engine::submit refuses a collective operation
+// kLaneSeqs or more past the lane's oldest one in flight, so no two
+// operations in flight share a tag. A
 // communicator (lane 0) has window 0; a group's window comes from its lane
 // id, so two groups in use at the same time that share a pair of ranks share
 // a window with probability 1 / (windows - 1): 1 in about 175,000 with Open
