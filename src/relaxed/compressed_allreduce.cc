@@ -40,11 +40,6 @@ struct Call {
   // elements; server: the owned shard's), put in place only once every
   // stage succeeded.
   std::vector<float> worker, server;
-  // x's elements as they were before the call, copied by each segment's
-  // encoding (the elements its decoding overwrites), to put back when the
-  // call fails; backed_up[s]: segment s's are there.
-  std::vector<float> backup;
-  std::vector<char> backed_up;
   struct Segment {
     // Per shard: the piece's first element in x, its elements, its payload
     // bytes and where the payload lies in `sent` and `gathered`.
@@ -268,7 +263,6 @@ void encode_segment(Call& c, size_t s) {
   for (int j = 0; j < c.size; ++j) {
     const auto first = static_cast<size_t>(g.first[j]);
     const auto count = static_cast<size_t>(g.count[j]);
-    std::copy_n(xs + first, count, c.backup.begin() + static_cast<std::ptrdiff_t>(first));
     std::span<float> residual;
     if (c.state) {
       residual = std::span(c.worker).subspan(first, count);
@@ -279,40 +273,34 @@ void encode_segment(Call& c, size_t s) {
         std::span(xs + first, count), residual, bytes_of(*g.sent, g.offset[j], g.bytes[j]), c.codec,
         with_rng(c.ctx, c.ctx.rng.seed + 1 + static_cast<uint64_t>(c.rank), first));
   }
-  c.backed_up[s] = 1;
 }
 
-// Step 5 for segment s: every rank decodes the same bytes into x.
-void decode_segment(const Call& c, size_t s) {
-  const Call::Segment& g = c.segments[s];
-  for (int j = 0; j < c.size; ++j) {
-    const std::span<const std::byte> payload = bytes_of(*g.gathered, g.offset[j], g.bytes[j]);
-    if (c.codec)
-      check_same_codec(
-          kernels::read_header(bytes_of(*g.gathered, g.offset[c.rank], g.bytes[c.rank])), payload,
-          g.count[j], j, c.rank, "encodes the sum of its piece");
-    read_payload(payload, c.x.slice(g.first[j], g.count[j]), c.codec, c.ctx, j);
-  }
-}
-
-// Once every stage completed: on success the residuals take their new
-// values; on a failure x gets back the elements any segment's decoding may
-// have written, so that x and the state are as they were.
-void finish(Call& c, bool ok) {
-  if (ok) {
-    if (c.state) {
-      c.state->worker() = std::move(c.worker);
-      c.state->server() = std::move(c.server);
+// Step 5: every rank decodes the same bytes into x, once every segment
+// arrived: every payload is checked and decoded into scratch first, so
+// that x (and the error-feedback state) change only when all of them are
+// good; then x is written and the residuals put in place.
+void decode_segments(Call& c) {
+  std::vector<float> scratch;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Call::Segment& g : c.segments) {
+      for (int j = 0; j < c.size; ++j) {
+        const std::span<const std::byte> payload = bytes_of(*g.gathered, g.offset[j], g.bytes[j]);
+        TensorView out = c.x.slice(g.first[j], g.count[j]);
+        if (pass == 0) {
+          if (c.codec)
+            check_same_codec(
+                kernels::read_header(bytes_of(*g.gathered, g.offset[c.rank], g.bytes[c.rank])),
+                payload, g.count[j], j, c.rank, "encodes the sum of its piece");
+          scratch.resize(static_cast<size_t>(g.count[j]));
+          out = TensorView::host(scratch.data(), g.count[j]);
+        }
+        read_payload(payload, out, c.codec, c.ctx, j);
+      }
     }
-    return;
   }
-  float* xs = c.x.as<float>();
-  for (size_t s = 0; s < c.segments.size(); ++s) {
-    if (!c.backed_up[s]) continue;
-    const Call::Segment& g = c.segments[s];
-    for (int j = 0; j < c.size; ++j)
-      std::copy_n(c.backup.begin() + static_cast<std::ptrdiff_t>(g.first[j]), g.count[j],
-                  xs + g.first[j]);
+  if (c.state) {
+    c.state->worker() = std::move(c.worker);
+    c.state->server() = std::move(c.server);
   }
 }
 
@@ -460,8 +448,6 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
     c->worker.resize(static_cast<size_t>(x.numel));
     c->server.resize(static_cast<size_t>(c->shards.count[r]));
   }
-  c->backup.resize(static_cast<size_t>(x.numel));
-  c->backed_up.assign(c->segments.size(), 0);
 
   // Every stage is submitted now, in the same order on every rank, each to
   // start once the stage before it completed. The local stages run off the
@@ -506,11 +492,12 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
                      g.gathered),
           TensorView(g.gathered->data(), g.total, DType::u8, Device::host(), g.gathered), g.bytes,
           ctx, ag));
-      // 5. Every rank decodes the same bytes into x.
-      local.after = spread;
-      WorkPtr decoded = submit(comm.compute([c, s] { decode_segment(*c, s); }, local));
-      stages.insert(stages.end(), {encoded, reduced, spread, decoded});
+      stages.insert(stages.end(), {encoded, reduced, spread});
     }
+    // 5. Every rank decodes the same bytes into x, once every segment
+    // arrived (x is left as it was when any stage failed).
+    local.after = when_all(stages, nullptr, "compressed_allreduce: every segment");
+    stages.push_back(submit(comm.compute([c] { decode_segments(*c); }, local)));
   } catch (...) {
     // A submission refused half way (the communicator was poisoned
     // meanwhile): nothing submitted yet, the error goes to the caller;
@@ -520,18 +507,15 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
     auto refused = std::make_shared<Work>("compressed_allreduce: submission");
     refused->complete(std::current_exception());
     submitted.push_back(std::move(refused));
-    return when_all(std::move(submitted), nullptr, "compressed_allreduce: every stage")
-        ->then([c](const Work&) { finish(*c, false); }, "compressed_allreduce");
+    return when_all(std::move(submitted), nullptr, "compressed_allreduce");
   }
   RelaxedStats* stats = options.stats;
-  return when_all(std::move(stages), nullptr, "compressed_allreduce: every stage")
-      ->then(
-          [c, stats](const Work& done) {
-            const bool ok = !done.exception();
-            finish(*c, ok);
-            if (ok && stats) stats->add_round(traffic(*c));
-          },
-          "compressed_allreduce");
+  return when_all(
+      std::move(stages),
+      [c, stats](Work&) {
+        if (stats) stats->add_round(traffic(*c));
+      },
+      "compressed_allreduce");
 }
 
 WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const HierarchicalComms& comms,

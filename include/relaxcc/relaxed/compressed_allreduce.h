@@ -13,13 +13,13 @@
 //      (avg: then divides by n), and encodes the result once (server-side
 //      error feedback on its shard);
 //   4. an allgatherv forwards the owners' payloads unchanged;
+// and once every segment arrived:
 //   5. every rank decodes every payload into x (the owner its own payload
 //      too, so all ranks hold the same bits).
 // Steps 1, 3 and 5 run off the thread that moves the data
 // (Communicator::compute), so the encoding of segment s + 1 and the owner's
-// reduction and decoding of earlier segments overlap the transfer of
-// segment s. Every stage is submitted at the call, in the same order on
-// every rank.
+// reduction of segment s - 1 overlap the transfer of segment s. Every stage
+// is submitted at the call, in the same order on every rank.
 // An int8 ring that re-quantizes at every hop (PCCL, prime-diloco) adds one
 // quantization error per hop; here a value meets one worker-side and one
 // server-side quantization. Bytes sent per rank: (n-1)/n of x's encoding,
@@ -55,12 +55,11 @@
 // PeerMismatch.
 //
 // With OpOptions::after, the call takes its place in the communicator's
-// order at once and encodes x (step 1) once that Work completed. When any
-// stage fails, x ends as it was (each segment's encoding keeps a copy of
-// the elements its decoding overwrites, put back on failure) and so does
-// the error-feedback state (its new residuals are staged and put in place
-// only once every stage succeeded). Calls that share a state must run one
-// after the other (the next one `after` this one).
+// order at once and encodes x (step 1) once that Work completed. x and the
+// error-feedback state are written only at the end of step 5, once every
+// payload decoded: when any stage fails, both are left as they were. Calls
+// that share a state must therefore run one after the other (the next one
+// `after` this one).
 //
 // Auto codec (relaxcc/relaxed/auto_codec.h): with options.auto_codec set,
 // `codec` is ignored and each call takes auto_codec->choose(x.numel): a
