@@ -218,7 +218,7 @@ void reduce_segment(Call& c, size_t s) {
 }
 
 constexpr int64_t kMinPiece = 16384;
-constexpr int64_t kMaxSegments = 16;
+constexpr int64_t kMaxSegments = 64;
 
 // Cuts the shards into pieces of at most `piece` elements and sizes every
 // segment's payloads and buffers (identically on every rank).

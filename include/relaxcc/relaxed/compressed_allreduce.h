@@ -4,7 +4,7 @@
 // Schedule, for n ranks, rank r owning shard r of n balanced shards of x,
 // each shard cut into pieces of about segment_bytes / n (segment s: piece s
 // of every shard; pieces of at least 16384 elements and whole codec chunks,
-// at most 16 segments per call, one with centered clipping), per segment:
+// at most 64 segments per call, one with centered clipping), per segment:
 //   1. every rank encodes each shard's piece (worker-side error feedback:
 //      the piece's residual is added first and what the payload misses is
 //      kept);
@@ -140,7 +140,7 @@ struct CompressedAllreduceOptions : OpOptions {
   RelaxedStats* stats = nullptr;  // bytes sent and received per peer
   // f32 bytes of x per pipeline segment (each shard contributes a piece of
   // segment_bytes / ranks); every rank must pass the same.
-  int64_t segment_bytes = int64_t{4} << 20;
+  int64_t segment_bytes = int64_t{1} << 20;
   // When set, chooses the codec of each call (see "Auto codec" above) and
   // `codec` is ignored. Calibrated on this communicator (hierarchical: on
   // comms.inter; ignored elsewhere); it must outlive the call.
