@@ -634,7 +634,12 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
-  int64_t segment_bytes() const { return std::max<int64_t>(lane_->tunables().segment_bytes, 1); }
+  // Node-local rings (shared memory) take the larger segments; rings across
+  // nodes the network's.
+  int64_t segment_bytes() const {
+    const Tunables& t = lane_->tunables();
+    return std::max<int64_t>(shared_memory_ ? t.segment_bytes : t.net_segment_bytes, 1);
+  }
   int pipeline_depth() const {
     return static_cast<int>(std::max<int64_t>(lane_->tunables().pipeline_depth, 1));
   }
