@@ -20,6 +20,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
+#include "relaxed_test_util.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -105,20 +106,7 @@ TEST(SparseAllreduce, RandomKCountsItsBytesPerPeer) {
     return static_cast<uint64_t>((2 * numel - chunk(me) - chunk((me + 1) % n)) * element);
   };
   EXPECT_EQ(c.bytes_sent, ring(k, 4) + ring(2, 8));
-  const auto at = [](const std::vector<uint64_t>& v, int j) {
-    return j < static_cast<int>(v.size()) ? static_cast<int64_t>(v[j]) : int64_t{0};
-  };
-  std::vector<int64_t> mine(2 * static_cast<size_t>(n)), all(2 * static_cast<size_t>(n * n));
-  for (int j = 0; j < n; ++j) {
-    mine[2 * j] = at(c.sent_to, j);
-    mine[2 * j + 1] = at(c.received_from, j);
-  }
-  comm->allgather(TensorView::host(mine.data(), 2 * n), TensorView::host(all.data(), 2 * n * n),
-                  ExecContext::host())
-      ->wait();
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j)
-      ASSERT_EQ(all[2 * (i * n + j)], all[2 * (j * n + i) + 1]) << "rank " << i << " to " << j;
+  EXPECT_EQ(test::counts_that_disagree(*comm, c), "");
   const uint64_t moved = after.bytes_sent - before.bytes_sent;
   EXPECT_LE(c.bytes_sent, moved);
   EXPECT_LE(moved, c.bytes_sent + 4096 * 4);  // headers of the two rings' few messages
@@ -355,19 +343,6 @@ TEST(TopK, KeepsEachShardsLargestAndLosesNothing) {
   for (int64_t i = 0; i < count; ++i) ASSERT_EQ(balance[i], 3.0f * sum[i]) << "index " << i;
 }
 
-// The first rank whose x differs from this rank's in any bit; -1: none.
-int rank_that_differs(Communicator& comm, const std::vector<float>& x) {
-  const auto count = static_cast<int64_t>(x.size());
-  const int n = comm.size();
-  std::vector<float> mine = x, all(static_cast<size_t>(count * n));
-  comm.allgather(TensorView::host(mine.data(), count), TensorView::host(all.data(), count * n),
-                 ExecContext::host())
-      ->wait();
-  for (int r = 0; r < n; ++r)
-    if (std::memcmp(all.data() + r * count, x.data(), x.size() * sizeof(float)) != 0) return r;
-  return -1;
-}
-
 // Random floats, averaged: every rank holds the same bits, with at most k
 // nonzeros.
 TEST(TopK, BitwiseIdenticalOnEveryRank) {
@@ -386,7 +361,7 @@ TEST(TopK, BitwiseIdenticalOnEveryRank) {
   for (int call = 0; call < 2; ++call) {
     std::vector<float> y = x;
     run(*comm, y, o)->wait();
-    EXPECT_EQ(rank_that_differs(*comm, y), -1) << "call " << call;
+    EXPECT_EQ(test::rank_that_differs(*comm, y), -1) << "call " << call;
     EXPECT_LE(std::count_if(y.begin(), y.end(), [](float v) { return v != 0.0f; }),
               kernels::kept_elements(count, o.codec));
   }
