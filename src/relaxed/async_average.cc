@@ -106,9 +106,11 @@ void AsyncModelAverager::step() {
                      (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
                       Clock::now() - in_flight_since_ >= options_.max_staleness);
   // An allreduce round must be started by every rank: a due one waits for
-  // the round in flight. A gossip round may be skipped (its peers see it
-  // missing).
-  const bool must_start = due && options_.mode == GossipMode::all;
+  // the round in flight. So must a gossip round without a deadline (its
+  // peers would wait for its message); with one it may be skipped (its
+  // peers see it missing).
+  const bool deadline = options_.round_deadline.count() > 0 || options_.adaptive != nullptr;
+  const bool must_start = due && (options_.mode == GossipMode::all || !deadline);
   if (in_flight_ && !in_flight_->is_completed() && (stale || must_start)) {
     {
       std::lock_guard<std::mutex> lock(counts_mutex_);

@@ -17,8 +17,9 @@
 //   - in mode all, when the next average is due while one is still in
 //     flight: every rank must start the same allreduces in the same order,
 //     so the due one waits (choose interval_steps so that an average fits
-//     in it). A gossip mode skips the due round instead, and its peers see
-//     it missing.
+//     in it). So does a gossip mode without a deadline (round_deadline or
+//     adaptive: its peers would wait for its message); with one, it skips
+//     the due round instead, and its peers see it missing.
 // A wait lasts at most stop_timeout: a peer that never comes gives Timeout,
 // which poisons the communicator.
 //
