@@ -466,6 +466,40 @@ TEST(Alltoall, EqualAndVariableBlocks) {
       ASSERT_EQ(out.as<int64_t>()[k++], p * 1000000 + r * 1000 + j);
 }
 
+// Across nodes (each rank its own node here) blocks and ring segments go in
+// messages of at most RELAXCC_NET_SEGMENT_BYTES: many small ones, exact.
+TEST(Alltoall, BlocksAcrossNodesGoInParts) {
+  MpiCommunicatorOptions o;
+  o.tunables.ranks_per_node = 1;
+  o.tunables.net_segment_bytes = 1000;
+  auto comm = create_mpi_communicator(o);
+  const int n = comm->size(), r = comm->rank();
+  // Rank r sends 997 (r + p + 1) i64 elements to rank p: 8 to 32 parts.
+  std::vector<int64_t> send(n), recv(n);
+  for (int p = 0; p < n; ++p) {
+    send[p] = 997 * (r + p + 1);
+    recv[p] = 997 * (p + r + 1);
+  }
+  const int64_t s_total = std::accumulate(send.begin(), send.end(), int64_t{0});
+  const int64_t r_total = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+  Buffer in(DType::i64, s_total), out(DType::i64, r_total);
+  int64_t k = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < send[p]; ++j) in.as<int64_t>()[k++] = r * 1000000000 + p * 100000 + j;
+  comm->alltoallv(in.view(), send, out.view(), recv, ExecContext::host())->wait();
+  k = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < recv[p]; ++j)
+      ASSERT_EQ(out.as<int64_t>()[k++], p * 1000000000 + r * 100000 + j) << "from rank " << p;
+  Buffer b(DType::i32, 100003);
+  test::fill(b, r);
+  AllreduceOptions ring;
+  ring.algo = AllreduceAlgo::ring;
+  comm->allreduce(b.view(), ExecContext::host(), ring)->wait();
+  for (int64_t i = 0; i < b.numel; ++i)
+    ASSERT_EQ(b.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, n)) << i;
+}
+
 TEST(PointToPoint, RingExchangeInOneBatch) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();

@@ -1,19 +1,24 @@
 #include "alltoall_pairwise.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace relaxcc::mpi {
 
 AlltoallPairwiseOp::AlltoallPairwiseOp(std::string name, int priority, std::string label,
                                        const TensorView& input, std::vector<int64_t> send_counts,
                                        const TensorView& output, std::vector<int64_t> recv_counts,
-                                       int rank, int size)
+                                       int rank, int size, int64_t part_bytes)
     : EdgeOp(std::move(name), priority, std::move(label)),
       input_(input),
       output_(output),
       send_counts_(std::move(send_counts)),
       recv_counts_(std::move(recv_counts)),
-      rank_(rank) {
+      rank_(rank),
+      part_elems_(part_bytes > 0 ? std::max<int64_t>(1, part_bytes / static_cast<int64_t>(
+                                                                         dtype_size(input.dtype)))
+                                 : INT64_MAX) {
   OpHeader h;
   h.type = OpType::alltoall;
   h.dtype = input.dtype;
@@ -29,7 +34,7 @@ AlltoallPairwiseOp::AlltoallPairwiseOp(std::string name, int priority, std::stri
     // Peers in the order rank+1, rank+2, ...: every rank starts with a
     // different partner.
     const int p = (rank + k) % size;
-    const int64_t from = recv_counts_[p] > 0 ? 1 : 0, to = send_counts_[p] > 0 ? 1 : 0;
+    const int64_t from = parts(recv_counts_[p]), to = parts(send_counts_[p]);
     const int index = add_peer(p, from, to, recv_counts_[p], send_counts_[p]);
     peers_.push_back({p, index});
     to_send_ += static_cast<int>(to);
@@ -48,19 +53,22 @@ void AlltoallPairwiseOp::run(Transport& t) {
   }
   // Throttled (a higher-priority operation is active): one send in flight.
   const bool throttled = t.throttled(*this);
+  const auto part = [&](const TensorView& v, int64_t offset, int64_t count, int64_t msg) {
+    const int64_t first = msg * part_elems_;
+    return std::pair{static_cast<unsigned char*>(v.data) + (offset + first) * esize,
+                     static_cast<size_t>(std::min(part_elems_, count - first)) * esize};
+  };
   for (Peer& p : peers_) {
-    if (!p.send_posted && send_counts_[p.rank] > 0 && !(throttled && posted_sends_ > sent_)) {
-      p.send_posted = true;
+    const int64_t sends = parts(send_counts_[p.rank]), receives = parts(recv_counts_[p.rank]);
+    while (p.sends < sends && !(throttled && posted_sends_ > sent_)) {
+      const auto [buf, bytes] = part(input_, send_offset_[p.rank], send_counts_[p.rank], p.sends);
       ++posted_sends_;
-      send_data(t, p.index, 0,
-                static_cast<const unsigned char*>(input_.data) + send_offset_[p.rank] * esize,
-                static_cast<size_t>(send_counts_[p.rank]) * esize);
+      send_data(t, p.index, p.sends++, buf, bytes);
     }
-    if (!p.recv_posted && recv_counts_[p.rank] > 0 && edge_live(p.index)) {
-      p.recv_posted = true;
-      recv_data(t, p.index, 0,
-                static_cast<unsigned char*>(output_.data) + recv_offset_[p.rank] * esize,
-                static_cast<size_t>(recv_counts_[p.rank]) * esize);
+    while (p.receives < receives && edge_live(p.index)) {
+      const auto [buf, bytes] =
+          part(output_, recv_offset_[p.rank], recv_counts_[p.rank], p.receives);
+      recv_data(t, p.index, p.receives++, buf, bytes);
     }
   }
 }

@@ -524,12 +524,12 @@ class MpiCommunicator final : public Communicator {
       checked_int(send_counts[p] * esize, "alltoallv: one block");
       checked_int(recv_counts[p] * esize, "alltoallv: one block");
     }
-    return submit(
-        std::make_shared<AlltoallPairwiseOp>("alltoall", options.priority, options.label, input,
-                                             send_counts, output, recv_counts, rank(), n),
-        options, [numel = input.numel, dtype = input.dtype] {
-          return detail::concat(numel, " x ", dtype_name(dtype), " out, pairwise");
-        });
+    return submit(std::make_shared<AlltoallPairwiseOp>(
+                      "alltoall", options.priority, options.label, input, send_counts, output,
+                      recv_counts, rank(), n, shared_memory_ ? 0 : segment_bytes()),
+                  options, [numel = input.numel, dtype = input.dtype] {
+                    return detail::concat(numel, " x ", dtype_name(dtype), " out, pairwise");
+                  });
   }
 
   WorkPtr barrier(const BarrierOptions& options) override {
