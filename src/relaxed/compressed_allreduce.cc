@@ -304,28 +304,11 @@ void decode_segments(Call& c) {
   }
 }
 
-// Bytes each peer got from this rank and sent it, over every segment: the
-// alltoallv sends each peer its shard's piece and receives this shard's; the
-// allgather ring sends every payload but the right neighbour's own to the
-// right neighbour and receives every payload but this rank's from the left
-// one.
+// Bytes each peer got from this rank and sent it, over every segment.
 std::vector<RelaxedStats::Traffic> traffic(const Call& c) {
-  const int ranks = c.size, me = c.rank;
   std::vector<RelaxedStats::Traffic> out;
-  for (int j = 0; j < ranks; ++j)
-    if (j != me) out.push_back({j, 0, 0});
-  const auto at = [&](int j) -> RelaxedStats::Traffic& { return out[j < me ? j : j - 1]; };
-  for (const Call::Segment& g : c.segments) {
-    const auto all = static_cast<uint64_t>(g.total);
-    for (int j = 0; j < ranks; ++j) {
-      if (j == me) continue;
-      RelaxedStats::Traffic& t = at(j);
-      t.sent += static_cast<uint64_t>(g.bytes[j]);
-      t.received += static_cast<uint64_t>(g.bytes[me]);
-      if (j == (me + 1) % ranks) t.sent += all - static_cast<uint64_t>(g.bytes[j]);
-      if (j == (me + ranks - 1) % ranks) t.received += all - static_cast<uint64_t>(g.bytes[me]);
-    }
-  }
+  for (const Call::Segment& g : c.segments)
+    relaxed::add_owner_schedule_traffic(out, c.rank, g.bytes, g.bytes);
   return out;
 }
 

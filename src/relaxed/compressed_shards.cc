@@ -1,6 +1,26 @@
 #include "compressed_shards.h"
 
+#include <numeric>
+
 namespace relaxcc::relaxed {
+
+void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int me,
+                                const std::vector<int64_t>& block,
+                                const std::vector<int64_t>& slot) {
+  const int n = static_cast<int>(block.size());
+  if (traffic.empty())
+    for (int j = 0; j < n; ++j)
+      if (j != me) traffic.push_back({j, 0, 0});
+  const auto all = static_cast<uint64_t>(std::accumulate(slot.begin(), slot.end(), int64_t{0}));
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  for (RelaxedStats::Traffic& t : traffic) {
+    const int j = t.peer;
+    t.sent += static_cast<uint64_t>(block[j]);
+    t.received += static_cast<uint64_t>(block[me]);
+    if (j == right) t.sent += all - static_cast<uint64_t>(slot[right]);
+    if (j == left) t.received += all - static_cast<uint64_t>(slot[me]);
+  }
+}
 
 WorkPtr counted_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                           AllreduceOptions options, RelaxedStats* stats) {

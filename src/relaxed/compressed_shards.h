@@ -34,6 +34,16 @@ inline std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offs
   return std::as_writable_bytes(std::span(v.data() + offset, static_cast<size_t>(n)));
 }
 
+// Adds the bytes per peer of an owner schedule to `traffic` (one entry per
+// peer but `me`, in rank order): an alltoallv that sends each peer j
+// `block[j]` bytes and receives `block[me]` from it, then an allgatherv ring
+// of `slot[j]` bytes per rank, which sends the right neighbour every slot
+// but its own and receives from the left neighbour every slot but this
+// rank's. The compressed allreduce calls it per segment, the sparse one once.
+void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int me,
+                                const std::vector<int64_t>& block,
+                                const std::vector<int64_t>& slot);
+
 // comm.allreduce(x, ctx, options), with its bytes per peer added to `stats`
 // (if set) when it completes. Counting runs it on the ring (options.algo
 // forced; the other algorithms move other bytes): the reduce-scatter sends

@@ -497,19 +497,9 @@ OwnerStatus status_of(const TopkCall& c, int j) {
 // neighbour's own to the right neighbour and receives every slot but this
 // rank's from the left one.
 void count_traffic(const TopkCall& c, RelaxedStats& stats) {
-  const int n = c.size, me = c.rank;
-  if (n == 1) return;
-  const auto all = static_cast<uint64_t>(c.slot_offset[n - 1] + c.slot_bytes[n - 1]);
-  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  if (c.size == 1) return;
   std::vector<RelaxedStats::Traffic> traffic;
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    RelaxedStats::Traffic t{j, static_cast<uint64_t>(c.block_bytes[j]),
-                            static_cast<uint64_t>(c.block_bytes[me])};
-    if (j == right) t.sent += all - static_cast<uint64_t>(c.slot_bytes[right]);
-    if (j == left) t.received += all - static_cast<uint64_t>(c.slot_bytes[me]);
-    traffic.push_back(t);
-  }
+  relaxed::add_owner_schedule_traffic(traffic, c.rank, c.block_bytes, c.slot_bytes);
   stats.add_round(traffic);
 }
 
