@@ -1,0 +1,61 @@
+#include "relaxcc/algorithms/bytegrad.h"
+
+#include "relaxcc/errors.h"
+
+namespace relaxcc::algorithms {
+
+ByteGrad::ByteGrad(ByteGradOptions options) : options_(options) {
+  RELAXCC_ENFORCE(
+      options_.bits == 8 || options_.bits == 4 || options_.bits == 2 || options_.bits == 1,
+      InvalidArgument, "bytegrad: bits must be 8, 4, 2 or 1 (within 1..8), got ", options_.bits);
+  RELAXCC_ENFORCE(options_.chunk >= 1, InvalidArgument, "bytegrad: chunk must be >= 1, got ",
+                  options_.chunk);
+}
+
+AlgorithmCapabilities ByteGrad::capabilities() const {
+  AlgorithmCapabilities c;
+  c.depends_on_bucket_boundaries = true;  // a chunk's scale spans its bucket's values
+  return c;
+}
+
+void ByteGrad::init(const AlgorithmContext& ctx) {
+  ctx_ = ctx;
+  if (options_.hierarchical && !have_hierarchy_) {
+    hierarchy_ = build_hierarchy(*ctx.comm, ctx.tunables);
+    have_hierarchy_ = true;
+  }
+  if (!options_.error_feedback) return;
+  // The error feedback lives where values are quantized: on the inter-node
+  // communicator's leaders when hierarchical, on every rank otherwise.
+  const Communicator* on = options_.hierarchical ? hierarchy_.inter.get() : ctx.comm.get();
+  if (on != nullptr)
+    feedback_.rebind(ctx, on->rank(), on->size(),
+                     options_.average ? static_cast<float>(on->size()) : 1.0f);
+}
+
+WorkPtr ByteGrad::on_bucket_ready(const StepInfo&, int bucket, const TensorView& data) {
+  CompressedAllreduceOptions o;
+  o.codec = kernels::CompressorConfig{};
+  o.codec->kind = kernels::CompressorKind::minmax;
+  o.codec->bits = options_.bits;
+  o.codec->chunk = options_.chunk;
+  o.codec->rounding = options_.rounding;
+  o.op = options_.average ? ReduceOp::avg : ReduceOp::sum;
+  o.label = "bytegrad bucket " + std::to_string(bucket);
+  if (!feedback_.empty()) o.state = feedback_.state(bucket);
+  if (options_.hierarchical)
+    return hierarchical_compressed_allreduce(*ctx_.comm, hierarchy_, data, ctx_.exec, o);
+  return compressed_allreduce(*ctx_.comm, data, ctx_.exec, o);
+}
+
+StateDict ByteGrad::state_dict() const {
+  StateDict sd;
+  if (!feedback_.empty()) feedback_.save(sd, "bytegrad/");
+  return sd;
+}
+
+void ByteGrad::load_state_dict(const StateDict& state) {
+  if (!feedback_.empty()) feedback_.load(state, "bytegrad/");
+}
+
+}  // namespace relaxcc::algorithms

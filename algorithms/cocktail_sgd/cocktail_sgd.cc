@@ -1,0 +1,283 @@
+#include "relaxcc/algorithms/cocktail_sgd.h"
+
+#include <cstring>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/kernels/error_feedback.h"
+
+namespace relaxcc::algorithms {
+
+// The buffers of one exchange, shared with its stages (which run on the
+// communicator's threads) so they outlive the algorithm if need be.
+struct CocktailSgd::Exchange {
+  std::vector<float> delta;                // d_r, flat
+  std::vector<float> own;                  // C(d_r), flat
+  std::vector<float> average;              // a, flat
+  std::vector<float> server;               // the server residual after this exchange
+  std::vector<float> scratch;              // the owned shard
+  std::vector<std::byte> sent, received;   // alltoallv blocks
+  std::vector<std::byte> owned, gathered;  // the owner's payload, every owner's payload
+  std::vector<int64_t> bytes;              // payload bytes of each shard
+};
+
+namespace {
+
+template <typename T>
+TensorView bytes_view(std::vector<std::byte>& v, const std::shared_ptr<T>& owner) {
+  return TensorView(v.data(), static_cast<int64_t>(v.size()), DType::u8, Device::host(), owner);
+}
+
+std::span<std::byte> part(std::vector<std::byte>& v, int64_t offset, int64_t bytes) {
+  return {v.data() + offset, static_cast<size_t>(bytes)};
+}
+
+}  // namespace
+
+CocktailSgd::CocktailSgd(CocktailSgdOptions options) : options_(options) {
+  const CocktailSgdOptions& o = options_;
+  RELAXCC_ENFORCE(o.random_ratio > 0 && o.random_ratio <= 1, InvalidArgument,
+                  "cocktail_sgd: random_ratio must be in (0, 1], got ", o.random_ratio);
+  RELAXCC_ENFORCE(o.topk_ratio > 0 && o.topk_ratio <= 1, InvalidArgument,
+                  "cocktail_sgd: topk_ratio must be in (0, 1], got ", o.topk_ratio);
+  RELAXCC_ENFORCE(o.bits == 8 || o.bits == 4 || o.bits == 2 || o.bits == 1, InvalidArgument,
+                  "cocktail_sgd: bits must be 8, 4, 2 or 1 (within 1..8), got ", o.bits);
+  RELAXCC_ENFORCE(o.chunk >= 1, InvalidArgument, "cocktail_sgd: chunk must be >= 1, got ", o.chunk);
+  RELAXCC_ENFORCE(o.warmup_steps >= 0, InvalidArgument,
+                  "cocktail_sgd: warmup_steps must be >= 0, got ", o.warmup_steps);
+  codec(0).validate();
+}
+
+AlgorithmCapabilities CocktailSgd::capabilities() const {
+  AlgorithmCapabilities c;
+  c.communicates_gradients = options_.warmup_steps > 0;
+  return c;
+}
+
+kernels::CompressorConfig CocktailSgd::codec(int64_t step) const {
+  kernels::CompressorConfig c;
+  c.kind = kernels::CompressorKind::cocktail;
+  c.ratio = options_.random_ratio;
+  c.topk_ratio = options_.topk_ratio;
+  c.bits = options_.bits;
+  c.chunk = options_.chunk;
+  c.rounding = options_.rounding;
+  c.random_mode = options_.random_mode;
+  c.approximate = false;  // the exact top-k: the same selection on every backend
+  c.seed = options_.seed;
+  c.step = static_cast<uint64_t>(step);
+  return c;
+}
+
+void CocktailSgd::init(const AlgorithmContext& ctx) {
+  ctx_ = ctx;
+  params_.clear();
+  param_at_.clear();
+  numel_ = 0;
+  for (size_t i = 0; i < ctx.tensors->size(); ++i) {
+    const TensorSpec& t = (*ctx.tensors)[i];
+    if (t.role != TensorRole::parameter) continue;
+    RELAXCC_ENFORCE(t.view.dtype == DType::f32 && t.view.device.is_host(), InvalidArgument,
+                    "cocktail_sgd: parameter '", t.name, "' must be f32 on the host");
+    params_.push_back(static_cast<int>(i));
+    param_at_.push_back(numel_);
+    numel_ += t.view.numel;
+  }
+  const int n = ctx.comm->size();
+  shard_begin_.assign(static_cast<size_t>(n), 0);
+  shard_count_.assign(static_cast<size_t>(n), 0);
+  for (int j = 0; j < n; ++j) {
+    shard_count_[j] = numel_ / n + (j < numel_ % n ? 1 : 0);
+    if (j > 0) shard_begin_[j] = shard_begin_[j - 1] + shard_count_[j - 1];
+  }
+  if (server_.empty()) server_.assign(static_cast<size_t>(shard_count_[ctx.comm->rank()]), 0.0f);
+  RELAXCC_ENFORCE_EQ(static_cast<int64_t>(server_.size()), shard_count_[ctx.comm->rank()],
+                     InvalidArgument, "cocktail_sgd: the parameters changed size since init");
+}
+
+WorkPtr CocktailSgd::on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) {
+  if (!warming_up(step)) return nullptr;  // a local step: gradients stay here
+  AllreduceOptions o;
+  o.op = ReduceOp::avg;
+  o.label = "cocktail_sgd warmup bucket " + std::to_string(bucket);
+  return ctx_.comm->allreduce(data, ctx_.exec, o);
+}
+
+void CocktailSgd::gather_params(std::vector<float>& flat) const {
+  flat.resize(static_cast<size_t>(numel_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const TensorView& v = (*ctx_.tensors)[static_cast<size_t>(params_[i])].view;
+    std::memcpy(flat.data() + param_at_[i], v.data, v.nbytes());
+  }
+}
+
+void CocktailSgd::before_optimizer_step(const StepInfo& step) {
+  // The synchronised model the first delta is taken against: the model
+  // every rank holds before its first local step.
+  if (step.step == options_.warmup_steps && global_.empty()) gather_params(global_);
+}
+
+WorkPtr CocktailSgd::after_optimizer_step(const StepInfo& step) {
+  if (warming_up(step)) return nullptr;
+  apply_pending(std::chrono::milliseconds(-1));
+  start_exchange(step.step);
+  return nullptr;
+}
+
+void CocktailSgd::apply_pending(std::chrono::milliseconds timeout) {
+  if (in_flight_) {
+    WorkPtr w = std::move(in_flight_);
+    w->wait(timeout);
+    pending_ = true;
+  }
+  if (!pending_) return;
+  const Exchange& e = *exchange_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const TensorView& v = (*ctx_.tensors)[static_cast<size_t>(params_[i])].view;
+    float* x = v.as<float>();
+    const size_t at = static_cast<size_t>(param_at_[i]);
+    for (int64_t j = 0; j < v.numel; ++j) x[j] += e.average[at + j] - e.own[at + j];
+  }
+  for (size_t k = 0; k < global_.size(); ++k) global_[k] += e.average[k];
+  server_ = e.server;
+  pending_ = false;
+}
+
+void CocktailSgd::start_exchange(int64_t step) {
+  Communicator& comm = *ctx_.comm;
+  const int n = comm.size(), r = comm.rank();
+  if (!exchange_) exchange_ = std::make_shared<Exchange>();
+  const std::shared_ptr<Exchange> e = exchange_;
+  gather_params(e->delta);
+  for (size_t k = 0; k < global_.size(); ++k) e->delta[k] -= global_[k];
+  e->own.assign(static_cast<size_t>(numel_), 0.0f);
+  e->average.assign(static_cast<size_t>(numel_), 0.0f);
+  const kernels::CompressorConfig cfg = codec(step);
+  e->bytes.assign(static_cast<size_t>(n), 0);
+  int64_t total = 0;
+  for (int j = 0; j < n; ++j) {
+    e->bytes[j] = static_cast<int64_t>(kernels::encoded_size(shard_count_[j], cfg));
+    total += e->bytes[j];
+  }
+  const int64_t mine = e->bytes[r];
+  e->sent.resize(static_cast<size_t>(total));
+  e->received.resize(static_cast<size_t>(mine * n));
+  e->owned.resize(static_cast<size_t>(mine));
+  e->gathered.resize(static_cast<size_t>(total));
+  e->server = server_;
+  e->scratch.resize(static_cast<size_t>(shard_count_[r]));
+
+  ExecContext worker_ctx = ctx_.exec, owner_ctx = ctx_.exec;
+  worker_ctx.rng = {options_.seed + 1 + static_cast<uint64_t>(r),
+                    static_cast<uint64_t>(step) * static_cast<uint64_t>(numel_)};
+  owner_ctx.rng = {options_.seed, worker_ctx.rng.offset};
+  const std::vector<int64_t> begin = shard_begin_, count = shard_count_;
+  const std::string label = "cocktail_sgd step " + std::to_string(step);
+
+  // 1. Encode every shard of the delta, and decode what was sent.
+  OpOptions o;
+  o.label = label + " encode";
+  WorkPtr encoded = comm.compute(
+      [e, cfg, worker_ctx, begin, count, n] {
+        int64_t at = 0;
+        for (int j = 0; j < n; ++j) {
+          const auto shard = TensorView::host(e->delta.data() + begin[j], count[j]);
+          kernels::encode(shard, part(e->sent, at, e->bytes[j]), cfg, worker_ctx);
+          kernels::decode(part(e->sent, at, e->bytes[j]),
+                          TensorView::host(e->own.data() + begin[j], count[j]), worker_ctx);
+          at += e->bytes[j];
+        }
+      },
+      o);
+  // 2. Each shard's payload to its owner.
+  AlltoallOptions a2a;
+  a2a.label = label + " to owners";
+  a2a.after = encoded;
+  WorkPtr exchanged =
+      comm.alltoallv(bytes_view(e->sent, e), e->bytes, bytes_view(e->received, e),
+                     std::vector<int64_t>(static_cast<size_t>(n), mine), ctx_.exec, a2a);
+  // 3. The owner averages its shard and re-encodes it with its residual.
+  o.label = label + " owner";
+  o.after = exchanged;
+  WorkPtr reduced = comm.compute(
+      [e, cfg, owner_ctx, mine, n, r, count] {
+        const auto acc = TensorView::host(e->scratch.data(), count[r]);
+        std::fill(e->scratch.begin(), e->scratch.end(), 0.0f);
+        for (int i = 0; i < n; ++i)
+          kernels::decode_accumulate(part(e->received, i * mine, mine), acc, owner_ctx);
+        const float inv = 1.0f / static_cast<float>(n);
+        for (float& v : e->scratch) v *= inv;
+        std::vector<float> work(e->scratch.size());
+        kernels::compress_with_feedback(acc, e->server, work, std::span<std::byte>(e->owned), cfg,
+                                        owner_ctx);
+      },
+      o);
+  // 4. Every owner's payload to every rank, decoded into the average.
+  AllgatherOptions ag;
+  ag.label = label + " from owners";
+  ag.after = reduced;
+  WorkPtr gathered =
+      comm.allgatherv(bytes_view(e->owned, e), bytes_view(e->gathered, e), e->bytes, ctx_.exec, ag);
+  o.label = label + " decode";
+  o.after = gathered;
+  in_flight_ = comm.compute(
+      [e, worker_ctx, begin, count, n] {
+        int64_t at = 0;
+        for (int j = 0; j < n; ++j) {
+          kernels::decode(part(e->gathered, at, e->bytes[j]),
+                          TensorView::host(e->average.data() + begin[j], count[j]), worker_ctx);
+          at += e->bytes[j];
+        }
+      },
+      o);
+  ++exchanges_;
+}
+
+void CocktailSgd::drain(std::chrono::milliseconds timeout) {
+  if (!in_flight_) return;
+  WorkPtr w = std::move(in_flight_);
+  w->wait(timeout);
+  pending_ = true;
+}
+
+StateDict CocktailSgd::state_dict() const {
+  RELAXCC_ENFORCE(!in_flight_, InvalidArgument,
+                  "cocktail_sgd: state_dict() with an exchange in flight (call drain() first)");
+  StateDict sd;
+  sd.put_int("cocktail_sgd/exchanges", exchanges_);
+  sd.put_floats("cocktail_sgd/global", global_);
+  sd.put_floats("cocktail_sgd/server", server_);
+  sd.put_int("cocktail_sgd/pending", pending_ ? 1 : 0);
+  if (pending_) {
+    sd.put_floats("cocktail_sgd/pending/own", exchange_->own);
+    sd.put_floats("cocktail_sgd/pending/average", exchange_->average);
+    sd.put_floats("cocktail_sgd/pending/server", exchange_->server);
+  }
+  return sd;
+}
+
+void CocktailSgd::load_state_dict(const StateDict& state) {
+  RELAXCC_ENFORCE(!in_flight_, InvalidArgument,
+                  "cocktail_sgd: load_state_dict() with an exchange in flight (drain first)");
+  const auto sized = [&state](const std::string& key, int64_t numel) {
+    std::vector<float> v = state.get_floats(key);
+    RELAXCC_ENFORCE(v.empty() || static_cast<int64_t>(v.size()) == numel, InvalidArgument,
+                    "cocktail_sgd: checkpoint entry '", key, "' has ", v.size(),
+                    " elements, expected ", numel);
+    return v;
+  };
+  const int64_t owned = shard_count_[ctx_.comm->rank()];
+  exchanges_ = state.get_int("cocktail_sgd/exchanges");
+  global_ = sized("cocktail_sgd/global", numel_);
+  server_ = sized("cocktail_sgd/server", owned);
+  RELAXCC_ENFORCE_EQ(static_cast<int64_t>(server_.size()), owned, InvalidArgument,
+                     "cocktail_sgd: checkpoint's server residual");
+  pending_ = state.get_int("cocktail_sgd/pending") != 0;
+  if (pending_) {
+    if (!exchange_) exchange_ = std::make_shared<Exchange>();
+    exchange_->own = sized("cocktail_sgd/pending/own", numel_);
+    exchange_->average = sized("cocktail_sgd/pending/average", numel_);
+    exchange_->server = sized("cocktail_sgd/pending/server", owned);
+  }
+}
+
+}  // namespace relaxcc::algorithms

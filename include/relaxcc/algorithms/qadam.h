@@ -1,0 +1,84 @@
+// qadam: 1-bit Adam / Q-Adam. The algorithm owns the optimizer step.
+//
+// Warmup (the first warmup_steps steps): every bucket of gradients is
+// allreduced (average) at full precision and the step is Adam's, with bias
+// correction (as relaxcc::Adam, L2 weight decay).
+// Then the variance v is frozen (with its bias correction at the last
+// warmup step) and each rank turns its gradient g into the momentum
+//   m_r = beta1 m + (1 - beta1) (g + weight_decay p)
+// in its bucket, which is averaged by the compressed allreduce
+// (relaxcc/relaxed/compressed_allreduce.h) with worker- and server-side
+// error feedback per bucket (BucketFeedback): m becomes that average on
+// every rank (the same bits everywhere), and
+//   p -= lr (m / (1 - beta1^t)) / (sqrt(v_frozen) + eps).
+// Codecs: sign (1 bit per value and one scale ||x|| / sqrt(len) per chunk:
+// DeepSpeed's 1-bit Adam) or minmax with 8, 4, 2 or 1 bits (Bagua's QAdam:
+// 8-bit min-max).
+//
+// State (state_dict): m and v of every parameter, keyed by its flat offset,
+// and every error-feedback residual, so a checkpoint resumes bit for bit.
+#pragma once
+
+#include <map>
+
+#include "relaxcc/algorithm.h"
+#include "relaxcc/algorithms/bucket_feedback.h"
+#include "relaxcc/kernels/compressor.h"
+
+namespace relaxcc::algorithms {
+
+struct QAdamOptions {
+  // Adam's hyperparameters: Bagua's QAdamOptimizer and PyTorch's Adam.
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  // Steps of full-precision Adam before the variance freezes (Bagua: 100;
+  // DeepSpeed calls it freeze_step). >= 0.
+  int warmup_steps = 100;
+  // minmax (Bagua, 8 bits) or sign (DeepSpeed's 1-bit Adam; bits ignored).
+  kernels::CompressorKind codec = kernels::CompressorKind::minmax;
+  // minmax: 8, 4, 2 or 1.
+  int bits = 8;
+  // Elements per quantization chunk (relaxcc's codec default).
+  int64_t chunk = 2048;
+};
+
+class QAdam final : public Algorithm {
+ public:
+  // Throws InvalidArgument for a codec other than minmax and sign, bits
+  // outside 1..8 or not 8, 4, 2, 1, warmup_steps < 0, a chunk < 1, lr <= 0,
+  // betas outside [0, 1) or eps <= 0.
+  explicit QAdam(QAdamOptions options = {});
+  std::string name() const override { return "qadam"; }
+  AlgorithmCapabilities capabilities() const override;
+  void init(const AlgorithmContext& ctx) override;
+  WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;
+  // Updates every gradient's partner parameter; the frontend's optimizer is
+  // not used.
+  void optimizer_step(const StepInfo& step, Optimizer& unused) override;
+  // True at the first compressed step.
+  bool need_reset(const StepInfo& step) const override {
+    return step.step == options_.warmup_steps;
+  }
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  // The learning rate of the following steps (a schedule's current value).
+  void set_lr(float lr);
+  float lr() const { return options_.lr; }
+
+ private:
+  bool warming_up(const StepInfo& step) const { return step.step < options_.warmup_steps; }
+  std::vector<float>& slot(std::map<int64_t, std::vector<float>>& slots, int64_t key,
+                           int64_t numel);
+
+  QAdamOptions options_;
+  AlgorithmContext ctx_;
+  BucketFeedback feedback_;
+  std::map<int64_t, std::vector<float>> m_, v_;  // keyed by the parameter's flat offset
+  std::vector<TensorView> bucket_data_;          // each bucket's memory, as last dispatched
+  std::vector<int64_t> bucket_step_;             // the step it was dispatched in
+};
+
+}  // namespace relaxcc::algorithms
