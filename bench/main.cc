@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   relaxcc::bench::add_kernels_mode(app);
   relaxcc::bench::add_overlap_mode(app);
   relaxcc::bench::add_primitives_mode(app);
+  relaxcc::bench::add_algorithms_mode(app);
   app.require_subcommand(0, 1);
   try {
     app.parse(argc, argv);

@@ -18,5 +18,7 @@ void add_kernels_mode(CLI::App& app);
 void add_overlap_mode(CLI::App& app);
 // `relaxcc-bench primitives`: gossip, CHOCO, Moshpit and async averaging.
 void add_primitives_mode(CLI::App& app);
+// `relaxcc-bench algorithms`: bytes and time per step of every algorithm module.
+void add_algorithms_mode(CLI::App& app);
 
 }  // namespace relaxcc::bench
