@@ -86,17 +86,19 @@ struct Model {
   }
 };
 
-// One step: layer i (last first) sleeps its share of compute_ms, then its
-// gradient is marked ready; then the optimizer step.
+// One step: layer i (last first) is done once its share of compute_ms,
+// in proportion to its size, has passed (sleeping), and its gradient is
+// marked ready then; then the optimizer step.
 void train_step(Reducer& reducer, const Model& model, double compute_ms, Optimizer& optimizer) {
   reducer.begin_step();
   const auto start = Clock::now();
-  double due_ms = 0;
+  int64_t done = 0;  // parameters of the layers computed so far
   for (int i = static_cast<int>(model.layers.size()) - 1; i >= 0; --i) {
-    due_ms +=
-        compute_ms * static_cast<double>(model.layers[i].numel) / static_cast<double>(model.total);
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
-                                              std::chrono::duration<double, std::milli>(due_ms)));
+    done += model.layers[i].numel;
+    const double fraction = static_cast<double>(done) / static_cast<double>(model.total);
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double, std::milli>(compute_ms * fraction)));
     reducer.mark_ready(2 * i);
   }
   reducer.synchronize();

@@ -17,10 +17,11 @@ QAdam::QAdam(QAdamOptions options) : options_(options) {
   RELAXCC_ENFORCE(o.warmup_steps >= 0, InvalidArgument, "qadam: warmup_steps must be >= 0, got ",
                   o.warmup_steps);
   RELAXCC_ENFORCE(o.chunk >= 1, InvalidArgument, "qadam: chunk must be >= 1, got ", o.chunk);
+  const AdamOptions& a = o.adam;
   RELAXCC_ENFORCE(
-      o.lr > 0 && o.eps > 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
-      InvalidArgument, "qadam: lr > 0, eps > 0 and betas in [0, 1), got lr ", o.lr, ", eps ", o.eps,
-      ", betas ", o.beta1, " and ", o.beta2);
+      a.lr > 0 && a.eps > 0 && a.beta1 >= 0 && a.beta1 < 1 && a.beta2 >= 0 && a.beta2 < 1,
+      InvalidArgument, "qadam: lr > 0, eps > 0 and betas in [0, 1), got lr ", a.lr, ", eps ", a.eps,
+      ", betas ", a.beta1, " and ", a.beta2);
 }
 
 AlgorithmCapabilities QAdam::capabilities() const {
@@ -32,7 +33,7 @@ AlgorithmCapabilities QAdam::capabilities() const {
 
 void QAdam::set_lr(float lr) {
   RELAXCC_ENFORCE(lr > 0, InvalidArgument, "qadam: lr must be > 0, got ", lr);
-  options_.lr = lr;
+  options_.adam.lr = lr;
 }
 
 void QAdam::init(const AlgorithmContext& ctx) {
@@ -65,7 +66,8 @@ WorkPtr QAdam::on_bucket_ready(const StepInfo& step, int bucket, const TensorVie
     return ctx_.comm->allreduce(data, ctx_.exec, o);
   }
   // The bucket's gradients become this rank's momentum.
-  const float b1 = options_.beta1, wd = options_.weight_decay;
+  const AdamOptions& a = options_.adam;
+  const float b1 = a.beta1, wd = a.decoupled_weight_decay ? 0.0f : a.weight_decay;
   float* x = data.as<float>();
   for (const BucketEntry& e : b.entries) {
     const TensorSpec& g = (*ctx_.tensors)[static_cast<size_t>(e.tensor)];
@@ -89,12 +91,13 @@ WorkPtr QAdam::on_bucket_ready(const StepInfo& step, int bucket, const TensorVie
 }
 
 void QAdam::optimizer_step(const StepInfo& step, Optimizer&) {
-  const QAdamOptions& o = options_;
+  const AdamOptions& o = options_.adam;
+  const float l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay;
   const bool warm = warming_up(step);
   const double t = static_cast<double>(step.step + 1);
   const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t));
   // The variance's bias correction freezes with it, at the last warmup step.
-  const double tv = warm ? t : static_cast<double>(std::max(o.warmup_steps, 1));
+  const double tv = warm ? t : static_cast<double>(std::max(options_.warmup_steps, 1));
   const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), tv));
   const auto& buckets = ctx_.plan->buckets();
   for (size_t bi = 0; bi < buckets.size(); ++bi) {
@@ -111,12 +114,13 @@ void QAdam::optimizer_step(const StepInfo& step, Optimizer&) {
       for (int64_t j = 0; j < e.numel; ++j) {
         const size_t k = static_cast<size_t>(j);
         if (warm) {
-          const float d = gv[j] + o.weight_decay * p[j];
+          const float d = gv[j] + l2 * p[j];
           m[k] = o.beta1 * m[k] + (1.0f - o.beta1) * d;
           v[k] = o.beta2 * v[k] + (1.0f - o.beta2) * d * d;
         } else {
           m[k] = gv[j];  // the averaged momentum
         }
+        if (o.decoupled_weight_decay) p[j] -= o.lr * o.weight_decay * p[j];
         p[j] -= o.lr * (m[k] / c1) / (std::sqrt(v[k] / c2) + o.eps);
       }
     }

@@ -5,12 +5,13 @@
 // correction (as relaxcc::Adam, L2 weight decay).
 // Then the variance v is frozen (with its bias correction at the last
 // warmup step) and each rank turns its gradient g into the momentum
-//   m_r = beta1 m + (1 - beta1) (g + weight_decay p)
+//   m_r = beta1 m + (1 - beta1) (g + weight_decay p)   (AdamW: g alone)
 // in its bucket, which is averaged by the compressed allreduce
 // (relaxcc/relaxed/compressed_allreduce.h) with worker- and server-side
 // error feedback per bucket (BucketFeedback): m becomes that average on
 // every rank (the same bits everywhere), and
-//   p -= lr (m / (1 - beta1^t)) / (sqrt(v_frozen) + eps).
+//   p -= lr (m / (1 - beta1^t)) / (sqrt(v_frozen) + eps)
+// (AdamW: p -= lr weight_decay p first, as in every step).
 // Codecs: sign (1 bit per value and one scale ||x|| / sqrt(len) per chunk:
 // DeepSpeed's 1-bit Adam) or minmax with 8, 4, 2 or 1 bits (Bagua's QAdam:
 // 8-bit min-max).
@@ -28,12 +29,10 @@
 namespace relaxcc::algorithms {
 
 struct QAdamOptions {
-  // Adam's hyperparameters: Bagua's QAdamOptimizer and PyTorch's Adam.
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  // Adam's hyperparameters (relaxcc::AdamOptions: lr 1e-3, betas 0.9 and
+  // 0.999, eps 1e-8, no weight decay; the defaults of Bagua's
+  // QAdamOptimizer and PyTorch's Adam). decoupled_weight_decay: AdamW.
+  AdamOptions adam;
   // Steps of full-precision Adam before the variance freezes (Bagua: 100;
   // DeepSpeed calls it freeze_step). >= 0.
   int warmup_steps = 100;
@@ -66,7 +65,7 @@ class QAdam final : public Algorithm {
   void load_state_dict(const StateDict& state) override;
   // The learning rate of the following steps (a schedule's current value).
   void set_lr(float lr);
-  float lr() const { return options_.lr; }
+  float lr() const { return options_.adam.lr; }
 
  private:
   bool warming_up(const StepInfo& step) const { return step.step < options_.warmup_steps; }
