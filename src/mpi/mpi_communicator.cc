@@ -220,11 +220,11 @@ struct NodeLayoutMap {
   // Whether the ranks `members` (of the MPI communicator) share one node, as
   // topology sees it, so that they can share memory.
   bool one_node(const std::vector<int>& members) const {
-    for (int m : members) {
-      if (node[m] != node[members[0]]) return false;
-      if (ranks_per_node > 0 && m / ranks_per_node != members[0] / ranks_per_node) return false;
-    }
-    return true;
+    return std::all_of(members.begin(), members.end(),
+                       [&](int m) { return same_node(m, members[0]); });
+  }
+  bool same_node(int a, int b) const {
+    return node[a] == node[b] && (ranks_per_node <= 0 || a / ranks_per_node == b / ranks_per_node);
   }
 };
 
@@ -393,7 +393,12 @@ class MpiCommunicator final : public Communicator {
                          const P2POptions& options) override {
     check_point_to_point(ops, options, size(), max_p2p_tag());
     for (const P2POp& op : ops) check_host(op.tensor, ctx, "point_to_point tensor");
-    return submit(std::make_shared<P2PBatchOp>(ops, options), options,
+    // Round sends to another node go in network-sized parts.
+    std::vector<int64_t> part_bytes(ops.size(), 0);
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!nodes_->same_node(lane_->comm_rank(ops[i].peer), lane_->comm_rank(rank())))
+        part_bytes[i] = std::max<int64_t>(lane_->tunables().net_segment_bytes, 1);
+    return submit(std::make_shared<P2PBatchOp>(ops, options, std::move(part_bytes)), options,
                   [n = ops.size(), round = options.round] {
                     return detail::concat(
                         n, " ops", round != 0 ? detail::concat(", round ", round) : std::string());

@@ -14,6 +14,8 @@ namespace {
 constexpr uint32_t kRoundMagic = 0x44525852;  // "RXRD"
 // Messages of later rounds kept per stream; beyond it the oldest is dropped.
 constexpr size_t kMaxEarly = 64;
+// The largest round message a header may announce (beyond: corrupt).
+constexpr uint64_t kMaxRoundBytes = uint64_t{1} << 40;
 
 // The round of a round message, or 0 when it is too short or not one.
 uint64_t round_of(const unsigned char* message, size_t bytes, RoundHeader* header) {
@@ -33,13 +35,42 @@ void keep_early(Transport& t, RoundStream& stream, uint64_t round, ScratchPool::
 }
 }  // namespace
 
-P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options)
+bool receive_round_parts(Transport& t, Operation& op, int64_t slot, RoundStream& stream, int peer,
+                         int tag, ScratchPool::Buffer& first, size_t got, RoundParts& parts) {
+  RoundHeader h;
+  if (round_of(first.data(), got, &h) == 0 || h.part_bytes == 0 || h.dtype >= kNumDTypes ||
+      h.count < 0)
+    return false;
+  const uint64_t size = dtype_size(static_cast<DType>(h.dtype));
+  if (static_cast<uint64_t>(h.count) > kMaxRoundBytes / size) return false;
+  const uint64_t data = static_cast<uint64_t>(h.count) * size;
+  if (data <= h.part_bytes || got != sizeof(RoundHeader) + h.part_bytes) return false;
+  const uint64_t more = (data - 1) / h.part_bytes;  // parts after the first
+  parts.bytes = sizeof(RoundHeader) + data;
+  parts.message = t.scratch(parts.bytes);
+  std::memcpy(parts.message.data(), first.data(), got);
+  first = {};
+  parts.left = static_cast<int64_t>(more);
+  for (uint64_t m = 1; m <= more; ++m) {
+    const size_t begin = sizeof(RoundHeader) + m * h.part_bytes;
+    const size_t end = std::min<size_t>(begin + h.part_bytes, parts.bytes);
+    t.irecv(op, slot, parts.message.data() + begin, end - begin, peer,
+            p2p_tag(tag, P2PChannel::round), false);
+    ++stream.matched;
+  }
+  return true;
+}
+
+P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options,
+                       std::vector<int64_t> part_bytes)
     : Operation("point_to_point", options.priority),
       ops_(std::move(ops)),
       headers_(ops_.size()),
       label_(options.label),
       round_(options.round),
       deadline_(options.deadline),
+      part_bytes_(std::move(part_bytes)),
+      parts_(ops_.size()),
       buffers_(ops_.size()),
       pending_(ops_.size(), 0),
       recv_state_(ops_.size(), RecvState::waiting),
@@ -67,9 +98,12 @@ void P2PBatchOp::start(Transport& t) {
     const auto index = static_cast<int64_t>(i);
     if (rounds()) {
       if (op.kind == P2POp::Kind::send) {
-        // One message: the header and a copy of the data.
-        const RoundHeader h{
-            kRoundMagic, static_cast<uint8_t>(op.tensor.dtype), {0, 0, 0}, op.tensor.numel, round_};
+        // One message, or parts (send_part): the header and a copy of the data.
+        const bool parted =
+            part_bytes_[i] > 0 && op.tensor.nbytes() > static_cast<size_t>(part_bytes_[i]);
+        const RoundHeader h{kRoundMagic, static_cast<uint8_t>(op.tensor.dtype),
+                            {0, 0, 0},   op.tensor.numel,
+                            round_,      parted ? static_cast<uint64_t>(part_bytes_[i]) : 0};
         buffers_[i] = t.scratch(sizeof(h) + op.tensor.nbytes());
         std::memcpy(buffers_[i].data(), &h, sizeof(h));
         if (op.tensor.nbytes() > 0)
@@ -113,23 +147,41 @@ void P2PBatchOp::progress(Transport& t) {
       take_next(t, i);
 }
 
+int64_t P2PBatchOp::send_parts(size_t i) const {
+  const size_t bytes = ops_[i].tensor.nbytes();
+  const auto part = static_cast<size_t>(part_bytes_[i]);
+  if (!rounds() || part == 0 || bytes <= part) return 1;
+  return static_cast<int64_t>((bytes - 1) / part + 1);
+}
+
+std::pair<size_t, size_t> P2PBatchOp::send_part(size_t i, int64_t m) const {
+  const size_t end = sizeof(RoundHeader) + ops_[i].tensor.nbytes();
+  if (send_parts(i) == 1) return {0, end};
+  const auto part = static_cast<size_t>(part_bytes_[i]);
+  const size_t begin = m == 0 ? 0 : sizeof(RoundHeader) + static_cast<size_t>(m) * part;
+  return {begin, std::min(end, sizeof(RoundHeader) + static_cast<size_t>(m + 1) * part)};
+}
+
 void P2PBatchOp::post_data_sends(Transport& t) {
-  for (; next_data_send_ < ops_.size(); ++next_data_send_) {
-    const P2POp& op = ops_[next_data_send_];
+  for (; next_data_send_ < ops_.size(); ++next_data_send_, next_part_ = 0) {
+    const size_t i = next_data_send_;
+    const P2POp& op = ops_[i];
     if (op.kind != P2POp::Kind::send) continue;
-    if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
-    const auto slot = static_cast<int64_t>(next_data_send_) * 2 + 1;
-    if (rounds()) {
-      t.isend(*this, slot, buffers_[next_data_send_].data(),
-              sizeof(RoundHeader) + op.tensor.nbytes(), op.peer, p2p_tag(op.tag, P2PChannel::round),
-              false);
-    } else {
-      t.isend(*this, slot, op.tensor.data, op.tensor.nbytes(), op.peer,
-              p2p_tag(op.tag, P2PChannel::data), false);
+    const auto slot = static_cast<int64_t>(i) * 2 + 1;
+    for (; next_part_ < send_parts(i); ++next_part_) {
+      if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
+      if (rounds()) {
+        const auto [begin, end] = send_part(i, next_part_);
+        t.isend(*this, slot, buffers_[i].data() + begin, end - begin, op.peer,
+                p2p_tag(op.tag, P2PChannel::round), false);
+      } else {
+        t.isend(*this, slot, op.tensor.data, op.tensor.nbytes(), op.peer,
+                p2p_tag(op.tag, P2PChannel::data), false);
+      }
+      ++outstanding_;
+      ++pending_[i];
+      ++data_sends_in_flight_;
     }
-    ++outstanding_;
-    ++pending_[next_data_send_];
-    ++data_sends_in_flight_;
   }
 }
 
@@ -249,22 +301,46 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   const P2POp& op = ops_[i];
   --pending_[i];
   if (op.kind == P2POp::Kind::send && !is_header) --data_sends_in_flight_;
-  if (rounds() && op.kind == P2POp::Kind::recv) --streams_[i]->matched;
+  if (rounds() && op.kind == P2POp::Kind::recv) {
+    --streams_[i]->matched;
+    // A later part of a round message: the message is whole with its last.
+    RoundParts& parts = parts_[i];
+    if (parts.left > 0) {
+      if (parts.error == MPI_SUCCESS) parts.error = error;
+      if (!round_part_arrived(parts)) return;
+      error = parts.error;
+    }
+  }
   if (error != MPI_SUCCESS) {
     set_error(std::make_exception_ptr(CommunicationError(
         detail::concat(where(i), ": ", mpi_error_string(error)), __FILE__, __LINE__)));
     if (streams_[i] != nullptr && recv_state_[i] == RecvState::receiving)
       settle(i, RecvState::missing);
+    parts_[i] = {};
     return;
   }
   if (rounds()) {
     if (op.kind == P2POp::Kind::send) {
-      buffers_[i] = {};
+      if (pending_[i] == 0) buffers_[i] = {};  // every part went
+      return;
+    }
+    size_t bytes = 0;
+    if (parts_[i].message.size() > 0) {
+      buffers_[i] = std::move(parts_[i].message);
+      bytes = parts_[i].bytes;
+      parts_[i] = {};
     } else {
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
-      on_round_message(t, i, static_cast<size_t>(got));
+      bytes = static_cast<size_t>(got);
+      if (receive_round_parts(t, *this, slot, *streams_[i], op.peer, op.tag, buffers_[i], bytes,
+                              parts_[i])) {
+        outstanding_ += static_cast<int>(parts_[i].left);
+        pending_[i] += static_cast<int>(parts_[i].left);
+        return;
+      }
     }
+    on_round_message(t, i, bytes);
     return;
   }
   int cancelled = 0;
@@ -359,7 +435,8 @@ void RoundSweeper::finish() {
 }
 
 void RoundSweeper::progress(Transport& t) {
-  if (finished_ || receiving_) return;
+  // An abandoned receive's message still arriving: the next one follows it.
+  if (finished_ || receiving_ || stream_.matched > 0) return;
   if (stream_.abandoned == 0 || !stream_.receivers.empty() || t.poisoned() ||
       Clock::now() > stream_.sweep_until) {
     finish();
@@ -375,17 +452,30 @@ void RoundSweeper::progress(Transport& t) {
 }
 
 void RoundSweeper::on_complete(Transport& t, int64_t, const MPI_Status& status, int error) {
-  receiving_ = false;
   --stream_.matched;
-  int got = 0;
-  if (error == MPI_SUCCESS) MPI_Get_count(&status, MPI_BYTE, &got);
-  RoundHeader h;
-  const uint64_t round = round_of(buffer_.data(), static_cast<size_t>(got), &h);
-  if (error != MPI_SUCCESS || finished_) {
+  bool failed = error != MPI_SUCCESS;
+  size_t got = 0;
+  if (parts_.left > 0) {
+    if (parts_.error == MPI_SUCCESS) parts_.error = error;
+    if (!round_part_arrived(parts_)) return;
+    failed = parts_.error != MPI_SUCCESS;
+    got = parts_.bytes;
+    buffer_ = std::move(parts_.message);
+    parts_ = {};
+  } else if (!failed) {
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    got = static_cast<size_t>(count);
+    if (receive_round_parts(t, *this, 0, stream_, peer_, tag_, buffer_, got, parts_)) return;
+  }
+  receiving_ = false;
+  if (failed || finished_) {
     buffer_ = {};
     finish();
     return;
   }
+  RoundHeader h;
+  const uint64_t round = round_of(buffer_.data(), got, &h);
   if (round > stream_.abandoned) {
     keep_early(t, stream_, round, std::move(buffer_), static_cast<size_t>(got));
   } else {

@@ -7,7 +7,13 @@
 //          so the tensor is never written past its end and no message is
 //          left unmatched. Tags: header 3*tag, data 3*tag+1.
 //   round  (P2POptions::round) each send is one message, RoundHeader and a
-//          copy of the data, on tag 3*tag+2. The first round receive of a
+//          copy of the data, on tag 3*tag+2; to a rank on another node, in
+//          parts of RELAXCC_NET_SEGMENT_BYTES (RoundHeader::part_bytes): no
+//          part goes as Open MPI's emulated TCP put, which holds up the
+//          other direction of the link. The receiver takes the first part
+//          as below and posts the others' receives at once (MPI keeps one
+//          sender's messages on a tag in order), so a stream's message is
+//          always whole before it is sorted. The first round receive of a
 //          RoundStream probes for the next message (MPI_Improbe), takes it
 //          into scratch sized to it and sorts it by round: older ones are
 //          dropped, its own is copied into the tensor, a newer one is kept
@@ -33,8 +39,32 @@ struct RoundHeader {
   uint8_t pad[3] = {0, 0, 0};
   int64_t count = 0;
   uint64_t round = 0;
+  // 0: the message is one MPI message. Otherwise the data goes in parts of
+  // this many bytes (the last shorter), the header riding with the first.
+  uint64_t part_bytes = 0;
 };
-static_assert(sizeof(RoundHeader) == 24);
+static_assert(sizeof(RoundHeader) == 32);
+
+// A round message that arrives in parts: once its first part came, the
+// whole message's buffer and the parts still to come.
+struct RoundParts {
+  ScratchPool::Buffer message;
+  size_t bytes = 0;
+  int64_t left = 0;
+  int error = MPI_SUCCESS;  // of the first part whose receive failed
+};
+// The first part of a round message came into `first` (`got` bytes) on
+// `stream` from `peer`, user tag `tag`. When its header announces more
+// parts, moves it into a buffer of the whole message in `parts`, posts the
+// other parts' receives for `op` with `slot` (each counted in
+// stream.matched) and returns true. Otherwise (one message, or a header
+// that does not add up, left to the caller to judge) returns false.
+bool receive_round_parts(Transport& t, Operation& op, int64_t slot, RoundStream& stream, int peer,
+                         int tag, ScratchPool::Buffer& first, size_t got, RoundParts& parts);
+// On completion of a part of `parts` (left > 0): true once the message is whole.
+inline bool round_part_arrived(RoundParts& parts) {
+  return --parts.left == 0;
+}
 
 // The point-to-point tag of the plain header, plain data and round channels
 // of user tag `tag`; Communicator::max_p2p_tag() keeps them in range.
@@ -45,7 +75,8 @@ inline int p2p_tag(int tag, P2PChannel channel) {
 
 class P2PBatchOp final : public Operation {
  public:
-  P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options);
+  // `part_bytes[i]`: the part size of round send i (0: one message).
+  P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options, std::vector<int64_t> part_bytes);
   ~P2PBatchOp() override;
 
   void start(Transport& t) override;
@@ -67,8 +98,12 @@ class P2PBatchOp final : public Operation {
   enum class RecvState : uint8_t { waiting, receiving, arrived, missing };
 
   bool rounds() const { return round_ != 0; }
-  // Posts data sends from next_data_send_ on (one in flight when throttled).
+  // Posts data sends from next_data_send_ on (one message in flight when
+  // throttled).
   void post_data_sends(Transport& t);
+  // The messages of round send `i`, and the bytes of its buffer message `m` spans.
+  int64_t send_parts(size_t i) const;
+  std::pair<size_t, size_t> send_part(size_t i, int64_t m) const;
   void on_plain_complete(Transport& t, size_t i, bool is_header, int error);
   // Round receive `i` at the head of its stream: takes a kept message of its
   // round, or probes for the next one.
@@ -90,6 +125,9 @@ class P2PBatchOp final : public Operation {
   bool started_ = false;
   int outstanding_ = 0;
   size_t next_data_send_ = 0;  // ops_ before it: data sent or not a send
+  int64_t next_part_ = 0;      // of ops_[next_data_send_]
+  std::vector<int64_t> part_bytes_;
+  std::vector<RoundParts> parts_;  // round receives arriving in parts
   int data_sends_in_flight_ = 0;
   bool aborted_ = false;
   bool deadline_passed_ = false;
@@ -127,6 +165,7 @@ class RoundSweeper final : public Operation {
   bool finished_ = false;
   bool receiving_ = false;
   ScratchPool::Buffer buffer_;
+  RoundParts parts_;
 };
 
 }  // namespace relaxcc::mpi
