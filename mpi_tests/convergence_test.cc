@@ -156,6 +156,14 @@ TEST(Checkpoint, ResumesBitForBit) {
       sgd_trial("gradient_allreduce", [] { return std::make_shared<GradientAllreduce>(); }),
       sgd_trial("bytegrad with error feedback",
                 [bytegrad] { return std::make_shared<ByteGrad>(bytegrad); }),
+      // Quantizes across nodes in the two_nodes run (error feedback on the
+      // leaders only).
+      sgd_trial("hierarchical bytegrad with error feedback",
+                [] {
+                  ByteGradOptions o;
+                  o.error_feedback = true;
+                  return std::make_shared<ByteGrad>(o);
+                }),
       sgd_trial("cocktail_sgd", [cocktail] { return std::make_shared<CocktailSgd>(cocktail); }),
       sgd_trial("local_sgd",
                 [] {
