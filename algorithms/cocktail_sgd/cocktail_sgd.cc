@@ -1,6 +1,7 @@
 #include "relaxcc/algorithms/cocktail_sgd.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
@@ -118,26 +119,43 @@ void CocktailSgd::before_optimizer_step(const StepInfo& step) {
 
 WorkPtr CocktailSgd::after_optimizer_step(const StepInfo& step) {
   if (warming_up(step)) return nullptr;
-  apply_pending(std::chrono::milliseconds(-1));
+  if (in_flight_) {
+    WorkPtr w = std::move(in_flight_);
+    w->wait(std::chrono::milliseconds(-1));
+    pending_ = true;
+  }
+  if (!exchange_) exchange_ = std::make_shared<Exchange>();
+  apply_and_take_delta(*exchange_);
   start_exchange(step.step);
   return nullptr;
 }
 
-void CocktailSgd::apply_pending(std::chrono::milliseconds timeout) {
-  if (in_flight_) {
-    WorkPtr w = std::move(in_flight_);
-    w->wait(timeout);
-    pending_ = true;
-  }
-  if (!pending_) return;
-  const Exchange& e = *exchange_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const TensorView& v = (*ctx_.tensors)[static_cast<size_t>(params_[i])].view;
-    float* x = v.as<float>();
-    const size_t at = static_cast<size_t>(param_at_[i]);
-    for (int64_t j = 0; j < v.numel; ++j) x[j] += e.average[at + j] - e.own[at + j];
-  }
-  for (size_t k = 0; k < global_.size(); ++k) global_[k] += e.average[k];
+void CocktailSgd::apply_and_take_delta(Exchange& e) {
+  e.delta.resize(static_cast<size_t>(numel_));
+  // One pass over the model: x_r += a - C(d_r) and g += a for a pending
+  // exchange, then d_r = x_r - g.
+  const auto pass = [&](auto apply) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const TensorView& v = (*ctx_.tensors)[static_cast<size_t>(params_[i])].view;
+      float* x = v.as<float>();
+      const size_t at = static_cast<size_t>(param_at_[i]);
+      float* g = global_.data() + at;
+      float* d = e.delta.data() + at;
+      if constexpr (decltype(apply)::value) {
+        const float* a = e.average.data() + at;
+        const float* own = e.own.data() + at;
+        for (int64_t j = 0; j < v.numel; ++j) {
+          x[j] += a[j] - own[j];
+          g[j] += a[j];
+          d[j] = x[j] - g[j];
+        }
+      } else {
+        for (int64_t j = 0; j < v.numel; ++j) d[j] = x[j] - g[j];
+      }
+    }
+  };
+  if (!pending_) return pass(std::false_type{});
+  pass(std::true_type{});
   server_ = e.server;
   pending_ = false;
 }
@@ -145,12 +163,10 @@ void CocktailSgd::apply_pending(std::chrono::milliseconds timeout) {
 void CocktailSgd::start_exchange(int64_t step) {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), r = comm.rank();
-  if (!exchange_) exchange_ = std::make_shared<Exchange>();
   const std::shared_ptr<Exchange> e = exchange_;
-  gather_params(e->delta);
-  for (size_t k = 0; k < global_.size(); ++k) e->delta[k] -= global_[k];
-  e->own.assign(static_cast<size_t>(numel_), 0.0f);
-  e->average.assign(static_cast<size_t>(numel_), 0.0f);
+  // Written whole by the decodes (zeros where nothing was kept).
+  e->own.resize(static_cast<size_t>(numel_));
+  e->average.resize(static_cast<size_t>(numel_));
   const kernels::CompressorConfig cfg = codec(step);
   e->bytes.assign(static_cast<size_t>(n), 0);
   int64_t total = 0;

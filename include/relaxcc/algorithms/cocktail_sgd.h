@@ -99,7 +99,10 @@ class CocktailSgd final : public Algorithm {
   kernels::CompressorConfig codec(int64_t step) const;
   // The registered parameters, concatenated in the flat order.
   void gather_params(std::vector<float>& flat) const;
-  void apply_pending(std::chrono::milliseconds timeout);
+  // Applies the completed exchange, if one is pending, and takes the next
+  // delta into e.delta.
+  void apply_and_take_delta(Exchange& e);
+  // Starts the exchange of exchange_->delta, taken after step `step`.
   void start_exchange(int64_t step);
 
   CocktailSgdOptions options_;
