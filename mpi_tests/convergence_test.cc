@@ -1,6 +1,8 @@
 // Every algorithm module on the convergence harness (convergence_harness.h):
 // success within its step budget against gradient_allreduce measured in the
 // same test, checkpoints that resume bit for bit, and bad configurations.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -137,6 +139,40 @@ TEST(Convergence, AdamAlgorithmsWithinBudget) {
   expect_within_budget(
       adam_trial("gradient_allreduce + Adam", [] { return std::make_shared<GradientAllreduce>(); }),
       trials);
+}
+
+// qadam's warmup is Adam: the same trajectory as gradient_allreduce with
+// relaxcc::Adam, L2 or decoupled (AdamW) weight decay, up to f32 rounding.
+TEST(QAdam, WarmupIsAdam) {
+  for (bool decoupled : {false, true}) {
+    AdamOptions a;
+    a.weight_decay = 0.01f;
+    a.decoupled_weight_decay = decoupled;
+    Trial adam = adam_trial("gradient_allreduce + Adam",
+                            [] { return std::make_shared<GradientAllreduce>(); });
+    adam.optimizer = [a](float lr) {
+      AdamOptions o = a;
+      o.lr = lr;
+      return std::make_unique<Adam>(o);
+    };
+    QAdamOptions q;
+    q.adam = a;
+    q.warmup_steps = 1000;
+    const Trial qadam = qadam_trial("qadam", q);
+    Training reference(problem(), adam, adam.algorithm());
+    Training warming(problem(), qadam, qadam.algorithm());
+    for (int i = 0; i < 50; ++i) {
+      reference.step();
+      warming.step();
+    }
+    double diff = 0, norm = 0;
+    for (int j = 0; j < kFeatures; ++j) {
+      diff = std::max(diff, std::abs(double(reference.x()[j]) - warming.x()[j]));
+      norm = std::max(norm, std::abs(double(reference.x()[j])));
+    }
+    EXPECT_LE(diff, 1e-5 * norm) << "decoupled " << decoupled;
+    EXPECT_GT(norm, 0.1);
+  }
 }
 
 // Every algorithm with every piece of state in use at the checkpoint: error

@@ -2,14 +2,15 @@
 //
 // Warmup (the first warmup_steps steps): every bucket of gradients is
 // allreduced (average) at full precision and the step is Adam's, with bias
-// correction (as relaxcc::Adam, L2 weight decay).
+// correction, as relaxcc::Adam (L2 weight decay, or AdamW's decoupled one).
 // Then the variance v is frozen (with its bias correction at the last
 // warmup step) and each rank turns its gradient g into the momentum
 //   m_r = beta1 m + (1 - beta1) (g + weight_decay p)   (AdamW: g alone)
 // in its bucket, which is averaged by the compressed allreduce
 // (relaxcc/relaxed/compressed_allreduce.h) with worker- and server-side
 // error feedback per bucket (BucketFeedback): m becomes that average on
-// every rank (the same bits everywhere), and
+// every rank (the same bits everywhere; after synchronize() the gradients
+// hold it, not the gradient), and
 //   p -= lr (m / (1 - beta1^t)) / (sqrt(v_frozen) + eps)
 // (AdamW: p -= lr weight_decay p first, as in every step).
 // Codecs: sign (1 bit per value and one scale ||x|| / sqrt(len) per chunk:
