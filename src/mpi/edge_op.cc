@@ -27,6 +27,23 @@ int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to, int64_t elems
   return static_cast<int>(peers_.size()) - 1;
 }
 
+void EdgeOp::reset_edges(const std::string& label) {
+  label_ = label;
+  for (Peer& p : peers_) {
+    p.header_len = p.header_out_len = 0;
+    p.inline_out = p.header_sent = p.inline_in = p.inline_ready = false;
+    p.header_received = p.live = p.mismatch = false;
+    p.posted_in = p.completed_in = p.posted_out = p.completed_out = 0;
+    p.abort_recv_posted = p.abort_received = p.abort_sent = p.draining = false;
+  }
+  collecting_inline_ = false;
+  deferred_.clear();
+  started_ = aborted_ = hard_abort_ = finished_ = false;
+  abort_reason_.clear();
+  abort_kind_ = AbortKind::error;
+  abort_origin_ = -1;
+}
+
 FirstContacts first_contacts(int rank, int size) {
   FirstContacts peers;
   if (size < 2) return peers;
@@ -77,8 +94,10 @@ void EdgeOp::open_edges(Transport& t) {
     Peer& p = peers_[pi];
     // No peer's header message exceeds this (same library, same constant).
     p.header_len = kHeaderMessageBytes;
-    p.header_buf = t.scratch(2 * kHeaderMessageBytes);
-    p.header_out = p.header_buf.data() + kHeaderMessageBytes;
+    if (p.header_buf.size() == 0) {  // kept when the operation is reused
+      p.header_buf = t.scratch(2 * kHeaderMessageBytes);
+      p.header_out = p.header_buf.data() + kHeaderMessageBytes;
+    }
     t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_len, p.rank,
             tag(Channel::header, t));
   }

@@ -91,6 +91,10 @@ class EdgeOp : public Operation {
   // message (sent at once when this rank fails). Each data message a header
   // waits for must depend only on earlier messages of the schedule.
   void hold_header_for_data(int pi) { peers_[pi].hold_header = true; }
+  // For reuse (Operation::reset_for_reuse), with the same edges: they and
+  // their header buffers stay, the protocol starts afresh; `label` names
+  // the next call.
+  void reset_edges(const std::string& label);
 
   // Posts data; called while the operation runs and is not aborted.
   virtual void run(Transport& t) = 0;

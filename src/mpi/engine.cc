@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "relaxcc/errors.h"
@@ -47,12 +48,60 @@ bool mpi_finalized() {
   return finalized != 0;
 }
 
+namespace {
+// Progress tokens (of any engine) the calling thread holds.
+thread_local int tokens_held = 0;
+
+// Holds the progress token: records the holder, releases on scope exit.
+class TokenHold {
+ public:
+  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
+      : token_(token), holder_(holder), held_(token.try_lock()) {
+    if (!held_) return;
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    ++tokens_held;
+  }
+  ~TokenHold() {
+    if (!held_) return;
+    --tokens_held;
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    token_.unlock();
+  }
+  TokenHold(const TokenHold&) = delete;
+  TokenHold& operator=(const TokenHold&) = delete;
+  explicit operator bool() const { return held_; }
+
+ private:
+  std::mutex& token_;
+  std::atomic<std::thread::id>& holder_;
+  const bool held_;
+};
+}  // namespace
+
 // ---- Operation ---------------------------------------------------------------
 
-Operation::~Operation() {
+void Operation::reset_for_reuse(int priority) {
+  release_seq();
+  priority_ = priority;
+  seq_ = 0;
+  pending_ = computing_ = 0;
+  error_ = nullptr;
+  stall_reported_ = work_completed_ = false;
+  work_.reset();
+  after_.reset();
+  prologue_ = nullptr;
+  released_.store(false, std::memory_order_relaxed);
+}
+
+void Operation::release_seq() {
   if (!in_flight_) return;
-  std::lock_guard<std::mutex> lock(lane_->in_flight_mutex_);
-  lane_->in_flight_.erase(seq_);
+  in_flight_ = false;
+  Lane& lane = *lane_;
+  std::lock_guard<std::mutex> lock(lane.in_flight_mutex_);
+  lane.in_flight_.reset(seq_ % kLaneSeqs);
+  while (lane.oldest_in_flight_ < lane.next_seq_ &&
+         !lane.in_flight_[lane.oldest_in_flight_ % kLaneSeqs])
+    ++lane.oldest_in_flight_;
 }
 
 // ---- Transport -------------------------------------------------------------
@@ -330,6 +379,13 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
   bool ring = false;
+  // An operation that starts on submission (Operation::starts_on_submit)
+  // starts here when this thread can take the progress token (not already
+  // its holder: a callback inside an iteration) and nothing submitted before
+  // waits to be picked up, so its first messages leave now.
+  std::optional<TokenHold> hold;
+  if (!after && op->starts_on_submit() && !holds_token()) hold.emplace(token_, token_holder_);
+  std::shared_ptr<Operation> direct;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (lane->poisoned())
@@ -339,14 +395,14 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
                     ": the communicator is shutting down");
     if (op->collective()) {
       std::lock_guard<std::mutex> seqs(lane->in_flight_mutex_);
-      const uint64_t oldest =
-          lane->in_flight_.empty() ? lane->next_seq_ : *lane->in_flight_.begin();
+      const uint64_t oldest = lane->oldest_in_flight_;
       if (lane->next_seq_ - oldest >= kLaneSeqs)
         RELAXCC_THROW(CommunicationError, op->name(), " #", lane->next_seq_, ": ", kLaneSeqs,
                       " collective operations of this communicator are in flight (the oldest is #",
                       oldest, "): their tags would repeat; wait for earlier ones first");
+      // With none in flight, oldest_in_flight_ is this one already.
       op->seq_ = lane->next_seq_++;
-      lane->in_flight_.insert(op->seq_);
+      lane->in_flight_.set(op->seq_ % kLaneSeqs);
       op->in_flight_ = true;
     } else {
       op->seq_ = lane->next_p2p_seq_++;
@@ -359,8 +415,14 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
         lane, submissions_ + 1);
     op->work_ = work;
     op->after_ = after;
-    queue_.push_back(std::move(op));
-    signalled_.store(true, std::memory_order_seq_cst);
+    if (hold && *hold && queue_.empty()) {
+      direct = std::move(op);
+      // Counted before the engine thread can look: it runs it if nobody waits.
+      active_count_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      queue_.push_back(std::move(op));
+      signalled_.store(true, std::memory_order_seq_cst);
+    }
     const bool awaited = awaited_submission_.load(std::memory_order_relaxed) == submissions_;
     ++submissions_;
     // Callers that drive pick it up. Otherwise ring the engine thread when it
@@ -371,6 +433,15 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     const State state = state_.load(std::memory_order_relaxed);
     ring = drivers_.load(std::memory_order_seq_cst) == 0 && (state == State::idle || !awaited);
   }
+  if (direct) {
+    // As iterate() does before it starts what it picked up: a poison notice
+    // that arrived meanwhile fails the operation before it starts.
+    const Clock::time_point now = direct->submitted_;
+    if (now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
+    direct->started_ = now;
+    if (!fail_if_poisoned(*direct)) start(direct);
+  }
+  hold.reset();
   if (ring) cv_.notify_all();
   // Registered after the operation is queued: a dependency that already
   // completed runs the callback here, at once.
@@ -558,9 +629,12 @@ void Engine::retire_finished() {
     op->report(*op->work_);
     op->work_->complete(op->error());
   }
+  // Dropped operations release their tags now (one kept for reuse lives on).
   auto it =
       std::remove_if(active_.begin(), active_.end(), [](const std::shared_ptr<Operation>& op) {
-        return op->work_completed_ && op->pending_ == 0 && op->computing_ == 0;
+        const bool drop = op->work_completed_ && op->pending_ == 0 && op->computing_ == 0;
+        if (drop) op->release_seq();
+        return drop;
       });
   active_.erase(it, active_.end());
 }
@@ -664,36 +738,6 @@ void Engine::inspect_stalls() {
                 " s; waiting for: ", op->waiting_for());
   }
 }
-
-namespace {
-// Progress tokens (of any engine) the calling thread holds.
-thread_local int tokens_held = 0;
-
-// Holds the progress token: records the holder, releases on scope exit.
-class TokenHold {
- public:
-  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
-      : token_(token), holder_(holder), held_(token.try_lock()) {
-    if (!held_) return;
-    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    ++tokens_held;
-  }
-  ~TokenHold() {
-    if (!held_) return;
-    --tokens_held;
-    holder_.store(std::thread::id(), std::memory_order_relaxed);
-    token_.unlock();
-  }
-  TokenHold(const TokenHold&) = delete;
-  TokenHold& operator=(const TokenHold&) = delete;
-  explicit operator bool() const { return held_; }
-
- private:
-  std::mutex& token_;
-  std::atomic<std::thread::id>& holder_;
-  const bool held_;
-};
-}  // namespace
 
 bool Engine::drives_progress_here() {
   return tokens_held > 0;

@@ -41,6 +41,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <bitset>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -214,9 +215,11 @@ class Lane {
   std::map<std::pair<int, int>, RoundStream> round_streams_;
   // Sequence numbers of the lane's collective operations not released yet
   // (submitted, and not destroyed): a new one may be at most kLaneSeqs - 1
-  // past the oldest, or their tags would repeat (op_header.h).
+  // past the oldest, or their tags would repeat (op_header.h). One bit per
+  // sequence number of the window from oldest_in_flight_ (modulo kLaneSeqs).
   std::mutex in_flight_mutex_;
-  std::set<uint64_t> in_flight_;
+  std::bitset<kLaneSeqs> in_flight_;
+  uint64_t oldest_in_flight_ = 1;  // the oldest unreleased one, or next_seq_
 };
 
 // A resumable operation. Every method runs on the thread that holds the
@@ -225,7 +228,7 @@ class Operation {
  public:
   Operation(std::string name, int priority) : name_(std::move(name)), priority_(priority) {}
   // Releases the operation's sequence number (and so its tags) in its lane.
-  virtual ~Operation();
+  virtual ~Operation() { release_seq(); }
 
   // Posts the first requests. Called once: in submission order, or once the
   // Work it runs after completed.
@@ -252,6 +255,9 @@ class Operation {
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
+  // Starts inside Engine::submit, on the calling thread, when it can (see
+  // there): for small operations, whose latency the queue would double.
+  virtual bool starts_on_submit() const { return false; }
   // A background operation (Transport::spawn: a sweeper) keeps the engine
   // looking only about every millisecond: while it has no request pending,
   // the engine counts as idle and calls its progress() at that rate.
@@ -274,6 +280,10 @@ class Operation {
   std::exception_ptr error() const { return error_; }
 
  protected:
+  // Makes an operation the engine dropped (retired, or never submitted)
+  // ready for another submission, with `priority`: the engine's state of it
+  // starts afresh. Subclasses reset their own state besides.
+  void reset_for_reuse(int priority);
   // Records the first error. Returns true if this call recorded it.
   bool set_error(std::exception_ptr e) {
     if (error_) return false;
@@ -285,6 +295,8 @@ class Operation {
  private:
   friend class Engine;
   friend class Transport;
+  // Releases its sequence number in its lane (once the engine dropped it).
+  void release_seq();
   int priority_;
   uint64_t seq_ = 0;
   int pending_ = 0;

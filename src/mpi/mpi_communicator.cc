@@ -418,9 +418,15 @@ class MpiCommunicator final : public Communicator {
     // One rank and recursive doubling work in place.
     if (n == 1) return completed("allreduce", options, [input, output] { copy(input, output); });
     if (algo == AllreduceAlgo::recursive_doubling) {
-      auto op = std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label,
-                                                      output, options.op, rank(), n, ctx,
-                                                      static_cast<int>(algo));
+      std::shared_ptr<RecursiveDoublingOp> op = reusable_small_op(output, options);
+      if (op) {
+        op->reuse(options.priority, options.label, output, options.op, ctx);
+      } else {
+        op = std::make_shared<RecursiveDoublingOp>("allreduce", options.priority, options.label,
+                                                   output, options.op, rank(), n, ctx,
+                                                   static_cast<int>(algo));
+        keep_small_op(op, output, options);
+      }
       // It works in place: the input goes to the output first (now, unless
       // it runs after another Work).
       if (options.after)
@@ -639,6 +645,26 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
+  // The small recursive-doubling allreduce kept for reuse, when the engine
+  // dropped it (it is referenced here only) and `data` is small: a call
+  // then allocates and schedules nothing. It keeps the last call's views
+  // (and their owners) until the next one.
+  std::shared_ptr<RecursiveDoublingOp> reusable_small_op(const TensorView& data,
+                                                         const AllreduceOptions& options) {
+    if (options.after) return nullptr;
+    std::lock_guard<std::mutex> lock(small_op_mutex_);
+    if (!small_op_ || small_op_.use_count() != 1 || !small_op_->reusable_for(data)) return nullptr;
+    // Pairs with the engine's release of its last reference.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return small_op_;
+  }
+  void keep_small_op(const std::shared_ptr<RecursiveDoublingOp>& op, const TensorView& data,
+                     const AllreduceOptions& options) {
+    if (options.after || !op->reusable_for(data)) return;
+    std::lock_guard<std::mutex> lock(small_op_mutex_);
+    if (!small_op_) small_op_ = op;
+  }
+
   // Node-local rings (shared memory) take the larger segments; rings across
   // nodes the network's.
   int64_t segment_bytes() const {
@@ -658,6 +684,8 @@ class MpiCommunicator final : public Communicator {
   // Splits so far (every rank splits in the same order): the key of the next
   // split's group.
   uint64_t splits_ = 0;
+  std::mutex small_op_mutex_;
+  std::shared_ptr<RecursiveDoublingOp> small_op_;
 };
 
 }  // namespace

@@ -13,17 +13,13 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
                                          const ExecContext& ctx, int algo_id, OpType type)
     : EdgeOp(std::move(name), priority, std::move(label)),
       data_(data),
+      type_(type),
+      algo_id_(algo_id),
       op_(op),
       rank_(rank),
       size_(size),
       ctx_(ctx) {
-  OpHeader h;
-  h.type = type;
-  h.dtype = data.dtype;
-  h.op = op;
-  h.algo = static_cast<uint8_t>(algo_id);
-  h.count = data.numel;
-  set_header(h);
+  set_header(make_header());
   const size_t bytes = data.nbytes();
   if (bytes > kInlineBytes && bytes <= kMaxSplitBytes) {
     parts_ = static_cast<int>((bytes + kInlineBytes - 1) / kInlineBytes);
@@ -64,6 +60,30 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
     steps_[num_steps_++] = {m, static_cast<int>(find(m.peer) - messages.begin())};
 }
 
+OpHeader RecursiveDoublingOp::make_header() const {
+  OpHeader h;
+  h.type = type_;
+  h.dtype = data_.dtype;
+  h.op = op_;
+  h.algo = static_cast<uint8_t>(algo_id_);
+  h.count = data_.numel;
+  return h;
+}
+
+void RecursiveDoublingOp::reuse(int priority, const std::string& label, const TensorView& data,
+                                ReduceOp op, const ExecContext& ctx) {
+  reset_for_reuse(priority);
+  reset_edges(label);
+  data_ = data;
+  op_ = op;
+  ctx_ = ctx;
+  part_bytes_ = data.nbytes();
+  set_header(make_header());
+  step_ = 0;
+  send_posted_ = recv_posted_ = false;
+  sends_done_ = recvs_done_ = 0;
+}
+
 void RecursiveDoublingOp::run(Transport& t) {
   while (step_ < num_steps_) {
     const Step& s = steps_[step_];
@@ -83,7 +103,7 @@ void RecursiveDoublingOp::run(Transport& t) {
       // in scratch, to be combined.
       void* target = data_.data;
       if (m.kind != ButterflyStep::fold_out_recv && data_.nbytes() > 0) {
-        if (theirs_.size() == 0) theirs_ = t.scratch(data_.nbytes());
+        if (theirs_.size() < data_.nbytes()) theirs_ = t.scratch(data_.nbytes());
         target = theirs_.data();
       }
       recv_posted_ = true;

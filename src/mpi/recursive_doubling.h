@@ -32,6 +32,16 @@ class RecursiveDoublingOp final : public EdgeOp {
                       ReduceOp op, int rank, int size, const ExecContext& ctx, int algo_id,
                       OpType type = OpType::allreduce);
 
+  // Whether the operation can run an allreduce of `data` again with
+  // reuse(): both are small (the edges do not depend on the size then).
+  bool reusable_for(const TensorView& data) const {
+    return parts_ == 1 && data_.nbytes() <= kInlineBytes && data.nbytes() <= kInlineBytes &&
+           type_ == OpType::allreduce;
+  }
+  // Another allreduce, once the engine dropped this one (reusable_for(data)).
+  void reuse(int priority, const std::string& label, const TensorView& data, ReduceOp op,
+             const ExecContext& ctx);
+
  private:
   struct Step {
     ButterflyMove move;
@@ -42,15 +52,20 @@ class RecursiveDoublingOp final : public EdgeOp {
   void on_sent(Transport& t, int pi, int64_t msg) override;
   void on_received(Transport& t, int pi, int64_t msg) override;
   bool data_done() const override { return step_ == num_steps_; }
+  // Data that travels inside the header messages.
+  bool starts_on_submit() const override { return data_.nbytes() <= kInlineBytes; }
   // Bytes of part `p` of a step's data.
   size_t part_offset(int p) const { return static_cast<size_t>(p) * part_bytes_; }
   size_t part_size(int p) const {
     return std::min(part_bytes_, data_.nbytes() - std::min(data_.nbytes(), part_offset(p)));
   }
+  OpHeader make_header() const;
   // Combines the step's received data and moves to the next step.
   void finish_step();
 
   TensorView data_;
+  OpType type_;
+  int algo_id_;
   ReduceOp op_;
   int rank_, size_;
   ExecContext ctx_;
