@@ -124,6 +124,9 @@ WorkPtr CocktailSgd::after_optimizer_step(const StepInfo& step) {
     w->wait(std::chrono::milliseconds(-1));
     pending_ = true;
   }
+  RELAXCC_ENFORCE_EQ(static_cast<int64_t>(global_.size()), numel_, InvalidArgument,
+                     "cocktail_sgd: no synchronised model at step ", step.step,
+                     " (resumed after warmup without load_state_dict?)");
   if (!exchange_) exchange_ = std::make_shared<Exchange>();
   apply_and_take_delta(*exchange_);
   start_exchange(step.step);
