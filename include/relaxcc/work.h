@@ -138,6 +138,11 @@ class Work : public std::enable_shared_from_this<Work> {
   // empty when unknown.
   virtual std::string on_timeout(const std::string& reason);
 
+  // Makes a completed Work pending again, as if constructed now with
+  // `description`, for a transport that reuses its Works. Only when nothing
+  // else references it: no owner, waiter or callback.
+  void reset(std::string description);
+
  private:
   friend class detail::ThenWork;
   friend class detail::AllWork;
@@ -145,7 +150,7 @@ class Work : public std::enable_shared_from_this<Work> {
   mutable std::atomic<bool> described_{false};
   const std::chrono::milliseconds default_timeout_;
   const std::chrono::microseconds spin_;
-  const std::chrono::steady_clock::time_point created_;
+  std::chrono::steady_clock::time_point created_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};  // set under mutex_ after error_

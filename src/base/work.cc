@@ -102,6 +102,18 @@ const std::string& Work::description() const noexcept {
   return description_;
 }
 
+void Work::reset(std::string description) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  description_ = std::move(description);
+  described_.store(false, std::memory_order_relaxed);
+  created_ = Clock::now();
+  error_ = nullptr;
+  contributors_.clear();
+  missing_.clear();
+  callbacks_.clear();
+  done_.store(false, std::memory_order_release);
+}
+
 std::exception_ptr Work::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return error_;

@@ -87,8 +87,7 @@ void Operation::reset_for_reuse(int priority) {
   pending_ = computing_ = 0;
   error_ = nullptr;
   stall_reported_ = work_completed_ = false;
-  work_.reset();
-  after_.reset();
+  after_.reset();  // work_ stays: submit reuses it when it can
   prologue_ = nullptr;
   released_.store(false, std::memory_order_relaxed);
 }
@@ -409,10 +408,17 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     }
     op->submitted_ = Clock::now();
     op->lane_ = lane;
-    work = std::make_shared<EngineWork>(
-        *op, options.label, lane->transport_.collective_tag(op->seq_, Channel::header),
-        std::move(details), std::chrono::milliseconds(lane->tunables_.timeout_ms), weak_from_this(),
-        lane, submissions_ + 1);
+    const int tag = lane->transport_.collective_tag(op->seq_, Channel::header);
+    // A reused operation brings its last Work: reused too when nobody holds it.
+    if (op->work_ && op->work_.use_count() == 1 && op->work_->is_completed()) {
+      std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's release
+      work = std::move(op->work_);
+      work->rebind(*op, options.label, tag, std::move(details), submissions_ + 1);
+    } else {
+      work = std::make_shared<EngineWork>(*op, options.label, tag, std::move(details),
+                                          std::chrono::milliseconds(lane->tunables_.timeout_ms),
+                                          weak_from_this(), lane, submissions_ + 1);
+    }
     op->work_ = work;
     op->after_ = after;
     if (hold && *hold && queue_.empty()) {

@@ -634,6 +634,17 @@ class EngineWork final : public Work {
         tag_(tag),
         details_(std::move(details)),
         submission_(submission) {}
+  // The Work of another submission of an operation that keeps it (only when
+  // nothing else references it, completed).
+  void rebind(const Operation& op, const std::string& label, int tag, Engine::Details details,
+              uint64_t submission) {
+    reset(std::string());
+    label_ = label;
+    seq_ = op.seq();
+    tag_ = tag;
+    details_ = std::move(details);
+    submission_ = submission;
+  }
   // Blocks on completion (for drive()'s sleeps).
   bool sleep_until(Clock::time_point deadline) { return block_until(deadline); }
   // Its number among the engine's submissions (from 1).
@@ -648,11 +659,12 @@ class EngineWork final : public Work {
  private:
   const std::weak_ptr<Engine> engine_;
   const std::weak_ptr<Lane> lane_;
-  const std::string name_, label_;
-  const uint64_t seq_;
-  const int tag_;
-  const Engine::Details details_;
-  const uint64_t submission_;
+  const std::string name_;
+  std::string label_;
+  uint64_t seq_;
+  int tag_;
+  Engine::Details details_;
+  uint64_t submission_;
 };
 
 // Throws CommunicationError naming `what` when rc is not MPI_SUCCESS.
