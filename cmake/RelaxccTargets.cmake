@@ -13,3 +13,11 @@ endfunction()
 # Installed libraries find their siblings, and programs find the libraries,
 # without LD_LIBRARY_PATH.
 set(CMAKE_INSTALL_RPATH "$ORIGIN;$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+
+# Loads libtorch's TorchConfig.cmake (found by RelaxccFeatures) for the
+# calling directory: its imported targets (torch, c10, ...) are visible there,
+# and the variables it sets (CMAKE_CUDA_STANDARD, ...) stay inside this
+# function. Link the target `torch`.
+function(relaxcc_find_torch)
+  find_package(Torch REQUIRED PATHS ${RELAXCC_TORCH_CONFIG_DIR} NO_DEFAULT_PATH)
+endfunction()

@@ -1,0 +1,180 @@
+// relaxcc::torch::DistributedDataParallel: a drop-in data-parallel wrapper
+// for libtorch (the C++ frontend of PyTorch), shaped like PyTorch's DDP and
+// Bagua's with_bagua, that runs any relaxcc Algorithm.
+//
+// Switching a plain libtorch training loop to data parallel takes three
+// lines: include this header, wrap the module and its optimizer, and call
+// ddp.step() where the loop called optimizer.step():
+//
+//   relaxcc::torch::DistributedDataParallel ddp(relaxcc::create_mpi_communicator(), *model,
+//                                               optimizer, algorithm);
+//   ...
+//   loss.backward();
+//   ddp.step();  // was optimizer.step()
+//
+// What runs where:
+//   construction  (collective) registers every parameter that requires a
+//                 gradient with a Reducer (relaxcc/reducer.h), which checks
+//                 that ranks registered the same names, shapes and dtypes
+//                 (PeerMismatch otherwise); broadcasts parameters and
+//                 buffers from rank 0; installs one post hook on each
+//                 parameter's gradient accumulator.
+//   backward      each accumulator's post hook fires after the gradient was
+//                 accumulated into param.grad (libtorch's Tensor::register_hook
+//                 fires before accumulation, which would lose accumulated
+//                 gradients) and marks the gradient ready, so its bucket's
+//                 communication starts while backward goes on. The first hook
+//                 of a backward queues a callback on the autograd engine that
+//                 runs Reducer::synchronize() at the end of backward (unused
+//                 parameters are settled there, by agreement, never by a hang).
+//                 Hooks and that callback run on the thread that runs
+//                 backward (the calling thread for CPU tensors); communication
+//                 runs on the communicator's engine thread, and copies into
+//                 and out of buckets on the Reducer's copy thread.
+//   step()        the algorithm's hooks around the optimizer step: the wrapped
+//                 torch optimizer steps, unless the algorithm owns the step
+//                 (qadam), in which case the algorithm updates the parameters;
+//                 algorithms that move weights (local_sgd, cocktail_sgd) run
+//                 after it. Buffers are then broadcast from rank 0
+//                 (broadcast_buffers, as DDP's), so the next forward starts
+//                 from rank 0's batch-norm statistics.
+//
+// Gradients: param.grad always lives in memory the Reducer knows: its own
+// tensor (copied into buckets by the Reducer) or, with
+// options.reducer.gradient_as_bucket_view, a view of bucket memory that is
+// re-pointed after each plan rebuild. A param.grad that the user replaced
+// (or reset to undefined) is copied back into that memory by the hook.
+//
+// Gradient accumulation: backward passes inside a no_sync() scope
+// communicate nothing and accumulate into param.grad; the first backward
+// outside it communicates the sum. step() after a no_sync backward with no
+// synchronized backward since the last step throws InvalidArgument.
+//
+// Uneven inputs: every rank must run the same number of synchronized
+// backward passes. A rank that runs out of data calls finish(). With
+// check_uneven_inputs (the default) each synchronized backward starts with a
+// 16-byte allgather of (steps, has data), so when one rank finished while
+// another went on, both throw InvalidArgument naming the ranks that finished
+// and the ranks that went on, with their step counts, instead of timing out.
+// (There is no Join: ranks do not shadow each other's collectives.)
+//
+// Checkpoints: save(prefix) writes prefix.rank<R> (each rank its own file:
+// algorithm state is per rank) with the parameters, buffers, the torch
+// optimizer's state, the algorithm's state_dict (after drain) and the step
+// count; load(prefix) restores them in place, bit for bit, and throws
+// InvalidArgument for a checkpoint written by another rank count, by another
+// rank, or for another model.
+//
+// Misuse raises a clear error: wrapping a module that a live
+// DistributedDataParallel wraps already (InvalidArgument naming the
+// parameter), parameters that are not contiguous f32 host tensors
+// (Unsupported), models that differ across ranks (PeerMismatch).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "relaxcc/algorithm.h"
+#include "relaxcc/communicator.h"
+#include "relaxcc/reducer.h"
+
+namespace relaxcc::torch {
+
+struct DdpOptions {
+  // Bucket caps, gradient_as_bucket_view, plan rebuild, timeout.
+  ReducerOptions reducer;
+  // Broadcast buffers (batch-norm statistics) from rank 0 after every step.
+  bool broadcast_buffers = true;
+  // One 16-byte allgather per synchronized backward that turns uneven inputs
+  // into InvalidArgument (see above).
+  bool check_uneven_inputs = true;
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective over comm. `module` and `optimizer` must outlive this object;
+  // the optimizer must hold the module's parameters.
+  DistributedDataParallel(CommunicatorPtr comm, ::torch::nn::Module& module,
+                          ::torch::optim::Optimizer& optimizer, AlgorithmPtr algorithm,
+                          DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // The optimizer step with the algorithm's hooks, then the buffer broadcast.
+  // Call it after backward, where a plain loop calls optimizer.step().
+  void step();
+
+  // While the returned guard lives, backward passes communicate nothing.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // This rank has no more data (collective with the uneven-input check of
+  // the other ranks' next backward, or with their finish()). Throws
+  // InvalidArgument when other ranks still have data.
+  void finish();
+
+  // Runs `fn` with every rank's parameters and floating-point buffers set to
+  // their exact average across ranks, then restores this rank's own values
+  // (collective). For evaluation under algorithms that leave ranks apart.
+  void with_averaged_model(const std::function<void()>& fn);
+
+  void save(const std::string& prefix);
+  void load(const std::string& prefix);
+
+  Algorithm& algorithm();
+  const Reducer& reducer() const { return *reducer_; }
+  const CommunicatorPtr& communicator() const { return comm_; }
+  // Optimizer steps taken (resumed checkpoints included).
+  int64_t steps() const;
+
+ private:
+  class ReadyHook;
+  class StepOffset;
+  class TorchStep;
+
+  // Called by the accumulator post hook of parameter `param`.
+  void on_gradient_ready(int param);
+  // End of a backward (queued on the autograd engine).
+  void end_backward();
+  // The uneven-input check: allgather of (steps, has data).
+  void check_even(bool has_data);
+  // param.grad of every parameter points at the memory the Reducer uses.
+  void point_gradients();
+  void broadcast(const std::vector<::torch::Tensor>& tensors, const std::string& what);
+  std::chrono::milliseconds timeout() const;
+
+  CommunicatorPtr comm_;
+  CommunicatorPtr check_comm_;  // the uneven-input check, apart from buckets
+  ::torch::nn::Module& module_;
+  ::torch::optim::Optimizer& optimizer_;
+  DdpOptions options_;
+  std::vector<std::string> names_;        // parameters that require gradients
+  std::vector<::torch::Tensor> params_;   // same order
+  std::vector<::torch::Tensor> grads_;    // the memory param.grad must be
+  std::vector<::torch::Tensor> buffers_;  // every buffer
+  std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
+  std::shared_ptr<StepOffset> algorithm_;
+  std::unique_ptr<TorchStep> torch_step_;
+  std::unique_ptr<Reducer> reducer_;
+  bool no_sync_ = false;
+  bool in_backward_ = false;
+  bool synced_since_step_ = false;    // a synchronized backward since the last step
+  bool backward_since_step_ = false;  // any backward since the last step
+};
+
+}  // namespace relaxcc::torch

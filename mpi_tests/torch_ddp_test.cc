@@ -1,0 +1,332 @@
+// relaxcc::torch::DistributedDataParallel on a small libtorch model under
+// mpiexec: gradient_allreduce against single-process training on the
+// concatenated batch, no_sync, unused parameters, buffer broadcast,
+// checkpoint resumption, uneven inputs and misuse.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "relaxcc/algorithms/gradient_allreduce.h"
+#include "relaxcc/algorithms/local_sgd.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/torch/distributed_data_parallel.h"
+#include "test_util.h"
+
+namespace {
+
+using relaxcc::test::world;
+using relaxcc::torch::DdpOptions;
+using relaxcc::torch::DistributedDataParallel;
+
+constexpr int kIn = 6, kHidden = 16, kOut = 3, kBatch = 8;  // kBatch per rank
+
+// Two linear layers; `spare` is never used in forward; `norm` (optional)
+// carries batch-norm buffers.
+struct NetImpl : torch::nn::Module {
+  NetImpl(int hidden, bool with_norm) {
+    fc1 = register_module("fc1", torch::nn::Linear(kIn, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, kOut));
+    spare = register_module("spare", torch::nn::Linear(2, 2));
+    if (with_norm) norm = register_module("norm", torch::nn::BatchNorm1d(hidden));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = fc1->forward(x);
+    if (norm) h = norm->forward(h);
+    return fc2->forward(torch::tanh(h));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, spare{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+TORCH_MODULE(Net);
+
+// The same model on every rank whatever the rank's own random state.
+Net make_net(bool with_norm = false, int hidden = kHidden) {
+  torch::manual_seed(42);
+  return Net(hidden, with_norm);
+}
+
+// The global batch of step `step` (every rank draws the same), and this
+// rank's slice of it.
+std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int ranks) {
+  torch::Generator gen = torch::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  torch::Tensor x = torch::randn({kBatch * ranks, kIn}, gen);
+  torch::Tensor y = torch::randint(0, kOut, {kBatch * ranks}, gen);
+  return {x, y};
+}
+std::pair<torch::Tensor, torch::Tensor> my_slice(int step, int rank, int ranks) {
+  auto [x, y] = global_batch(step, ranks);
+  return {x.narrow(0, rank * kBatch, kBatch), y.narrow(0, rank * kBatch, kBatch)};
+}
+
+torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::nn::functional::cross_entropy(net->forward(x), y);
+}
+
+torch::optim::SGD make_sgd(Net& net) {
+  return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+std::vector<torch::Tensor> snapshot(Net& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Largest absolute difference between two parameter lists.
+float max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  float d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<float>());
+  return d;
+}
+
+bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+relaxcc::AlgorithmPtr allreduce() {
+  return std::make_shared<relaxcc::algorithms::GradientAllreduce>();
+}
+
+constexpr int kSteps = 5;
+// Float tolerance: the averaged gradient differs from the concatenated
+// batch's by the rounding of the sum (a few ulps), and five momentum steps
+// at lr 0.1 carry that into the weights.
+constexpr float kTolerance = 2e-6f;
+
+// Single-process training on the concatenated batches (`micro` micro-batches
+// per step, accumulated).
+std::vector<torch::Tensor> reference(int ranks, int micro) {
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  for (int s = 0; s < kSteps; ++s) {
+    sgd.zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      auto [x, y] = global_batch(s * micro + m, ranks);
+      loss_of(net, x, y).backward();
+    }
+    sgd.step();
+  }
+  return snapshot(net);
+}
+
+class Views : public testing::TestWithParam<bool> {};
+
+TEST_P(Views, GradientAllreduceEqualsTheConcatenatedBatch) {
+  const auto comm = world();
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DdpOptions o;
+  o.reducer.gradient_as_bucket_view = GetParam();
+  o.reducer.plan.cap_bytes = 512;  // several buckets, and a plan rebuild
+  o.reducer.plan.first_cap_bytes = 256;
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), o);
+  for (int s = 0; s < kSteps; ++s) {
+    sgd.zero_grad();
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    loss_of(net, x, y).backward();
+    ddp.step();
+  }
+  EXPECT_EQ(ddp.steps(), kSteps);
+  EXPECT_GT(ddp.reducer().plan().buckets().size(), 1u);
+  EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
+}
+
+TEST_P(Views, NoSyncAccumulates) {
+  const auto comm = world();
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DdpOptions o;
+  o.reducer.gradient_as_bucket_view = GetParam();
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), o);
+  const auto before = comm->stats().bytes_sent;
+  for (int s = 0; s < kSteps; ++s) {
+    sgd.zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      auto [x, y] = my_slice(2 * s, comm->rank(), comm->size());
+      loss_of(net, x, y).backward();
+    }
+    if (s == 0) {
+      EXPECT_EQ(comm->stats().bytes_sent, before);  // nothing travelled
+    }
+    auto [x, y] = my_slice(2 * s + 1, comm->rank(), comm->size());
+    loss_of(net, x, y).backward();
+    ddp.step();
+  }
+  EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 2)), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ddp, Views, testing::Bool(),
+                         [](const auto& p) { return p.param ? "bucket_views" : "copied"; });
+
+TEST(Ddp, UnusedParameterDoesNotHangAndStaysUntouched) {
+  const auto comm = world();
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  const torch::Tensor spare = net->spare->weight.detach().clone();
+  for (int s = 0; s < kSteps; ++s) {
+    sgd.zero_grad();
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    loss_of(net, x, y).backward();
+    ddp.step();
+  }
+  EXPECT_TRUE(torch::equal(net->spare->weight, spare));
+  EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
+}
+
+TEST(Ddp, ParametersAndBuffersAreBroadcastFromRankZero) {
+  const auto comm = world();
+  torch::manual_seed(comm->rank());  // every rank starts from other weights
+  Net net(kHidden, true);
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  auto gather = [&](const torch::Tensor& t) {
+    torch::Tensor all = torch::empty({comm->size(), t.numel()});
+    comm->allgather(relaxcc::TensorView::host(t.data_ptr<float>(), t.numel()),
+                    relaxcc::TensorView::host(all.data_ptr<float>(), all.numel()),
+                    relaxcc::ExecContext::host())
+        ->wait();
+    return all;
+  };
+  for (int s = 0; s < 2; ++s) {
+    sgd.zero_grad();
+    // Each rank's own data: the batch-norm statistics differ before the
+    // broadcast.
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    loss_of(net, x * (1 + comm->rank()), y).backward();
+    ddp.step();
+    for (const torch::Tensor& t : {net->norm->running_mean, net->norm->running_var,
+                                   net->fc1->weight.detach().contiguous()}) {
+      const torch::Tensor all = gather(t);
+      for (int r = 1; r < comm->size(); ++r) EXPECT_TRUE(torch::equal(all[r], all[0]));
+    }
+  }
+}
+
+// A run of 6 steps, straight or saved after 3 and resumed in a new model,
+// optimizer, algorithm and DistributedDataParallel.
+std::vector<torch::Tensor> run_local_sgd(bool resume, const std::string& prefix) {
+  const auto comm = world();
+  auto algorithm = [] {
+    return std::make_shared<relaxcc::algorithms::LocalSgd>(
+        relaxcc::algorithms::LocalSgdOptions{.period = 2, .warmup_steps = 1});
+  };
+  auto train = [&](Net& net, DistributedDataParallel& ddp, torch::optim::SGD& sgd, int from,
+                   int to) {
+    for (int s = from; s < to; ++s) {
+      sgd.zero_grad();
+      auto [x, y] = my_slice(s, comm->rank(), comm->size());
+      loss_of(net, x, y).backward();
+      ddp.step();
+    }
+  };
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  {
+    DistributedDataParallel ddp(comm, *net, sgd, algorithm());
+    train(net, ddp, sgd, 0, resume ? 3 : 6);
+    if (!resume) return snapshot(net);
+    ddp.save(prefix);
+  }
+  Net fresh = make_net();
+  auto fresh_sgd = make_sgd(fresh);
+  DistributedDataParallel ddp(comm, *fresh, fresh_sgd, algorithm());
+  ddp.load(prefix);
+  EXPECT_EQ(ddp.steps(), 3);
+  train(fresh, ddp, fresh_sgd, 3, 6);
+  return snapshot(fresh);
+}
+
+std::string checkpoint_prefix(const char* name) {
+  // Rank 0's process id names the run; every rank writes its own file.
+  int64_t id = ::getpid();
+  world()->broadcast(relaxcc::TensorView::host(&id, 1), relaxcc::ExecContext::host())->wait();
+  return "/tmp/relaxcc_torch_ddp_test_" + std::to_string(id) + "_" + name;
+}
+
+TEST(Ddp, CheckpointResumeReproducesTheRunBitForBit) {
+  const std::string prefix = checkpoint_prefix("resume");
+  const auto straight = run_local_sgd(false, prefix);
+  const auto resumed = run_local_sgd(true, prefix);
+  EXPECT_TRUE(bitwise_equal(straight, resumed));
+  std::remove((prefix + ".rank" + std::to_string(world()->rank())).c_str());
+}
+
+TEST(Ddp, WrappingTheSameModuleTwiceThrows) {
+  const auto comm = world();
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  EXPECT_THROW(DistributedDataParallel(comm, *net, sgd, allreduce()), relaxcc::InvalidArgument);
+}
+
+TEST(Ddp, ACheckpointOfAnotherRankCountThrows) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string prefix = checkpoint_prefix("ranks");
+  {
+    Net net = make_net();
+    auto sgd = make_sgd(net);
+    DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+    ddp.save(prefix);
+  }
+  // Rank 0 alone, on a one-rank communicator, loads the file of the job of
+  // comm->size() ranks.
+  auto solo = comm->split(comm->rank() == 0 ? 0 : -1, 0);
+  if (comm->rank() == 0) {
+    Net net = make_net();
+    auto sgd = make_sgd(net);
+    DistributedDataParallel ddp(solo, *net, sgd, allreduce());
+    try {
+      ddp.load(prefix);
+      ADD_FAILURE() << "load accepted a checkpoint of another rank count";
+    } catch (const relaxcc::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("another rank count"), std::string::npos) << e.what();
+    }
+  }
+  comm->barrier()->wait();
+  std::remove((prefix + ".rank" + std::to_string(comm->rank())).c_str());
+}
+
+TEST(Ddp, ModelsThatDifferAcrossRanksThrow) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net(false, comm->rank() == 1 ? kHidden + 1 : kHidden);
+  auto sgd = make_sgd(net);
+  EXPECT_THROW(DistributedDataParallel(comm, *net, sgd, allreduce()), relaxcc::PeerMismatch);
+}
+
+TEST(Ddp, UnevenInputsNameTheRanks) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  // Rank 0 has one batch more than the others.
+  const int batches = comm->rank() == 0 ? 3 : 2;
+  std::string message;
+  try {
+    for (int s = 0; s < batches; ++s) {
+      sgd.zero_grad();
+      auto [x, y] = my_slice(s, comm->rank(), comm->size());
+      loss_of(net, x, y).backward();
+      ddp.step();
+    }
+    ddp.finish();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("uneven inputs"), std::string::npos) << message;
+  EXPECT_NE(message.find("went on"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 0: 2"), std::string::npos) << message;
+}
+
+}  // namespace

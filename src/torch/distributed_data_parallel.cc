@@ -1,0 +1,449 @@
+#include "relaxcc/torch/distributed_data_parallel.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
+
+namespace relaxcc::torch {
+
+namespace {
+
+using ::torch::Tensor;
+
+// A view of a contiguous host tensor's bytes that keeps the tensor alive.
+TensorView byte_view(const Tensor& t) {
+  auto keep = std::make_shared<Tensor>(t);
+  return TensorView(t.data_ptr(), static_cast<int64_t>(t.nbytes()), DType::u8, Device::host(),
+                    std::move(keep));
+}
+
+TensorView float_view(const Tensor& t) {
+  auto keep = std::make_shared<Tensor>(t);
+  return TensorView(t.data_ptr(), t.numel(), DType::f32, Device::host(), std::move(keep));
+}
+
+void check_host_contiguous(const Tensor& t, const std::string& name, const char* what) {
+  RELAXCC_ENFORCE(t.device().is_cpu(), Unsupported, "DistributedDataParallel: ", what, " '", name,
+                  "' is on ", t.device().str(), "; only host (CPU) tensors are supported");
+  RELAXCC_ENFORCE(t.is_contiguous(), Unsupported, "DistributedDataParallel: ", what, " '", name,
+                  "' is not contiguous");
+}
+
+void wait_each(const std::vector<WorkPtr>& works, std::chrono::milliseconds timeout) {
+  for (const WorkPtr& w : works)
+    if (w) w->wait(timeout);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out += detail::concat(i ? ", " : "", ranks[i]);
+  return out + "]";
+}
+
+Tensor scalar(int64_t v) {
+  return ::torch::tensor({v}, ::torch::kInt64);
+}
+
+int64_t read_int(::torch::serialize::InputArchive& archive, const std::string& key) {
+  Tensor t;
+  archive.read(key, t);
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+// Forwards every hook to the user's algorithm with StepInfo::step moved by
+// `offset`: a Reducer counts its steps from 0, and a resumed checkpoint
+// continues from the step it was saved at.
+class DistributedDataParallel::StepOffset final : public Algorithm {
+ public:
+  explicit StepOffset(AlgorithmPtr inner) : inner_(std::move(inner)) {}
+  Algorithm& inner() { return *inner_; }
+  void set_offset(int64_t offset) { offset_ = offset; }
+  int64_t offset() const { return offset_; }
+
+  std::string name() const override { return inner_->name(); }
+  AlgorithmCapabilities capabilities() const override { return inner_->capabilities(); }
+  void init(const AlgorithmContext& ctx) override { inner_->init(ctx); }
+  WorkPtr on_step_begin(const StepInfo& s) override { return inner_->on_step_begin(at(s)); }
+  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
+    return inner_->on_bucket_ready(at(s), bucket, data);
+  }
+  WorkPtr on_backward_end(const StepInfo& s) override { return inner_->on_backward_end(at(s)); }
+  void before_optimizer_step(const StepInfo& s) override { inner_->before_optimizer_step(at(s)); }
+  void optimizer_step(const StepInfo& s, Optimizer& o) override {
+    inner_->optimizer_step(at(s), o);
+  }
+  WorkPtr after_optimizer_step(const StepInfo& s) override {
+    return inner_->after_optimizer_step(at(s));
+  }
+  bool need_reset(const StepInfo& s) const override { return inner_->need_reset(at(s)); }
+  void drain(std::chrono::milliseconds t) override { inner_->drain(t); }
+  void shutdown(std::chrono::milliseconds t) override { inner_->shutdown(t); }
+  StateDict state_dict() const override { return inner_->state_dict(); }
+  void load_state_dict(const StateDict& s) override { inner_->load_state_dict(s); }
+
+ private:
+  StepInfo at(const StepInfo& s) const { return StepInfo{s.step + offset_}; }
+  AlgorithmPtr inner_;
+  int64_t offset_ = 0;
+};
+
+// The Reducer's optimizer: its first update() of a step runs the torch
+// optimizer's step over every parameter (the Reducer calls update() once per
+// gradient that some rank produced, between the algorithm's hooks).
+class DistributedDataParallel::TorchStep final : public Optimizer {
+ public:
+  explicit TorchStep(::torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
+  void update(const TensorView&, const TensorView&, int64_t) override {
+    if (stepped_at_ == steps()) return;
+    stepped_at_ = steps();
+    ::torch::NoGradGuard no_grad;
+    optimizer_.step();
+  }
+
+ private:
+  ::torch::optim::Optimizer& optimizer_;
+  int64_t stepped_at_ = -1;
+};
+
+// Post hook of one parameter's gradient accumulator: runs after the
+// gradient was accumulated into param.grad.
+class DistributedDataParallel::ReadyHook final : public ::torch::autograd::FunctionPostHook {
+ public:
+  ReadyHook(DistributedDataParallel* owner, int param) : owner_(owner), param_(param) {}
+  ::torch::autograd::variable_list operator()(
+      const ::torch::autograd::variable_list& outputs,
+      const ::torch::autograd::variable_list& /*inputs*/) override {
+    owner_->on_gradient_ready(param_);
+    return outputs;
+  }
+  const DistributedDataParallel* owner() const { return owner_; }
+
+ private:
+  DistributedDataParallel* owner_;
+  int param_;
+};
+
+DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::nn::Module& module,
+                                                 ::torch::optim::Optimizer& optimizer,
+                                                 AlgorithmPtr algorithm, DdpOptions options)
+    : comm_(std::move(comm)), module_(module), optimizer_(optimizer), options_(options) {
+  RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "DistributedDataParallel: null communicator");
+  RELAXCC_ENFORCE(algorithm != nullptr, InvalidArgument, "DistributedDataParallel: null algorithm");
+  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
+    const Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    check_host_contiguous(p, item.key(), "parameter");
+    RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
+                    "DistributedDataParallel: parameter '", item.key(), "' is ",
+                    c10::toString(p.scalar_type()), "; only float32 parameters are supported");
+    std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(p);
+    RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '",
+                    item.key(), "' is not a leaf tensor");
+    for (const auto& hook : acc->post_hooks())
+      RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
+                      "DistributedDataParallel: the module is wrapped already: parameter '",
+                      item.key(),
+                      "' carries the readiness hook of another live DistributedDataParallel");
+    names_.push_back(item.key());
+    params_.push_back(p);
+    accumulators_.push_back(std::move(acc));
+  }
+  for (const auto& item : module_.named_buffers(/*recurse=*/true)) {
+    check_host_contiguous(item.value(), item.key(), "buffer");
+    buffers_.push_back(item.value());
+  }
+  {
+    ::torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& g = params_[i].mutable_grad();
+      grads_.push_back(g.defined() && g.is_contiguous() ? g : ::torch::zeros_like(params_[i]));
+      if (g.defined() && !g.is_same(grads_[i])) grads_[i].copy_(g);
+      g = grads_[i];
+    }
+  }
+
+  // Registration: each gradient, then its parameter (the gradient's partner).
+  std::vector<TensorSpec> specs;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    specs.push_back({names_[i] + ".grad", float_view(grads_[i]), TensorRole::gradient,
+                     static_cast<int>(2 * i + 1)});
+    specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
+  }
+  algorithm_ = std::make_shared<StepOffset>(std::move(algorithm));
+  torch_step_ = std::make_unique<TorchStep>(optimizer_);
+  // Verifies names, shapes and dtypes across ranks (PeerMismatch).
+  reducer_ = std::make_unique<Reducer>(comm_, std::move(specs), algorithm_, ExecContext::host(),
+                                       options_.reducer);
+  check_comm_ = comm_->split(0, comm_->rank());
+
+  std::vector<Tensor> everything;
+  for (const Tensor& p : module_.parameters(/*recurse=*/true)) {
+    check_host_contiguous(p, "(frozen)", "parameter");
+    everything.push_back(p);
+  }
+  everything.insert(everything.end(), buffers_.begin(), buffers_.end());
+  broadcast(everything, "parameters and buffers from rank 0 at construction");
+
+  if (options_.reducer.gradient_as_bucket_view) {
+    point_gradients();
+    reducer_->on_plan_changed([this] { point_gradients(); });
+  }
+  for (size_t i = 0; i < accumulators_.size(); ++i)
+    accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i)));
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (auto& acc : accumulators_) {
+    auto& hooks = acc->post_hooks();
+    hooks.erase(
+        std::remove_if(hooks.begin(), hooks.end(),
+                       [this](const std::unique_ptr<::torch::autograd::FunctionPostHook>& h) {
+                         const auto* mine = dynamic_cast<const ReadyHook*>(h.get());
+                         return mine != nullptr && mine->owner() == this;
+                       }),
+        hooks.end());
+  }
+  // param.grad keeps its values but no longer aliases bucket memory.
+  if (options_.reducer.gradient_as_bucket_view) {
+    ::torch::NoGradGuard no_grad;
+    for (Tensor& p : params_) p.mutable_grad() = p.grad().clone();
+  }
+}
+
+std::chrono::milliseconds DistributedDataParallel::timeout() const {
+  return options_.reducer.timeout.count() >= 0
+             ? options_.reducer.timeout
+             : std::chrono::milliseconds(Tunables::from_env().timeout_ms);
+}
+
+void DistributedDataParallel::point_gradients() {
+  ::torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const TensorView v = reducer_->gradient_view(static_cast<int>(2 * i));
+    std::shared_ptr<const void> owner = v.owner;
+    grads_[i] = ::torch::from_blob(
+        v.data, params_[i].sizes(), [owner](void*) {}, params_[i].options());
+    params_[i].mutable_grad() = grads_[i];
+  }
+}
+
+void DistributedDataParallel::broadcast(const std::vector<Tensor>& tensors,
+                                        const std::string& what) {
+  std::vector<WorkPtr> works;
+  for (const Tensor& t : tensors) {
+    if (t.numel() == 0) continue;
+    BroadcastOptions o;
+    o.root = 0;
+    o.label = "DistributedDataParallel: " + what;
+    works.push_back(comm_->broadcast(byte_view(t), ExecContext::host(), o));
+  }
+  wait_each(works, timeout());
+}
+
+void DistributedDataParallel::check_even(bool has_data) {
+  const int n = comm_->size();
+  auto mine = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{steps(), has_data});
+  auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(2 * n));
+  AllgatherOptions o;
+  o.label = "DistributedDataParallel: uneven-input check";
+  check_comm_
+      ->allgather(TensorView::host(mine->data(), 2, mine),
+                  TensorView::host(all->data(), 2 * n, all), ExecContext::host(), o)
+      ->wait(timeout());
+  std::vector<int> finished, going;
+  std::string steps;
+  for (int r = 0; r < n; ++r) {
+    ((*all)[2 * r + 1] ? going : finished).push_back(r);
+    steps += detail::concat(r ? ", " : "", "rank ", r, ": ", (*all)[2 * r]);
+  }
+  if (finished.empty() || going.empty()) return;
+  RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: uneven inputs: ranks ",
+                rank_list(finished), " ran out of data while ranks ", rank_list(going),
+                " went on (optimizer steps taken: ", steps,
+                "); give every rank the same number of batches");
+}
+
+void DistributedDataParallel::on_gradient_ready(int param) {
+  if (!in_backward_) {
+    if (!no_sync_ && options_.check_uneven_inputs) check_even(true);
+    in_backward_ = true;
+    backward_since_step_ = true;
+    ::torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+  }
+  Tensor& g = params_[param].mutable_grad();
+  if (!g.is_same(grads_[param])) {
+    // param.grad was replaced (or reset to undefined and re-created by this
+    // accumulation): move it back into the memory the Reducer reads.
+    ::torch::NoGradGuard no_grad;
+    if (g.defined())
+      grads_[param].copy_(g);
+    else
+      grads_[param].zero_();
+    g = grads_[param];
+  }
+  reducer_->mark_ready(2 * param);
+}
+
+void DistributedDataParallel::end_backward() {
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{in_backward_};
+  reducer_->synchronize();
+  if (!no_sync_) synced_since_step_ = true;
+}
+
+void DistributedDataParallel::step() {
+  RELAXCC_ENFORCE(!no_sync_, InvalidArgument,
+                  "DistributedDataParallel: step() inside no_sync(): its gradients were not "
+                  "communicated; run the last backward of the step outside no_sync()");
+  if (!synced_since_step_) {
+    RELAXCC_ENFORCE(!backward_since_step_, InvalidArgument, "DistributedDataParallel: step() ",
+                    steps(),
+                    " follows backward passes under no_sync() only; run the last backward of "
+                    "the step outside no_sync()");
+    // No gradient reached this rank in this step's backward: join the
+    // others' end of backward.
+    if (options_.check_uneven_inputs) check_even(true);
+    reducer_->synchronize();
+  }
+  if (algorithm_->need_reset(StepInfo{reducer_->step()})) optimizer_.state().clear();
+  reducer_->optimizer_step(*torch_step_);
+  synced_since_step_ = false;
+  backward_since_step_ = false;
+  if (options_.broadcast_buffers && !buffers_.empty())
+    broadcast(buffers_, "buffers from rank 0 after a step");
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp) {
+  ddp_.reducer_->set_no_sync(true);
+  ddp_.no_sync_ = true;
+}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  ddp_.no_sync_ = false;
+  try {
+    ddp_.reducer_->set_no_sync(false);
+  } catch (const std::exception& e) {
+    RELAXCC_LOG(warn, "DistributedDataParallel: leaving no_sync(): ", e.what());
+  }
+}
+
+void DistributedDataParallel::finish() {
+  check_even(false);
+}
+
+void DistributedDataParallel::with_averaged_model(const std::function<void()>& fn) {
+  ::torch::NoGradGuard no_grad;
+  std::vector<Tensor> live, own;
+  for (const Tensor& p : module_.parameters(true)) live.push_back(p);
+  for (const Tensor& b : buffers_)
+    if (b.scalar_type() == ::torch::kFloat32) live.push_back(b);
+  std::vector<WorkPtr> works;
+  for (const Tensor& t : live) {
+    own.push_back(t.clone());
+    if (t.numel() == 0) continue;
+    AllreduceOptions o;
+    o.op = ReduceOp::avg;
+    o.label = "DistributedDataParallel: exact model average";
+    works.push_back(comm_->allreduce(float_view(t), ExecContext::host(), o));
+  }
+  wait_each(works, timeout());
+  struct Restore {
+    std::vector<Tensor>& live;
+    std::vector<Tensor>& own;
+    ~Restore() {
+      ::torch::NoGradGuard guard;
+      for (size_t i = 0; i < live.size(); ++i) live[i].copy_(own[i]);
+    }
+  } restore{live, own};
+  fn();
+}
+
+Algorithm& DistributedDataParallel::algorithm() {
+  return algorithm_->inner();
+}
+
+int64_t DistributedDataParallel::steps() const {
+  return reducer_->step() + algorithm_->offset();
+}
+
+void DistributedDataParallel::save(const std::string& prefix) {
+  algorithm_->drain(timeout());
+  ::torch::serialize::OutputArchive archive;
+  archive.write("relaxcc.world_size", scalar(comm_->size()));
+  archive.write("relaxcc.rank", scalar(comm_->rank()));
+  archive.write("relaxcc.steps", scalar(steps()));
+  for (const auto& item : module_.named_parameters(true))
+    archive.write("param." + item.key(), item.value().detach());
+  for (const auto& item : module_.named_buffers(true))
+    archive.write("buffer." + item.key(), item.value(), /*is_buffer=*/true);
+  ::torch::serialize::OutputArchive optimizer;
+  optimizer_.save(optimizer);
+  archive.write("optimizer", optimizer);
+  const std::vector<std::byte> state = algorithm_->state_dict().serialize();
+  Tensor bytes = ::torch::empty({static_cast<int64_t>(state.size())}, ::torch::kUInt8);
+  if (!state.empty()) std::memcpy(bytes.data_ptr(), state.data(), state.size());
+  archive.write("algorithm." + algorithm_->name(), bytes);
+  archive.save_to(detail::concat(prefix, ".rank", comm_->rank()));
+}
+
+void DistributedDataParallel::load(const std::string& prefix) {
+  const std::string path = detail::concat(prefix, ".rank", comm_->rank());
+  ::torch::serialize::InputArchive archive;
+  Tensor state;
+  int64_t saved_steps = 0;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
+  ::torch::serialize::InputArchive optimizer;
+  try {
+    archive.load_from(path);
+    const int64_t world = read_int(archive, "relaxcc.world_size");
+    RELAXCC_ENFORCE_EQ(world, static_cast<int64_t>(comm_->size()), InvalidArgument,
+                       "DistributedDataParallel: checkpoint '", path,
+                       "' was written by another rank count (saved, this job)");
+    RELAXCC_ENFORCE_EQ(read_int(archive, "relaxcc.rank"), static_cast<int64_t>(comm_->rank()),
+                       InvalidArgument, "DistributedDataParallel: checkpoint '", path,
+                       "' belongs to another rank (saved, this rank)");
+    saved_steps = read_int(archive, "relaxcc.steps");
+    auto collect = [&](const std::string& key, const Tensor& dst) {
+      Tensor value;
+      archive.read(key, value);
+      RELAXCC_ENFORCE(value.sizes() == dst.sizes() && value.scalar_type() == dst.scalar_type(),
+                      InvalidArgument, "DistributedDataParallel: checkpoint '", path, "': '", key,
+                      "' is ", value.sizes(), " ", c10::toString(value.scalar_type()),
+                      ", the model has ", dst.sizes(), " ", c10::toString(dst.scalar_type()));
+      copies.emplace_back(dst, value);
+    };
+    for (const auto& item : module_.named_parameters(true))
+      collect("param." + item.key(), item.value());
+    for (const auto& item : module_.named_buffers(true))
+      collect("buffer." + item.key(), item.value());
+    archive.read("optimizer", optimizer);
+    archive.read("algorithm." + algorithm_->name(), state);
+  } catch (const c10::Error& e) {
+    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: cannot read checkpoint '", path,
+                  "' for this model and algorithm '", algorithm_->name(),
+                  "': ", e.what_without_backtrace());
+  }
+  {
+    ::torch::NoGradGuard no_grad;
+    for (auto& [dst, value] : copies) dst.copy_(value);
+  }
+  optimizer_.load(optimizer);
+  const auto* first = static_cast<const std::byte*>(state.data_ptr());
+  algorithm_->load_state_dict(
+      StateDict::deserialize(std::vector<std::byte>(first, first + state.numel())));
+  algorithm_->set_offset(saved_steps - reducer_->step());
+}
+
+}  // namespace relaxcc::torch
