@@ -1,0 +1,578 @@
+// relaxcc-train: data-parallel training of a small CNN or MLP on
+// Fashion-MNIST with relaxcc::torch::DistributedDataParallel and any
+// relaxcc algorithm, under mpirun (or inside bench/relaxcc-hosts).
+//
+//   mpirun -n 2 relaxcc-train --algorithm bytegrad --model cnn --epochs 1
+//   relaxcc-train --compare --ranks 2 --results results/   (not under mpirun)
+//
+// A run prints rank 0's progress bar per epoch, then the test accuracy,
+// wall time, median step time and bytes sent per rank, and writes a JSON
+// summary (--json) and the accuracy curve (--curve: wall seconds, bytes sent
+// per rank, test accuracy at each evaluation). Ranks whose models differ
+// (local_sgd, cocktail_sgd) are averaged exactly for each evaluation, and
+// keep their own models for training.
+//
+// --compare launches one mpirun per algorithm module, then PyTorch's own
+// DistributedDataParallel (bench/peers/torch_ddp.py: plain, fp16 and PowerSGD
+// hooks) with the same model, initial weights, data order and
+// hyper-parameters, one run after the other, and writes results/table.md,
+// results/accuracy_vs_time.png and results/accuracy_vs_bytes.png.
+// --rate R runs every run inside bench/relaxcc-hosts at R Mbit/s.
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fashion_mnist.h"
+#include "relaxcc/algorithms/bytegrad.h"
+#include "relaxcc/algorithms/cocktail_sgd.h"
+#include "relaxcc/algorithms/gradient_allreduce.h"
+#include "relaxcc/algorithms/local_sgd.h"
+#include "relaxcc/algorithms/qadam.h"
+#include "relaxcc/errors.h"
+#include "relaxcc/mpi_communicator.h"
+#include "relaxcc/torch/distributed_data_parallel.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+// Every algorithm module; --compare runs them in this order.
+const std::vector<std::string> kAlgorithms = {"gradient_allreduce", "bytegrad", "qadam",
+                                              "cocktail_sgd", "local_sgd"};
+const std::vector<std::string> kPeers = {"torch_ddp", "torch_ddp_fp16", "torch_ddp_powersgd"};
+
+struct Options {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string model = "mlp";
+  std::string algorithm = "gradient_allreduce";
+  int epochs = 1;
+  int batch = 64;  // per rank
+  double lr = 0.05;
+  double momentum = 0.9;
+  uint64_t seed = 1;
+  int64_t max_steps = 0;  // per epoch; 0: the whole epoch
+  int evals_per_epoch = 4;
+  int threads = 1;
+  std::string json, curve, init_out;
+  // --compare
+  bool compare = false;
+  int ranks = 2;
+  std::string results = "results";
+  std::string seeds = "1";
+  std::string only;  // comma-separated subset of algorithms and peers
+  double rate = 0;   // Mbit/s; 0: no relaxcc-hosts
+  bool peers = true;
+  std::string hosts_tool = RELAXCC_SOURCE_DIR "/bench/relaxcc-hosts";
+  std::string peer_script = RELAXCC_SOURCE_DIR "/bench/peers/torch_ddp.py";
+  std::string python = "/usr/bin/python3";
+};
+
+[[noreturn]] void usage(const std::string& error) {
+  std::fprintf(stderr,
+               "relaxcc-train: %s\n"
+               "usage: mpirun -n N relaxcc-train [--algorithm NAME] [--model mlp|cnn] "
+               "[--epochs E] [--batch B] [--lr LR] [--momentum M] [--seed S] [--max-steps N] "
+               "[--evals-per-epoch K] [--threads T] [--data DIR] [--json PATH] [--curve PATH] "
+               "[--init-out PATH]\n"
+               "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
+               "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
+               "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd local_sgd\n",
+               error.c_str());
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&]() {
+      const std::string v = value();
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0') usage(a + ": not a number: " + v);
+      return d;
+    };
+    if (a == "--data")
+      o.data = value();
+    else if (a == "--model")
+      o.model = value();
+    else if (a == "--algorithm")
+      o.algorithm = value();
+    else if (a == "--epochs")
+      o.epochs = static_cast<int>(number());
+    else if (a == "--batch")
+      o.batch = static_cast<int>(number());
+    else if (a == "--lr")
+      o.lr = number();
+    else if (a == "--momentum")
+      o.momentum = number();
+    else if (a == "--seed")
+      o.seed = static_cast<uint64_t>(number());
+    else if (a == "--max-steps")
+      o.max_steps = static_cast<int64_t>(number());
+    else if (a == "--evals-per-epoch")
+      o.evals_per_epoch = static_cast<int>(number());
+    else if (a == "--threads")
+      o.threads = static_cast<int>(number());
+    else if (a == "--json")
+      o.json = value();
+    else if (a == "--curve")
+      o.curve = value();
+    else if (a == "--init-out")
+      o.init_out = value();
+    else if (a == "--compare")
+      o.compare = true;
+    else if (a == "--ranks")
+      o.ranks = static_cast<int>(number());
+    else if (a == "--results")
+      o.results = value();
+    else if (a == "--seeds")
+      o.seeds = value();
+    else if (a == "--only")
+      o.only = value();
+    else if (a == "--rate")
+      o.rate = number();
+    else if (a == "--no-peers")
+      o.peers = false;
+    else if (a == "--hosts-tool")
+      o.hosts_tool = value();
+    else if (a == "--peer-script")
+      o.peer_script = value();
+    else if (a == "--python")
+      o.python = value();
+    else if (a == "-h" || a == "--help")
+      usage("help");
+    else
+      usage("unknown argument " + a);
+  }
+  if (o.model != "mlp" && o.model != "cnn") usage("--model must be mlp or cnn");
+  if (o.epochs < 1 || o.batch < 1 || o.evals_per_epoch < 1 || o.ranks < 1 || o.threads < 1)
+    usage("--epochs, --batch, --evals-per-epoch, --ranks and --threads must be >= 1");
+  return o;
+}
+
+// ---- models (bench/peers/torch_ddp.py defines the same ones) ---------------
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
+        fc3(register_module("fc3", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1->forward(x.view({x.size(0), 784})));
+    return fc3->forward(torch::relu(fc2->forward(x)));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+struct CnnImpl : torch::nn::Module {
+  CnnImpl()
+      : conv1(register_module("conv1",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)))),
+        conv2(register_module("conv2",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+        fc1(register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(conv2->forward(x)), 2);
+    return fc2->forward(torch::relu(fc1->forward(x.flatten(1))));
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Cnn);
+
+// ---- data ------------------------------------------------------------------
+
+// The epoch's sample order, shared with the peer: Fisher-Yates driven by
+// splitmix64 seeded with seed * 1000003 + epoch.
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, int epoch) {
+  uint64_t state = seed * 1000003u + static_cast<uint64_t>(epoch);
+  auto next = [&state] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = i;
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[next() % static_cast<uint64_t>(i + 1)]);
+  return p;
+}
+
+// Images [first, first + count) of `order` as N x 1 x 28 x 28, normalized
+// with Fashion-MNIST's mean and standard deviation, and their labels.
+std::pair<torch::Tensor, torch::Tensor> batch(const relaxcc::train::Split& s,
+                                              const std::vector<int64_t>& order, int64_t first,
+                                              int64_t count) {
+  const int64_t pixels = s.rows * s.cols;
+  torch::Tensor x = torch::empty({count, 1, s.rows, s.cols});
+  torch::Tensor y = torch::empty({count}, torch::kInt64);
+  float* xp = x.data_ptr<float>();
+  int64_t* yp = y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t k = order[first + i];
+    const uint8_t* src = s.pixels.data() + k * pixels;
+    for (int64_t j = 0; j < pixels; ++j)
+      xp[i * pixels + j] = (static_cast<float>(src[j]) / 255.0f - 0.2860f) / 0.3530f;
+    yp[i] = s.labels[k];
+  }
+  return {x, y};
+}
+
+relaxcc::AlgorithmPtr make_algorithm(const std::string& name, const Options& o) {
+  using namespace relaxcc::algorithms;
+  if (name == "gradient_allreduce") return std::make_shared<GradientAllreduce>();
+  if (name == "bytegrad") {
+    // One rank per host in these runs (RELAXCC_RANKS_PER_NODE=1 locally, one
+    // per emulated host in relaxcc-hosts): hierarchical bytegrad is the flat
+    // compressed allreduce then, and the flat one runs on the job's
+    // communicator, whose bytes the summary counts.
+    ByteGradOptions b;
+    b.hierarchical = false;
+    return std::make_shared<ByteGrad>(b);
+  }
+  if (name == "qadam") {
+    QAdamOptions q;
+    q.adam.lr = 1e-3f;     // Adam's rate: qadam owns the step, SGD's --lr is not used
+    q.warmup_steps = 100;  // Bagua's default
+    // Frozen variances near 0 turn the 8-bit momentum's quantization error into
+    // huge steps (NaN after warmup at eps 1e-8 on this model).
+    q.adam.eps = 1e-4f;
+    return std::make_shared<QAdam>(q);
+  }
+  if (name == "cocktail_sgd") {
+    CocktailSgdOptions c;
+    c.seed = o.seed;
+    return std::make_shared<CocktailSgd>(c);
+  }
+  if (name == "local_sgd") return std::make_shared<LocalSgd>(LocalSgdOptions{.period = 4});
+  usage("unknown algorithm " + name);
+}
+
+template <typename Model>
+int train(const Options& o, Model model) {
+  using relaxcc::TensorView;
+  torch::set_num_threads(o.threads);
+  relaxcc::CommunicatorPtr comm = relaxcc::create_mpi_communicator();
+  const int rank = comm->rank(), ranks = comm->size();
+  const relaxcc::train::FashionMnist data = relaxcc::train::load_fashion_mnist(o.data);
+
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  relaxcc::torch::DistributedDataParallel ddp(comm, *model, sgd, make_algorithm(o.algorithm, o));
+
+  if (rank == 0 && !o.init_out.empty()) {
+    // The initial weights (rank 0's, now every rank's) for the peer, as f32
+    // in parameter order.
+    std::ofstream out(o.init_out, std::ios::binary);
+    for (const auto& p : model->parameters())
+      out.write(static_cast<const char*>(p.data_ptr()), static_cast<std::streamsize>(p.nbytes()));
+    if (!out) throw std::runtime_error("cannot write " + o.init_out);
+  }
+
+  auto all_sum = [&](double v) {
+    auto box = std::make_shared<double>(v);
+    comm->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host())->wait();
+    return *box;
+  };
+  // Exact average of the models, then the test set split across ranks.
+  auto evaluate = [&] {
+    double correct = 0;
+    ddp.with_averaged_model([&] {
+      torch::NoGradGuard no_grad;
+      model->eval();
+      std::vector<int64_t> order(static_cast<size_t>(data.test.count));
+      for (int64_t i = 0; i < data.test.count; ++i) order[i] = i;
+      const int64_t per = (data.test.count + ranks - 1) / ranks;
+      const int64_t first = std::min<int64_t>(data.test.count, rank * per);
+      const int64_t count = std::min<int64_t>(data.test.count - first, per);
+      for (int64_t at = 0; at < count; at += 1000) {
+        auto [x, y] = batch(data.test, order, first + at, std::min<int64_t>(1000, count - at));
+        correct += model->forward(x).argmax(1).eq(y).sum().template item<int64_t>();
+      }
+      model->train();
+    });
+    return all_sum(correct) / static_cast<double>(data.test.count);
+  };
+
+  const int64_t global_batch = static_cast<int64_t>(o.batch) * ranks;
+  int64_t steps_per_epoch = data.train.count / global_batch;
+  if (o.max_steps > 0) steps_per_epoch = std::min(steps_per_epoch, o.max_steps);
+  const int64_t eval_every = std::max<int64_t>(1, steps_per_epoch / o.evals_per_epoch);
+
+  struct Point {
+    double wall_s, bytes, accuracy;
+  };
+  std::vector<Point> curve{{0, 0, evaluate()}};
+  std::vector<double> step_ms;
+  double train_s = 0;
+  uint64_t bytes = 0;  // sent by this rank while training
+  double loss_sum = 0;
+  int64_t loss_count = 0;
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    const std::vector<int64_t> order = permutation(data.train.count, o.seed, epoch);
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      const uint64_t sent0 = comm->stats().bytes_sent;
+      const auto t0 = Clock::now();
+      auto [x, y] = batch(data.train, order, (s * ranks + rank) * o.batch, o.batch);
+      sgd.zero_grad();
+      torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      loss.backward();
+      ddp.step();
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      bytes += comm->stats().bytes_sent - sent0;
+      train_s += ms / 1e3;
+      step_ms.push_back(ms);
+      loss_sum += loss.template item<float>();
+      ++loss_count;
+      if (rank == 0 &&
+          (s % std::max<int64_t>(1, steps_per_epoch / 50) == 0 || s + 1 == steps_per_epoch)) {
+        const int width = 30;
+        const int filled = static_cast<int>(width * (s + 1) / steps_per_epoch);
+        std::fprintf(stderr, "\r%s epoch %d/%d [%s%s] %lld/%lld loss %.4f", o.algorithm.c_str(),
+                     epoch + 1, o.epochs, std::string(filled, '#').c_str(),
+                     std::string(width - filled, '.').c_str(), static_cast<long long>(s + 1),
+                     static_cast<long long>(steps_per_epoch), loss_sum / loss_count);
+        loss_sum = 0;
+        loss_count = 0;
+      }
+      if ((s + 1) % eval_every == 0 || s + 1 == steps_per_epoch) {
+        const double accuracy = evaluate();
+        curve.push_back({train_s, all_sum(static_cast<double>(bytes)) / ranks, accuracy});
+      }
+    }
+    if (rank == 0) std::fprintf(stderr, "  test accuracy %.4f\n", curve.back().accuracy);
+  }
+  ddp.finish();
+
+  // Median step time after 10 warm-up steps.
+  std::vector<double> steady(step_ms.begin() + std::min<size_t>(10, step_ms.size() / 2),
+                             step_ms.end());
+  std::sort(steady.begin(), steady.end());
+  const double median = steady.empty() ? 0.0 : steady[steady.size() / 2];
+  // The job's step time is the slowest rank's median.
+  auto box = std::make_shared<double>(median);
+  relaxcc::AllreduceOptions mx;
+  mx.op = relaxcc::ReduceOp::max;
+  comm->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host(), mx)->wait();
+  const double step = *box;
+  const double wall = curve.back().wall_s;
+  const double bytes_per_rank = curve.back().bytes;
+  const double accuracy = curve.back().accuracy;
+  if (rank == 0) {
+    std::printf(
+        "relaxcc-train %s %s: %d ranks, %d epochs, %lld steps: test accuracy %.4f, wall %.2f s, "
+        "step %.2f ms (median), %.1f MB sent per rank\n",
+        o.algorithm.c_str(), o.model.c_str(), ranks, o.epochs,
+        static_cast<long long>(step_ms.size()), accuracy, wall, step, bytes_per_rank / 1e6);
+    if (!o.json.empty()) {
+      std::ofstream j(o.json);
+      j << "{\"algorithm\": \"" << o.algorithm << "\", \"model\": \"" << o.model
+        << "\", \"ranks\": " << ranks << ", \"epochs\": " << o.epochs << ", \"seed\": " << o.seed
+        << ", \"steps\": " << step_ms.size() << ", \"test_accuracy\": " << accuracy
+        << ", \"wall_s\": " << wall << ", \"step_ms\": " << step
+        << ", \"bytes_sent_per_rank\": " << static_cast<uint64_t>(bytes_per_rank) << "}\n";
+    }
+    if (!o.curve.empty()) {
+      std::ofstream c(o.curve);
+      c << "# wall_s bytes_sent_per_rank test_accuracy\n";
+      for (const Point& p : curve) c << p.wall_s << " " << p.bytes << " " << p.accuracy << "\n";
+    }
+  }
+  return 0;
+}
+
+// ---- --compare -------------------------------------------------------------
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// A number field of a flat JSON object written by a run.
+double json_number(const std::string& text, const std::string& key) {
+  const size_t at = text.find("\"" + key + "\":");
+  if (at == std::string::npos) throw std::runtime_error("summary has no field " + key);
+  return std::strtod(text.c_str() + at + key.size() + 3, nullptr);
+}
+
+int run(const std::string& command) {
+  std::fprintf(stderr, "+ %s\n", command.c_str());
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+struct Row {
+  std::string name;
+  std::vector<double> accuracy, wall, step, bytes;
+};
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+double spread(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  return *std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end());
+}
+
+int compare(const Options& o, const char* self) {
+  fs::create_directories(o.results);
+  const std::string dir = fs::absolute(o.results).string();
+  std::vector<std::string> names = kAlgorithms;
+  if (o.peers) names.insert(names.end(), kPeers.begin(), kPeers.end());
+  if (!o.only.empty()) names = split_list(o.only);
+  const std::string shared = " --model " + o.model + " --epochs " + std::to_string(o.epochs) +
+                             " --batch " + std::to_string(o.batch) + " --lr " +
+                             std::to_string(o.lr) + " --momentum " + std::to_string(o.momentum) +
+                             " --max-steps " + std::to_string(o.max_steps) + " --evals-per-epoch " +
+                             std::to_string(o.evals_per_epoch) + " --threads " +
+                             std::to_string(o.threads) + " --data " + o.data;
+  const std::string n = std::to_string(o.ranks);
+  const std::string rate = std::to_string(static_cast<int>(o.rate));
+  const std::string mpirun =
+      o.rate > 0 ? o.hosts_tool + " mpirun --hosts " + n + " --rate " + rate + " -- "
+                 : "RELAXCC_RANKS_PER_NODE=1 mpirun -n " + n +
+                       " --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1 -x "
+                       "RELAXCC_RANKS_PER_NODE ";
+  std::vector<Row> rows;
+  for (const std::string& name : names) {
+    Row row{name, {}, {}, {}, {}};
+    for (const std::string& seed : split_list(o.seeds)) {
+      const std::string stem = dir + "/" + name + ".seed" + seed;
+      const std::string init = dir + "/init_" + o.model + ".seed" + seed + ".f32";
+      const bool peer = name.rfind("torch_ddp", 0) == 0;
+      std::string cmd;
+      if (!peer) {
+        cmd = mpirun + self + " --algorithm " + name + shared + " --seed " + seed + " --json " +
+              stem + ".json --curve " + stem + ".dat --init-out " + init;
+      } else {
+        const std::string launcher =
+            o.rate > 0 ? o.hosts_tool + " exec --hosts " + n + " --rate " + rate + " -- "
+                       : "mpirun -n " + n + " --oversubscribe --bind-to none ";
+        cmd = "OPENBLAS_NUM_THREADS=1 " + launcher + o.python + " " + o.peer_script +
+              " --variant " + name + shared + " --seed " + seed + " --init " + init + " --json " +
+              stem + ".json --curve " + stem + ".dat";
+      }
+      if (run(cmd) != 0) {
+        std::fprintf(stderr, "relaxcc-train --compare: %s (seed %s) failed; left out\n",
+                     name.c_str(), seed.c_str());
+        continue;
+      }
+      std::ifstream in(stem + ".json");
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      row.accuracy.push_back(json_number(text, "test_accuracy"));
+      row.wall.push_back(json_number(text, "wall_s"));
+      row.step.push_back(json_number(text, "step_ms"));
+      row.bytes.push_back(json_number(text, "bytes_sent_per_rank"));
+    }
+    if (!row.accuracy.empty()) rows.push_back(row);
+  }
+
+  // The table: ratios against gradient_allreduce and torch_ddp of this run.
+  auto find = [&](const std::string& name) -> const Row* {
+    for (const Row& r : rows)
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  const Row* base = find("gradient_allreduce");
+  const Row* peer = find("torch_ddp");
+  std::ostringstream t;
+  t << "| algorithm | test accuracy (mean, spread) | wall s | step ms (median) | MB sent per rank "
+       "| accuracy - gradient_allreduce | step vs torch_ddp | wall vs torch_ddp |\n"
+       "|---|---|---|---|---|---|---|---|\n";
+  char buf[512];
+  for (const Row& r : rows) {
+    std::snprintf(
+        buf, sizeof buf, "| %s | %.4f (%.4f) | %.2f | %.2f | %.2f | %s | %s | %s |\n",
+        r.name.c_str(), mean(r.accuracy), spread(r.accuracy), mean(r.wall), mean(r.step),
+        mean(r.bytes) / 1e6,
+        base ? std::to_string(100 * (mean(r.accuracy) - mean(base->accuracy)))
+                   .substr(0, 6)
+                   .append(" pt")
+                   .c_str()
+             : "-",
+        peer ? (std::to_string(mean(r.step) / mean(peer->step)).substr(0, 5) + "x").c_str() : "-",
+        peer ? (std::to_string(mean(r.wall) / mean(peer->wall)).substr(0, 5) + "x").c_str() : "-");
+    t << buf;
+  }
+  std::ostringstream header;
+  header << "# relaxcc-train --compare\n\n"
+         << o.ranks << " ranks, model " << o.model << ", " << o.epochs << " epoch(s), batch "
+         << o.batch << " per rank, lr " << o.lr << ", momentum " << o.momentum << ", seeds "
+         << o.seeds
+         << (o.rate > 0 ? ", links at " + rate + " Mbit/s (relaxcc-hosts)" : ", one machine")
+         << (o.max_steps > 0 ? ", at most " + std::to_string(o.max_steps) + " steps per epoch" : "")
+         << ". Wall time excludes evaluation; step time is the median after 10 steps, slowest "
+            "rank; bytes are what each rank's communicator sent (torch_ddp rows: the bytes of "
+            "its allreduces, counted by the peer).\n\n";
+  std::ofstream(dir + "/table.md") << header.str() << t.str();
+  std::printf("%s%s", header.str().c_str(), t.str().c_str());
+
+  // Plots of the first seed's curves.
+  const std::string first_seed = split_list(o.seeds).front();
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 900,600\nset key bottom right\nset grid\n"
+        "set ylabel 'test accuracy'\n";
+  auto plot = [&](const std::string& file, const std::string& xlabel, const std::string& using_) {
+    gp << "set output '" << dir << "/" << file << "'\nset xlabel '" << xlabel << "'\nplot ";
+    for (size_t i = 0; i < rows.size(); ++i)
+      gp << (i ? ", " : "") << "'" << dir << "/" << rows[i].name << ".seed" << first_seed
+         << ".dat' using " << using_ << " with linespoints title '" << rows[i].name << "'";
+    gp << "\n";
+  };
+  plot("accuracy_vs_time.png", "wall time (s, training only)", "1:3");
+  plot("accuracy_vs_bytes.png", "MB sent per rank", "($2/1e6):3");
+  std::ofstream(dir + "/plots.gp") << gp.str();
+  if (run("gnuplot " + dir + "/plots.gp") != 0)
+    std::fprintf(stderr, "relaxcc-train --compare: gnuplot failed; no plots\n");
+  std::printf("results in %s: table.md, accuracy_vs_time.png, accuracy_vs_bytes.png\n",
+              dir.c_str());
+  return rows.size() == names.size() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    if (o.compare) {
+      char self[4096];
+      const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+      if (n <= 0) throw std::runtime_error("cannot find this program's path");
+      self[n] = '\0';
+      return compare(o, self);
+    }
+    torch::manual_seed(o.seed);  // the initial weights (rank 0's are broadcast)
+    return o.model == "cnn" ? train(o, Cnn()) : train(o, Mlp());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "relaxcc-train: %s\n", e.what());
+    return 1;
+  }
+}
