@@ -58,19 +58,27 @@ FirstContacts first_contacts(int rank, int size) {
 
 void EdgeOp::start(Transport& t) {
   open_edges(t);
-  // The first run() posts what is ready; small first messages go inline.
-  collecting_inline_ = true;
-  run(t);
-  collecting_inline_ = false;
-  for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
-    const Peer& p = peers_[pi];
-    if (p.inline_out || !p.hold_header || p.msgs_to == 0 || aborted_) send_header(t, pi);
+  // The peers' header messages are received after this rank's went out (its
+  // send is what they wait for), whatever happens here.
+  try {
+    // The first run() posts what is ready; small first messages go inline.
+    collecting_inline_ = true;
+    run(t);
+    collecting_inline_ = false;
+    for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
+      const Peer& p = peers_[pi];
+      if (p.inline_out || !p.hold_header || p.msgs_to == 0 || aborted_) send_header(t, pi);
+    }
+    // Headers first: a large message posted before would queue ahead of them.
+    for (const Deferred& d : deferred_)
+      t.isend(*this, slot(kDataSend, d.pi, d.msg), d.buf, d.bytes, peers_[d.pi].rank,
+              tag(Channel::data, t));
+    deferred_.clear();
+  } catch (...) {
+    receive_headers(t);
+    throw;
   }
-  // Headers first: a large message posted before would queue ahead of them.
-  for (const Deferred& d : deferred_)
-    t.isend(*this, slot(kDataSend, d.pi, d.msg), d.buf, d.bytes, peers_[d.pi].rank,
-            tag(Channel::data, t));
-  deferred_.clear();
+  receive_headers(t);
   check_finished(t);
 }
 
@@ -78,6 +86,7 @@ void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
   // Headers and abort records to every peer, data to none: they fail too.
   open_edges(t);
   fail(t, error, abort_cause(error).reason, AbortKind::error);
+  receive_headers(t);
   check_finished(t);
 }
 
@@ -98,9 +107,13 @@ void EdgeOp::open_edges(Transport& t) {
       p.header_buf = t.scratch(2 * kHeaderMessageBytes);
       p.header_out = p.header_buf.data() + kHeaderMessageBytes;
     }
-    t.irecv(*this, slot(kHeaderRecv, pi, 0), p.header_buf.data(), p.header_len, p.rank,
-            tag(Channel::header, t));
   }
+}
+
+void EdgeOp::receive_headers(Transport& t) {
+  for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi)
+    t.irecv(*this, slot(kHeaderRecv, pi, 0), peers_[pi].header_buf.data(), peers_[pi].header_len,
+            peers_[pi].rank, tag(Channel::header, t));
 }
 
 void EdgeOp::progress(Transport& t) {

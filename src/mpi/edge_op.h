@@ -160,8 +160,10 @@ class EdgeOp : public Operation {
     return (static_cast<int64_t>(kind) << 56) | (static_cast<int64_t>(pi) << 40) | index;
   }
 
-  // start(): first contacts, this rank's edges and their header receives.
+  // start(): first contacts and this rank's edges.
   void open_edges(Transport& t);
+  // Posts the header receive of every edge (once, in start()).
+  void receive_headers(Transport& t);
   // This rank's header on edge `pi`.
   OpHeader edge_header(int pi) const;
   void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
