@@ -538,7 +538,7 @@ int compare(const Options& o, const char* self) {
   // Plots of the first seed's curves.
   const std::string first_seed = split_list(o.seeds).front();
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,600\nset key bottom right\nset grid\n"
+  gp << "set terminal pngcairo size 900,600 noenhanced\nset key bottom right\nset grid\n"
         "set ylabel 'test accuracy'\n";
   auto plot = [&](const std::string& file, const std::string& xlabel, const std::string& using_) {
     gp << "set output '" << dir << "/" << file << "'\nset xlabel '" << xlabel << "'\nplot ";

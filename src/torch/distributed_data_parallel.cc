@@ -9,8 +9,10 @@
 #include <cstring>
 #include <utility>
 
+#include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
+#include "relaxcc/mpi_communicator.h"
 
 namespace relaxcc::torch {
 
@@ -201,6 +203,14 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
   for (size_t i = 0; i < accumulators_.size(); ++i)
     accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i)));
 }
+
+DistributedDataParallel::DistributedDataParallel(::torch::nn::Module& module,
+                                                 ::torch::optim::Optimizer& optimizer,
+                                                 AlgorithmPtr algorithm, DdpOptions options)
+    : DistributedDataParallel(
+          create_mpi_communicator(), module, optimizer,
+          algorithm ? std::move(algorithm) : std::make_shared<algorithms::GradientAllreduce>(),
+          options) {}
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& acc : accumulators_) {

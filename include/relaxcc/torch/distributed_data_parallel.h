@@ -3,11 +3,11 @@
 // Bagua's with_bagua, that runs any relaxcc Algorithm.
 //
 // Switching a plain libtorch training loop to data parallel takes three
-// lines: include this header, wrap the module and its optimizer, and call
-// ddp.step() where the loop called optimizer.step():
+// lines (examples/torch_ddp): include relaxcc/torch/ddp.h, wrap the module
+// and its optimizer, and call ddp.step() where the loop called
+// optimizer.step():
 //
-//   relaxcc::torch::DistributedDataParallel ddp(relaxcc::create_mpi_communicator(), *model,
-//                                               optimizer, algorithm);
+//   relaxcc::torch::DistributedDataParallel ddp(*model, optimizer);  // gradient_allreduce
 //   ...
 //   loss.backward();
 //   ddp.step();  // was optimizer.step()
@@ -102,6 +102,10 @@ class DistributedDataParallel {
   DistributedDataParallel(CommunicatorPtr comm, ::torch::nn::Module& module,
                           ::torch::optim::Optimizer& optimizer, AlgorithmPtr algorithm,
                           DdpOptions options = {});
+  // Over create_mpi_communicator() (MPI_COMM_WORLD); a null algorithm is
+  // gradient_allreduce (averaging).
+  DistributedDataParallel(::torch::nn::Module& module, ::torch::optim::Optimizer& optimizer,
+                          AlgorithmPtr algorithm = nullptr, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
