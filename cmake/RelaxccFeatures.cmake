@@ -4,9 +4,8 @@
 #                              (reported in the generated config.h)
 #   RELAXCC_NCCL_FOUND         nccl.h and libnccl were found
 #   RELAXCC_TORCH_FOUND        libtorch's TorchConfig.cmake was found
-# Nothing is built from NCCL or libtorch yet (no NCCL communicator, no
-# libtorch frontend), so config.h reports neither; the two options keep their
-# AUTO/ON/OFF meaning for the targets that will use them.
+# Nothing is built from NCCL yet (no NCCL communicator), so config.h reports
+# neither; libtorch builds relaxcc::torch and relaxcc-train (src/torch, train).
 include(CheckLanguage)
 
 # Sets `result_var` to 1 when `found`, 0 when `opt` is OFF or when AUTO found
