@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "relaxcc/algorithm.h"
+#include "relaxcc/algorithms/step_offset.h"
 #include "relaxcc/optimizer.h"
 #include "relaxcc/reducer.h"
 #include "test_util.h"
@@ -239,39 +240,6 @@ class ScheduledOptimizer {
   }();
 };
 
-// An algorithm resumed at step `offset`: forwards every hook with
-// StepInfo::step + offset, since a new Reducer counts its steps from 0 (the
-// Reducer has no way to resume its step count).
-class Resumed final : public Algorithm {
- public:
-  Resumed(AlgorithmPtr inner, int64_t offset) : inner_(std::move(inner)), offset_(offset) {}
-  std::string name() const override { return inner_->name(); }
-  AlgorithmCapabilities capabilities() const override { return inner_->capabilities(); }
-  void init(const AlgorithmContext& ctx) override { inner_->init(ctx); }
-  WorkPtr on_step_begin(const StepInfo& s) override { return inner_->on_step_begin(at(s)); }
-  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
-    return inner_->on_bucket_ready(at(s), bucket, data);
-  }
-  WorkPtr on_backward_end(const StepInfo& s) override { return inner_->on_backward_end(at(s)); }
-  void before_optimizer_step(const StepInfo& s) override { inner_->before_optimizer_step(at(s)); }
-  void optimizer_step(const StepInfo& s, Optimizer& o) override {
-    inner_->optimizer_step(at(s), o);
-  }
-  WorkPtr after_optimizer_step(const StepInfo& s) override {
-    return inner_->after_optimizer_step(at(s));
-  }
-  bool need_reset(const StepInfo& s) const override { return inner_->need_reset(at(s)); }
-  void drain(std::chrono::milliseconds t) override { inner_->drain(t); }
-  void shutdown(std::chrono::milliseconds t) override { inner_->shutdown(t); }
-  StateDict state_dict() const override { return inner_->state_dict(); }
-  void load_state_dict(const StateDict& s) override { inner_->load_state_dict(s); }
-
- private:
-  StepInfo at(const StepInfo& s) const { return StepInfo{s.step + offset_}; }
-  AlgorithmPtr inner_;
-  int64_t offset_;
-};
-
 struct Trial {
   std::string name;
   std::function<AlgorithmPtr()> algorithm;
@@ -289,7 +257,7 @@ inline float scheduled_lr(const Trial& trial, int64_t step) {
 // kTensors registered pairs, driven by a Reducer.
 class Training {
  public:
-  // `module` runs from step `first_step` (wrapped in Resumed after 0).
+  // `module` runs from step `first_step` (wrapped in StepOffset after 0).
   Training(const LeastSquares& problem, const Trial& trial, AlgorithmPtr module,
            int64_t first_step = 0)
       : problem_(problem),
@@ -310,7 +278,8 @@ class Training {
     ReducerOptions o;  // several buckets: 64 elements first, then 128
     o.plan.first_cap_bytes = 64 * 4;
     o.plan.cap_bytes = 128 * 4;
-    AlgorithmPtr driven = first_step > 0 ? std::make_shared<Resumed>(module_, first_step) : module_;
+    AlgorithmPtr driven =
+        first_step > 0 ? std::make_shared<algorithms::StepOffset>(module_, first_step) : module_;
     reducer_ = std::make_unique<Reducer>(world(), specs, std::move(driven), ExecContext::host(), o);
   }
 
