@@ -5,14 +5,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "convergence_harness.h"
+#include "relaxcc/algorithms/async_model_average.h"
 #include "relaxcc/algorithms/bytegrad.h"
 #include "relaxcc/algorithms/cocktail_sgd.h"
+#include "relaxcc/algorithms/decentralized_sgd.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
+#include "relaxcc/algorithms/low_precision_decentralized_sgd.h"
+#include "relaxcc/algorithms/moshpit_sgd.h"
 #include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
 
@@ -293,6 +298,260 @@ TEST(Config, BadConfigurationIsInvalidArgument) {
   edge.bits = 1;
   EXPECT_NO_THROW(CocktailSgd{edge});
   EXPECT_NO_THROW(ByteGrad(ByteGradOptions{1}));
+}
+
+// [K]'s modules: weights (or pseudo-gradients) travel, not gradients.
+DecentralizedSgdOptions gossip_options(GossipMode mode, int tag) {
+  DecentralizedSgdOptions o;
+  o.mode = mode;
+  o.tag = tag;
+  return o;
+}
+
+template <typename Module, typename Options>
+std::function<AlgorithmPtr()> make(Options o) {
+  return [o] { return std::make_shared<Module>(o); };
+}
+
+TEST(Decentralized, WithinBudget) {
+  std::vector<std::pair<Trial, double>> trials;
+  trials.push_back({sgd_trial("decentralized_sgd (defaults: all)",
+                              make<DecentralizedSgd>(DecentralizedSgdOptions{})),
+                    2.0});
+  for (GossipMode mode : {GossipMode::shift_one, GossipMode::exponential})
+    trials.push_back({sgd_trial("decentralized_sgd (" + std::string(gossip_mode_name(mode)) + ")",
+                                make<DecentralizedSgd>(gossip_options(mode, 31000))),
+                      2.0});
+  // The ring's W has eigenvalue -1/3 at 4 ranks: W - lr H is unstable at
+  // lr = 1 / L, I + 0.8 (W - I) is not (docs/algorithms.md).
+  DecentralizedSgdOptions ring = gossip_options(GossipMode::ring, 31000);
+  ring.consensus_step = 0.8;
+  trials.push_back(
+      {sgd_trial("decentralized_sgd (ring, consensus step 0.8)", make<DecentralizedSgd>(ring)),
+       2.0});
+  trials.push_back(
+      {sgd_trial("low_precision_decentralized_sgd (defaults: 8-bit)",
+                 make<LowPrecisionDecentralizedSgd>(LowPrecisionDecentralizedSgdOptions{})),
+       2.0});
+  trials.push_back({sgd_trial("moshpit_sgd (defaults: adaptive deadline)",
+                              make<MoshpitSgd>(MoshpitSgdOptions{})),
+                    2.0});
+  MoshpitSgdOptions waiting;
+  waiting.deadline = RoundDeadlineOptions{};
+  waiting.tag = 33500;
+  trials.push_back({sgd_trial("moshpit_sgd (no deadline)", make<MoshpitSgd>(waiting)), 2.0});
+  trials.push_back({sgd_trial("async_model_average (defaults)",
+                              make<AsyncModelAverage>(AsyncModelAverageOptions{})),
+                    4.0});
+  expect_within_budget(
+      sgd_trial("gradient_allreduce + SGD", [] { return std::make_shared<GradientAllreduce>(); }),
+      trials);
+}
+
+// Each module's final exact average leaves every rank with the same model.
+TEST(Decentralized, AverageModelIsExact) {
+  const std::vector<Trial> trials{
+      sgd_trial("decentralized_sgd exponential",
+                make<DecentralizedSgd>(gossip_options(GossipMode::exponential, 31000))),
+      sgd_trial("moshpit_sgd", make<MoshpitSgd>(MoshpitSgdOptions{})),
+      sgd_trial("async_model_average", make<AsyncModelAverage>(AsyncModelAverageOptions{})),
+  };
+  for (const Trial& trial : trials) {
+    Training t(problem(), trial, trial.algorithm());
+    for (int i = 0; i < 7; ++i) t.step();
+    if (auto* w = dynamic_cast<WeightRounds*>(&t.module())) w->average_model();
+    if (auto* a = dynamic_cast<AsyncModelAverage*>(&t.module())) a->average_model();
+    const auto [error, consensus] = problem().errors(t.x().data());
+    EXPECT_EQ(consensus, 0.0) << trial.name;
+    EXPECT_LT(error, 1.0) << trial.name;
+    t.reducer().algorithm().shutdown(std::chrono::seconds(60));
+  }
+}
+
+TEST(Decentralized, CheckpointResumesBitForBit) {
+  LowPrecisionDecentralizedSgdOptions four_bits;
+  four_bits.codec.bits = 4;
+  four_bits.communication_interval = 2;
+  MoshpitSgdOptions moshpit;  // no deadline: a deterministic trajectory
+  moshpit.deadline = RoundDeadlineOptions{};
+  moshpit.local_steps = 3;
+  DecentralizedSgdOptions shift = gossip_options(GossipMode::shift_one, 31000);
+  shift.communication_interval = 3;
+  const std::vector<Trial> trials{
+      sgd_trial("decentralized_sgd shift_one, interval 3", make<DecentralizedSgd>(shift)),
+      sgd_trial("low_precision_decentralized_sgd 4-bit, interval 2",
+                make<LowPrecisionDecentralizedSgd>(four_bits)),
+      sgd_trial("moshpit_sgd, 3 local steps", make<MoshpitSgd>(moshpit)),
+  };
+  for (const Trial& t : trials) {
+    const auto [straight, resumed] = checkpoint_roundtrip(problem(), t, 31, 50);
+    ASSERT_EQ(straight.size(), resumed.size());
+    EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0)
+        << t.name << " left the trajectory after a checkpoint";
+    double norm = 0;
+    for (float v : straight) norm += static_cast<double>(v) * v;
+    EXPECT_GT(norm, 1.0) << t.name;
+  }
+}
+
+// async_model_average is not reproducible bit for bit: after a checkpoint
+// at step 100 it still converges within its budget.
+TEST(Decentralized, AsyncConvergesAfterResume) {
+  const Trial trial =
+      sgd_trial("async_model_average", make<AsyncModelAverage>(AsyncModelAverageOptions{}));
+  const Trial base =
+      sgd_trial("gradient_allreduce + SGD", [] { return std::make_shared<GradientAllreduce>(); });
+  const RunResult b = run(problem(), base, 40000);
+  ASSERT_GT(b.steps, 0);
+  std::vector<std::byte> algorithm_bytes, optimizer_bytes;
+  std::vector<float> x;
+  {
+    Training t(problem(), trial, trial.algorithm());
+    while (t.steps() < 100) t.step();
+    t.module().drain(std::chrono::seconds(60));
+    algorithm_bytes = t.module().state_dict().serialize();
+    optimizer_bytes = t.optimizer().state().serialize();
+    t.module().shutdown(std::chrono::seconds(60));
+    x = t.x();
+  }
+  Training t(problem(), trial, trial.algorithm(), 100);
+  t.module().load_state_dict(StateDict::deserialize(algorithm_bytes));
+  t.optimizer().state() = StateDict::deserialize(optimizer_bytes);
+  std::copy(x.begin(), x.end(), t.x().begin());
+  const int64_t budget = 4 * b.steps;
+  RunResult r;
+  while (t.steps() < budget) {
+    t.step();
+    if (t.steps() % kCheckEvery != 0) continue;
+    std::tie(r.error, r.consensus) = problem().errors(t.x().data());
+    if (r.error <= kTolerance && r.consensus <= kTolerance) {
+      r.steps = t.steps();
+      break;
+    }
+  }
+  t.module().shutdown(std::chrono::seconds(60));
+  if (world_rank() == 0)
+    std::printf("[convergence] async_model_average resumed at 100: %lld steps (budget %lld)\n",
+                static_cast<long long>(r.steps), static_cast<long long>(budget));
+  EXPECT_GT(r.steps, 0) << "error " << r.error << ", consensus " << r.consensus;
+}
+
+// One rank of 4 computes 3x slower (sleeps of 3 ms against 1 ms per step):
+// with deadlines the others go on without it in the rounds it misses, and
+// the run still converges within 2x gradient_allreduce's steps.
+TEST(Decentralized, StragglerWithDeadlines) {
+  if (world_size() != 4) GTEST_SKIP() << "a straggler among 4 ranks";
+  const Trial base =
+      sgd_trial("gradient_allreduce + SGD", [] { return std::make_shared<GradientAllreduce>(); });
+  const RunResult b = run(problem(), base, 40000);
+  ASSERT_GT(b.steps, 0);
+  DecentralizedSgdOptions gossip = gossip_options(GossipMode::shift_one, 35000);
+  gossip.deadline.adaptive = true;
+  MoshpitSgdOptions moshpit;
+  moshpit.tag = 35500;
+  const std::vector<Trial> trials{
+      sgd_trial("decentralized_sgd shift_one, adaptive deadline", make<DecentralizedSgd>(gossip)),
+      sgd_trial("moshpit_sgd, adaptive deadline", make<MoshpitSgd>(moshpit)),
+  };
+  for (const Trial& trial : trials) {
+    Training t(problem(), trial, trial.algorithm());
+    const auto compute = std::chrono::milliseconds(world_rank() == 3 ? 3 : 1);
+    const int64_t budget = 2 * b.steps;
+    RunResult r;
+    int64_t missing = 0;
+    while (t.steps() < budget) {
+      std::this_thread::sleep_for(compute);
+      t.step();
+      if (t.steps() % kCheckEvery != 0) continue;
+      std::tie(r.error, r.consensus) = problem().errors(t.x().data());
+      if (r.error <= kTolerance && r.consensus <= kTolerance) {
+        r.steps = t.steps();
+        break;
+      }
+    }
+    missing = dynamic_cast<WeightRounds&>(t.module()).missing_peers();
+    MPI_Allreduce(MPI_IN_PLACE, &missing, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    t.module().shutdown(std::chrono::seconds(60));
+    if (world_rank() == 0)
+      std::printf(
+          "[convergence] straggler: %-48s %6lld steps (budget %lld), error %.2e, consensus "
+          "%.2e, peers left out %lld\n",
+          trial.name.c_str(), static_cast<long long>(r.steps), static_cast<long long>(budget),
+          r.error, r.consensus, static_cast<long long>(missing));
+    EXPECT_GT(r.steps, 0) << trial.name << ": error " << r.error << ", consensus " << r.consensus;
+  }
+}
+
+TEST(Decentralized, BadConfigurationIsInvalidArgument) {
+  expect_invalid(
+      [] {
+        DecentralizedSgdOptions o;
+        o.communication_interval = 0;
+        DecentralizedSgd d(o);
+      },
+      "communication interval");
+  expect_invalid(
+      [] {
+        DecentralizedSgdOptions o;  // mode all
+        o.deadline.fixed = std::chrono::milliseconds(5);
+        DecentralizedSgd d(o);
+      },
+      "takes no deadline");
+  expect_invalid(
+      [] {
+        DecentralizedSgdOptions o;
+        o.consensus_step = 0;
+        DecentralizedSgd d(o);
+      },
+      "consensus_step");
+  for (double gamma : {0.0, 1.5}) {
+    expect_invalid(
+        [gamma] {
+          LowPrecisionDecentralizedSgdOptions o;
+          o.gamma = gamma;
+          LowPrecisionDecentralizedSgd d(o);
+        },
+        "gamma");
+  }
+  expect_invalid(
+      [] {
+        LowPrecisionDecentralizedSgdOptions o;
+        o.codec.bits = 3;
+        LowPrecisionDecentralizedSgd d(o);
+      },
+      "bits");
+  expect_invalid(
+      [] {
+        MoshpitSgdOptions o;
+        o.local_steps = 0;
+        MoshpitSgd m(o);
+      },
+      "communication interval");
+  expect_invalid(
+      [] {
+        MoshpitSgdOptions o;
+        o.grid = {2, 0};
+        MoshpitSgd m(o);
+      },
+      "grid dims");
+  // A grid that does not fit the ranks fails when the Reducer binds it.
+  MoshpitSgdOptions small;
+  small.grid = {1};
+  expect_invalid(
+      [small] {
+        const Trial t = sgd_trial("moshpit_sgd", make<MoshpitSgd>(small));
+        Training training(problem(), t, t.algorithm());
+      },
+      "moshpit_sgd: rank");
+  for (int64_t staleness : {int64_t{0}, int64_t{-2}}) {
+    expect_invalid(
+        [staleness] {
+          AsyncModelAverageOptions o;
+          o.max_staleness_steps = staleness;
+          AsyncModelAverage a(o);
+        },
+        "max_staleness_steps");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,85 @@
+// async_model_average: asynchronous model averaging as Bagua's
+// AsyncModelAverageAlgorithm runs it (BaguaSys/bagua,
+// bagua/torch_api/algorithms/async_model_average.py): training never waits
+// for the network. Weights, not gradients, travel.
+//
+// Warmup: the first warmup_steps steps allreduce gradients (Bagua's
+// warmup). Then every rank steps on its own gradients, and after each
+// optimizer step every bucket's weights go to the bucket's
+// AsyncModelAverager (relaxcc/relaxed/async_average.h): every
+// interval_steps steps it snapshots them and starts averaging the snapshot
+// at low priority, and the first step after that average completed applies
+// it, x += avg - snapshot, keeping the local steps taken meanwhile. Each
+// bucket averages on its own, so bucket b's average travels while bucket
+// b + 1's is snapshot. A step waits only for an average that became older
+// than max_staleness_steps steps.
+//
+// Bytes per averaging step and rank: mode all, an allreduce of the model
+// (2 (n - 1) / n models); gossip modes, one model per peer. Staleness: an
+// average is applied 1 to max_staleness_steps steps after its snapshot.
+// Runs are not reproducible bit for bit (when an average lands depends on
+// timing): a checkpoint keeps the step counts only. Evaluate after
+// average_model(), which stops the averaging and averages exactly.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "relaxcc/algorithms/bucket_weights.h"
+#include "relaxcc/relaxed/async_average.h"
+
+namespace relaxcc::algorithms {
+
+struct AsyncModelAverageOptions {
+  // Steps between averages (Bagua's sync_interval_ms=500 is a time; relaxcc
+  // counts steps: one per step).
+  int64_t interval_steps = 1;
+  // Bagua: warmup_steps=0.
+  int warmup_steps = 0;
+  // relaxcc's AsyncAverageOptions defaults (Bagua has no bound).
+  int64_t max_staleness_steps = 8;
+  GossipMode mode = GossipMode::all;
+  std::chrono::microseconds round_deadline{0};
+  std::chrono::milliseconds stop_timeout{10000};
+  // Gossip modes: bucket b's averager uses tags tag + 2 b and tag + 2 b + 1.
+  int tag = 34000;
+};
+
+class AsyncModelAverage final : public Algorithm {
+ public:
+  // Throws InvalidArgument for interval_steps < 1, warmup_steps < 0 or
+  // max_staleness_steps < 1.
+  explicit AsyncModelAverage(AsyncModelAverageOptions options = {});
+  ~AsyncModelAverage() override;
+  std::string name() const override { return "async_model_average"; }
+  AlgorithmCapabilities capabilities() const override;
+  void init(const AlgorithmContext& ctx) override;
+  WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;
+  WorkPtr after_optimizer_step(const StepInfo& step) override;
+  bool need_reset(const StepInfo& step) const override {
+    return step.step == options_.warmup_steps;
+  }
+  // Stops every averager (each applies its average in flight if it came
+  // within stop_timeout).
+  void shutdown(std::chrono::milliseconds timeout) override;
+  // Stops the averaging and replaces every parameter by its exact average
+  // (collective). A later step starts new averagers.
+  void average_model(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  // Summed over the buckets' averagers.
+  AsyncAverageCounts counts() const;
+
+ private:
+  void stop_averagers();
+  AsyncModelAverageOptions options_;
+  AlgorithmContext ctx_;
+  BucketWeights weights_;
+  std::mutex lock_;  // the parameters' lock of the averagers
+  std::vector<std::unique_ptr<AsyncModelAverager>> averagers_;
+  int64_t generation_ = 0;       // averager sets made so far (their tags differ)
+  AsyncAverageCounts finished_;  // of stopped averagers
+};
+
+}  // namespace relaxcc::algorithms
