@@ -94,6 +94,17 @@ relaxcc::AlgorithmPtr allreduce() {
   return std::make_shared<relaxcc::algorithms::GradientAllreduce>();
 }
 
+// Steps [from, to) of this rank's slices, one backward each.
+void train(Net& net, DistributedDataParallel& ddp, torch::optim::SGD& sgd, int from, int to) {
+  const auto comm = world();
+  for (int s = from; s < to; ++s) {
+    sgd.zero_grad();
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    loss_of(net, x, y).backward();
+    ddp.step();
+  }
+}
+
 constexpr int kSteps = 5;
 // Float tolerance: the averaged gradient differs from the concatenated
 // batch's by the rounding of the sum (a few ulps), and five momentum steps
@@ -127,12 +138,7 @@ TEST_P(Views, GradientAllreduceEqualsTheConcatenatedBatch) {
   o.reducer.plan.cap_bytes = 512;  // several buckets, and a plan rebuild
   o.reducer.plan.first_cap_bytes = 256;
   DistributedDataParallel ddp(comm, *net, sgd, allreduce(), o);
-  for (int s = 0; s < kSteps; ++s) {
-    sgd.zero_grad();
-    auto [x, y] = my_slice(s, comm->rank(), comm->size());
-    loss_of(net, x, y).backward();
-    ddp.step();
-  }
+  train(net, ddp, sgd, 0, kSteps);
   EXPECT_EQ(ddp.steps(), kSteps);
   EXPECT_GT(ddp.reducer().plan().buckets().size(), 1u);
   EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
@@ -172,12 +178,7 @@ TEST(Ddp, UnusedParameterDoesNotHangAndStaysUntouched) {
   auto sgd = make_sgd(net);
   DistributedDataParallel ddp(comm, *net, sgd, allreduce());
   const torch::Tensor spare = net->spare->weight.detach().clone();
-  for (int s = 0; s < kSteps; ++s) {
-    sgd.zero_grad();
-    auto [x, y] = my_slice(s, comm->rank(), comm->size());
-    loss_of(net, x, y).backward();
-    ddp.step();
-  }
+  train(net, ddp, sgd, 0, kSteps);
   EXPECT_TRUE(torch::equal(net->spare->weight, spare));
   EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
 }
@@ -218,15 +219,6 @@ std::vector<torch::Tensor> run_local_sgd(bool resume, const std::string& prefix)
   auto algorithm = [] {
     return std::make_shared<relaxcc::algorithms::LocalSgd>(
         relaxcc::algorithms::LocalSgdOptions{.period = 2, .warmup_steps = 1});
-  };
-  auto train = [&](Net& net, DistributedDataParallel& ddp, torch::optim::SGD& sgd, int from,
-                   int to) {
-    for (int s = from; s < to; ++s) {
-      sgd.zero_grad();
-      auto [x, y] = my_slice(s, comm->rank(), comm->size());
-      loss_of(net, x, y).backward();
-      ddp.step();
-    }
   };
   Net net = make_net();
   auto sgd = make_sgd(net);
@@ -314,12 +306,7 @@ TEST(Ddp, UnevenInputsNameTheRanks) {
   const int batches = comm->rank() == 0 ? 3 : 2;
   std::string message;
   try {
-    for (int s = 0; s < batches; ++s) {
-      sgd.zero_grad();
-      auto [x, y] = my_slice(s, comm->rank(), comm->size());
-      loss_of(net, x, y).backward();
-      ddp.step();
-    }
+    train(net, ddp, sgd, 0, batches);
     ddp.finish();
   } catch (const std::exception& e) {
     message = e.what();

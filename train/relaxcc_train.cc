@@ -475,9 +475,14 @@ int compare(const Options& o, const char* self) {
         const std::string launcher =
             o.rate > 0 ? o.hosts_tool + " exec --hosts " + n + " --rate " + rate + " -- "
                        : "mpirun -n " + n + " --oversubscribe --bind-to none ";
-        cmd = "OPENBLAS_NUM_THREADS=1 " + launcher + o.python + " " + o.peer_script +
-              " --variant " + name + shared + " --seed " + seed + " --init " + init + " --json " +
-              stem + ".json --curve " + stem + ".dat";
+        // A port of this run's own, so a socket of the last run in TIME_WAIT
+        // never collides.
+        const int port =
+            20000 +
+            static_cast<int>((::getpid() * 7 + rows.size() * 131 + std::stoi(seed)) % 20000);
+        cmd = "OPENBLAS_NUM_THREADS=1 timeout 1800 " + launcher + o.python + " " + o.peer_script +
+              " --variant " + name + shared + " --seed " + seed + " --init " + init + " --port " +
+              std::to_string(port) + " --json " + stem + ".json --curve " + stem + ".dat";
       }
       if (run(cmd) != 0) {
         std::fprintf(stderr, "relaxcc-train --compare: %s (seed %s) failed; left out\n",
@@ -509,17 +514,17 @@ int compare(const Options& o, const char* self) {
        "|---|---|---|---|---|---|---|---|\n";
   char buf[512];
   for (const Row& r : rows) {
-    std::snprintf(
-        buf, sizeof buf, "| %s | %.4f (%.4f) | %.2f | %.2f | %.2f | %s | %s | %s |\n",
-        r.name.c_str(), mean(r.accuracy), spread(r.accuracy), mean(r.wall), mean(r.step),
-        mean(r.bytes) / 1e6,
-        base ? std::to_string(100 * (mean(r.accuracy) - mean(base->accuracy)))
-                   .substr(0, 6)
-                   .append(" pt")
-                   .c_str()
-             : "-",
-        peer ? (std::to_string(mean(r.step) / mean(peer->step)).substr(0, 5) + "x").c_str() : "-",
-        peer ? (std::to_string(mean(r.wall) / mean(peer->wall)).substr(0, 5) + "x").c_str() : "-");
+    char delta[32] = "-", step[32] = "-", wall[32] = "-";
+    if (base)
+      std::snprintf(delta, sizeof delta, "%+.2f pt",
+                    100 * (mean(r.accuracy) - mean(base->accuracy)));
+    if (peer) {
+      std::snprintf(step, sizeof step, "%.2fx", mean(r.step) / mean(peer->step));
+      std::snprintf(wall, sizeof wall, "%.2fx", mean(r.wall) / mean(peer->wall));
+    }
+    std::snprintf(buf, sizeof buf, "| %s | %.4f (%.4f) | %.2f | %.2f | %.2f | %s | %s | %s |\n",
+                  r.name.c_str(), mean(r.accuracy), spread(r.accuracy), mean(r.wall), mean(r.step),
+                  mean(r.bytes) / 1e6, delta, step, wall);
     t << buf;
   }
   std::ostringstream header;

@@ -23,6 +23,7 @@ the gradients (plain: 4 bytes per element, fp16: 2) or from PowerSGD's
 allreduces.
 """
 import argparse
+import datetime
 import gzip
 import json
 import os
@@ -121,6 +122,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--init", help="initial weights (f32, parameter order) from relaxcc-train --init-out")
+    ap.add_argument("--port", type=int, default=29517, help="the master's port when MASTER_PORT is not set")
     ap.add_argument("--json")
     ap.add_argument("--curve")
     a = ap.parse_args()
@@ -128,9 +130,9 @@ def main():
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("MASTER_PORT", str(a.port))
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
 
     train_x, train_y = load_split(a.data, "train")
     test_x, test_y = load_split(a.data, "t10k")
@@ -238,7 +240,9 @@ def main():
                 f.write("# wall_s bytes_sent_per_rank test_accuracy\n")
                 for p in curve:
                     f.write(f"{p[0]} {p[1]} {p[2]}\n")
-    dist.destroy_process_group()
+    # Both ranks are done; no destroy_process_group(): with the PowerSGD
+    # hook, a rank sometimes never returned from it.
+    dist.barrier()
 
 
 if __name__ == "__main__":
