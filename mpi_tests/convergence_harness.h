@@ -247,6 +247,11 @@ struct Trial {
   float lr0 = 0;                          // the schedule's first rate
   // For an algorithm that owns the optimizer step: gives it each step's rate.
   std::function<void(Algorithm&, float)> set_lr;
+  // The algorithm leaves the ranks' models apart between its syncs by
+  // design and offers an exact average before evaluation (streaming
+  // DiLoCo, say): success then asks the averaged model's error only (the
+  // consensus is still reported).
+  bool averaged_for_evaluation = false;
 };
 
 inline float scheduled_lr(const Trial& trial, int64_t step) {
@@ -324,7 +329,7 @@ inline RunResult run(const LeastSquares& problem, const Trial& trial, int64_t bu
     t.step();
     if (t.steps() % kCheckEvery != 0) continue;
     std::tie(r.error, r.consensus) = problem.errors(t.x().data());
-    if (r.error <= kTolerance && r.consensus <= kTolerance) {
+    if (r.error <= kTolerance && (trial.averaged_for_evaluation || r.consensus <= kTolerance)) {
       r.steps = t.steps();
       break;
     }

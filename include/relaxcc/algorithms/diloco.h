@@ -1,0 +1,143 @@
+// diloco: the low-communication stack in one module. DiLoCo (Douillard et
+// al., 2023), its streaming fragments (Streaming DiLoCo, Douillard et al.,
+// 2025), one-step-delayed ("eager") outer updates (Kale et al., 2025),
+// compressed pseudo-gradients with error feedback (SparseLoCo, 2025, is one
+// configuration) and a hierarchical pseudo-gradient allreduce. Pseudo-
+// gradients, not gradients, travel.
+//
+// Inner steps: every rank steps on its own gradients with the frontend's
+// optimizer (the inner optimizer; DiLoCo: AdamW). Outer steps: the
+// registered parameters are cut into `fragments` fragments of whole tensors
+// (flat order, balanced by elements); fragment p synchronises every
+// inner_steps (H) steps, at inner steps k = o_p (mod H), o_p = p H / F, so
+// the fragments sync in turn (one fragment: every H steps). At its sync
+// fragment p
+//   1. takes its pseudo-gradient delta = theta_start - theta (the progress
+//      of this round; theta_start: the fragment at the start of the round),
+//   2. starts its average over the ranks: f32 allreduce, or the compressed
+//      allreduce of any codec of relaxcc/kernels/compressor.h (dense kinds
+//      through compressed_allreduce.h, top-k and random-k through
+//      sparse_allreduce.h) with worker- and server-side error feedback;
+//      hierarchical: full precision within a node, compressed across nodes
+//      (dense codecs),
+//   3. after `overlap_steps` further inner steps (0: at once; eager: H, at
+//      the fragment's next sync) applies the outer optimizer (Nesterov SGD,
+//      relaxcc::Sgd) to the synchronised global fragment theta_g with the
+//      averaged pseudo-gradient, and sets
+//        theta = theta_g - (theta_at_sync - theta),  theta_start = theta_g:
+//      the local progress made while the average travelled stays on top of
+//      the new global model (with no overlap, theta = theta_g). The next
+//      pseudo-gradient is the progress since the sync.
+// Streaming DiLoCo mixes theta = alpha theta + (1 - alpha) theta_g after an
+// overlapped sync; relaxcc keeps the local progress instead (the eager
+// update's rule), and offers no alpha.
+//
+// Bytes per inner step and rank: 2 (n - 1) / n of the model's encoding per
+// H steps (f32: 4 bytes per element; a codec's encoded size otherwise).
+// Peak bandwidth: with F fragments one fragment (1 / F of the model) is in
+// flight at a time. Staleness: an outer update lands overlap_steps (eager:
+// H) inner steps after its sync. Ranks' models differ between syncs:
+// evaluate after average_model().
+//
+// State (state_dict, after drain): theta_g, theta_start, the outer
+// optimizer's momentum, the error feedback and any completed exchange not
+// yet applied, so a checkpoint resumes bit for bit.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "relaxcc/algorithm.h"
+#include "relaxcc/algorithms/bucket_weights.h"
+#include "relaxcc/kernels/compressor.h"
+#include "relaxcc/topology.h"
+
+namespace relaxcc::algorithms {
+
+struct DilocoOptions {
+  // H: inner steps per outer step (DiLoCo: 500).
+  int inner_steps = 500;
+  // DiLoCo's outer optimizer: Nesterov SGD, lr 0.7, momentum 0.9.
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
+  bool nesterov = true;
+  // Pseudo-gradient codec; unset: f32 (DiLoCo). Dense kinds (f16, bf16,
+  // minmax 8/4/2/1-bit, sign) or topk / randomk (sparse, f32 values).
+  std::optional<kernels::CompressorConfig> codec;
+  // With a codec: worker- and server-side error feedback (SparseLoCo keeps
+  // error feedback in place of outer momentum).
+  bool error_feedback = true;
+  // beta: each sync first scales this rank's error-feedback residual by
+  // beta, e <- beta e + delta (SparseLoCo's decayed accumulator, which
+  // stands in for the outer momentum; 1: plain error feedback).
+  float feedback_decay = 1.0f;
+  // Streaming DiLoCo: F fragments syncing in turn (1: plain DiLoCo).
+  int fragments = 1;
+  // Inner steps an outer update lands after its sync, in [0, H]
+  // (Streaming DiLoCo's tau; 0: DiLoCo).
+  int overlap_steps = 0;
+  // One-step-delayed ("eager") outer updates: overlap_steps = H.
+  bool eager = false;
+  // Full precision within each node, compressed across nodes (dense codecs;
+  // the node layout of build_hierarchy: RELAXCC_RANKS_PER_NODE emulates it).
+  bool hierarchical = false;
+};
+
+// SparseLoCo's recipe (arXiv 2508.15706): top-k of the pseudo-gradient at
+// 3% density (the paper: 1-3%) with a decayed error-feedback accumulator in
+// place of the outer momentum (feedback_decay 0.95, relaxcc's choice), outer
+// SGD without momentum at lr 1. Two differences: the top-k is per shard of
+// the sparse allreduce, not per chunk, and the values travel as f32, not 2
+// bits (sparse_allreduce.h sends f32 values; docs/algorithms.md).
+DilocoOptions sparseloco_options(int inner_steps);
+
+class Diloco final : public Algorithm {
+ public:
+  // Throws InvalidArgument for inner_steps < 1, a non-positive outer lr, a
+  // momentum outside [0, 1), fragments < 1 or > inner_steps, overlap_steps
+  // outside [0, H], feedback_decay outside (0, 1], an invalid codec, or
+  // hierarchical with a sparse codec.
+  // init() throws InvalidArgument for more fragments than parameter tensors.
+  explicit Diloco(DilocoOptions options = {});
+  ~Diloco() override;
+  std::string name() const override { return "diloco"; }
+  AlgorithmCapabilities capabilities() const override;
+  void init(const AlgorithmContext& ctx) override;
+  WorkPtr on_bucket_ready(const StepInfo&, int, const TensorView&) override { return nullptr; }
+  void before_optimizer_step(const StepInfo& step) override;
+  WorkPtr after_optimizer_step(const StepInfo& step) override;
+  // Waits for the exchanges in flight (they stay unapplied until their
+  // step); Timeout when one does not complete in time.
+  void drain(std::chrono::milliseconds timeout) override;
+  // The exact average of every parameter over the ranks (collective).
+  void average_model(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+  // Needs no exchange in flight (drain first): InvalidArgument otherwise.
+  StateDict state_dict() const override;
+  void load_state_dict(const StateDict& state) override;
+  // Outer steps applied, summed over fragments.
+  int64_t outer_steps() const { return outer_steps_; }
+  // Fragment p's [first flat element, end).
+  std::pair<int64_t, int64_t> fragment(int p) const;
+
+ private:
+  struct Fragment;
+  int delay() const { return options_.eager ? options_.inner_steps : options_.overlap_steps; }
+  void gather(const Fragment& f, std::vector<float>& out) const;
+  void start_exchange(Fragment& f, int64_t k);
+  void apply(Fragment& f);
+  WorkPtr average(Fragment& f, int64_t k);
+
+  DilocoOptions options_;
+  AlgorithmContext ctx_;
+  HierarchicalComms hierarchy_;
+  bool have_hierarchy_ = false;
+  std::vector<int> params_;        // registered parameter tensors, in order
+  std::vector<int64_t> param_at_;  // their flat offsets
+  int64_t numel_ = 0;
+  std::vector<std::unique_ptr<Fragment>> fragments_;
+  std::unique_ptr<Optimizer> outer_;
+  int64_t outer_steps_ = 0;
+};
+
+}  // namespace relaxcc::algorithms
