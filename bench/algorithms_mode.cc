@@ -25,10 +25,15 @@
 #include "bench_util.h"
 #include "model_layers.h"
 #include "modes.h"
+#include "relaxcc/algorithms/async_model_average.h"
 #include "relaxcc/algorithms/bytegrad.h"
 #include "relaxcc/algorithms/cocktail_sgd.h"
+#include "relaxcc/algorithms/decentralized_sgd.h"
+#include "relaxcc/algorithms/diloco.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
+#include "relaxcc/algorithms/low_precision_decentralized_sgd.h"
+#include "relaxcc/algorithms/moshpit_sgd.h"
 #include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
@@ -135,9 +140,44 @@ AlgorithmPtr make_algorithm(const std::string& spec, std::string* setting) {
     return std::make_shared<algorithms::CocktailSgd>(o);
   }
   if (name == "local_sgd" && defaults) return std::make_shared<algorithms::LocalSgd>();
+  if (name == "decentralized_sgd" && (defaults || *setting == "shift_one")) {
+    algorithms::DecentralizedSgdOptions o;
+    if (!defaults) o.mode = GossipMode::shift_one;
+    *setting = defaults ? "mode all" : "mode shift_one";
+    return std::make_shared<algorithms::DecentralizedSgd>(o);
+  }
+  if (name == "low_precision_decentralized_sgd" && defaults) {
+    *setting = "ring, 8-bit min-max";
+    return std::make_shared<algorithms::LowPrecisionDecentralizedSgd>();
+  }
+  if (name == "moshpit_sgd" && defaults) {
+    *setting = "grid, adaptive deadline";
+    return std::make_shared<algorithms::MoshpitSgd>();
+  }
+  if (name == "async_model_average" && defaults)
+    return std::make_shared<algorithms::AsyncModelAverage>();
+  // diloco:h<H>[-4bit][-streaming]: H inner steps (defaults: 500), 4-bit
+  // min-max pseudo-gradients with error feedback, 4 streaming fragments.
+  if (name == "diloco") {
+    algorithms::DilocoOptions o;
+    if (!defaults) {
+      RELAXCC_ENFORCE(setting->size() > 1 && (*setting)[0] == 'h', InvalidArgument,
+                      "algorithms: diloco's setting is h<H>[-4bit][-streaming], got '", *setting,
+                      "'");
+      o.inner_steps = std::stoi(setting->substr(1));
+      if (setting->find("-4bit") != std::string::npos) {
+        o.codec = kernels::CompressorConfig{};
+        o.codec->bits = 4;
+      }
+      if (setting->find("-streaming") != std::string::npos) o.fragments = 4;
+    }
+    return std::make_shared<algorithms::Diloco>(o);
+  }
   RELAXCC_THROW(InvalidArgument, "algorithms: unknown algorithm '", spec,
                 "' (gradient_allreduce, bytegrad, qadam, cocktail_sgd, cocktail_sgd:paper, "
-                "local_sgd)");
+                "local_sgd, decentralized_sgd, decentralized_sgd:shift_one, "
+                "low_precision_decentralized_sgd, moshpit_sgd, async_model_average, diloco, "
+                "diloco:h<H>[-4bit][-streaming])");
 }
 
 void run_algorithms(const AlgorithmsArgs& args) {
