@@ -37,14 +37,8 @@
 #include <vector>
 
 #include "fashion_mnist.h"
-#include "relaxcc/algorithms/bytegrad.h"
-#include "relaxcc/algorithms/cocktail_sgd.h"
-#include "relaxcc/algorithms/gradient_allreduce.h"
-#include "relaxcc/algorithms/local_sgd.h"
-#include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
-#include "relaxcc/mpi_communicator.h"
-#include "relaxcc/torch/distributed_data_parallel.h"
+#include "relaxcc/torch/ddp.h"
 
 namespace {
 
@@ -52,8 +46,16 @@ using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 // Every algorithm module; --compare runs them in this order.
-const std::vector<std::string> kAlgorithms = {"gradient_allreduce", "bytegrad", "qadam",
-                                              "cocktail_sgd", "local_sgd"};
+const std::vector<std::string> kAlgorithms = {"gradient_allreduce",
+                                              "bytegrad",
+                                              "qadam",
+                                              "cocktail_sgd",
+                                              "local_sgd",
+                                              "decentralized_sgd",
+                                              "low_precision_decentralized_sgd",
+                                              "moshpit_sgd",
+                                              "async_model_average",
+                                              "diloco"};
 const std::vector<std::string> kPeers = {"torch_ddp", "torch_ddp_fp16", "torch_ddp_powersgd"};
 
 struct Options {
@@ -91,7 +93,9 @@ struct Options {
                "[--init-out PATH]\n"
                "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
                "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
-               "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd local_sgd\n",
+               "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd local_sgd "
+               "decentralized_sgd low_precision_decentralized_sgd moshpit_sgd "
+               "async_model_average diloco\n",
                error.c_str());
   std::exit(2);
 }
@@ -268,6 +272,16 @@ relaxcc::AlgorithmPtr make_algorithm(const std::string& name, const Options& o) 
     return std::make_shared<CocktailSgd>(c);
   }
   if (name == "local_sgd") return std::make_shared<LocalSgd>(LocalSgdOptions{.period = 4});
+  if (name == "decentralized_sgd") return std::make_shared<DecentralizedSgd>();
+  if (name == "low_precision_decentralized_sgd")
+    return std::make_shared<LowPrecisionDecentralizedSgd>();
+  if (name == "moshpit_sgd") return std::make_shared<MoshpitSgd>();
+  if (name == "async_model_average") return std::make_shared<AsyncModelAverage>();
+  if (name == "diloco") {
+    DilocoOptions d;
+    d.inner_steps = 50;  // DiLoCo's 500 is more than an epoch of this demo
+    return std::make_shared<Diloco>(d);
+  }
   usage("unknown algorithm " + name);
 }
 

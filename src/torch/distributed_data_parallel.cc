@@ -62,43 +62,6 @@ int64_t read_int(::torch::serialize::InputArchive& archive, const std::string& k
 
 }  // namespace
 
-// Forwards every hook to the user's algorithm with StepInfo::step moved by
-// `offset`: a Reducer counts its steps from 0, and a resumed checkpoint
-// continues from the step it was saved at.
-class DistributedDataParallel::StepOffset final : public Algorithm {
- public:
-  explicit StepOffset(AlgorithmPtr inner) : inner_(std::move(inner)) {}
-  Algorithm& inner() { return *inner_; }
-  void set_offset(int64_t offset) { offset_ = offset; }
-  int64_t offset() const { return offset_; }
-
-  std::string name() const override { return inner_->name(); }
-  AlgorithmCapabilities capabilities() const override { return inner_->capabilities(); }
-  void init(const AlgorithmContext& ctx) override { inner_->init(ctx); }
-  WorkPtr on_step_begin(const StepInfo& s) override { return inner_->on_step_begin(at(s)); }
-  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
-    return inner_->on_bucket_ready(at(s), bucket, data);
-  }
-  WorkPtr on_backward_end(const StepInfo& s) override { return inner_->on_backward_end(at(s)); }
-  void before_optimizer_step(const StepInfo& s) override { inner_->before_optimizer_step(at(s)); }
-  void optimizer_step(const StepInfo& s, Optimizer& o) override {
-    inner_->optimizer_step(at(s), o);
-  }
-  WorkPtr after_optimizer_step(const StepInfo& s) override {
-    return inner_->after_optimizer_step(at(s));
-  }
-  bool need_reset(const StepInfo& s) const override { return inner_->need_reset(at(s)); }
-  void drain(std::chrono::milliseconds t) override { inner_->drain(t); }
-  void shutdown(std::chrono::milliseconds t) override { inner_->shutdown(t); }
-  StateDict state_dict() const override { return inner_->state_dict(); }
-  void load_state_dict(const StateDict& s) override { inner_->load_state_dict(s); }
-
- private:
-  StepInfo at(const StepInfo& s) const { return StepInfo{s.step + offset_}; }
-  AlgorithmPtr inner_;
-  int64_t offset_ = 0;
-};
-
 // The Reducer's optimizer: its first update() of a step runs the torch
 // optimizer's step over every parameter (the Reducer calls update() once per
 // gradient that some rank produced, between the algorithm's hooks).
@@ -181,7 +144,7 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
                      static_cast<int>(2 * i + 1)});
     specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
   }
-  algorithm_ = std::make_shared<StepOffset>(std::move(algorithm));
+  algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
   torch_step_ = std::make_unique<TorchStep>(optimizer_);
   // Verifies names, shapes and dtypes across ranks (PeerMismatch).
   reducer_ = std::make_unique<Reducer>(comm_, std::move(specs), algorithm_, ExecContext::host(),

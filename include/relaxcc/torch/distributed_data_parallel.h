@@ -80,6 +80,7 @@
 #include <vector>
 
 #include "relaxcc/algorithm.h"
+#include "relaxcc/algorithms/step_offset.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/reducer.h"
 
@@ -148,7 +149,6 @@ class DistributedDataParallel {
 
  private:
   class ReadyHook;
-  class StepOffset;
   class TorchStep;
 
   // Called by the accumulator post hook of parameter `param`.
@@ -172,7 +172,8 @@ class DistributedDataParallel {
   std::vector<::torch::Tensor> grads_;    // the memory param.grad must be
   std::vector<::torch::Tensor> buffers_;  // every buffer
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
-  std::shared_ptr<StepOffset> algorithm_;
+  // The user's algorithm, its step numbers moved by a resumed checkpoint's.
+  std::shared_ptr<algorithms::StepOffset> algorithm_;
   std::unique_ptr<TorchStep> torch_step_;
   std::unique_ptr<Reducer> reducer_;
   bool no_sync_ = false;
