@@ -321,11 +321,13 @@ struct RunResult {
   double error = 0, consensus = 0;  // at that step, or at the budget
 };
 
-// Trains `trial` from x = 0 for at most `budget` steps.
-inline RunResult run(const LeastSquares& problem, const Trial& trial, int64_t budget) {
-  Training t(problem, trial, trial.algorithm());
+// Steps `t` until success (checked every kCheckEvery steps) or until it
+// has taken `budget` steps; `before_step`, if set, runs before each step.
+inline RunResult train_until(const LeastSquares& problem, const Trial& trial, Training& t,
+                             int64_t budget, const std::function<void()>& before_step = {}) {
   RunResult r;
   while (t.steps() < budget) {
+    if (before_step) before_step();
     t.step();
     if (t.steps() % kCheckEvery != 0) continue;
     std::tie(r.error, r.consensus) = problem.errors(t.x().data());
@@ -334,8 +336,39 @@ inline RunResult run(const LeastSquares& problem, const Trial& trial, int64_t bu
       break;
     }
   }
+  return r;
+}
+
+// Trains `trial` from x = 0 for at most `budget` steps.
+inline RunResult run(const LeastSquares& problem, const Trial& trial, int64_t budget) {
+  Training t(problem, trial, trial.algorithm());
+  const RunResult r = train_until(problem, trial, t, budget);
   t.reducer().algorithm().shutdown(std::chrono::seconds(60));
   return r;
+}
+
+// A run of `trial` to `save_at` steps, checkpointed (drain, state_dict
+// serialized with the optimizer and the parameters), torn down, and resumed
+// in a new Reducer and Algorithm, ready for its step `save_at`.
+inline std::unique_ptr<Training> checkpointed(const LeastSquares& problem, const Trial& trial,
+                                              int64_t save_at) {
+  std::vector<std::byte> algorithm_bytes, optimizer_bytes;
+  std::vector<float> x;
+  {
+    Training t(problem, trial, trial.algorithm());
+    while (t.steps() < save_at) t.step();
+    Algorithm& a = t.reducer().algorithm();
+    a.drain(std::chrono::seconds(60));
+    algorithm_bytes = a.state_dict().serialize();
+    optimizer_bytes = t.optimizer().state().serialize();
+    x = t.x();
+    a.shutdown(std::chrono::seconds(60));
+  }
+  auto t = std::make_unique<Training>(problem, trial, trial.algorithm(), save_at);
+  t->module().load_state_dict(StateDict::deserialize(algorithm_bytes));
+  t->optimizer().state() = StateDict::deserialize(optimizer_bytes);
+  std::copy(x.begin(), x.end(), t->x().begin());
+  return t;
 }
 
 // Final models of a straight run to `steps` and of one checkpointed at
@@ -349,25 +382,10 @@ inline std::pair<std::vector<float>, std::vector<float>> checkpoint_roundtrip(
     t.reducer().algorithm().shutdown(std::chrono::seconds(60));
     straight = t.x();
   }
-  std::vector<std::byte> algorithm_bytes, optimizer_bytes;
-  std::vector<float> x;
-  {
-    Training t(problem, trial, trial.algorithm());
-    while (t.steps() < save_at) t.step();
-    Algorithm& a = t.reducer().algorithm();
-    a.drain(std::chrono::seconds(60));
-    algorithm_bytes = a.state_dict().serialize();
-    optimizer_bytes = t.optimizer().state().serialize();
-    x = t.x();
-    a.shutdown(std::chrono::seconds(60));
-  }
-  Training t(problem, trial, trial.algorithm(), save_at);
-  t.module().load_state_dict(StateDict::deserialize(algorithm_bytes));
-  t.optimizer().state() = StateDict::deserialize(optimizer_bytes);
-  std::copy(x.begin(), x.end(), t.x().begin());
-  while (t.steps() < steps) t.step();
-  t.reducer().algorithm().shutdown(std::chrono::seconds(60));
-  return {straight, t.x()};
+  const std::unique_ptr<Training> t = checkpointed(problem, trial, save_at);
+  while (t->steps() < steps) t->step();
+  t->reducer().algorithm().shutdown(std::chrono::seconds(60));
+  return {straight, t->x()};
 }
 
 }  // namespace relaxcc::test

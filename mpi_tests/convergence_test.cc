@@ -181,6 +181,18 @@ TEST(QAdam, WarmupIsAdam) {
   }
 }
 
+// A run checkpointed at `save_at` ends bit for bit where the straight run
+// to `steps` ends, and the runs moved (not two zero models).
+void expect_resumes_bit_for_bit(const Trial& t, int64_t save_at, int64_t steps) {
+  const auto [straight, resumed] = checkpoint_roundtrip(problem(), t, save_at, steps);
+  ASSERT_EQ(straight.size(), resumed.size());
+  EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0)
+      << t.name << " left the trajectory after a checkpoint";
+  double norm = 0;
+  for (float v : straight) norm += static_cast<double>(v) * v;
+  EXPECT_GT(norm, 1.0) << t.name;
+}
+
 // Every algorithm with every piece of state in use at the checkpoint: error
 // feedback on, warmup over, an exchange unapplied, a period half done.
 TEST(Checkpoint, ResumesBitForBit) {
@@ -214,16 +226,7 @@ TEST(Checkpoint, ResumesBitForBit) {
       qadam_trial("qadam min-max", qadam_minmax),
       qadam_trial("qadam sign", qadam_sign),
   };
-  for (const Trial& t : trials) {
-    const auto [straight, resumed] = checkpoint_roundtrip(problem(), t, 30, 50);
-    ASSERT_EQ(straight.size(), resumed.size());
-    EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0)
-        << t.name << " left the trajectory after a checkpoint";
-    // And the runs moved: the comparison is not between two zero models.
-    double norm = 0;
-    for (float v : straight) norm += static_cast<double>(v) * v;
-    EXPECT_GT(norm, 1.0) << t.name;
-  }
+  for (const Trial& t : trials) expect_resumes_bit_for_bit(t, 30, 50);
 }
 
 template <typename F>
@@ -384,15 +387,7 @@ TEST(Decentralized, CheckpointResumesBitForBit) {
                 make<LowPrecisionDecentralizedSgd>(four_bits)),
       sgd_trial("moshpit_sgd, 3 local steps", make<MoshpitSgd>(moshpit)),
   };
-  for (const Trial& t : trials) {
-    const auto [straight, resumed] = checkpoint_roundtrip(problem(), t, 31, 50);
-    ASSERT_EQ(straight.size(), resumed.size());
-    EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0)
-        << t.name << " left the trajectory after a checkpoint";
-    double norm = 0;
-    for (float v : straight) norm += static_cast<double>(v) * v;
-    EXPECT_GT(norm, 1.0) << t.name;
-  }
+  for (const Trial& t : trials) expect_resumes_bit_for_bit(t, 31, 50);
 }
 
 // async_model_average is not reproducible bit for bit: after a checkpoint
@@ -404,33 +399,10 @@ TEST(Decentralized, AsyncConvergesAfterResume) {
       sgd_trial("gradient_allreduce + SGD", [] { return std::make_shared<GradientAllreduce>(); });
   const RunResult b = run(problem(), base, 40000);
   ASSERT_GT(b.steps, 0);
-  std::vector<std::byte> algorithm_bytes, optimizer_bytes;
-  std::vector<float> x;
-  {
-    Training t(problem(), trial, trial.algorithm());
-    while (t.steps() < 100) t.step();
-    t.module().drain(std::chrono::seconds(60));
-    algorithm_bytes = t.module().state_dict().serialize();
-    optimizer_bytes = t.optimizer().state().serialize();
-    t.module().shutdown(std::chrono::seconds(60));
-    x = t.x();
-  }
-  Training t(problem(), trial, trial.algorithm(), 100);
-  t.module().load_state_dict(StateDict::deserialize(algorithm_bytes));
-  t.optimizer().state() = StateDict::deserialize(optimizer_bytes);
-  std::copy(x.begin(), x.end(), t.x().begin());
+  const std::unique_ptr<Training> t = checkpointed(problem(), trial, 100);
   const int64_t budget = 4 * b.steps;
-  RunResult r;
-  while (t.steps() < budget) {
-    t.step();
-    if (t.steps() % kCheckEvery != 0) continue;
-    std::tie(r.error, r.consensus) = problem().errors(t.x().data());
-    if (r.error <= kTolerance && r.consensus <= kTolerance) {
-      r.steps = t.steps();
-      break;
-    }
-  }
-  t.module().shutdown(std::chrono::seconds(60));
+  const RunResult r = train_until(problem(), trial, *t, budget);
+  t->module().shutdown(std::chrono::seconds(60));
   if (world_rank() == 0)
     std::printf("[convergence] async_model_average resumed at 100: %lld steps (budget %lld)\n",
                 static_cast<long long>(r.steps), static_cast<long long>(budget));
@@ -458,19 +430,9 @@ TEST(Decentralized, StragglerWithDeadlines) {
     Training t(problem(), trial, trial.algorithm());
     const auto compute = std::chrono::milliseconds(world_rank() == 3 ? 3 : 1);
     const int64_t budget = 2 * b.steps;
-    RunResult r;
-    int64_t missing = 0;
-    while (t.steps() < budget) {
-      std::this_thread::sleep_for(compute);
-      t.step();
-      if (t.steps() % kCheckEvery != 0) continue;
-      std::tie(r.error, r.consensus) = problem().errors(t.x().data());
-      if (r.error <= kTolerance && r.consensus <= kTolerance) {
-        r.steps = t.steps();
-        break;
-      }
-    }
-    missing = dynamic_cast<WeightRounds&>(t.module()).missing_peers();
+    const RunResult r = train_until(problem(), trial, t, budget,
+                                    [compute] { std::this_thread::sleep_for(compute); });
+    int64_t missing = dynamic_cast<WeightRounds&>(t.module()).missing_peers();
     MPI_Allreduce(MPI_IN_PLACE, &missing, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     t.module().shutdown(std::chrono::seconds(60));
     if (world_rank() == 0)
@@ -645,14 +607,7 @@ TEST(Diloco, CheckpointResumesBitForBit) {
   for (const DilocoVariant& d : variants) {
     DilocoOptions h = d.options;
     h.inner_steps = 6;
-    const Trial t = sgd_trial(d.name + " at H 6", make<Diloco>(h));
-    const auto [straight, resumed] = checkpoint_roundtrip(problem(), t, 31, 50);
-    ASSERT_EQ(straight.size(), resumed.size());
-    EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(float)), 0)
-        << t.name << " left the trajectory after a checkpoint";
-    double norm = 0;
-    for (float v : straight) norm += static_cast<double>(v) * v;
-    EXPECT_GT(norm, 1.0) << t.name;
+    expect_resumes_bit_for_bit(sgd_trial(d.name + " at H 6", make<Diloco>(h)), 31, 50);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "relaxcc/algorithms/bucket_weights.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
 
@@ -71,18 +72,11 @@ kernels::CompressorConfig CocktailSgd::codec(int64_t step) const {
 
 void CocktailSgd::init(const AlgorithmContext& ctx) {
   ctx_ = ctx;
-  params_.clear();
-  param_at_.clear();
-  numel_ = 0;
-  for (size_t i = 0; i < ctx.tensors->size(); ++i) {
-    const TensorSpec& t = (*ctx.tensors)[i];
-    if (t.role != TensorRole::parameter) continue;
-    RELAXCC_ENFORCE(t.view.dtype == DType::f32 && t.view.device.is_host(), InvalidArgument,
-                    "cocktail_sgd: parameter '", t.name, "' must be f32 on the host");
-    params_.push_back(static_cast<int>(i));
-    param_at_.push_back(numel_);
-    numel_ += t.view.numel;
-  }
+  FlatParameters flat;
+  flat.bind(ctx, "cocktail_sgd");
+  params_ = std::move(flat.tensors);
+  param_at_ = std::move(flat.offsets);
+  numel_ = flat.numel;
   const int n = ctx.comm->size();
   shard_begin_.assign(static_cast<size_t>(n), 0);
   shard_count_.assign(static_cast<size_t>(n), 0);

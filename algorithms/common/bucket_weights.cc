@@ -71,6 +71,21 @@ int64_t BucketWeights::weights(int bucket) const {
   return n;
 }
 
+void FlatParameters::bind(const AlgorithmContext& ctx, const std::string& who) {
+  tensors.clear();
+  offsets.clear();
+  numel = 0;
+  for (size_t i = 0; i < ctx.tensors->size(); ++i) {
+    const TensorSpec& t = (*ctx.tensors)[i];
+    if (t.role != TensorRole::parameter) continue;
+    RELAXCC_ENFORCE(t.view.dtype == DType::f32 && t.view.device.is_host(), InvalidArgument, who,
+                    ": parameter '", t.name, "' must be f32 on the host");
+    tensors.push_back(static_cast<int>(i));
+    offsets.push_back(numel);
+    numel += t.view.numel;
+  }
+}
+
 void average_parameters(const AlgorithmContext& ctx, const std::string& label,
                         std::chrono::milliseconds timeout) {
   std::vector<WorkPtr> works;

@@ -90,18 +90,11 @@ AlgorithmCapabilities Diloco::capabilities() const {
 
 void Diloco::init(const AlgorithmContext& ctx) {
   ctx_ = ctx;
-  params_.clear();
-  param_at_.clear();
-  numel_ = 0;
-  for (size_t i = 0; i < ctx.tensors->size(); ++i) {
-    const TensorSpec& t = (*ctx.tensors)[i];
-    if (t.role != TensorRole::parameter) continue;
-    RELAXCC_ENFORCE(t.view.dtype == DType::f32 && t.view.device.is_host(), InvalidArgument,
-                    "diloco: parameter '", t.name, "' must be f32 on the host");
-    params_.push_back(static_cast<int>(i));
-    param_at_.push_back(numel_);
-    numel_ += t.view.numel;
-  }
+  FlatParameters flat;
+  flat.bind(ctx, "diloco");
+  params_ = std::move(flat.tensors);
+  param_at_ = std::move(flat.offsets);
+  numel_ = flat.numel;
   const int nf = options_.fragments;
   RELAXCC_ENFORCE(nf <= static_cast<int>(params_.size()), InvalidArgument, "diloco: rank ",
                   ctx.comm->rank(), ": ", nf, " fragments of whole tensors need at least ", nf,

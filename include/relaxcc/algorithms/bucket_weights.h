@@ -44,6 +44,17 @@ class BucketWeights {
   std::vector<std::vector<BucketEntry>> entries_, previous_;
 };
 
+// The registered parameter tensors in registration order, as one flat f32
+// vector (cocktail_sgd, diloco): tensors[i] starts at offsets[i].
+struct FlatParameters {
+  std::vector<int> tensors;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  // Throws InvalidArgument, naming `who`, for a parameter that is not f32 on
+  // the host.
+  void bind(const AlgorithmContext& ctx, const std::string& who);
+};
+
 // Replaces every registered parameter by its exact average over ctx.comm
 // (one allreduce per tensor, waited for together with `timeout`): the final
 // exact average before evaluation of the algorithms that leave ranks with
