@@ -156,20 +156,22 @@ AlgorithmPtr make_algorithm(const std::string& spec, std::string* setting) {
   }
   if (name == "async_model_average" && defaults)
     return std::make_shared<algorithms::AsyncModelAverage>();
-  // diloco:h<H>[-4bit][-streaming]: H inner steps (defaults: 500), 4-bit
-  // min-max pseudo-gradients with error feedback, 4 streaming fragments.
+  // diloco:h<H>[-4bit][-streaming][-eager]: H inner steps (defaults: 500),
+  // 4-bit min-max pseudo-gradients with error feedback, 4 streaming
+  // fragments, one-round-delayed outer steps.
   if (name == "diloco") {
     algorithms::DilocoOptions o;
     if (!defaults) {
       RELAXCC_ENFORCE(setting->size() > 1 && (*setting)[0] == 'h', InvalidArgument,
-                      "algorithms: diloco's setting is h<H>[-4bit][-streaming], got '", *setting,
-                      "'");
+                      "algorithms: diloco's setting is h<H>[-4bit][-streaming][-eager], got '",
+                      *setting, "'");
       o.inner_steps = std::stoi(setting->substr(1));
       if (setting->find("-4bit") != std::string::npos) {
         o.codec = kernels::CompressorConfig{};
         o.codec->bits = 4;
       }
       if (setting->find("-streaming") != std::string::npos) o.fragments = 4;
+      o.eager = setting->find("-eager") != std::string::npos;
     }
     return std::make_shared<algorithms::Diloco>(o);
   }
@@ -177,7 +179,7 @@ AlgorithmPtr make_algorithm(const std::string& spec, std::string* setting) {
                 "' (gradient_allreduce, bytegrad, qadam, cocktail_sgd, cocktail_sgd:paper, "
                 "local_sgd, decentralized_sgd, decentralized_sgd:shift_one, "
                 "low_precision_decentralized_sgd, moshpit_sgd, async_model_average, diloco, "
-                "diloco:h<H>[-4bit][-streaming])");
+                "diloco:h<H>[-4bit][-streaming][-eager])");
 }
 
 void run_algorithms(const AlgorithmsArgs& args) {

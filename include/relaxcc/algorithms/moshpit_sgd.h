@@ -35,15 +35,15 @@ struct MoshpitSgdOptions {
   // Moshpit SGD with one round per averaging step; relaxcc's default).
   int local_steps = 1;
   // Grid dims (M_0 fastest); empty: the most square two-axis grid for the
-  // ranks, {m, ceil(n / m)} with m = round(sqrt(n)) (the paper's grids are
-  // square: 2 x 2 up to 32 x 32 in its ablations), one axis when m = 1.
+  // ranks, {m, ceil(n / m)} with m = round(sqrt(n)) (relaxcc's choice), one
+  // axis when m = 1.
   std::vector<int> grid;
   // > 0: random groups of near-equal size instead of the grid
   // (group_average.h), drawn from (seed, round) alike on every rank.
   int random_groups = 0;
   uint64_t seed = 0;
-  // Adaptive deadlines by default (hivemind's averager waits with a
-  // timeout and goes on with the peers that came).
+  // Adaptive deadlines by default (relaxcc's choice: a straggler does not
+  // hold its groups back).
   RoundDeadlineOptions deadline = [] {
     RoundDeadlineOptions d;
     d.adaptive = true;
