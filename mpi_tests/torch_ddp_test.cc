@@ -127,17 +127,23 @@ std::vector<torch::Tensor> reference(int ranks, int micro) {
   return snapshot(net);
 }
 
-class Views : public testing::TestWithParam<bool> {};
+// Copied gradients or bucket views, in several buckets (and a plan rebuild).
+class Views : public testing::TestWithParam<bool> {
+ protected:
+  static DdpOptions options() {
+    DdpOptions o;
+    o.reducer.gradient_as_bucket_view = GetParam();
+    o.reducer.plan.cap_bytes = 512;
+    o.reducer.plan.first_cap_bytes = 256;
+    return o;
+  }
+};
 
 TEST_P(Views, GradientAllreduceEqualsTheConcatenatedBatch) {
   const auto comm = world();
   Net net = make_net();
   auto sgd = make_sgd(net);
-  DdpOptions o;
-  o.reducer.gradient_as_bucket_view = GetParam();
-  o.reducer.plan.cap_bytes = 512;  // several buckets, and a plan rebuild
-  o.reducer.plan.first_cap_bytes = 256;
-  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), o);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), options());
   train(net, ddp, sgd, 0, kSteps);
   EXPECT_EQ(ddp.steps(), kSteps);
   EXPECT_GT(ddp.reducer().plan().buckets().size(), 1u);
@@ -148,9 +154,7 @@ TEST_P(Views, NoSyncAccumulates) {
   const auto comm = world();
   Net net = make_net();
   auto sgd = make_sgd(net);
-  DdpOptions o;
-  o.reducer.gradient_as_bucket_view = GetParam();
-  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), o);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), options());
   const auto before = comm->stats().bytes_sent;
   for (int s = 0; s < kSteps; ++s) {
     sgd.zero_grad();
