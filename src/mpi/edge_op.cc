@@ -60,6 +60,7 @@ void EdgeOp::start(Transport& t) {
   open_edges(t);
   // The peers' header messages are received after this rank's went out (its
   // send is what they wait for), whatever happens here.
+  size_t deferred_posted = 0;
   try {
     // The first run() posts what is ready; small first messages go inline.
     collecting_inline_ = true;
@@ -70,11 +71,18 @@ void EdgeOp::start(Transport& t) {
       if (p.inline_out || !p.hold_header || p.msgs_to == 0 || aborted_) send_header(t, pi);
     }
     // Headers first: a large message posted before would queue ahead of them.
-    for (const Deferred& d : deferred_)
+    for (; deferred_posted < deferred_.size(); ++deferred_posted) {
+      const Deferred& d = deferred_[deferred_posted];
       t.isend(*this, slot(kDataSend, d.pi, d.msg), d.buf, d.bytes, peers_[d.pi].rank,
               tag(Channel::data, t));
+    }
     deferred_.clear();
   } catch (...) {
+    // Data sends held back were counted as posted: those not posted never were.
+    for (size_t k = deferred_posted; k < deferred_.size(); ++k)
+      --peers_[deferred_[k].pi].posted_out;
+    deferred_.clear();
+    collecting_inline_ = false;
     receive_headers(t);
     throw;
   }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <optional>
 #include <sstream>
 
 #include "relaxcc/errors.h"
@@ -378,13 +377,6 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
   bool ring = false;
-  // An operation that starts on submission (Operation::starts_on_submit)
-  // starts here when this thread can take the progress token (not already
-  // its holder: a callback inside an iteration) and nothing submitted before
-  // waits to be picked up, so its first messages leave now.
-  std::optional<TokenHold> hold;
-  if (!after && op->starts_on_submit() && !holds_token()) hold.emplace(token_, token_holder_);
-  std::shared_ptr<Operation> direct;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (lane->poisoned())
@@ -421,14 +413,8 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     }
     op->work_ = work;
     op->after_ = after;
-    if (hold && *hold && queue_.empty()) {
-      direct = std::move(op);
-      // Counted before the engine thread can look: it runs it if nobody waits.
-      active_count_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      queue_.push_back(std::move(op));
-      signalled_.store(true, std::memory_order_seq_cst);
-    }
+    queue_.push_back(std::move(op));
+    signalled_.store(true, std::memory_order_seq_cst);
     const bool awaited = awaited_submission_.load(std::memory_order_relaxed) == submissions_;
     ++submissions_;
     // Callers that drive pick it up. Otherwise ring the engine thread when it
@@ -439,15 +425,6 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     const State state = state_.load(std::memory_order_relaxed);
     ring = drivers_.load(std::memory_order_seq_cst) == 0 && (state == State::idle || !awaited);
   }
-  if (direct) {
-    // As iterate() does before it starts what it picked up: a poison notice
-    // that arrived meanwhile fails the operation before it starts.
-    const Clock::time_point now = direct->submitted_;
-    if (now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
-    direct->started_ = now;
-    if (!fail_if_poisoned(*direct)) start(direct);
-  }
-  hold.reset();
   if (ring) cv_.notify_all();
   // Registered after the operation is queued: a dependency that already
   // completed runs the callback here, at once.

@@ -255,9 +255,6 @@ class Operation {
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
-  // Starts inside Engine::submit, on the calling thread, when it can (see
-  // there): for small operations, whose latency the queue would double.
-  virtual bool starts_on_submit() const { return false; }
   // A background operation (Transport::spawn: a sweeper) keeps the engine
   // looking only about every millisecond: while it has no request pending,
   // the engine counts as idle and calls its progress() at that rate.

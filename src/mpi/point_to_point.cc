@@ -44,8 +44,11 @@ bool receive_round_parts(Transport& t, Operation& op, int64_t slot, RoundStream&
   const uint64_t size = dtype_size(static_cast<DType>(h.dtype));
   if (static_cast<uint64_t>(h.count) > kMaxRoundBytes / size) return false;
   const uint64_t data = static_cast<uint64_t>(h.count) * size;
-  if (data <= h.part_bytes || got != sizeof(RoundHeader) + h.part_bytes) return false;
+  if (h.part_bytes < kMinRoundPartBytes || data <= h.part_bytes ||
+      got != sizeof(RoundHeader) + h.part_bytes)
+    return false;
   const uint64_t more = (data - 1) / h.part_bytes;  // parts after the first
+  if (more >= kMaxRoundParts) return false;
   parts.bytes = sizeof(RoundHeader) + data;
   parts.message = t.scratch(parts.bytes);
   std::memcpy(parts.message.data(), first.data(), got);
@@ -74,7 +77,14 @@ P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options,
       buffers_(ops_.size()),
       pending_(ops_.size(), 0),
       recv_state_(ops_.size(), RecvState::waiting),
-      streams_(ops_.size(), nullptr) {}
+      streams_(ops_.size(), nullptr) {
+  // At most kMaxRoundParts parts, or the receiver takes the header for corrupt.
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (part_bytes_[i] > 0)
+      part_bytes_[i] = std::max<int64_t>(
+          part_bytes_[i],
+          static_cast<int64_t>((ops_[i].tensor.nbytes() + kMaxRoundParts - 1) / kMaxRoundParts));
+}
 
 P2PBatchOp::~P2PBatchOp() {
   // Dropped before its receives settled (engine shutdown): leave the streams.
@@ -163,15 +173,18 @@ std::pair<size_t, size_t> P2PBatchOp::send_part(size_t i, int64_t m) const {
 }
 
 void P2PBatchOp::post_data_sends(Transport& t) {
-  for (; next_data_send_ < ops_.size(); ++next_data_send_, next_part_ = 0) {
+  for (; next_data_send_ < ops_.size(); ++next_data_send_) {
     const size_t i = next_data_send_;
     const P2POp& op = ops_[i];
     if (op.kind != P2POp::Kind::send) continue;
+    if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
+    // A message in parts goes whole, its parts back to back: parts of two
+    // messages on one stream never interleave, a deadline never cuts one,
+    // and its buffer is released only once every part completed.
     const auto slot = static_cast<int64_t>(i) * 2 + 1;
-    for (; next_part_ < send_parts(i); ++next_part_) {
-      if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
+    for (int64_t m = 0; m < send_parts(i); ++m) {
       if (rounds()) {
-        const auto [begin, end] = send_part(i, next_part_);
+        const auto [begin, end] = send_part(i, m);
         t.isend(*this, slot, buffers_[i].data() + begin, end - begin, op.peer,
                 p2p_tag(op.tag, P2PChannel::round), false);
       } else {
@@ -321,7 +334,7 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   }
   if (rounds()) {
     if (op.kind == P2POp::Kind::send) {
-      if (pending_[i] == 0) buffers_[i] = {};  // every part went
+      if (pending_[i] == 0) buffers_[i] = {};  // every part went (posted together)
       return;
     }
     size_t bytes = 0;

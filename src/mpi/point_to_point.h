@@ -21,7 +21,7 @@
 //          receives still waiting are abandoned; a RoundSweeper drops their
 //          late messages while no other receive waits on the stream.
 // Data sends go out in batch order, one at a time while a higher-priority
-// operation is active (Transport::throttled).
+// operation is active (Transport::throttled); a message in parts goes whole.
 #pragma once
 
 #include <optional>
@@ -31,6 +31,11 @@
 #include "relaxcc/collectives/point_to_point.h"
 
 namespace relaxcc::mpi {
+
+// The smallest part and the most parts of a round message in parts (a
+// header announcing others is corrupt).
+inline constexpr uint64_t kMinRoundPartBytes = 1024;
+inline constexpr uint64_t kMaxRoundParts = uint64_t{1} << 24;
 
 // Leads every message of a round stream.
 struct RoundHeader {
@@ -99,7 +104,7 @@ class P2PBatchOp final : public Operation {
 
   bool rounds() const { return round_ != 0; }
   // Posts data sends from next_data_send_ on (one message in flight when
-  // throttled).
+  // throttled; a message in parts counts as one).
   void post_data_sends(Transport& t);
   // The messages of round send `i`, and the bytes of its buffer message `m` spans.
   int64_t send_parts(size_t i) const;
@@ -125,7 +130,6 @@ class P2PBatchOp final : public Operation {
   bool started_ = false;
   int outstanding_ = 0;
   size_t next_data_send_ = 0;  // ops_ before it: data sent or not a send
-  int64_t next_part_ = 0;      // of ops_[next_data_send_]
   std::vector<int64_t> part_bytes_;
   std::vector<RoundParts> parts_;  // round receives arriving in parts
   int data_sends_in_flight_ = 0;

@@ -52,8 +52,6 @@ class RecursiveDoublingOp final : public EdgeOp {
   void on_sent(Transport& t, int pi, int64_t msg) override;
   void on_received(Transport& t, int pi, int64_t msg) override;
   bool data_done() const override { return step_ == num_steps_; }
-  // Data that travels inside the header messages.
-  bool starts_on_submit() const override { return data_.nbytes() <= kInlineBytes; }
   // Bytes of part `p` of a step's data.
   size_t part_offset(int p) const { return static_cast<size_t>(p) * part_bytes_; }
   size_t part_size(int p) const {
