@@ -16,7 +16,7 @@ packages=(
   # emulated hosts on shaped links, and plots
   iproute2 iputils-ping iperf3 gnuplot-nox
   # libtorch frontend, PyTorch DDP baseline and the training demo
-  libtorch-dev python3-torch libopenblas0-pthread dataset-fashion-mnist
+  libtorch-dev python3-torch libopenblas0-pthread dataset-fashion-mnist zlib1g-dev
 )
 
 missing=()
