@@ -62,22 +62,12 @@ void LowPrecisionDecentralizedSgd::load_state_dict(const StateDict& state) {
   const int64_t saved = state.get_int("low_precision_decentralized_sgd/buckets");
   RELAXCC_ENFORCE_EQ(saved, static_cast<int64_t>(gossip_.size()), InvalidArgument,
                      "low_precision_decentralized_sgd: the checkpoint's bucket count");
-  const auto restore = [](const std::vector<float>& from, const std::vector<float>& into,
-                          const std::string& key) {
-    RELAXCC_ENFORCE_EQ(from.size(), into.size(), InvalidArgument,
-                       "low_precision_decentralized_sgd: checkpoint entry '", key, "'");
-    // ChocoGossip's copies are its round state's own vectors (choco_gossip.h:
-    // valid between rounds); no round is in flight here.
-    std::copy(from.begin(), from.end(), const_cast<std::vector<float>&>(into).begin());
-  };
   for (size_t b = 0; b < gossip_.size(); ++b) {
     const std::string key = "low_precision_decentralized_sgd/bucket" + std::to_string(b);
-    restore(state.get_floats(key + "/own"), gossip_[b]->own_copy(), key + "/own");
-    const auto& theirs = gossip_[b]->neighbour_copies();
-    for (size_t j = 0; j < theirs.size(); ++j) {
-      const std::string k = key + "/neighbour" + std::to_string(j);
-      restore(state.get_floats(k), theirs[j], k);
-    }
+    std::vector<std::vector<float>> theirs(gossip_[b]->neighbour_copies().size());
+    for (size_t j = 0; j < theirs.size(); ++j)
+      theirs[j] = state.get_floats(key + "/neighbour" + std::to_string(j));
+    gossip_[b]->load_copies(state.get_floats(key + "/own"), theirs);
   }
 }
 

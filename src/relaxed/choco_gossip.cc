@@ -57,6 +57,19 @@ const std::vector<int>& ChocoGossip::neighbours() const {
   return state_->peers;
 }
 
+void ChocoGossip::load_copies(const std::vector<float>& own,
+                              const std::vector<std::vector<float>>& theirs) {
+  RELAXCC_ENFORCE_EQ(own.size(), state_->own.size(), InvalidArgument,
+                     "ChocoGossip::load_copies: elements of this rank's copy");
+  RELAXCC_ENFORCE_EQ(theirs.size(), state_->theirs.size(), InvalidArgument,
+                     "ChocoGossip::load_copies: neighbour copies");
+  for (size_t j = 0; j < theirs.size(); ++j)
+    RELAXCC_ENFORCE_EQ(theirs[j].size(), state_->theirs[j].size(), InvalidArgument,
+                       "ChocoGossip::load_copies: elements of neighbour copy ", j);
+  state_->own = own;
+  state_->theirs = theirs;
+}
+
 WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext& ctx) {
   x.check_valid("ChocoGossip x");
   RELAXCC_ENFORCE(x.dtype == DType::f32 && x.numel == state_->numel, InvalidArgument,

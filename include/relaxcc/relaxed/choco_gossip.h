@@ -53,6 +53,10 @@ class ChocoGossip {
   const std::vector<float>& own_copy() const;
   const std::vector<std::vector<float>>& neighbour_copies() const;
   const std::vector<int>& neighbours() const;
+  // Restores the copies own_copy() and neighbour_copies() returned (from a
+  // checkpoint), between rounds. Throws InvalidArgument when their sizes
+  // differ from this gossip's.
+  void load_copies(const std::vector<float>& own, const std::vector<std::vector<float>>& theirs);
 
  private:
   struct State;
