@@ -47,36 +47,6 @@ bool mpi_finalized() {
   return finalized != 0;
 }
 
-namespace {
-// Progress tokens (of any engine) the calling thread holds.
-thread_local int tokens_held = 0;
-
-// Holds the progress token: records the holder, releases on scope exit.
-class TokenHold {
- public:
-  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
-      : token_(token), holder_(holder), held_(token.try_lock()) {
-    if (!held_) return;
-    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    ++tokens_held;
-  }
-  ~TokenHold() {
-    if (!held_) return;
-    --tokens_held;
-    holder_.store(std::thread::id(), std::memory_order_relaxed);
-    token_.unlock();
-  }
-  TokenHold(const TokenHold&) = delete;
-  TokenHold& operator=(const TokenHold&) = delete;
-  explicit operator bool() const { return held_; }
-
- private:
-  std::mutex& token_;
-  std::atomic<std::thread::id>& holder_;
-  const bool held_;
-};
-}  // namespace
-
 // ---- Operation ---------------------------------------------------------------
 
 void Operation::reset_for_reuse(int priority) {
@@ -728,6 +698,36 @@ void Engine::inspect_stalls() {
                 " s; waiting for: ", op->waiting_for());
   }
 }
+
+namespace {
+// Progress tokens (of any engine) the calling thread holds.
+thread_local int tokens_held = 0;
+
+// Holds the progress token: records the holder, releases on scope exit.
+class TokenHold {
+ public:
+  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
+      : token_(token), holder_(holder), held_(token.try_lock()) {
+    if (!held_) return;
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    ++tokens_held;
+  }
+  ~TokenHold() {
+    if (!held_) return;
+    --tokens_held;
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    token_.unlock();
+  }
+  TokenHold(const TokenHold&) = delete;
+  TokenHold& operator=(const TokenHold&) = delete;
+  explicit operator bool() const { return held_; }
+
+ private:
+  std::mutex& token_;
+  std::atomic<std::thread::id>& holder_;
+  const bool held_;
+};
+}  // namespace
 
 bool Engine::drives_progress_here() {
   return tokens_held > 0;
