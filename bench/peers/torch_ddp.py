@@ -240,9 +240,14 @@ def main():
                 f.write("# wall_s bytes_sent_per_rank test_accuracy\n")
                 for p in curve:
                     f.write(f"{p[0]} {p[1]} {p[2]}\n")
-    # Both ranks are done; no destroy_process_group(): with the PowerSGD
-    # hook, a rank sometimes never returned from it.
+    # Both ranks are done. The process ends here without tearing torch down:
+    # with the PowerSGD hook, gloo's teardown in torch 1.13 sometimes never
+    # returned (destroy_process_group) or destroyed a joinable thread at
+    # interpreter exit (std::terminate, SIGABRT) after the results were written.
     dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
