@@ -68,6 +68,9 @@ RELAXCC_DEFINE_ERROR(CommunicationError, Error);
 RELAXCC_DEFINE_ERROR(Timeout, CommunicationError);
 // Ranks disagree: counts, dtypes, ops, versions or configuration differ.
 RELAXCC_DEFINE_ERROR(PeerMismatch, CommunicationError);
+// A CUDA or NCCL call failed: the message names the rank, the device, the call
+// and the tensor or operation.
+RELAXCC_DEFINE_ERROR(DeviceError, CommunicationError);
 // The communicator was poisoned by an earlier timeout or transport failure and
 // accepts no more operations.
 RELAXCC_DEFINE_ERROR(CommunicatorPoisoned, CommunicationError);
