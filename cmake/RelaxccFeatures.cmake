@@ -2,10 +2,12 @@
 #   RELAXCC_HAVE_CUDA_KERNELS  nvcc and the CUDA toolkit were found: the CUDA
 #                              kernels are compiled into relaxcc::kernels
 #                              (reported in the generated config.h)
-#   RELAXCC_NCCL_FOUND         nccl.h and libnccl were found
+#   RELAXCC_NCCL_FOUND         nccl.h and libnccl were found: the NCCL
+#                              communicator is built into relaxcc::relaxcc
+#                              (src/nccl; reported in config.h as
+#                              RELAXCC_HAVE_NCCL)
 #   RELAXCC_TORCH_FOUND        libtorch's TorchConfig.cmake was found
-# Nothing is built from NCCL yet (no NCCL communicator), so config.h reports
-# neither; libtorch builds relaxcc::torch and relaxcc-train (src/torch, train).
+# libtorch builds relaxcc::torch and relaxcc-train (src/torch, train).
 include(CheckLanguage)
 
 # Sets `result_var` to 1 when `found`, 0 when `opt` is OFF or when AUTO found
@@ -57,6 +59,7 @@ if(RELAXCC_HAVE_CUDA_KERNELS AND NOT RELAXCC_WITH_NCCL STREQUAL "OFF")
   endif()
 endif()
 relaxcc_resolve_feature(RELAXCC_WITH_NCCL ${_nccl_found} RELAXCC_NCCL_FOUND)
+set(RELAXCC_HAVE_NCCL ${RELAXCC_NCCL_FOUND})  # config.h
 
 # libtorch: Debian's libtorch-dev ships TorchConfig.cmake. Only its presence is
 # probed here: loading it sets CMAKE_CUDA_STANDARD and other globals, so a
