@@ -3,6 +3,14 @@
 // memcpy of the same f32 bytes in the same run, at 1 thread and at all.
 // Top-k rows carry recall (against the exact top-k) and k; the baseline row
 // "nth_element" selects on a copy of |x| with std::nth_element.
+//
+// --device cuda[:N]: the CUDA kernels (kernels/cuda/cuda_kernels.h) on device
+// memory instead: quantize (minmax encode: 8, 4, 2 and 1 bits, stochastic
+// rounding; f16, bf16) and dequantize (decode), each timed to its stream's
+// completion, in GB/s of bytes read plus bytes written (encode: the f32
+// input and the payload; decode: the payload and the f32 output), next to a
+// device-to-device cudaMemcpy of the f32 tensor (read plus written) in the
+// same run. Without a visible device it prints the reason and fails.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,9 +20,11 @@
 #include <thread>
 #include <vector>
 
+#include "../kernels/cuda/cuda_kernels.h"
 #include "modes.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
+#include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/thread_pool.h"
 #include "relaxcc/tunables.h"
 #include "report.h"
@@ -28,6 +38,7 @@ struct KernelsArgs {
   int iters = 5;
   std::vector<int> threads{1, 0};
   std::string json;
+  std::string device = "host";
 };
 
 template <typename Fn>
@@ -44,7 +55,97 @@ double median_us(int iters, Fn&& fn) {
   return t[t.size() / 2];
 }
 
+// The CUDA kernels on device memory against a device-to-device copy.
+void run_device_kernels(const KernelsArgs& args, Device device) {
+  const kernels::CudaAvailability cuda = kernels::cuda_availability();
+  RELAXCC_ENFORCE(cuda.device_count > 0, Unsupported, "kernels --device ", args.device, ": ",
+                  cuda.reason);
+  RELAXCC_ENFORCE(device.index < cuda.device_count, InvalidArgument, "kernels --device ",
+                  args.device, ": ", cuda.device_count, " CUDA device(s) visible");
+  Report report(true, args.json);
+  const int64_t n = parse_size(args.elements);
+  RELAXCC_ENFORCE(n > 0 && n <= int64_t{UINT32_MAX}, InvalidArgument,
+                  "kernels: -n must be in [1, 2^32)");
+  kernels::cuda::set_device(device.index);
+  std::vector<float> host(static_cast<size_t>(n));
+  {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (auto& v : host) v = d(rng);
+  }
+  const size_t f32_bytes = static_cast<size_t>(n) * 4;
+  const std::shared_ptr<void> x = kernels::cuda::allocate(f32_bytes, device.index);
+  const std::shared_ptr<void> y = kernels::cuda::allocate(f32_bytes, device.index);
+  kernels::cuda::copy_async(x.get(), host.data(), f32_bytes, nullptr);
+  kernels::cuda::synchronize(nullptr);
+  ExecContext ctx;
+  ctx.device = device;  // the legacy default stream
+  report.print(detail::concat("# relaxcc-bench kernels on ", device, ": ", n,
+                              " f32 elements, median of ", args.iters,
+                              " iterations; gbps counts bytes read plus bytes written"));
+  char line[256];
+  std::snprintf(line, sizeof line, "%-18s %5s %12s %14s %10s %12s %8s", "kernel", "bits",
+                "time(us)", "bytes", "GB/s", "memcpy GB/s", "ratio");
+  report.print(line);
+  const double memcpy_us = median_us(args.iters, [&] {
+    kernels::cuda::copy_async(y.get(), x.get(), f32_bytes, nullptr);
+    kernels::cuda::synchronize(nullptr);
+  });
+  const double memcpy_gbps = 2.0 * static_cast<double>(f32_bytes) / memcpy_us / 1e3;
+  auto emit = [&](const std::string& kernel, int bits, double us, double bytes) {
+    const double gbps = bytes / us / 1e3;
+    std::snprintf(line, sizeof line, "%-18s %5d %12.1f %14.0f %10.3f %12.3f %8.3f", kernel.c_str(),
+                  bits, us, bytes, gbps, memcpy_gbps, gbps / memcpy_gbps);
+    report.print(line);
+    Row row;
+    row.set("mode", "kernels")
+        .set("device", to_string(device))
+        .set("kernel", kernel)
+        .set("bits", bits)
+        .set("elements", n)
+        .set("time_us", us)
+        .set("bytes", bytes)
+        .set("gbps", gbps)
+        .set("memcpy_gbps", memcpy_gbps)
+        .set("ratio_to_memcpy", gbps / memcpy_gbps);
+    report.add(row);
+  };
+  emit("memcpy_d2d", 32, memcpy_us, 2.0 * static_cast<double>(f32_bytes));
+  auto codec = [&](const std::string& name, kernels::CompressorConfig c) {
+    const size_t payload_bytes = kernels::encoded_size(n, c);
+    const std::shared_ptr<void> payload = kernels::cuda::allocate(payload_bytes, device.index);
+    const std::span<std::byte> p(static_cast<std::byte*>(payload.get()), payload_bytes);
+    const TensorView in(x.get(), n, DType::f32, device), out(y.get(), n, DType::f32, device);
+    // encode and decode synchronize the stream (they read the device's
+    // validation flag back): each timing ends with the kernels done.
+    const double enc = median_us(args.iters, [&] { kernels::encode(in, p, c, ctx); });
+    const double dec = median_us(args.iters, [&] { kernels::decode(p, out, ctx); });
+    const int bits = c.kind == kernels::CompressorKind::minmax ? c.bits : 0;
+    const double moved = static_cast<double>(f32_bytes + payload_bytes);
+    emit(name + "_encode", bits, enc, moved);
+    emit(name + "_decode", bits, dec, moved);
+  };
+  kernels::CompressorConfig c;
+  for (int bits : {8, 4, 2, 1}) {
+    c = {};
+    c.kind = kernels::CompressorKind::minmax;
+    c.bits = bits;
+    codec("minmax", c);
+  }
+  c = {};
+  c.kind = kernels::CompressorKind::minmax;
+  c.rounding = kernels::Rounding::stochastic;
+  codec("minmax_sr", c);
+  for (auto kind : {kernels::CompressorKind::f16, kernels::CompressorKind::bf16}) {
+    c = {};
+    c.kind = kind;
+    codec(kernels::compressor_name(kind), c);
+  }
+}
+
 void run_kernels(const KernelsArgs& args) {
+  const Device device = parse_device(args.device);
+  if (device.is_cuda()) return run_device_kernels(args, device);
   Report report(true, args.json);
   const int64_t n = parse_size(args.elements);
   RELAXCC_ENFORCE(n > 0 && n <= int64_t{UINT32_MAX}, InvalidArgument,
@@ -176,6 +277,10 @@ void add_kernels_mode(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
+  sub->add_option("--device", args->device,
+                  "host (the CPU kernels), or cuda[:N]: the CUDA kernels on device memory "
+                  "against a device-to-device copy")
+      ->capture_default_str();
   sub->callback([args] { run_kernels(*args); });
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <span>
 
 #include "relaxcc/kernels/compressor.h"
@@ -23,5 +25,32 @@ size_t encode(const TensorView& in, std::span<std::byte> payload, const Compress
               const PayloadHeader& header, void* stream, uint64_t rng_seed, uint64_t rng_offset);
 void decode(std::span<const std::byte> payload, const TensorView& out, bool accumulate,
             void* stream);
+
+// Device memory and element-wise kernels for the relaxed primitives' device
+// path (kernels/cuda/device_ops.cu). `stream` is a cudaStream_t of the
+// current device; pointers are device memory of that device (copy_async:
+// either side may be host memory). A failing CUDA call throws DeviceError
+// naming the call and the device. The arithmetic rounds each operation to
+// nearest (no fused multiply-add), as the host kernels do.
+
+// Makes `device` current on the calling thread (cudaSetDevice).
+void set_device(int device);
+// `bytes` of zeroed memory on `device` (cudaMalloc), freed by the owner.
+std::shared_ptr<void> allocate(size_t bytes, int device);
+// Enqueues a copy of `bytes` (cudaMemcpyDefault: any direction).
+void copy_async(void* dst, const void* src, size_t bytes, void* stream);
+// Enqueues setting `bytes` bytes at `dst` to `value`.
+void fill_async(void* dst, unsigned char value, size_t bytes, void* stream);
+// Waits for everything enqueued on `stream`.
+void synchronize(void* stream);
+// Enqueue, over n elements: acc += x; out = x + y; r = e - r; x *= factor
+// (divide: x /= factor).
+void add(float* acc, const float* x, int64_t n, void* stream);
+void sum(float* out, const float* x, const float* y, int64_t n, void* stream);
+void subtract_from(float* r, const float* e, int64_t n, void* stream);
+void scale(float* x, int64_t n, float factor, bool divide, void* stream);
+// The smallest index of an Inf or NaN among x's n elements, or -1.
+// Synchronizes `stream`.
+int64_t first_non_finite(const float* x, int64_t n, void* stream);
 
 }  // namespace relaxcc::kernels::cuda

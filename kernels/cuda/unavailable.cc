@@ -21,6 +21,43 @@ size_t encode(const TensorView& in, std::span<std::byte>, const CompressorConfig
 void decode(std::span<const std::byte>, const TensorView& out, bool, void*) {
   RELAXCC_THROW(Unsupported, "decode on ", out.device, ": relaxcc was built without CUDA");
 }
+
+namespace {
+[[noreturn]] void unavailable(const char* what) {
+  RELAXCC_THROW(Unsupported, what, " on a CUDA device: relaxcc was built without CUDA");
+}
+}  // namespace
+
+void set_device(int) {
+  unavailable("cudaSetDevice");
+}
+std::shared_ptr<void> allocate(size_t, int) {
+  unavailable("device memory");
+}
+void copy_async(void*, const void*, size_t, void*) {
+  unavailable("copy");
+}
+void fill_async(void*, unsigned char, size_t, void*) {
+  unavailable("fill");
+}
+void synchronize(void*) {
+  unavailable("stream synchronization");
+}
+void add(float*, const float*, int64_t, void*) {
+  unavailable("add");
+}
+void sum(float*, const float*, const float*, int64_t, void*) {
+  unavailable("sum");
+}
+void subtract_from(float*, const float*, int64_t, void*) {
+  unavailable("subtract");
+}
+void scale(float*, int64_t, float, bool, void*) {
+  unavailable("scale");
+}
+int64_t first_non_finite(const float*, int64_t, void*) {
+  unavailable("finiteness check");
+}
 }  // namespace cuda
 
 }  // namespace relaxcc::kernels

@@ -6,6 +6,7 @@
 #include "float_access.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
 
@@ -24,8 +25,9 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
       params_lock_(params_lock),
       options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "AsyncModelAverager: null communicator");
+  relaxed::require_host("AsyncModelAverager", comm_->rank(), params_, ExecContext::host());
   params_.check_valid("AsyncModelAverager parameters");
-  RELAXCC_ENFORCE(is_floating(params_.dtype) && params_.device.is_host(), InvalidArgument,
+  RELAXCC_ENFORCE(is_floating(params_.dtype), InvalidArgument,
                   "AsyncModelAverager: averages floating host tensors, got ",
                   dtype_name(params_.dtype), " on ", params_.device);
   RELAXCC_ENFORCE(options_.interval_steps >= 1 && options_.warmup_steps >= 0 &&

@@ -12,6 +12,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
 
@@ -201,6 +202,7 @@ AutoCodec::AutoCodec(int ranks, AutoCodecMeasurements agreed, AutoCodecOptions o
 
 AutoCodec AutoCodec::calibrate(Communicator& comm, const ExecContext& ctx,
                                AutoCodecOptions options) {
+  relaxed::require_host("AutoCodec::calibrate", comm.rank(), TensorView(), ctx);
   check(options, comm.size());
   const AutoCodecMeasurements mine =
       options.measured ? *options.measured : measure(comm, ctx, options);

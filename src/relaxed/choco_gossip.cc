@@ -5,6 +5,7 @@
 #include <span>
 
 #include "relaxcc/errors.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
 
@@ -71,6 +72,7 @@ void ChocoGossip::load_copies(const std::vector<float>& own,
 }
 
 WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext& ctx) {
+  relaxed::require_host("ChocoGossip", comm_->rank(), x, ctx);
   x.check_valid("ChocoGossip x");
   RELAXCC_ENFORCE(x.dtype == DType::f32 && x.numel == state_->numel, InvalidArgument,
                   "ChocoGossip: expected ", state_->numel, " x f32, got ", x.numel, " x ",

@@ -8,16 +8,43 @@
 
 #include "compressed_shards.h"
 #include "relaxcc/errors.h"
-#include "relaxcc/kernels/error_feedback.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
+
+namespace relaxed {
+
+// The state's residuals as views on its device, and how a call puts its own
+// in place.
+struct StateAccess {
+  static TensorView worker(CompressedAllreduceState& s) {
+    return s.device_.is_host() ? TensorView::host(s.worker_.data(), s.numel_) : s.worker_device_;
+  }
+  static TensorView server(CompressedAllreduceState& s) {
+    return s.device_.is_host() ? TensorView::host(s.server_.data(), s.owned_) : s.server_device_;
+  }
+  static int64_t owned(const CompressedAllreduceState& s) { return s.owned_; }
+  // Host residuals move from the call's vectors, device ones from its views.
+  static void replace(CompressedAllreduceState& s, std::vector<float>& worker,
+                      std::vector<float>& server, TensorView& worker_view,
+                      TensorView& server_view) {
+    if (s.device_.is_host()) {
+      s.worker_ = std::move(worker);
+      s.server_ = std::move(server);
+    } else {
+      s.worker_device_ = std::move(worker_view);
+      s.server_device_ = std::move(server_view);
+    }
+  }
+};
+
+}  // namespace relaxed
 
 namespace {
 
 using kernels::CompressorConfig;
 using kernels::CompressorKind;
 
-using relaxed::bytes_of;
 using relaxed::dense;
 using relaxed::Shards;
 
@@ -30,6 +57,8 @@ struct Call {
   int rank = 0, size = 1;
   TensorView x;
   ExecContext ctx;
+  // The kernels and memory of x's device.
+  std::shared_ptr<const relaxed::TensorBackend> backend;
   std::optional<CompressorConfig> codec;
   ReduceOp op = ReduceOp::sum;
   RobustAggregation robust;
@@ -38,19 +67,27 @@ struct Call {
   int64_t piece = 1;  // elements per piece of a shard
   // With error feedback: the residuals this call leaves (worker: x's
   // elements; server: the owned shard's), put in place only once every
-  // stage succeeded.
-  std::vector<float> worker, server;
+  // stage succeeded. On the host they live in the vectors, on a device in
+  // the views' memory; the views address them either way.
+  std::vector<float> worker_host, server_host;
+  TensorView worker, server;
   struct Segment {
     // Per shard: the piece's first element in x, its elements, its payload
     // bytes and where the payload lies in `sent` and `gathered`.
     std::vector<int64_t> first, count, bytes, offset;
     int64_t total = 0;  // bytes of every shard's payload
     // The encoded pieces of x (alltoallv input), this rank's piece from
-    // every rank (its output), and every owner's payload (allgatherv output).
-    std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
+    // every rank (its output), and every owner's payload (allgatherv
+    // output): u8 views of the call's payload memory, on x's device.
+    TensorView sent, received, gathered;
   };
   std::vector<Segment> segments;
 };
+
+// Bytes [offset, offset + n) of a payload buffer, as a codec reads or writes them.
+std::span<std::byte> bytes_of(const TensorView& buffer, int64_t offset, int64_t n) {
+  return {static_cast<std::byte*>(buffer.data) + offset, static_cast<size_t>(n)};
+}
 
 // Bytes on the wire for `count` elements.
 int64_t wire_bytes(int64_t count, const std::optional<CompressorConfig>& codec) {
@@ -61,42 +98,35 @@ int64_t wire_bytes(int64_t count, const std::optional<CompressorConfig>& codec) 
 // out = the payload's values; an f32 payload must hold finite values only
 // (`sender` names it in the CorruptPayload).
 void read_payload(std::span<const std::byte> payload, const TensorView& out,
-                  const std::optional<CompressorConfig>& codec, const ExecContext& ctx,
-                  int sender) {
+                  const std::optional<CompressorConfig>& codec,
+                  const relaxed::TensorBackend& backend, const ExecContext& ctx, int sender) {
   if (codec) {
-    kernels::decode(payload, out, ctx);
+    backend.decode(payload, out, false, ctx);
     return;
   }
   // Checked before anything is written.
-  for (int64_t i = 0; i < out.numel; ++i) {
-    float v;
-    std::memcpy(&v, payload.data() + i * sizeof(float), sizeof v);
-    RELAXCC_ENFORCE(std::isfinite(v), CorruptPayload, "compressed_allreduce: rank ", sender,
-                    " sent ", v, " at element ", i, " of its f32 payload");
-  }
-  if (out.numel > 0) std::memcpy(out.data, payload.data(), payload.size());
+  float v = 0;
+  const int64_t i = backend.first_non_finite(
+      TensorView(const_cast<std::byte*>(payload.data()), out.numel, DType::f32, backend.device()),
+      &v, ctx);
+  RELAXCC_ENFORCE(i < 0, CorruptPayload, "compressed_allreduce: rank ", sender, " sent ", v,
+                  " at element ", i, " of its f32 payload");
+  if (out.numel > 0) backend.copy(out.data, payload.data(), payload.size(), ctx);
 }
 
 // Encodes `values` into `out`, with `residual` (same length, or empty: no
 // error feedback) added first and updated with what the payload misses.
 // Without a codec the values go as they are (nothing is missed).
-void encode_with_feedback(std::span<const float> values, std::span<float> residual,
-                          std::span<std::byte> out,
-                          const std::optional<CompressorConfig>& codec_opt,
-                          const ExecContext& ctx) {
-  const auto n = static_cast<int64_t>(values.size());
-  if (!codec_opt) {
-    if (n > 0) std::memcpy(out.data(), values.data(), values.size_bytes());
+void encode_with_feedback(const TensorView& values, const TensorView& residual,
+                          std::span<std::byte> out, const std::optional<CompressorConfig>& codec,
+                          const relaxed::TensorBackend& backend, const ExecContext& ctx) {
+  if (!codec) {
+    if (values.numel > 0) backend.copy(out.data(), values.data, values.nbytes(), ctx);
     return;
   }
-  const CompressorConfig& codec = *codec_opt;
-  const TensorView in = TensorView::host(const_cast<float*>(values.data()), n);
-  if (residual.empty()) {
-    kernels::encode(in, out, codec, ctx);
-    return;
-  }
-  std::vector<float> scratch(values.size());
-  kernels::compress_with_feedback(in, residual, scratch, out, codec, ctx);
+  const TensorView scratch =
+      residual.numel > 0 ? backend.zeros(values.numel, DType::f32) : TensorView();
+  backend.encode(values, residual, scratch, out, *codec, ctx);
 }
 
 ExecContext with_rng(const ExecContext& ctx, uint64_t seed, uint64_t offset) {
@@ -108,7 +138,7 @@ ExecContext with_rng(const ExecContext& ctx, uint64_t seed, uint64_t offset) {
 
 // Robust average of the contributions (contribution i at values[i * count]).
 void robust_average(const std::vector<float>& values, int n, int64_t count,
-                    const RobustAggregation& robust, std::vector<float>& out) {
+                    const RobustAggregation& robust, float* out) {
   std::vector<float> column(static_cast<size_t>(n));
   const auto at = [&](int i, int64_t k) { return values[static_cast<size_t>(i * count + k)]; };
   if (robust.kind == RobustAggregation::Kind::trimmed_mean) {
@@ -146,13 +176,13 @@ void robust_average(const std::vector<float>& values, int n, int64_t count,
   }
 }
 
-// Every payload of a stage has the same header as this rank's own (`own`)
-// but for its element count (`count`), unless its sender disagrees on the
+// Every payload of a stage has the same header (`h`: the payload's, read
+// and checked against its size) as this rank's own (`own`) but for its
+// element count (`count`), unless its sender disagrees on the
 // codec or, with stochastic rounding, on the RNG position: then PeerMismatch
 // naming both ranks.
-void check_same_codec(const kernels::PayloadHeader& own, std::span<const std::byte> payload,
+void check_same_codec(const kernels::PayloadHeader& own, const kernels::PayloadHeader& h,
                       int64_t count, int sender, int me, const char* what) {
-  const kernels::PayloadHeader h = kernels::read_header(payload);
   const auto describe = [](const kernels::PayloadHeader& p) {
     return detail::concat(
         kernels::compressor_name(p.kind), " (", static_cast<int>(p.bits), " bits, chunk ", p.chunk,
@@ -173,47 +203,53 @@ void check_same_codec(const kernels::PayloadHeader& own, std::span<const std::by
 // encoded once into its slot of the segment's `gathered`.
 void reduce_segment(Call& c, size_t s) {
   const Call::Segment& g = c.segments[s];
+  const relaxed::TensorBackend& backend = *c.backend;
   const int r = c.rank;
   const int64_t count = g.count[r];
   const int64_t bytes = g.bytes[r];
-  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+  const TensorView acc = backend.zeros(count, DType::f32);
   const bool robust = c.robust.kind != RobustAggregation::Kind::none;
-  // Robust aggregation keeps every contribution apart.
+  // Robust aggregation (host tensors only) keeps every contribution apart.
   std::vector<float> each(robust ? static_cast<size_t>(count * c.size) : 0);
-  std::vector<float> one(robust || !c.codec ? static_cast<size_t>(count) : 0);
+  const TensorView one = !robust && !c.codec ? backend.zeros(count, DType::f32) : TensorView();
+  const kernels::PayloadHeader own =
+      c.codec ? backend.read_header(bytes_of(g.received, r * bytes, bytes), c.ctx)
+              : kernels::PayloadHeader{};
   for (int i = 0; i < c.size; ++i) {
-    const std::span<const std::byte> payload = bytes_of(*g.received, i * bytes, bytes);
+    const std::span<const std::byte> payload = bytes_of(g.received, i * bytes, bytes);
     if (c.codec)
-      check_same_codec(kernels::read_header(bytes_of(*g.received, r * bytes, bytes)), payload,
-                       count, i, r, "encodes its piece of shard");
+      check_same_codec(own, backend.read_header(payload, c.ctx), count, i, r,
+                       "encodes its piece of shard");
     if (robust) {
-      read_payload(payload, TensorView::host(each.data() + i * count, count), c.codec, c.ctx, i);
+      read_payload(payload, TensorView::host(each.data() + i * count, count), c.codec, backend,
+                   c.ctx, i);
     } else if (c.codec) {
-      kernels::decode_accumulate(payload, TensorView::host(acc.data(), count), c.ctx);
+      backend.decode(payload, acc, true, c.ctx);
     } else {
-      read_payload(payload, TensorView::host(one.data(), count), c.codec, c.ctx, i);
-      for (int64_t k = 0; k < count; ++k) acc[k] += one[k];
+      read_payload(payload, one, c.codec, backend, c.ctx, i);
+      backend.add(acc, one, c.ctx);
     }
   }
   if (robust) {
-    robust_average(each, c.size, count, c.robust, acc);
+    robust_average(each, c.size, count, c.robust, acc.as<float>());
   } else if (c.op == ReduceOp::avg) {
-    for (float& v : acc) v /= static_cast<float>(c.size);
+    backend.scale(acc, static_cast<float>(c.size), true, c.ctx);
   }
   // Finite contributions can still sum to Inf (a codec's encode refuses it
   // below; f32 goes as it is): refuse it here, naming where.
-  for (int64_t k = 0; k < count; ++k)
-    RELAXCC_ENFORCE(std::isfinite(acc[k]), InvalidArgument, "compressed_allreduce: the ",
-                    c.op == ReduceOp::avg ? "average" : "sum", " of element ", g.first[r] + k,
-                    " overflows f32");
-  std::span<float> residual;
+  float v = 0;
+  const int64_t bad = backend.first_non_finite(acc, &v, c.ctx);
+  RELAXCC_ENFORCE(bad < 0, InvalidArgument, "compressed_allreduce: the ",
+                  c.op == ReduceOp::avg ? "average" : "sum", " of element ", g.first[r] + bad,
+                  " overflows f32");
+  TensorView residual;
   if (c.state) {
-    const auto at = static_cast<size_t>(g.first[r] - c.shards.offset[r]);
-    residual = std::span(c.server).subspan(at, static_cast<size_t>(count));
-    std::copy_n(c.state->server().begin() + static_cast<std::ptrdiff_t>(at), count,
-                residual.begin());
+    const int64_t at = g.first[r] - c.shards.offset[r];
+    residual = c.server.slice(at, count);
+    backend.copy(residual.data, relaxed::StateAccess::server(*c.state).as<float>() + at,
+                 static_cast<size_t>(count) * sizeof(float), c.ctx);
   }
-  encode_with_feedback(acc, residual, bytes_of(*g.gathered, g.offset[r], bytes), c.codec,
+  encode_with_feedback(acc, residual, bytes_of(g.gathered, g.offset[r], bytes), c.codec, backend,
                        with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(g.first[r])));
 }
 
@@ -221,8 +257,9 @@ constexpr int64_t kMinPiece = 16384;
 constexpr int64_t kMaxSegments = 64;
 
 // Cuts the shards into pieces of at most `piece` elements and sizes every
-// segment's payloads and buffers (identically on every rank).
-void plan_segments(Call& c) {
+// segment's payloads (identically on every rank), and gives them buffers
+// (throws Unsupported when `comm` cannot move memory of x's device).
+void plan_segments(Communicator& comm, Call& c) {
   const int n = c.size;
   const int64_t longest = *std::max_element(c.shards.count.begin(), c.shards.count.end());
   // Pieces of at least kMinPiece elements (and whole codec chunks), at most
@@ -235,6 +272,7 @@ void plan_segments(Call& c) {
     c.piece = (c.piece + c.codec->chunk - 1) / c.codec->chunk * c.codec->chunk;
   const int64_t segments = std::max<int64_t>(1, (longest + c.piece - 1) / c.piece);
   c.segments.resize(static_cast<size_t>(segments));
+  int64_t memory = 0;
   for (int64_t s = 0; s < segments; ++s) {
     Call::Segment& g = c.segments[static_cast<size_t>(s)];
     g.first.resize(static_cast<size_t>(n));
@@ -249,29 +287,41 @@ void plan_segments(Call& c) {
       g.offset[j] = g.total;
       g.total += g.bytes[j];
     }
-    g.sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(g.total));
-    g.received =
-        std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(n * g.bytes[c.rank]));
-    g.gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(g.total));
+    memory += 2 * g.total + n * g.bytes[c.rank];
+  }
+  // One allocation for every payload of the call, cut into the segments'
+  // buffers.
+  const TensorView all = c.backend->payload_memory(comm, memory, "compressed_allreduce");
+  int64_t at = 0;
+  const auto take = [&](int64_t bytes) {
+    TensorView v(static_cast<unsigned char*>(all.data) + at, bytes, DType::u8, all.device,
+                 all.owner);
+    at += bytes;
+    return v;
+  };
+  for (Call::Segment& g : c.segments) {
+    g.sent = take(g.total);
+    g.received = take(n * g.bytes[c.rank]);
+    g.gathered = take(g.total);
   }
 }
 
 // Step 1 for segment s: every shard's piece, encoded for its owner.
 void encode_segment(Call& c, size_t s) {
   const Call::Segment& g = c.segments[s];
-  const float* xs = c.x.as<float>();
+  const relaxed::TensorBackend& backend = *c.backend;
   for (int j = 0; j < c.size; ++j) {
-    const auto first = static_cast<size_t>(g.first[j]);
-    const auto count = static_cast<size_t>(g.count[j]);
-    std::span<float> residual;
+    const int64_t first = g.first[j];
+    const int64_t count = g.count[j];
+    TensorView residual;
     if (c.state) {
-      residual = std::span(c.worker).subspan(first, count);
-      std::copy_n(c.state->worker().begin() + static_cast<std::ptrdiff_t>(first), count,
-                  residual.begin());
+      residual = c.worker.slice(first, count);
+      backend.copy(residual.data, relaxed::StateAccess::worker(*c.state).as<float>() + first,
+                   static_cast<size_t>(count) * sizeof(float), c.ctx);
     }
     encode_with_feedback(
-        std::span(xs + first, count), residual, bytes_of(*g.sent, g.offset[j], g.bytes[j]), c.codec,
-        with_rng(c.ctx, c.ctx.rng.seed + 1 + static_cast<uint64_t>(c.rank), first));
+        c.x.slice(first, count), residual, bytes_of(g.sent, g.offset[j], g.bytes[j]), c.codec,
+        backend, with_rng(c.ctx, c.ctx.rng.seed + 1 + static_cast<uint64_t>(c.rank), first));
   }
 }
 
@@ -280,28 +330,33 @@ void encode_segment(Call& c, size_t s) {
 // that x (and the error-feedback state) change only when all of them are
 // good; then x is written and the residuals put in place.
 void decode_segments(Call& c) {
-  std::vector<float> scratch;
+  const relaxed::TensorBackend& backend = *c.backend;
+  int64_t longest = 0;
+  for (const Call::Segment& g : c.segments)
+    longest = std::max(longest, *std::max_element(g.count.begin(), g.count.end()));
+  const TensorView scratch = backend.zeros(longest, DType::f32);
   for (int pass = 0; pass < 2; ++pass) {
     for (const Call::Segment& g : c.segments) {
+      const kernels::PayloadHeader own =
+          pass == 0 && c.codec
+              ? backend.read_header(bytes_of(g.gathered, g.offset[c.rank], g.bytes[c.rank]), c.ctx)
+              : kernels::PayloadHeader{};
       for (int j = 0; j < c.size; ++j) {
-        const std::span<const std::byte> payload = bytes_of(*g.gathered, g.offset[j], g.bytes[j]);
+        const std::span<const std::byte> payload = bytes_of(g.gathered, g.offset[j], g.bytes[j]);
         TensorView out = c.x.slice(g.first[j], g.count[j]);
         if (pass == 0) {
           if (c.codec)
-            check_same_codec(
-                kernels::read_header(bytes_of(*g.gathered, g.offset[c.rank], g.bytes[c.rank])),
-                payload, g.count[j], j, c.rank, "encodes the sum of its piece");
-          scratch.resize(static_cast<size_t>(g.count[j]));
-          out = TensorView::host(scratch.data(), g.count[j]);
+            check_same_codec(own, backend.read_header(payload, c.ctx), g.count[j], j, c.rank,
+                             "encodes the sum of its piece");
+          out = scratch.slice(0, g.count[j]);
         }
-        read_payload(payload, out, c.codec, c.ctx, j);
+        read_payload(payload, out, c.codec, backend, c.ctx, j);
       }
     }
   }
-  if (c.state) {
-    c.state->worker() = std::move(c.worker);
-    c.state->server() = std::move(c.server);
-  }
+  backend.finish(c.ctx);
+  if (c.state)
+    relaxed::StateAccess::replace(*c.state, c.worker_host, c.server_host, c.worker, c.server);
 }
 
 // Bytes each peer got from this rank and sent it, over every segment.
@@ -318,9 +373,13 @@ std::vector<RelaxedStats::Traffic> traffic(const Call& c) {
 void check_options(const TensorView& x, const ExecContext& ctx,
                    const CompressedAllreduceOptions& options, int n, int r, const char* what) {
   x.check_valid(what);
-  RELAXCC_ENFORCE(x.dtype == DType::f32 && x.device.is_host() && ctx.device.is_host(),
-                  InvalidArgument, what, ": f32 host tensors, got ", dtype_name(x.dtype), " on ",
-                  x.device);
+  RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument, what, ": f32 tensors, got ",
+                  dtype_name(x.dtype), " on ", x.device);
+  RELAXCC_ENFORCE(x.device == ctx.device, InvalidArgument, what, ": rank ", r, "'s tensor is on ",
+                  x.device, ", its context on ", ctx.device, " (expected the same device)");
+  RELAXCC_ENFORCE(x.device.is_host() || options.robust.kind == RobustAggregation::Kind::none,
+                  Unsupported, what, ": rank ", r, ": robust aggregation of a tensor on ", x.device,
+                  " (it runs on the host: host tensors only)");
   if (options.codec) {
     options.codec->validate();
     RELAXCC_ENFORCE(dense(options.codec->kind), InvalidArgument, what, ": codec ",
@@ -348,96 +407,25 @@ void check_options(const TensorView& x, const ExecContext& ctx,
   RELAXCC_ENFORCE(!options.state || options.state->numel() == x.numel, InvalidArgument, what,
                   ": error-feedback state for ", options.state ? options.state->numel() : 0,
                   " elements, tensor of ", x.numel);
-  RELAXCC_ENFORCE(!options.state || static_cast<int64_t>(options.state->server().size()) ==
-                                        Shards(x.numel, n).count[r],
-                  InvalidArgument, what, ": error-feedback state made for another communicator");
+  RELAXCC_ENFORCE(
+      !options.state || relaxed::StateAccess::owned(*options.state) == Shards(x.numel, n).count[r],
+      InvalidArgument, what, ": error-feedback state made for another communicator");
+  RELAXCC_ENFORCE(!options.state || options.state->device() == x.device, InvalidArgument, what,
+                  ": rank ", r, "'s error-feedback state is on ",
+                  options.state ? options.state->device() : x.device, ", the tensor on ", x.device);
 }
 
-}  // namespace
-
-CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size)
-    : numel_(numel) {
-  RELAXCC_ENFORCE(numel >= 0 && size >= 1 && rank >= 0 && rank < size, InvalidArgument,
-                  "CompressedAllreduceState: ", numel, " elements, rank ", rank, " of ", size);
-  const Shards shards(numel, size);
-  worker_.assign(static_cast<size_t>(numel), 0.0f);
-  server_.assign(static_cast<size_t>(shards.count[rank]), 0.0f);
-}
-
-void CompressedAllreduceState::save(StateDict& dict, const std::string& prefix) const {
-  dict.put_floats(prefix + "worker", worker_);
-  dict.put_floats(prefix + "server", server_);
-}
-
-void CompressedAllreduceState::load(const StateDict& dict, const std::string& prefix) {
-  std::vector<float> worker = dict.get_floats(prefix + "worker");
-  std::vector<float> server = dict.get_floats(prefix + "server");
-  RELAXCC_ENFORCE(worker.size() == worker_.size() && server.size() == server_.size(),
-                  InvalidArgument, "CompressedAllreduceState::load(", prefix, "): ", worker.size(),
-                  " worker and ", server.size(), " server residuals, expected ", worker_.size(),
-                  " and ", server_.size());
-  worker_ = std::move(worker);
-  server_ = std::move(server);
-}
-
-WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
-                             const CompressedAllreduceOptions& options) {
-  if (options.auto_codec) {
-    const AutoCodec& chooser = *options.auto_codec;
-    RELAXCC_ENFORCE(chooser.ranks() == comm.size(), InvalidArgument, "compressed_allreduce: rank ",
-                    comm.rank(), "'s auto codec was calibrated for ", chooser.ranks(),
-                    " ranks, the communicator has ", comm.size());
-    CompressedAllreduceOptions o = options;
-    o.auto_codec = nullptr;
-    o.codec = chooser.choose(x.numel).codec;
-    if (o.codec || o.robust.kind != RobustAggregation::Kind::none)
-      return compressed_allreduce(comm, x, ctx, o);
-    check_options(x, ctx, o, comm.size(), comm.rank(), "compressed_allreduce");
-    AllreduceOptions a;
-    static_cast<OpOptions&>(a) = o;
-    a.op = o.op;
-    return relaxed::counted_allreduce(comm, x, ctx, a, o.stats);
-  }
-  check_options(x, ctx, options, comm.size(), comm.rank(), "compressed_allreduce");
-  const int n = comm.size(), r = comm.rank();
-
-  // One rank: the sum and the average are x itself; nothing to quantize.
-  if (n == 1)
-    return options.after ? options.after->then([](const Work&) {}, "compressed_allreduce")
-                         : when_all({}, nullptr, "compressed_allreduce");
-
-  auto c = std::make_shared<Call>();
-  c->rank = r;
-  c->size = n;
-  c->x = x;
-  c->ctx = ctx;
-  c->codec = options.codec;
-  if (c->codec) {
-    // With stochastic rounding the call's RNG position travels in every
-    // payload's header (dense codecs leave its seed and step fields unread
-    // otherwise), so ranks that would draw different random numbers get
-    // PeerMismatch; with rounding to nearest they carry 0.
-    const bool stochastic = c->codec->rounding == kernels::Rounding::stochastic;
-    c->codec->seed = stochastic ? ctx.rng.seed : 0;
-    c->codec->step = stochastic ? ctx.rng.offset : 0;
-  }
-  c->op = options.op;
-  c->robust = options.robust;
-  c->state = options.state;
-  c->shards = Shards(x.numel, n);
-  c->piece = std::max<int64_t>(1, options.segment_bytes / static_cast<int64_t>(sizeof(float)) / n);
-  plan_segments(*c);
-  if (c->state) {
-    c->worker.resize(static_cast<size_t>(x.numel));
-    c->server.resize(static_cast<size_t>(c->shards.count[r]));
-  }
-
-  // Every stage is submitted now, in the same order on every rank, each to
-  // start once the stage before it completed. The local stages run off the
-  // thread that moves the data (Communicator::compute): segment s + 1 is
-  // encoded, and segment s - 1 reduced, while segment s is on the wire. A
-  // stage that fails (an input the codec refuses, a payload that does not
-  // decode) fails the collective after it, and so every rank.
+// The schedule on a backend that is not stepped (the host): every stage is
+// submitted now, in the same order on every rank, each to start once the
+// stage before it completed. The local stages run off the thread that moves
+// the data (Communicator::compute): segment s + 1 is encoded, and segment
+// s - 1 reduced, while segment s is on the wire. A stage that fails (an
+// input the codec refuses, a payload that does not decode) fails the
+// collective after it, and so every rank.
+WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
+                      const CompressedAllreduceOptions& options) {
+  const int n = c->size, r = c->rank;
+  const ExecContext& ctx = c->ctx;
   OpOptions local;
   local.priority = options.priority;
   local.label = options.label;
@@ -458,11 +446,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
       static_cast<OpOptions&>(a2a) = options;
       a2a.after = encoded;
       const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
-      WorkPtr exchanged = submit(comm.alltoallv(
-          TensorView(g.sent->data(), g.total, DType::u8, Device::host(), g.sent), g.bytes,
-          TensorView(g.received->data(), static_cast<int64_t>(g.received->size()), DType::u8,
-                     Device::host(), g.received),
-          recv_counts, ctx, a2a));
+      WorkPtr exchanged =
+          submit(comm.alltoallv(g.sent, g.bytes, g.received, recv_counts, ctx, a2a));
       // 3. The owner's sum of its piece, encoded once.
       local.after = exchanged;
       WorkPtr reduced = submit(comm.compute([c, s] { reduce_segment(*c, s); }, local));
@@ -470,11 +455,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
       AllgatherOptions ag;
       static_cast<OpOptions&>(ag) = options;
       ag.after = reduced;
-      WorkPtr spread = submit(comm.allgatherv(
-          TensorView(g.gathered->data() + g.offset[r], g.bytes[r], DType::u8, Device::host(),
-                     g.gathered),
-          TensorView(g.gathered->data(), g.total, DType::u8, Device::host(), g.gathered), g.bytes,
-          ctx, ag));
+      WorkPtr spread = submit(
+          comm.allgatherv(g.gathered.slice(g.offset[r], g.bytes[r]), g.gathered, g.bytes, ctx, ag));
       stages.insert(stages.end(), {encoded, reduced, spread});
     }
     // 5. Every rank decodes the same bytes into x, once every segment
@@ -499,6 +481,205 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
         if (stats) stats->add_round(traffic(*c));
       },
       "compressed_allreduce");
+}
+
+// The schedule on a stepped backend (a CUDA device): the same stages and
+// collectives in the same order, run on the calling thread. Every segment's
+// encoding is followed by the submission of its alltoallv, so segment s is
+// on the wire while segment s + 1 is encoded; then each segment is reduced
+// once its alltoallv completed and its allgatherv submitted; then
+// everything is decoded. A local stage that fails does not stop the
+// schedule: this rank keeps its error, sends payloads that decode as
+// corrupt (every byte 0xff: a bad header, or NaN as f32) in every later
+// transfer, and fails at the end, while its peers fail on its payloads
+// (CorruptPayload naming it). A transfer that fails (a timeout, a poisoned
+// communicator) ends the schedule with its error.
+WorkPtr step_stages(Communicator& comm, const std::shared_ptr<Call>& c,
+                    const CompressedAllreduceOptions& options) {
+  const int n = c->size, r = c->rank;
+  const ExecContext& ctx = c->ctx;
+  const relaxed::TensorBackend& backend = *c->backend;
+  auto done = std::make_shared<Work>("compressed_allreduce");
+  std::exception_ptr failed;  // this rank's first failed local stage
+  const auto run_local = [&](const std::function<void()>& stage, const TensorView& out) {
+    if (!failed) {
+      try {
+        stage();
+        backend.finish(ctx);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    if (failed) {
+      backend.fill(out.data, 0xff, out.nbytes(), ctx);
+      backend.finish(ctx);
+    }
+  };
+  std::vector<WorkPtr> exchanged, spread;
+  try {
+    if (options.after) {
+      try {
+        options.after->wait();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    for (size_t s = 0; s < c->segments.size(); ++s) {
+      Call::Segment& g = c->segments[s];
+      // 1. Encode every shard's piece; 2. each piece's payload to its owner.
+      run_local([&] { encode_segment(*c, s); }, g.sent);
+      AlltoallOptions a2a;
+      static_cast<OpOptions&>(a2a) = options;
+      a2a.after = nullptr;
+      const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
+      exchanged.push_back(comm.alltoallv(g.sent, g.bytes, g.received, recv_counts, ctx, a2a));
+    }
+    for (size_t s = 0; s < c->segments.size(); ++s) {
+      Call::Segment& g = c->segments[s];
+      // 3. The owner's sum of its piece, encoded once; 4. the owners'
+      // payloads to every rank.
+      exchanged[s]->wait();
+      const TensorView own = g.gathered.slice(g.offset[r], g.bytes[r]);
+      run_local([&] { reduce_segment(*c, s); }, own);
+      AllgatherOptions ag;
+      static_cast<OpOptions&>(ag) = options;
+      ag.after = nullptr;
+      spread.push_back(comm.allgatherv(own, g.gathered, g.bytes, ctx, ag));
+    }
+    for (const WorkPtr& w : spread) w->wait();
+    // 5. Every rank decodes the same bytes into x (left as it was when any
+    // stage failed).
+    if (failed) std::rethrow_exception(failed);
+    decode_segments(*c);
+    if (options.stats) options.stats->add_round(traffic(*c));
+    done->complete(nullptr);
+  } catch (...) {
+    done->complete(std::current_exception());
+  }
+  return done;
+}
+
+}  // namespace
+
+CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size, Device device)
+    : numel_(numel), owned_(0), device_(device) {
+  RELAXCC_ENFORCE(numel >= 0 && size >= 1 && rank >= 0 && rank < size, InvalidArgument,
+                  "CompressedAllreduceState: ", numel, " elements, rank ", rank, " of ", size);
+  const Shards shards(numel, size);
+  owned_ = shards.count[rank];
+  if (device.is_host()) {
+    worker_.assign(static_cast<size_t>(numel), 0.0f);
+    server_.assign(static_cast<size_t>(owned_), 0.0f);
+    return;
+  }
+  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(device);
+  worker_device_ = backend->zeros(numel, DType::f32);
+  server_device_ = backend->zeros(owned_, DType::f32);
+}
+
+void CompressedAllreduceState::save(StateDict& dict, const std::string& prefix) const {
+  if (device_.is_host()) {
+    dict.put_floats(prefix + "worker", worker_);
+    dict.put_floats(prefix + "server", server_);
+    return;
+  }
+  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(device_);
+  ExecContext ctx;
+  ctx.device = device_;
+  std::vector<float> worker(static_cast<size_t>(numel_)), server(static_cast<size_t>(owned_));
+  backend->copy(worker.data(), worker_device_.data, worker_device_.nbytes(), ctx);
+  backend->copy(server.data(), server_device_.data, server_device_.nbytes(), ctx);
+  backend->finish(ctx);
+  dict.put_floats(prefix + "worker", worker);
+  dict.put_floats(prefix + "server", server);
+}
+
+void CompressedAllreduceState::load(const StateDict& dict, const std::string& prefix) {
+  std::vector<float> worker = dict.get_floats(prefix + "worker");
+  std::vector<float> server = dict.get_floats(prefix + "server");
+  RELAXCC_ENFORCE(static_cast<int64_t>(worker.size()) == numel_ &&
+                      static_cast<int64_t>(server.size()) == owned_,
+                  InvalidArgument, "CompressedAllreduceState::load(", prefix, "): ", worker.size(),
+                  " worker and ", server.size(), " server residuals, expected ", numel_, " and ",
+                  owned_);
+  if (device_.is_host()) {
+    worker_ = std::move(worker);
+    server_ = std::move(server);
+    return;
+  }
+  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(device_);
+  ExecContext ctx;
+  ctx.device = device_;
+  backend->copy(worker_device_.data, worker.data(), worker_device_.nbytes(), ctx);
+  backend->copy(server_device_.data, server.data(), server_device_.nbytes(), ctx);
+  backend->finish(ctx);
+}
+
+WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                             const CompressedAllreduceOptions& options) {
+  if (options.auto_codec) {
+    const AutoCodec& chooser = *options.auto_codec;
+    RELAXCC_ENFORCE(chooser.ranks() == comm.size(), InvalidArgument, "compressed_allreduce: rank ",
+                    comm.rank(), "'s auto codec was calibrated for ", chooser.ranks(),
+                    " ranks, the communicator has ", comm.size());
+    CompressedAllreduceOptions o = options;
+    o.auto_codec = nullptr;
+    o.codec = chooser.choose(x.numel).codec;
+    if (o.codec || o.robust.kind != RobustAggregation::Kind::none)
+      return compressed_allreduce(comm, x, ctx, o);
+    check_options(x, ctx, o, comm.size(), comm.rank(), "compressed_allreduce");
+    AllreduceOptions a;
+    static_cast<OpOptions&>(a) = o;
+    a.op = o.op;
+    return relaxed::counted_allreduce(comm, x, ctx, a, o.stats);
+  }
+  check_options(x, ctx, options, comm.size(), comm.rank(), "compressed_allreduce");
+  const int n = comm.size(), r = comm.rank();
+  std::shared_ptr<const relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
+
+  // One rank: the sum and the average are x itself; nothing to quantize.
+  if (n == 1) {
+    // A communicator that cannot move x's memory is refused all the same.
+    if (!x.device.is_host()) backend->payload_memory(comm, 1, "compressed_allreduce");
+    if (backend->stepped()) return backend->after({options.after}, nullptr, "compressed_allreduce");
+    return options.after ? options.after->then([](const Work&) {}, "compressed_allreduce")
+                         : when_all({}, nullptr, "compressed_allreduce");
+  }
+
+  auto c = std::make_shared<Call>();
+  c->rank = r;
+  c->size = n;
+  c->x = x;
+  c->ctx = ctx;
+  c->backend = std::move(backend);
+  c->codec = options.codec;
+  if (c->codec) {
+    // With stochastic rounding the call's RNG position travels in every
+    // payload's header (dense codecs leave its seed and step fields unread
+    // otherwise), so ranks that would draw different random numbers get
+    // PeerMismatch; with rounding to nearest they carry 0.
+    const bool stochastic = c->codec->rounding == kernels::Rounding::stochastic;
+    c->codec->seed = stochastic ? ctx.rng.seed : 0;
+    c->codec->step = stochastic ? ctx.rng.offset : 0;
+  }
+  c->op = options.op;
+  c->robust = options.robust;
+  c->state = options.state;
+  c->shards = Shards(x.numel, n);
+  c->piece = std::max<int64_t>(1, options.segment_bytes / static_cast<int64_t>(sizeof(float)) / n);
+  plan_segments(comm, *c);
+  if (c->state) {
+    if (x.device.is_host()) {
+      c->worker_host.resize(static_cast<size_t>(x.numel));
+      c->server_host.resize(static_cast<size_t>(c->shards.count[r]));
+      c->worker = TensorView::host(c->worker_host.data(), x.numel);
+      c->server = TensorView::host(c->server_host.data(), c->shards.count[r]);
+    } else {
+      c->worker = c->backend->zeros(x.numel, DType::f32);
+      c->server = c->backend->zeros(c->shards.count[r], DType::f32);
+    }
+  }
+  return c->backend->stepped() ? step_stages(comm, c, options) : submit_stages(comm, c, options);
 }
 
 WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const HierarchicalComms& comms,
@@ -533,12 +714,14 @@ WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const Hierarchical
   b.after = across;
   WorkPtr spread = comms.intra->broadcast(x, ctx, b);
   const float scale = options.op == ReduceOp::avg ? 1.0f / static_cast<float>(comm.size()) : 1.0f;
-  return when_all(
+  std::shared_ptr<const relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
+  const relaxed::TensorBackend& runner = *backend;
+  return runner.after(
       {summed, across, spread},
-      [x, scale](Work&) {
+      [x, ctx, scale, backend = std::move(backend)] {
         if (scale == 1.0f) return;
-        float* v = x.as<float>();
-        for (int64_t i = 0; i < x.numel; ++i) v[i] *= scale;
+        backend->scale(x, scale, false, ctx);
+        backend->finish(ctx);
       },
       "hierarchical_compressed_allreduce");
 }

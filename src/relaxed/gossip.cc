@@ -5,6 +5,7 @@
 
 #include "peer_mixing.h"
 #include "relaxcc/errors.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
 
@@ -96,6 +97,7 @@ GossipPeers gossip_peers(GossipMode mode, int rank, int size, uint64_t round) {
 
 WorkPtr gossip(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                const GossipOptions& options) {
+  relaxed::require_host("gossip", comm.rank(), x, ctx);
   const std::string what = detail::concat("gossip ", gossip_mode_name(options.mode));
   if (options.mode == GossipMode::all) {
     RELAXCC_ENFORCE(options.weights.empty() && !options.deadline && options.adaptive == nullptr,

@@ -7,6 +7,7 @@
 #include "peer_mixing.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
 
@@ -76,6 +77,7 @@ std::vector<int> group_members(const GroupAverageOptions& options, int rank, int
 WorkPtr group_average(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                       const GroupAverageOptions& options) {
   const int n = comm.size(), me = comm.rank();
+  relaxed::require_host("group_average", me, x, ctx);
   const std::vector<int> members = group_members(options, me, n);
   const std::string what =
       options.random_groups > 0

@@ -12,6 +12,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/kernels/reduce.h"
+#include "tensor_backend.h"
 
 namespace relaxcc {
 
@@ -602,10 +603,11 @@ int64_t sparse_allreduce_owned(int64_t numel, int rank, int size) {
 
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                          const SparseAllreduceOptions& options) {
+  relaxed::require_host("sparse_allreduce", comm.rank(), x, ctx);
   x.check_valid("sparse_allreduce tensor");
-  RELAXCC_ENFORCE(x.dtype == DType::f32 && x.device.is_host() && ctx.device.is_host(),
-                  InvalidArgument, "sparse_allreduce: f32 host tensors, got ", dtype_name(x.dtype),
-                  " on ", x.device);
+  RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument,
+                  "sparse_allreduce: f32 host tensors, got ", dtype_name(x.dtype), " on ",
+                  x.device);
   const CompressorConfig& codec = options.codec;
   const bool topk = codec.kind == CompressorKind::topk;
   RELAXCC_ENFORCE(topk || codec.kind == CompressorKind::randomk, InvalidArgument,

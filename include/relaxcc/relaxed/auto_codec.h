@@ -129,6 +129,10 @@ class AutoCodec {
   // (unless options.measured) and agrees. InvalidArgument for options out of
   // range, a sparse codec, a `force` that is no codec name, or measured
   // figures that are negative or not one per codec.
+  // Calibration measures and agrees in host memory: a context on a device
+  // is Unsupported. For device tensors (an NCCL communicator), build the
+  // AutoCodec from measurements with the constructor below; its choices
+  // serve compressed_allreduce on device tensors like host ones.
   static AutoCodec calibrate(Communicator& comm, const ExecContext& ctx,
                              AutoCodecOptions options = {});
   // From measurements already agreed over `ranks` ranks; no communication.

@@ -79,6 +79,35 @@
 // Every call is submitted at once, each stage after the previous one, so
 // concurrent calls keep their order on every communicator. Its first stage
 // writes the node's sum into x: a later failure leaves that sum there.
+//
+// Device tensors. x on a CUDA device (ctx.device the same, ctx.stream a
+// cudaStream_t of it) runs the same schedule with the CUDA kernels
+// (kernels/cuda/cuda_kernels.h): encodes, decodes, sums and error feedback
+// on the device, residuals in the state's device memory, payload buffers
+// from comm.allocate(), and every transfer through `comm` on device memory
+// (an NCCL communicator: nothing is copied through the host). Payloads,
+// results and residuals equal the host path's bit for bit on the same
+// data; validation, errors and RelaxedStats counts are the host path's. The
+// CUDA decoder validates on the device and reads its flags back, so the
+// stages are stepped on the calling thread: the call returns once x holds
+// the result (or the error is known) and its Work has completed; segment s
+// is still on the wire while segment s + 1 is encoded. A rank whose own
+// stage fails still takes part in every later transfer, sending payloads
+// that decode as corrupt (all bytes 0xff), so that its peers fail with
+// CorruptPayload naming it instead of waiting for it; it fails with its own
+// error. options.after is waited for (with its communicator's timeout)
+// before the first stage. A communicator whose allocate() gives memory of
+// another device (an MPI communicator) is Unsupported, at the call, before
+// anything is read. Robust aggregation on a device is Unsupported (its
+// sorting runs on the host). The hierarchical variant and the auto codec
+// take device tensors the same way (the uncompressed choice is the
+// communicator's allreduce on device memory).
+//
+// Which relaxed primitives take device tensors: compressed_allreduce,
+// hierarchical_compressed_allreduce and the auto codec's choices. Gossip,
+// CHOCO gossip, group averaging (Moshpit), asynchronous model averaging and
+// the sparse allreduce (top-k, random-k) take host tensors only and throw
+// Unsupported, naming themselves and the device, at their entry point.
 #pragma once
 
 #include <memory>
@@ -94,31 +123,45 @@
 
 namespace relaxcc {
 
+namespace relaxed {
+struct StateAccess;
+}  // namespace relaxed
+
 // Error feedback of a compressed allreduce of one tensor on one
 // communicator: a residual per shard on the worker side, and the owned
-// shard's residual on the server side. Saved and restored bit for bit.
+// shard's residual on the server side, on the tensor's device. Saved and
+// restored bit for bit.
 class CompressedAllreduceState {
  public:
   // For a tensor of `numel` elements on a communicator of `size` ranks, this
-  // rank being `rank`.
-  CompressedAllreduceState(int64_t numel, int rank, int size);
+  // rank being `rank`, with its residuals on `device` (the tensor's: a CUDA
+  // device keeps them in device memory; Unsupported in a build without
+  // CUDA).
+  CompressedAllreduceState(int64_t numel, int rank, int size, Device device = Device::host());
 
   int64_t numel() const noexcept { return numel_; }
-  // Worker-side residual of x (numel elements) and server-side residual of
-  // the owned shard.
+  Device device() const noexcept { return device_; }
+  // A host state's worker-side residual of x (numel elements) and
+  // server-side residual of the owned shard. A device state keeps them on its
+  // device and leaves these empty (save() reads them).
   std::vector<float>& worker() noexcept { return worker_; }
   std::vector<float>& server() noexcept { return server_; }
   const std::vector<float>& worker() const noexcept { return worker_; }
   const std::vector<float>& server() const noexcept { return server_; }
 
-  // Entries "<prefix>worker" and "<prefix>server". load() throws
-  // InvalidArgument for missing entries or sizes that do not match.
+  // Entries "<prefix>worker" and "<prefix>server" (a device state copies
+  // them through the host). load() throws InvalidArgument for missing
+  // entries or sizes that do not match.
   void save(StateDict& dict, const std::string& prefix) const;
   void load(const StateDict& dict, const std::string& prefix);
 
  private:
+  friend struct relaxed::StateAccess;
   int64_t numel_;
-  std::vector<float> worker_, server_;
+  int64_t owned_;  // server-side residual elements
+  Device device_;
+  std::vector<float> worker_, server_;        // host state
+  TensorView worker_device_, server_device_;  // device state (owning their memory)
 };
 
 struct RobustAggregation {
@@ -147,10 +190,12 @@ struct CompressedAllreduceOptions : OpOptions {
   const AutoCodec* auto_codec = nullptr;
 };
 
-// x (f32, host) becomes the (compressed) sum or average over the ranks, in
-// place (on one rank it stays as it is: nothing is quantized). InvalidArgument for another dtype, a
-// sparse codec, an op other than sum and avg (avg with robust aggregation), robust options out of
-// range, a state of another size, or an auto codec calibrated for another rank count.
+// x (f32) becomes the (compressed) sum or average over the ranks, in place
+// (on one rank it stays as it is: nothing is quantized). InvalidArgument for
+// another dtype, a context on another device than x, a sparse codec, an op
+// other than sum and avg (avg with robust aggregation), robust options out
+// of range, a state of another size or device, or an auto codec calibrated
+// for another rank count. Device tensors: see "Device tensors" above.
 WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                              const CompressedAllreduceOptions& options = {});
 

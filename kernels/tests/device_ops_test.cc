@@ -1,0 +1,136 @@
+// The element-wise CUDA kernels of the relaxed primitives' device path
+// (kernels/cuda/cuda_kernels.h: sum, subtract_from, add, scale,
+// first_non_finite, fill, copy) against the same arithmetic on the host,
+// bit for bit, and error feedback built from them against
+// kernels::compress_with_feedback. Every case skips, with the reason, where
+// no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "../cuda/cuda_kernels.h"
+#include "relaxcc/kernels/compressor.h"
+#include "relaxcc/kernels/cuda_runtime.h"
+#include "relaxcc/kernels/error_feedback.h"
+
+namespace relaxcc::kernels {
+namespace {
+
+class DeviceOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const CudaAvailability cuda = cuda_availability();
+    if (cuda.device_count == 0) GTEST_SKIP() << "no CUDA device: " << cuda.reason;
+    cuda::set_device(0);
+  }
+  // Device copies of host floats, and back (legacy default stream).
+  static std::shared_ptr<void> upload(const std::vector<float>& v) {
+    std::shared_ptr<void> d = cuda::allocate(v.size() * sizeof(float), 0);
+    cuda::copy_async(d.get(), v.data(), v.size() * sizeof(float), nullptr);
+    cuda::synchronize(nullptr);
+    return d;
+  }
+  static std::vector<float> download(const std::shared_ptr<void>& d, size_t n) {
+    std::vector<float> v(n);
+    cuda::copy_async(v.data(), d.get(), n * sizeof(float), nullptr);
+    cuda::synchronize(nullptr);
+    return v;
+  }
+  static float* f(const std::shared_ptr<void>& d) { return static_cast<float*>(d.get()); }
+};
+
+// Values across magnitudes, so that rounding differences would show.
+std::vector<float> values(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(i % 40) - 20);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(DeviceOps, ElementwiseEqualsHostBitForBit) {
+  const size_t n = 300001;  // more than one grid-stride pass at 65535 blocks of 256
+  const std::vector<float> x = values(n, 1), y = values(n, 2);
+  const auto dx = upload(x), dy = upload(y), out = upload(std::vector<float>(n));
+  std::vector<float> want(n);
+
+  cuda::sum(f(out), f(dx), f(dy), static_cast<int64_t>(n), nullptr);
+  for (size_t i = 0; i < n; ++i) want[i] = x[i] + y[i];
+  EXPECT_TRUE(same_bits(download(out, n), want)) << "sum";
+
+  cuda::subtract_from(f(out), f(dx), static_cast<int64_t>(n), nullptr);  // out = x - (x + y)
+  for (size_t i = 0; i < n; ++i) want[i] = x[i] - want[i];
+  EXPECT_TRUE(same_bits(download(out, n), want)) << "subtract_from";
+
+  cuda::add(f(out), f(dy), static_cast<int64_t>(n), nullptr);
+  for (size_t i = 0; i < n; ++i) want[i] += y[i];
+  EXPECT_TRUE(same_bits(download(out, n), want)) << "add";
+
+  cuda::scale(f(out), static_cast<int64_t>(n), 3.0f, true, nullptr);
+  for (size_t i = 0; i < n; ++i) want[i] /= 3.0f;
+  EXPECT_TRUE(same_bits(download(out, n), want)) << "divide";
+
+  cuda::scale(f(out), static_cast<int64_t>(n), 0.1f, false, nullptr);
+  for (size_t i = 0; i < n; ++i) want[i] *= 0.1f;
+  EXPECT_TRUE(same_bits(download(out, n), want)) << "multiply";
+
+  cuda::fill_async(out.get(), 0xff, n * sizeof(float), nullptr);
+  const std::vector<float> filled = download(out, n);
+  for (size_t i = 0; i < n; i += 9973) EXPECT_TRUE(std::isnan(filled[i])) << i;
+}
+
+TEST_F(DeviceOps, FirstNonFiniteFindsTheSmallestIndex) {
+  const size_t n = 1 << 20;
+  std::vector<float> x = values(n, 3);
+  EXPECT_EQ(cuda::first_non_finite(f(upload(x)), static_cast<int64_t>(n), nullptr), -1);
+  x[777777] = INFINITY;
+  x[500001] = NAN;
+  x[900000] = -INFINITY;
+  EXPECT_EQ(cuda::first_non_finite(f(upload(x)), static_cast<int64_t>(n), nullptr), 500001);
+  EXPECT_EQ(cuda::first_non_finite(nullptr, 0, nullptr), -1);
+}
+
+// e = x + r; payload = encode(e); r = e - decode(payload), composed from the
+// device kernels as the device backend does, equals the host's error
+// feedback: payload and residual bit for bit.
+TEST_F(DeviceOps, ErrorFeedbackEqualsHost) {
+  const int64_t n = 70000;
+  CompressorConfig c;
+  c.kind = CompressorKind::minmax;
+  c.bits = 4;
+  c.chunk = 256;
+  const std::vector<float> x = values(static_cast<size_t>(n), 4);
+  std::vector<float> residual = values(static_cast<size_t>(n), 5);
+  for (float& v : residual) v *= 1e-3f;
+  const auto dx = upload(x), dr = upload(residual), scratch = upload(std::vector<float>(n));
+  const size_t bytes = encoded_size(n, c);
+  std::shared_ptr<void> dp = cuda::allocate(bytes, 0);
+  std::span<std::byte> device_payload(static_cast<std::byte*>(dp.get()), bytes);
+  ExecContext ctx;
+  ctx.device = Device::cuda(0);
+  cuda::sum(f(scratch), f(dx), f(dr), n, nullptr);
+  encode(TensorView(scratch.get(), n, DType::f32, ctx.device), device_payload, c, ctx);
+  decode(device_payload, TensorView(dr.get(), n, DType::f32, ctx.device), ctx);
+  cuda::subtract_from(f(dr), f(scratch), n, nullptr);
+
+  std::vector<float> host_scratch(static_cast<size_t>(n));
+  std::vector<std::byte> host_payload(bytes);
+  compress_with_feedback(TensorView::host(const_cast<float*>(x.data()), n), residual, host_scratch,
+                         host_payload, c, ExecContext::host());
+  std::vector<std::byte> got(bytes);
+  cuda::copy_async(got.data(), dp.get(), bytes, nullptr);
+  cuda::synchronize(nullptr);
+  EXPECT_EQ(got, host_payload);
+  EXPECT_TRUE(same_bits(download(dr, static_cast<size_t>(n)), residual));
+}
+
+}  // namespace
+}  // namespace relaxcc::kernels
