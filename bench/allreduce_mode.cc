@@ -6,6 +6,7 @@
 
 #include "bench_util.h"
 #include "modes.h"
+#include "nccl_impl.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/reduce_op.h"
 #include "sweep.h"
@@ -77,11 +78,19 @@ void run_allreduce(const AllreduceArgs& args) {
   for (const auto& place : args.places)
     RELAXCC_ENFORCE(place == "out" || place == "in", InvalidArgument, "unknown --place '", place,
                     "': expected out or in");
-  std::vector<NamedAllreduce> named;  // one communicator per implementation, for both placements
-  for (const auto& name : args.sweep.impls) named.push_back(make_impl(name, args, world));
+  // One communicator per host implementation, for both placements; the
+  // device ones (nccl_impl.h) set up their own per placement.
+  std::vector<NamedAllreduce> named;
+  for (const auto& name : args.sweep.impls)
+    if (!is_nccl_impl(name)) named.push_back(make_impl(name, args, world));
   std::vector<SweepImpl> impls;
-  for (const auto& place : args.places)
-    for (const auto& n : named) impls.push_back(sweep_impl(n, place == "in", op, world, buffers));
+  for (const auto& place : args.places) {
+    size_t host = 0;
+    for (const auto& name : args.sweep.impls)
+      impls.push_back(is_nccl_impl(name)
+                          ? make_nccl_sweep_impl(name, place == "in", op, world)
+                          : sweep_impl(named[host++], place == "in", op, world, buffers));
+  }
   const double bus_factor = world.size > 1 ? 2.0 * (world.size - 1) / world.size : 0.0;
   run_sweep(args.sweep, world, {"allreduce", std::string(reduce_op_name(op)), bus_factor}, impls);
 }
@@ -98,7 +107,8 @@ void add_allreduce_mode(CLI::App& app) {
   add_sweep_options(sub, args->sweep,
                     "Implementations to compare: relaxcc, relaxcc-shared (on buffers from "
                     "Communicator::allocate), mpi (MPI_Allreduce), p2p-ring (a plain isend/irecv "
-                    "ring in the calling thread)");
+                    "ring in the calling thread); on device buffers, one GPU per rank: nccl "
+                    "(bare ncclAllReduce), relaxcc-nccl (the NCCL communicator)");
   sub->add_option("--place", args->places,
                   "Out of place (input and output buffers, MPI_Allreduce(send, recv)), in place "
                   "(one buffer, MPI_IN_PLACE), or both, as nccl-tests' two column groups")

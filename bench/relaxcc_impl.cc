@@ -30,7 +30,8 @@ CommunicatorPtr relaxcc_communicator(BenchWorld& world) {
 NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
                                       BenchWorld& world) {
   RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared", InvalidArgument,
-                  "unknown --impl '", impl, "': expected relaxcc, relaxcc-shared, mpi or p2p-ring");
+                  "unknown --impl '", impl,
+                  "': expected relaxcc, relaxcc-shared, mpi, p2p-ring, nccl or relaxcc-nccl");
   CommunicatorPtr comm = relaxcc_communicator(world);
   AllreduceOptions ar;
   ar.algo = parse_allreduce_algo(algo);
