@@ -120,6 +120,13 @@ TEST(DeviceEntry, CompressedAllreduceOnMpiRefusesDeviceTensors) {
   const std::string robust =
       thrown<Unsupported>([&] { compressed_allreduce(*comm, t.view(), ctx, o); });
   EXPECT_TRUE(contains(robust, "robust aggregation")) << robust;
+  // No CUDA kernel encodes the sign codec.
+  o = {};
+  o.codec = CompressorConfig{};
+  o.codec->kind = CompressorKind::sign;
+  const std::string sign =
+      thrown<Unsupported>([&] { compressed_allreduce(*comm, t.view(), ctx, o); });
+  EXPECT_TRUE(contains(sign, "sign codec on cuda:0")) << sign;
   EXPECT_EQ(t.memory, std::vector<float>(64, 1.0f));
   // The communicator is still in step.
   std::vector<float> host(64, 1.0f);

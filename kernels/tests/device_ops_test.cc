@@ -132,5 +132,35 @@ TEST_F(DeviceOps, ErrorFeedbackEqualsHost) {
   EXPECT_TRUE(same_bits(download(dr, static_cast<size_t>(n)), residual));
 }
 
+// decode_accumulate on the device (what the owner's sum runs) adds exactly
+// what the host's does, for every dense kind the device path encodes.
+TEST_F(DeviceOps, DecodeAccumulateEqualsHost) {
+  const int64_t n = 50001;
+  const std::vector<float> x = values(static_cast<size_t>(n), 6), acc = values(n, 7);
+  ExecContext gpu;
+  gpu.device = Device::cuda(0);
+  for (CompressorKind kind : {CompressorKind::f16, CompressorKind::bf16, CompressorKind::minmax}) {
+    for (int bits : {8, 4, 2, 1}) {
+      CompressorConfig c;
+      c.kind = kind;
+      c.bits = bits;
+      c.chunk = 1000;
+      std::vector<std::byte> payload(encoded_size(n, c));
+      encode(TensorView::host(const_cast<float*>(x.data()), n), payload, c, ExecContext::host());
+      std::shared_ptr<void> dp = cuda::allocate(payload.size(), 0);
+      cuda::copy_async(dp.get(), payload.data(), payload.size(), nullptr);
+      const auto dacc = upload(acc);
+      decode_accumulate(
+          std::span<const std::byte>(static_cast<const std::byte*>(dp.get()), payload.size()),
+          TensorView(dacc.get(), n, DType::f32, gpu.device), gpu);
+      std::vector<float> want = acc;
+      decode_accumulate(payload, TensorView::host(want.data(), n), ExecContext::host());
+      EXPECT_TRUE(same_bits(download(dacc, static_cast<size_t>(n)), want))
+          << compressor_name(kind) << " bits " << bits;
+      if (kind != CompressorKind::minmax) break;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace relaxcc::kernels

@@ -385,6 +385,9 @@ void check_options(const TensorView& x, const ExecContext& ctx,
     RELAXCC_ENFORCE(dense(options.codec->kind), InvalidArgument, what, ": codec ",
                     kernels::compressor_name(options.codec->kind),
                     " is sparse (expected f16, bf16, minmax or sign)");
+    RELAXCC_ENFORCE(x.device.is_host() || options.codec->kind != CompressorKind::sign, Unsupported,
+                    what, ": rank ", r, ": the sign codec on ", x.device,
+                    " (the CUDA kernels encode f16, bf16 and minmax)");
   }
   RELAXCC_ENFORCE(options.op == ReduceOp::sum || options.op == ReduceOp::avg, InvalidArgument, what,
                   ": op ", options.op, ", expected sum or avg");
@@ -492,7 +495,7 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
 // schedule: this rank keeps its error, sends payloads that decode as
 // corrupt (every byte 0xff: a bad header, or NaN as f32) in every later
 // transfer, and fails at the end, while its peers fail on its payloads
-// (CorruptPayload naming it). A transfer that fails (a timeout, a poisoned
+// (CorruptPayload). A transfer that fails (a timeout, a poisoned
 // communicator) ends the schedule with its error.
 WorkPtr step_stages(Communicator& comm, const std::shared_ptr<Call>& c,
                     const CompressedAllreduceOptions& options) {
@@ -640,7 +643,7 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   // One rank: the sum and the average are x itself; nothing to quantize.
   if (n == 1) {
     // A communicator that cannot move x's memory is refused all the same.
-    if (!x.device.is_host()) backend->payload_memory(comm, 1, "compressed_allreduce");
+    if (!x.device.is_host()) backend->payload_memory(comm, 0, "compressed_allreduce");
     if (backend->stepped()) return backend->after({options.after}, nullptr, "compressed_allreduce");
     return options.after ? options.after->then([](const Work&) {}, "compressed_allreduce")
                          : when_all({}, nullptr, "compressed_allreduce");

@@ -112,13 +112,12 @@ class CudaBackend final : public TensorBackend {
     return TensorView(memory.get(), numel, dtype, device_, memory);
   }
   TensorView payload_memory(Communicator& comm, int64_t bytes, const char* what) const override {
-    TensorView memory = comm.allocate(std::max<int64_t>(bytes, 1), DType::u8);
+    TensorView memory = comm.allocate(bytes, DType::u8);
     RELAXCC_ENFORCE(memory.device == device_, Unsupported, what, ": rank ", comm.rank(),
                     "'s communicator allocates its buffers on ", memory.device,
                     ", the tensor is on ", device_,
                     ": device tensors need a communicator that moves device memory (an NCCL "
                     "communicator, relaxcc/nccl_communicator.h)");
-    memory.numel = bytes;
     return memory;
   }
 

@@ -42,9 +42,10 @@ class TensorBackend {
   // `numel` zeroed elements of `dtype` on this device, owning their memory.
   virtual TensorView zeros(int64_t numel, DType dtype) const = 0;
   // `bytes` of payload memory for `comm`'s collectives: host memory here,
-  // device memory from comm.allocate() there. Throws Unsupported naming
-  // `what`, the rank and the device when `comm` does not move memory of
-  // this device (an MPI communicator given device tensors).
+  // device memory from comm.allocate() there (0 bytes: only the check, an
+  // NCCL communicator allocates nothing). Throws Unsupported naming `what`,
+  // the rank and the device when `comm` does not move memory of this device
+  // (an MPI communicator given device tensors).
   virtual TensorView payload_memory(Communicator& comm, int64_t bytes, const char* what) const = 0;
 
   // dst = src (same bytes; either may be host memory on a device backend).

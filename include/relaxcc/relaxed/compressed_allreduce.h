@@ -94,20 +94,20 @@
 // is still on the wire while segment s + 1 is encoded. A rank whose own
 // stage fails still takes part in every later transfer, sending payloads
 // that decode as corrupt (all bytes 0xff), so that its peers fail with
-// CorruptPayload naming it instead of waiting for it; it fails with its own
-// error. options.after is waited for (with its communicator's timeout)
-// before the first stage. A communicator whose allocate() gives memory of
-// another device (an MPI communicator) is Unsupported, at the call, before
-// anything is read. Robust aggregation on a device is Unsupported (its
-// sorting runs on the host). The hierarchical variant and the auto codec
-// take device tensors the same way (the uncompressed choice is the
-// communicator's allreduce on device memory).
+// CorruptPayload instead of waiting for it; it fails with its own error. options.after is waited
+// for (with its communicator's timeout) before the first stage. A communicator whose allocate()
+// gives memory of another device (an MPI communicator) is Unsupported, at the call, before anything
+// is read; so are robust aggregation (its sorting runs on the host) and the sign codec (no CUDA
+// kernel) on a device. The hierarchical variant and the auto codec's choices take device tensors
+// the same way (the uncompressed choice is the communicator's allreduce on device memory);
+// AutoCodec::calibrate runs on the host.
 //
 // Which relaxed primitives take device tensors: compressed_allreduce,
 // hierarchical_compressed_allreduce and the auto codec's choices. Gossip,
 // CHOCO gossip, group averaging (Moshpit), asynchronous model averaging and
 // the sparse allreduce (top-k, random-k) take host tensors only and throw
-// Unsupported, naming themselves and the device, at their entry point.
+// Unsupported, naming themselves, the rank and the device, at their entry
+// point, before touching memory.
 #pragma once
 
 #include <memory>
