@@ -65,8 +65,9 @@
 // match in the order they were posted whatever their tags, and a receive
 // whose count or dtype differs from its send is not detected (undefined,
 // as with NCCL). Not supported (Unsupported): point-to-point rounds and
-// deadlines (P2POptions::round, deadline), allreduce algorithms other than
-// `auto` (NCCL picks its own).
+// deadlines (P2POptions::round, deadline), the recursive_doubling allreduce
+// (`auto` and `ring` are accepted; NCCL picks its own algorithm either way),
+// a pending host Work as OpOptions::after. OpOptions::priority is not used.
 //
 // Hierarchy. group(), split() and split_node_local() make the matching
 // communicator on the host communicator (no communication for group() and

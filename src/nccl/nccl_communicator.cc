@@ -242,9 +242,15 @@ class NcclWork final : public Work {
   }
 
  protected:
-  // The waiting thread polls the event itself: spinning for RELAXCC_SPIN_US,
-  // then sleeping with a back-off up to RELAXCC_MAX_SLEEP_US.
+  // A waiting thread whose current device is the communicator's polls the
+  // event itself: spinning for RELAXCC_SPIN_US, then sleeping with a back-off
+  // up to RELAXCC_MAX_SLEEP_US. Any other thread leaves the polling to the
+  // progress thread and blocks (a CUDA call there could create a context on
+  // a device this process does not use).
   bool await(Clock::time_point deadline) override {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != state_->device())
+      return block_until(deadline);
     const Tunables& t = state_->tunables();
     const auto spin_until = Clock::now() + std::chrono::microseconds(t.spin_us);
     const auto max_sleep = std::chrono::microseconds(std::max<int64_t>(t.max_sleep_us, 1));
@@ -287,6 +293,7 @@ NcclState::~NcclState() {
   // shutdown() ran, except when init() failed (no thread then) or when this
   // runs on the progress thread itself (it was detached).
   if (progress_.joinable()) progress_.detach();
+  (void)cudaSetDevice(device_);  // this thread is the progress thread or an owner's
   if (comm_) (void)ncclCommAbort(comm_);
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   if (ready_event_) (void)cudaEventDestroy(ready_event_);
@@ -340,8 +347,7 @@ void NcclState::settle(const char* call, const std::string& label, Clock::time_p
     if (Clock::now() >= deadline)
       RELAXCC_THROW(Timeout, subject(who_, call, label), ": still in progress after ",
                     timeout_.count(),
-                    " ms (a rank that never joined it?); the NCCL communicator is aborted and "
-                    "this communicator poisoned");
+                    " ms (a rank that never joined it?); the NCCL communicator is aborted");
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, max_sleep);
   }
