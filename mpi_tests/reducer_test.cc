@@ -689,6 +689,94 @@ TEST(Reducer, TensorMarkedOnSomeRanksOnlyIsWarnedOncePerTensor) {
   for (size_t j = 0; j < 100; j += 11) ASSERT_EQ(m.grads[1][j], m.expected_sum(n, 1, j, 2, 0));
 }
 
+// Gradient allreduce in the steps where `local` is unset; local steps
+// (reduces_gradients false) communicate nothing.
+class LocalOrAllreduce final : public Algorithm {
+ public:
+  std::string name() const override { return "local or allreduce"; }
+  AlgorithmCapabilities capabilities() const override { return {}; }
+  void init(const AlgorithmContext& ctx) override { inner_.init(ctx); }
+  bool reduces_gradients(const StepInfo&) const override { return !local; }
+  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
+    ++dispatched;
+    return local ? nullptr : inner_.on_bucket_ready(s, bucket, data);
+  }
+  bool local = true;
+  int dispatched = 0;
+
+ private:
+  GradientAllreduce inner_{GradientAllreduceOptions{false, false}};
+};
+
+// Local steps run no collective of the Reducer's own: ranks take different
+// numbers of them (rank r takes r + 1, each with a tensor unused on some
+// ranks), and the communicating step after them still pairs every rank's
+// collectives (an agreement in a local step would leave them unpaired: a
+// Timeout). A tensor not marked in a local step is untouched here, gradient
+// and parameter; marked ones are stepped with this rank's own gradient,
+// which the Reducer leaves as it is. The communicating step settles unused
+// tensors by agreement as before.
+TEST(Reducer, LocalStepsSettleUnusedTensorsWithoutCollectives) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({100, 100, 100});
+  auto algo = std::make_shared<LocalOrAllreduce>();
+  ReducerOptions o = fixed_buckets(400);  // one bucket per tensor
+  o.timeout = 5s;
+  Reducer reducer(comm, m.specs, algo, ExecContext::host(), o);
+  ASSERT_EQ(reducer.plan().buckets().size(), 3u);
+  Sgd sgd(SgdOptions{1.0f});
+  for (auto& p : m.params) std::fill(p.begin(), p.end(), 0.0f);
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::warn);
+  StderrCapture capture;
+  for (int step = 0; step <= r; ++step) {
+    m.fill(r, step);
+    reducer.begin_step();
+    reducer.mark_ready(Model::grad_index(0));
+    if (r % 2 == 1) reducer.mark_ready(Model::grad_index(1));  // unused on even ranks
+    reducer.synchronize();
+    reducer.optimizer_step(sgd);
+    for (size_t j = 0; j < 100; ++j) {
+      ASSERT_EQ(m.grads[0][j], static_cast<float>(test::encode(r, j + step))) << "step " << step;
+      ASSERT_EQ(m.grads[2][j], static_cast<float>(test::encode(r, j + 14 + step)));  // untouched
+    }
+  }
+  const std::string logged = capture.finish();
+  set_log_level(level);
+  EXPECT_EQ(logged.find("Reducer: tensor '"), std::string::npos) << logged;
+  EXPECT_EQ(algo->dispatched, 3 * (r + 1));  // every bucket handed over in every local step
+  for (size_t j = 0; j < 100; ++j) {
+    float own0 = 0, own1 = 0;
+    for (int step = 0; step <= r; ++step) {
+      own0 -= static_cast<float>(test::encode(r, j + step));
+      if (r % 2 == 1) own1 -= static_cast<float>(test::encode(r, j + 7 + step));
+    }
+    ASSERT_EQ(m.params[0][j], own0);
+    ASSERT_EQ(m.params[1][j], own1);  // even ranks: never stepped
+    ASSERT_EQ(m.params[2][j], 0.0f);
+  }
+  // A communicating step: the agreement pairs every rank again.
+  algo->local = false;
+  m.fill(r, 10);
+  std::fill(m.grads[2].begin(), m.grads[2].end(), 42.0f);
+  reducer.begin_step();
+  reducer.mark_ready(Model::grad_index(0));
+  if (r % 2 == 1) reducer.mark_ready(Model::grad_index(1));
+  reducer.synchronize();
+  for (size_t j = 0; j < 100; ++j) {
+    ASSERT_EQ(m.grads[0][j], m.expected_sum(n, 0, j, 10));
+    float odd = 0;
+    for (int q = 1; q < n; q += 2) odd += static_cast<float>(test::encode(q, j + 7 + 10));
+    if (n > 1) {
+      ASSERT_EQ(m.grads[1][j], odd);  // even ranks contributed zeros
+    } else {
+      ASSERT_EQ(m.grads[1][j], static_cast<float>(test::encode(0, j + 7 + 10)));  // unused: kept
+    }
+    ASSERT_EQ(m.grads[2][j], 42.0f);  // unused everywhere
+  }
+}
+
 // A rank configured differently (bucket tuning on rank 0 only) runs other
 // internal collectives: the PeerMismatch names what each was for.
 TEST(Reducer, InternalCollectivesNameWhatTheyAreFor) {

@@ -58,6 +58,19 @@ class Algorithm {
   // Bucket `bucket` of gradients is complete in `data`: start its
   // communication. The Reducer calls this in bucket order on every rank.
   virtual WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) = 0;
+  // Whether step `step` combines gradients across ranks: its
+  // on_bucket_ready starts a reduction of the bucket's gradients whose
+  // result replaces them (gradient allreduce, a warmup step). False for a
+  // step whose gradients stay on this rank (DiLoCo's inner steps, local
+  // SGD's local steps, the weight rounds of decentralized_sgd and
+  // moshpit_sgd): the Reducer then settles unused tensors by this rank's own
+  // marks, with no collective of its own in that step, and copies no
+  // gradients into buckets (copied gradients), so on_bucket_ready's `data`
+  // need not hold the step's gradients and must not be read (reducer.h). Every rank must
+  // answer alike for a step. Default: capabilities().communicates_gradients.
+  virtual bool reduces_gradients(const StepInfo&) const {
+    return capabilities().communicates_gradients;
+  }
   // Every bucket's Work completed.
   virtual WorkPtr on_backward_end(const StepInfo&) { return nullptr; }
   virtual void before_optimizer_step(const StepInfo&) {}

@@ -40,7 +40,17 @@
 // be a gradient a rank forgot to mark (its gradient is then lost): the first
 // time that happens to a tensor, ranks exchange who marked it and rank 0
 // logs a warning naming the tensor and both sets of ranks, once per tensor
-// for the Reducer's lifetime.
+// for the Reducer's lifetime. The agreement runs only in steps whose
+// gradients the algorithm combines across ranks
+// (Algorithm::reduces_gradients): in a step whose gradients stay on each
+// rank (DiLoCo's inner steps, local SGD's local steps, decentralized weight
+// rounds) a tensor not marked on this rank is left untouched here (its
+// gradient, and its parameter in optimizer_step), as in single-process
+// training, and the Reducer runs no collective of its own, so ranks do not
+// wait for each other at synchronize() unless the algorithm's own Works do.
+// In such a step copied gradients are not copied into buckets or back
+// (bucket memory then does not hold the step's gradients; buckets are still
+// handed to the algorithm in order as their gradients become ready).
 //
 // The plan is verified across ranks at construction (PeerMismatch names the
 // first tensor that differs, with its name, shape and dtype on both ranks)
@@ -205,6 +215,10 @@ class Reducer {
   int64_t step_ = 0;       // optimizer steps
   int64_t iteration_ = 0;  // iterations ended (under mutex_)
   bool in_step_ = false;   // an iteration is in progress
+  // The iteration's step combines no gradients (Algorithm::reduces_gradients
+  // false): no agreement, and no copies into or out of buckets. Set at the
+  // start of an iteration, while the copy thread is idle.
+  bool local_step_ = false;
   bool no_sync_ = false;
   bool rebuilt_ = false;
 

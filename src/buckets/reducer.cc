@@ -446,6 +446,7 @@ void Reducer::start_step(bool implicit) {
   if (tuner_ && !tuner_->done() && !no_sync_) tune_at_step_boundary();
   std::lock_guard<std::mutex> lock(mutex_);
   in_step_ = true;
+  local_step_ = !algorithm_->reduces_gradients(StepInfo{step_});
   std::fill(marked_.begin(), marked_.end(), 0);
   std::fill(untouched_.begin(), untouched_.end(), 0);
   for (size_t b = 0; b < plan_.buckets().size(); ++b)
@@ -520,8 +521,9 @@ void Reducer::copy_in_next(std::unique_lock<std::mutex>& lock) {
   // is idle; each gradient is marked once, so nobody else writes its slot.
   const auto [b, e] = plan_.locate(index);
   const Bucket& bucket = plan_.buckets()[b];
+  const bool copy = bucket.entries[e].numel > 0 && !local_step_;
   lock.unlock();
-  if (bucket.entries[e].numel > 0)
+  if (copy)
     std::memcpy(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), tensors_[index].view.data,
                 tensors_[index].view.nbytes());
   lock.lock();
@@ -574,13 +576,17 @@ void Reducer::dispatch_ready_buckets_locked() {
 void Reducer::settle_unused() {
   // flags[i]: tensor i is marked here; flags[count + i]: a gradient not
   // marked here. After the max over ranks: used somewhere, unused somewhere.
+  // A local step (gradients stay on each rank) has nothing to agree on:
+  // this rank's own flags settle it, and no collective runs.
   const size_t count = tensors_.size();
   auto flags_buf = std::make_shared<std::vector<uint8_t>>(2 * count, 0);
   std::vector<uint8_t>& flags = *flags_buf;
   int64_t iteration = 0;
+  bool agree = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     iteration = iteration_;
+    agree = !local_step_;
     for (size_t i = 0; i < count; ++i) {
       if (tensors_[i].role != TensorRole::gradient) continue;
       flags[i] = marked_[i] ? 1 : 0;
@@ -589,24 +595,29 @@ void Reducer::settle_unused() {
   }
   const std::vector<uint8_t> local(flags.begin(),
                                    flags.begin() + static_cast<std::ptrdiff_t>(count));
-  run_labeled(detail::concat("Reducer: agreement on unused tensors of iteration ", iteration),
-              [&](const std::string& label) {
-                AllreduceOptions o;
-                o.op = ReduceOp::max;
-                o.label = label;
-                return side_->allreduce(TensorView(flags.data(), static_cast<int64_t>(flags.size()),
-                                                   DType::u8, Device::host(), flags_buf),
-                                        ExecContext::host(), o);
-              });
-  warn_partly_marked(flags, local, iteration);
+  if (agree) {
+    run_labeled(detail::concat("Reducer: agreement on unused tensors of iteration ", iteration),
+                [&](const std::string& label) {
+                  AllreduceOptions o;
+                  o.op = ReduceOp::max;
+                  o.label = label;
+                  return side_->allreduce(
+                      TensorView(flags.data(), static_cast<int64_t>(flags.size()), DType::u8,
+                                 Device::host(), flags_buf),
+                      ExecContext::host(), o);
+                });
+    warn_partly_marked(flags, local, iteration);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < count; ++i) {
     if (tensors_[i].role != TensorRole::gradient || marked_[i]) continue;
-    // Not used here: contribute zeros; if unused everywhere, leave it alone.
+    // Not used here: contribute zeros; if unused everywhere (in a local
+    // step: here), leave it alone.
     const auto [b, e] = plan_.locate(static_cast<int>(i));
     const Bucket& bucket = plan_.buckets()[b];
-    std::memset(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), 0,
-                tensors_[i].view.nbytes());
+    if (agree)
+      std::memset(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), 0,
+                  tensors_[i].view.nbytes());
     untouched_[i] = flags[i] ? 0 : 1;
     marked_[i] = 1;
     --pending_[b];
@@ -738,7 +749,7 @@ void Reducer::synchronize() {
 }
 
 void Reducer::copy_out(int b) {
-  if (options_.gradient_as_bucket_view) return;
+  if (options_.gradient_as_bucket_view || local_step_) return;
   const Bucket& bucket = plan_.buckets()[b];
   for (const BucketEntry& e : bucket.entries) {
     if (untouched_[e.tensor] || e.numel == 0) continue;

@@ -79,6 +79,8 @@ class CocktailSgd final : public Algorithm {
   AlgorithmCapabilities capabilities() const override;
   void init(const AlgorithmContext& ctx) override;
   WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;
+  // Warmup steps only.
+  bool reduces_gradients(const StepInfo& step) const override { return warming_up(step); }
   void before_optimizer_step(const StepInfo& step) override;
   WorkPtr after_optimizer_step(const StepInfo& step) override;
   bool need_reset(const StepInfo& step) const override {

@@ -20,6 +20,8 @@ class LocalSgd final : public Algorithm {
   AlgorithmCapabilities capabilities() const override;
   void init(const AlgorithmContext& ctx) override { ctx_ = ctx; }
   WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;
+  // Warmup steps only.
+  bool reduces_gradients(const StepInfo& step) const override { return warming_up(step); }
   WorkPtr after_optimizer_step(const StepInfo& step) override;
   bool need_reset(const StepInfo& step) const override {
     return step.step == options_.warmup_steps;

@@ -28,6 +28,9 @@ class StepOffset final : public Algorithm {
   WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
     return inner_->on_bucket_ready(at(s), bucket, data);
   }
+  bool reduces_gradients(const StepInfo& s) const override {
+    return inner_->reduces_gradients(at(s));
+  }
   WorkPtr on_backward_end(const StepInfo& s) override { return inner_->on_backward_end(at(s)); }
   void before_optimizer_step(const StepInfo& s) override { inner_->before_optimizer_step(at(s)); }
   void optimizer_step(const StepInfo& s, Optimizer& o) override {
