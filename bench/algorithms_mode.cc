@@ -6,19 +6,35 @@
 // after the other in the same run; gradient_allreduce first, as the baseline
 // of every ratio.
 //
-// Per algorithm: step_ms is the mean step time over the timed steps (a
-// periodic algorithm's communicating steps count in proportion), the
-// maximum over ranks; bytes_per_step is what each rank's transport sent on
-// the algorithm's communicator per timed step (CommStats::bytes_sent, mean
-// over ranks): payloads, headers and indices included, TCP/IP headers not.
-// Hierarchical modes run on communicators of their own, whose bytes that
-// counter does not see, so bytegrad runs flat here (with one rank per
-// emulated host, the hierarchy would be the flat schedule anyway).
+// Timing: warmup steps, a drain of the algorithm's work in flight, one
+// MPI_Barrier, then the timed steps back to back with no barrier between
+// them (ranks wait for each other only where the algorithm's communication
+// makes them). Per algorithm: step_ms is each rank's time for all timed
+// steps over their number (so a periodic algorithm's communicating steps
+// count in proportion), the maximum over ranks; the median column is the
+// median of each rank's own step durations, the maximum over ranks.
+// bytes_per_step is what each rank's transport sent on the algorithm's
+// communicator per timed step (CommStats::bytes_sent, mean over ranks):
+// payloads, headers and indices included, TCP/IP headers not;
+// peak_bytes_per_step is the most any rank sent during one timed step
+// (counted as the transport posts each message or segment). Hierarchical
+// modes run on communicators of their own, whose bytes that counter does
+// not see, so bytegrad runs flat here (with one rank per emulated host, the
+// hierarchy would be the flat schedule anyway).
+//
+// Straggler (--straggler-rank R --straggler-factor F): every algorithm runs
+// twice, first with every rank computing compute_ms per step, then with
+// rank R computing F times as long; the rows report the step rate of the
+// other ranks in both runs (timed steps over the slowest of them) and its
+// ratio.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -52,6 +68,8 @@ struct AlgorithmsArgs {
   double compute_ms = 200;
   double rate_mbit = 0;  // recorded in the rows (the harness's link rate; 0: unshaped)
   int iters = 8, warmup = 2;
+  int straggler_rank = -1;  // < 0: no straggler runs
+  double straggler_factor = 3;
   std::string json;
 };
 
@@ -75,12 +93,14 @@ struct Model {
       specs.push_back({layers[i].name, TensorView::host(params[i].data(), layers[i].numel),
                        TensorRole::parameter});
     }
-    fill_gradients(rank, 0);
+    fill_gradients(rank);
   }
   // Gradients of varied magnitude (a top-k has something to choose), a
-  // different pattern per rank and step.
-  void fill_gradients(int rank, int64_t step) {
-    uint64_t h = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank * 1009 + step + 1);
+  // different pattern per rank. Written once: the steps reuse them as the
+  // algorithms leave them (regenerating 25.6M values costs about 0.3 s of
+  // CPU per step here, which the timed steps must not carry).
+  void fill_gradients(int rank) {
+    uint64_t h = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank * 1009 + 1);
     for (auto& g : grads)
       for (float& v : g) {
         h ^= h << 13;
@@ -110,8 +130,22 @@ void train_step(Reducer& reducer, const Model& model, double compute_ms, Optimiz
   reducer.optimizer_step(optimizer);
 }
 
-// "name" or "name:setting".
-AlgorithmPtr make_algorithm(const std::string& spec, std::string* setting) {
+// The integer after `key` in `setting` ("-streaming10" -> 10), or `fallback`
+// when `key` is followed by no digit; nullopt when `key` is absent.
+std::optional<int> setting_number(const std::string& setting, const std::string& key,
+                                  int fallback) {
+  const size_t at = setting.find(key);
+  if (at == std::string::npos) return std::nullopt;
+  size_t end = at + key.size();
+  while (end < setting.size() && std::isdigit(static_cast<unsigned char>(setting[end]))) ++end;
+  if (end == at + key.size()) return fallback;
+  return std::stoi(setting.substr(at + key.size(), end - at - key.size()));
+}
+
+// "name" or "name:setting". Modules with point-to-point rounds get `tag`
+// as their tag base, so that runs one after the other on one communicator
+// never share a tag's round sequence.
+AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setting) {
   const size_t colon = spec.find(':');
   const std::string name = spec.substr(0, colon);
   *setting = colon == std::string::npos ? "defaults" : spec.substr(colon + 1);
@@ -140,51 +174,170 @@ AlgorithmPtr make_algorithm(const std::string& spec, std::string* setting) {
     return std::make_shared<algorithms::CocktailSgd>(o);
   }
   if (name == "local_sgd" && defaults) return std::make_shared<algorithms::LocalSgd>();
-  if (name == "decentralized_sgd" && (defaults || *setting == "shift_one")) {
+  // decentralized_sgd[:<mode>[-adaptive|-deadline<ms>]]: a gossip peer mode
+  // (all, ring, shift_one, exponential; defaults: all), with an adaptive or
+  // a fixed deadline (not with all).
+  if (name == "decentralized_sgd") {
     algorithms::DecentralizedSgdOptions o;
-    if (!defaults) o.mode = GossipMode::shift_one;
-    *setting = defaults ? "mode all" : "mode shift_one";
+    o.tag = tag;
+    if (!defaults) {
+      const std::string mode = setting->substr(0, setting->find('-'));
+      o.mode = parse_gossip_mode(mode);
+      o.deadline.adaptive = setting->find("-adaptive") != std::string::npos;
+      if (const auto ms = setting_number(*setting, "-deadline", 0)) {
+        RELAXCC_ENFORCE(*ms > 0, InvalidArgument,
+                        "algorithms: decentralized_sgd's -deadline<ms> needs a number, got '",
+                        *setting, "'");
+        o.deadline.fixed = std::chrono::milliseconds(*ms);
+      }
+    }
+    *setting =
+        detail::concat("mode ", gossip_mode_name(o.mode),
+                       o.deadline.adaptive ? std::string(", adaptive deadline")
+                       : o.deadline.fixed.count() > 0
+                           ? detail::concat(", deadline ", o.deadline.fixed.count() / 1000, " ms")
+                           : std::string());
     return std::make_shared<algorithms::DecentralizedSgd>(o);
   }
   if (name == "low_precision_decentralized_sgd" && defaults) {
+    algorithms::LowPrecisionDecentralizedSgdOptions o;
+    o.tag = tag;
     *setting = "ring, 8-bit min-max";
-    return std::make_shared<algorithms::LowPrecisionDecentralizedSgd>();
+    return std::make_shared<algorithms::LowPrecisionDecentralizedSgd>(o);
   }
-  if (name == "moshpit_sgd" && defaults) {
-    *setting = "grid, adaptive deadline";
-    return std::make_shared<algorithms::MoshpitSgd>();
+  // moshpit_sgd[:no-deadline]: the 2-axis grid with adaptive deadlines
+  // (its defaults), or without deadlines.
+  if (name == "moshpit_sgd" && (defaults || *setting == "no-deadline")) {
+    algorithms::MoshpitSgdOptions o;
+    o.tag = tag;
+    if (!defaults) o.deadline = algorithms::RoundDeadlineOptions{};
+    *setting = defaults ? "grid, adaptive deadline" : "grid, no deadline";
+    return std::make_shared<algorithms::MoshpitSgd>(o);
   }
-  if (name == "async_model_average" && defaults)
-    return std::make_shared<algorithms::AsyncModelAverage>();
-  // diloco:h<H>[-4bit][-streaming][-eager]: H inner steps (defaults: 500),
-  // 4-bit min-max pseudo-gradients with error feedback, 4 streaming
-  // fragments, one-round-delayed outer steps.
+  if (name == "async_model_average" && defaults) {
+    algorithms::AsyncModelAverageOptions o;
+    o.tag = tag;
+    return std::make_shared<algorithms::AsyncModelAverage>(o);
+  }
+  // diloco:h<H>[-4bit][-streaming[<F>]][-eager]: H inner steps (defaults:
+  // 500), 4-bit min-max pseudo-gradients with error feedback, F streaming
+  // fragments (4 when F is left out), one-round-delayed outer steps.
   if (name == "diloco") {
     algorithms::DilocoOptions o;
     if (!defaults) {
       RELAXCC_ENFORCE(setting->size() > 1 && (*setting)[0] == 'h', InvalidArgument,
-                      "algorithms: diloco's setting is h<H>[-4bit][-streaming][-eager], got '",
+                      "algorithms: diloco's setting is h<H>[-4bit][-streaming[<F>]][-eager], got '",
                       *setting, "'");
       o.inner_steps = std::stoi(setting->substr(1));
       if (setting->find("-4bit") != std::string::npos) {
         o.codec = kernels::CompressorConfig{};
         o.codec->bits = 4;
       }
-      if (setting->find("-streaming") != std::string::npos) o.fragments = 4;
+      o.fragments = setting_number(*setting, "-streaming", 4).value_or(1);
       o.eager = setting->find("-eager") != std::string::npos;
     }
+    *setting = detail::concat(
+        "H ", o.inner_steps, o.codec ? ", 4-bit" : "",
+        o.fragments > 1 ? detail::concat(", ", o.fragments, " fragments") : std::string(),
+        o.eager ? ", eager" : "");
     return std::make_shared<algorithms::Diloco>(o);
   }
   RELAXCC_THROW(InvalidArgument, "algorithms: unknown algorithm '", spec,
                 "' (gradient_allreduce, bytegrad, qadam, cocktail_sgd, cocktail_sgd:paper, "
-                "local_sgd, decentralized_sgd, decentralized_sgd:shift_one, "
-                "low_precision_decentralized_sgd, moshpit_sgd, async_model_average, diloco, "
-                "diloco:h<H>[-4bit][-streaming][-eager])");
+                "local_sgd, decentralized_sgd[:<mode>[-adaptive|-deadline<ms>]], "
+                "low_precision_decentralized_sgd, moshpit_sgd[:no-deadline], async_model_average, "
+                "diloco, diloco:h<H>[-4bit][-streaming[<F>]][-eager])");
+}
+
+// One algorithm's timed run, aggregated over ranks (every rank holds it).
+struct Pass {
+  std::string name, setting;
+  double step_ms = 0;         // time for the timed steps / steps, max over ranks
+  double median_ms = 0;       // median step duration, max over ranks
+  double bytes = 0;           // bytes sent per rank and timed step
+  double peak_bytes = 0;      // most bytes sent by one rank in one timed step
+  double peak_mbit = 0;       // that step's bytes over its duration, max over ranks and steps
+  double others_step_ms = 0;  // step_ms over the ranks other than the straggler
+  double straggler_step_ms = 0;
+  int64_t left_out = 0;  // peers left out of rounds by a deadline, summed over ranks
+};
+
+Pass run_pass(BenchWorld& world, const CommunicatorPtr& comm, Model& model,
+              const AlgorithmsArgs& args, const std::string& spec, int tag, bool straggle) {
+  Pass pass;
+  AlgorithmPtr algorithm = make_algorithm(spec, tag, &pass.setting);
+  pass.name = algorithm->name();
+  const bool straggler = straggle && world.rank == args.straggler_rank;
+  const double compute_ms = args.compute_ms * (straggler ? args.straggler_factor : 1.0);
+  std::vector<double> times;
+  uint64_t sent = 0;
+  double total_ms = 0, peak_bytes = 0, peak_mbit = 0;
+  {
+    Reducer reducer(comm, model.specs, algorithm, ExecContext::host());
+    Sgd sgd(SgdOptions{1e-3f});
+    for (int i = 0; i < args.warmup; ++i) train_step(reducer, model, compute_ms, sgd);
+    algorithm->drain(std::chrono::minutes(5));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const uint64_t sent0 = comm->stats().bytes_sent;
+    uint64_t before = sent0;
+    const auto start = Clock::now();
+    for (int i = 0; i < args.iters; ++i) {
+      const auto t0 = Clock::now();
+      train_step(reducer, model, compute_ms, sgd);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      times.push_back(ms);
+      const uint64_t after = comm->stats().bytes_sent;
+      const double step_bytes = static_cast<double>(after - before);
+      before = after;
+      peak_bytes = std::max(peak_bytes, step_bytes);
+      peak_mbit = std::max(peak_mbit, step_bytes * 8 / (ms * 1e3));
+    }
+    total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    algorithm->shutdown(std::chrono::minutes(5));
+    sent = comm->stats().bytes_sent - sent0;
+    if (auto* rounds = dynamic_cast<algorithms::WeightRounds*>(algorithm.get()))
+      pass.left_out = rounds->missing_peers();
+  }
+  const double mean_ms = total_ms / args.iters;
+  pass.step_ms = world.max_over_ranks(mean_ms);
+  pass.median_ms = world.max_over_ranks(median(times));
+  pass.bytes = static_cast<double>(world.sum_over_ranks(static_cast<int64_t>(sent))) / world.size /
+               args.iters;
+  pass.peak_bytes = world.max_over_ranks(peak_bytes);
+  pass.peak_mbit = world.max_over_ranks(peak_mbit);
+  const bool is_straggler_rank = world.rank == args.straggler_rank;
+  pass.others_step_ms = world.max_over_ranks(is_straggler_rank ? 0.0 : mean_ms);
+  pass.straggler_step_ms = world.max_over_ranks(is_straggler_rank ? mean_ms : 0.0);
+  pass.left_out = world.sum_over_ranks(pass.left_out);
+  return pass;
+}
+
+Row common_row(const Pass& p, const AlgorithmsArgs& args, const Model& model, int ranks) {
+  return Row()
+      .set("mode", "algorithms")
+      .set("algorithm", p.name)
+      .set("setting", p.setting)
+      .set("model", args.model)
+      .set("params", model.total)
+      .set("ranks", ranks)
+      .set("bytes_per_step", p.bytes)
+      .set("peak_bytes_per_step", p.peak_bytes)
+      .set("peak_step_mbit", p.peak_mbit)
+      .set("step_ms", p.step_ms)
+      .set("step_ms_median", p.median_ms);
 }
 
 void run_algorithms(const AlgorithmsArgs& args) {
   BenchWorld world;
   Report report(world.rank == 0, args.json);
+  RELAXCC_ENFORCE(args.iters >= 1 && args.warmup >= 0, InvalidArgument,
+                  "algorithms: -n must be >= 1 and -w >= 0, got ", args.iters, " and ",
+                  args.warmup);
+  const bool straggling = args.straggler_rank >= 0;
+  RELAXCC_ENFORCE(!straggling || (args.straggler_rank < world.size && args.straggler_factor > 0),
+                  InvalidArgument, "algorithms: --straggler-rank must be below the ", world.size,
+                  " ranks and --straggler-factor > 0, got ", args.straggler_rank, " and ",
+                  args.straggler_factor);
   MpiCommunicatorOptions mo;
   mo.tunables = world.tunables;
   CommunicatorPtr comm = create_mpi_communicator(mo);
@@ -193,65 +346,68 @@ void run_algorithms(const AlgorithmsArgs& args) {
       "# relaxcc-bench algorithms: ", world.size, " ranks, ", args.model, " (", model.total,
       " f32 parameters), compute ", args.compute_ms, " ms per step (sleep), link ",
       args.rate_mbit > 0 ? std::to_string(args.rate_mbit) + " Mbit/s" : std::string("unshaped"),
-      "; mean step time (max over ranks), bytes sent per rank and step"));
-  char line[400];
-  std::snprintf(line, sizeof line, "%-20s %-32s %12s %10s %12s %10s %10s", "algorithm", "setting",
-                "bytes/step", "bytes_x", "step(ms)", "step_x", "median");
+      ", ", args.iters, " timed steps after ", args.warmup,
+      "; step time: timed steps back to back, max over ranks; bytes sent per rank and step",
+      straggling ? detail::concat("; straggler: rank ", args.straggler_rank, " computes ",
+                                  args.straggler_factor, "x")
+                 : std::string()));
+  char line[512];
+  if (straggling) {
+    std::snprintf(line, sizeof line, "%-32s %-36s %10s %10s %10s %10s %9s", "algorithm", "setting",
+                  "even(ms)", "strag(ms)", "rate_x", "slow(ms)", "left_out");
+  } else {
+    std::snprintf(line, sizeof line, "%-20s %-32s %12s %10s %12s %10s %10s %10s", "algorithm",
+                  "setting", "bytes/step", "bytes_x", "peak/step", "step(ms)", "step_x", "median");
+  }
   report.print(line);
   double base_bytes = 0, base_ms = 0;
+  int tag = 40000;  // each run its own tags (the modules use fewer than 1000)
   for (const std::string& spec : args.algorithms) {
-    std::string setting;
-    AlgorithmPtr algorithm = make_algorithm(spec, &setting);
-    const std::string name = algorithm->name();
-    Reducer reducer(comm, model.specs, algorithm, ExecContext::host());
-    Sgd sgd(SgdOptions{1e-3f});
-    std::vector<double> times;
-    uint64_t sent0 = 0;
-    for (int i = 0; i < args.warmup + args.iters; ++i) {
-      model.fill_gradients(world.rank, i);
-      if (i == args.warmup) {
-        algorithm->drain(std::chrono::minutes(5));
-        sent0 = comm->stats().bytes_sent;
-      }
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto t0 = Clock::now();
-      train_step(reducer, model, args.compute_ms, sgd);
-      if (i >= args.warmup)
-        times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    const Pass even = run_pass(world, comm, model, args, spec, tag += 1000, false);
+    if (straggling) {
+      const Pass slow = run_pass(world, comm, model, args, spec, tag += 1000, true);
+      // Step rates of the ranks other than the straggler, and their ratio.
+      const double rate_even = 1e3 / even.others_step_ms;
+      const double rate_slow = 1e3 / slow.others_step_ms;
+      std::snprintf(line, sizeof line, "%-32s %-36s %10.1f %10.1f %10.3f %10.1f %9lld",
+                    even.name.c_str(), even.setting.c_str(), even.others_step_ms,
+                    slow.others_step_ms, rate_slow / rate_even, slow.straggler_step_ms,
+                    static_cast<long long>(slow.left_out));
+      report.print(line);
+      report.add(common_row(even, args, model, world.size)
+                     .set("straggler_rank", args.straggler_rank)
+                     .set("straggler_factor", args.straggler_factor)
+                     .set("step_ms_others", even.others_step_ms)
+                     .set("step_ms_others_straggler", slow.others_step_ms)
+                     .set("step_ms_straggler_rank", slow.straggler_step_ms)
+                     .set("step_rate_others", rate_even)
+                     .set("step_rate_others_straggler", rate_slow)
+                     .set("step_rate_ratio", rate_slow / rate_even)
+                     .set("peers_left_out_straggler", slow.left_out)
+                     .set("compute_ms", args.compute_ms)
+                     .set("rate_mbit", args.rate_mbit)
+                     .set("iters", args.iters)
+                     .set("warmup", args.warmup));
+      continue;
     }
-    algorithm->shutdown(std::chrono::minutes(5));
-    const uint64_t sent = comm->stats().bytes_sent - sent0;
-    double mean = 0;
-    for (double t : times) mean += t;
-    mean /= static_cast<double>(times.size());
-    const double step_ms = world.max_over_ranks(mean);
-    const double median_ms = world.max_over_ranks(median(times));
-    const double bytes = static_cast<double>(world.sum_over_ranks(static_cast<int64_t>(sent))) /
-                         world.size / args.iters;
-    if (name == "gradient_allreduce" && base_bytes == 0) {
-      base_bytes = bytes;
-      base_ms = step_ms;
+    if (even.name == "gradient_allreduce" && base_bytes == 0) {
+      base_bytes = even.bytes;
+      base_ms = even.step_ms;
     }
-    const double bytes_ratio = base_bytes > 0 && bytes > 0 ? base_bytes / bytes : 0;
-    const double step_ratio = base_ms > 0 ? step_ms / base_ms : 0;
-    std::snprintf(line, sizeof line, "%-20s %-32s %12.0f %10.2f %12.1f %10.3f %10.1f", name.c_str(),
-                  setting.c_str(), bytes, bytes_ratio, step_ms, step_ratio, median_ms);
+    const double bytes_ratio = base_bytes > 0 && even.bytes > 0 ? base_bytes / even.bytes : 0;
+    const double step_ratio = base_ms > 0 ? even.step_ms / base_ms : 0;
+    std::snprintf(line, sizeof line, "%-20s %-32s %12.0f %10.2f %12.0f %10.1f %10.3f %10.1f",
+                  even.name.c_str(), even.setting.c_str(), even.bytes, bytes_ratio, even.peak_bytes,
+                  even.step_ms, step_ratio, even.median_ms);
     report.print(line);
-    report.add(Row()
-                   .set("mode", "algorithms")
-                   .set("algorithm", name)
-                   .set("setting", setting)
-                   .set("model", args.model)
-                   .set("params", model.total)
-                   .set("ranks", world.size)
-                   .set("bytes_per_step", bytes)
-                   .set("step_ms", step_ms)
-                   .set("step_ms_median", median_ms)
+    report.add(common_row(even, args, model, world.size)
                    .set("bytes_ratio_vs_allreduce", bytes_ratio)
                    .set("step_ratio_vs_allreduce", step_ratio)
+                   .set("step_x_compute", even.step_ms / args.compute_ms)
                    .set("compute_ms", args.compute_ms)
                    .set("rate_mbit", args.rate_mbit)
-                   .set("iters", args.iters));
+                   .set("iters", args.iters)
+                   .set("warmup", args.warmup));
   }
 }
 
@@ -274,6 +430,14 @@ void add_algorithms_mode(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("-n,--iters", args->iters, "Timed steps")->capture_default_str();
   sub->add_option("-w,--warmup_iters", args->warmup, "Untimed steps first")->capture_default_str();
+  sub->add_option("--straggler-rank", args->straggler_rank,
+                  "Run every algorithm without and then with this rank computing "
+                  "--straggler-factor times as long, and report the other ranks' step rates "
+                  "(< 0: no straggler runs)")
+      ->capture_default_str();
+  sub->add_option("--straggler-factor", args->straggler_factor,
+                  "The straggler's compute time over the others'")
+      ->capture_default_str();
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
   sub->callback([args] { run_algorithms(*args); });
 }
