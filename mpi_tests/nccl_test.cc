@@ -176,6 +176,9 @@ TEST(NcclCommunicator, AllreduceIsExact) {
   comm->allreduce(data, out, on(data), options)->wait();  // out of place
   options.op = ReduceOp::max;
   comm->allreduce(data, on(data), options)->wait();  // in place
+  // No elements: nothing to call, a Work that completes all the same.
+  TensorView empty = comm->allocate(0, DType::f32);
+  comm->allreduce(empty, on(data))->wait();
   const std::vector<float> sum = download(out), max = download(data);
   for (int64_t i = 0; i < count; ++i) {
     float expected = 0.0f;

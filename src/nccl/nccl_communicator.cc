@@ -808,6 +808,7 @@ class NcclCommunicator final : public Communicator {
     return state_->enqueue(
         "allreduce", "ncclAllReduce", options, &ctx, {input, output}, shape(output),
         [&](ncclComm_t comm, cudaStream_t stream) {
+          if (output.numel == 0) return;  // every rank has no elements: nothing to call
           state_->check_nccl(
               ncclAllReduce(input.data, output.data, count_of(output), t, op, comm, stream),
               "ncclAllReduce", options.label);
@@ -824,6 +825,7 @@ class NcclCommunicator final : public Communicator {
     return state_->enqueue(
         "reduce_scatter", "ncclReduceScatter", options, &ctx, {input, output}, shape(output),
         [&](ncclComm_t comm, cudaStream_t stream) {
+          if (output.numel == 0) return;
           state_->check_nccl(
               ncclReduceScatter(input.data, output.data, count_of(output), t, op, comm, stream),
               "ncclReduceScatter", options.label);
@@ -840,6 +842,7 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t t = nccl_dtype(input.dtype);
     return state_->enqueue("allgather", "ncclAllGather", options, &ctx, {input, output},
                            shape(input), [&](ncclComm_t comm, cudaStream_t stream) {
+                             if (input.numel == 0) return;
                              state_->check_nccl(ncclAllGather(input.data, output.data,
                                                               count_of(input), t, comm, stream),
                                                 "ncclAllGather", options.label);
@@ -884,6 +887,7 @@ class NcclCommunicator final : public Communicator {
     return state_->enqueue("broadcast", "ncclBroadcast", options, &ctx, {data},
                            detail::concat(shape(data), ", root ", options.root),
                            [&](ncclComm_t comm, cudaStream_t stream) {
+                             if (data.numel == 0) return;
                              state_->check_nccl(ncclBroadcast(data.data, data.data, count_of(data),
                                                               t, options.root, comm, stream),
                                                 "ncclBroadcast", options.label);
