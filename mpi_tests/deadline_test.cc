@@ -198,8 +198,8 @@ TEST(Deadlines, SlowRankOverManyRounds) {
   EXPECT_EQ(arrived + static_cast<int64_t>(stats.late_messages), 2 * int64_t(kRounds + 1))
       << "arrived " << arrived << ", late " << stats.late_messages;
   // Bounded: at most this round's 4 messages and the last round's late ones,
-  // each in parts across nodes (RELAXCC_NET_SEGMENT_BYTES).
-  const int64_t part = std::max<int64_t>(Tunables::from_env().net_segment_bytes, 1);
+  // each in parts across nodes (RELAXCC_ROUND_PART_BYTES).
+  const int64_t part = std::max<int64_t>(Tunables::from_env().round_part_bytes, 1);
   const int64_t parts = (kCount * 4 + part - 1) / part;
   EXPECT_LE(max_pending, 16 * parts);
   if (me == (slow + n - 1) % n || me == (slow + 1) % n) {

@@ -397,7 +397,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<int64_t> part_bytes(ops.size(), 0);
     for (size_t i = 0; i < ops.size(); ++i)
       if (!nodes_->same_node(lane_->comm_rank(ops[i].peer), lane_->comm_rank(rank())))
-        part_bytes[i] = std::max<int64_t>(lane_->tunables().net_segment_bytes,
+        part_bytes[i] = std::max<int64_t>(lane_->tunables().round_part_bytes,
                                           static_cast<int64_t>(kMinRoundPartBytes));
     return submit(std::make_shared<P2PBatchOp>(ops, options, std::move(part_bytes)), options,
                   [n = ops.size(), round = options.round] {

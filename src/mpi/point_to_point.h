@@ -8,9 +8,10 @@
 //          left unmatched. Tags: header 3*tag, data 3*tag+1.
 //   round  (P2POptions::round) each send is one message, RoundHeader and a
 //          copy of the data, on tag 3*tag+2; to a rank on another node, in
-//          parts of RELAXCC_NET_SEGMENT_BYTES (RoundHeader::part_bytes): no
-//          part goes as Open MPI's emulated TCP put, which holds up the
-//          other direction of the link. The receiver takes the first part
+//          parts of RELAXCC_ROUND_PART_BYTES (RoundHeader::part_bytes),
+//          each small enough to go eagerly: no rendezvous handshake waits
+//          behind the opposite direction's data, and no part goes as Open
+//          MPI's emulated TCP put. The receiver takes the first part
 //          as below and posts the others' receives at once (MPI keeps one
 //          sender's messages on a tag in order), so a stream's message is
 //          always whole before it is sorted. The first round receive of a
