@@ -40,8 +40,14 @@
 // asynchronous error (ncclCommGetAsyncError); a thread waiting on a Work
 // (wait(), wait_for()) polls that Work's event itself. Whichever sees the
 // event first completes the Work and runs its then() callbacks: the
-// progress thread, or a thread waiting on that very Work. Callbacks follow
-// the rules of work.h; they may submit operations on this communicator.
+// progress thread, or a thread waiting on that very Work (one whose current
+// device is the communicator's; others block while the progress thread
+// polls). then() on a pending Work wakes the progress thread; otherwise an
+// idle progress thread finds new operations within a millisecond (and,
+// after a second without any, sleeps until the next one wakes it), so an
+// operation nobody waits on completes at most about that long after its
+// event. Callbacks follow the rules of work.h; they may submit operations on
+// this communicator.
 // compute(fn) runs `fn` on the progress thread (after options.after, if any,
 // on the thread that completes it).
 //

@@ -174,6 +174,8 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
 
   // Runs `fn` on the progress thread.
   void post(std::function<void()> fn);
+  // Wakes the progress thread (a callback was queued on a pending Work).
+  void wake() { cv_.notify_all(); }
 
   void* barrier_buffer() const noexcept { return barrier_buffer_; }
   cudaStream_t aux_stream() const noexcept { return aux_stream_; }
@@ -216,6 +218,7 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   std::vector<std::function<void()>> tasks_;
   std::vector<cudaEvent_t> free_events_;
   bool stopping_ = false;
+  bool deep_idle_ = false;  // the progress thread waits until notified
   std::thread progress_;
   uint64_t operations_ = 0;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
@@ -270,6 +273,9 @@ class NcclWork final : public Work {
     }
     return true;
   }
+
+  // then() on a pending Work: the progress thread runs the callback promptly.
+  void on_callback_queued() override { state_->wake(); }
 
   // The operation is late: it completes with Timeout, the NCCL communicator
   // is aborted and this one poisoned.
@@ -332,6 +338,9 @@ void NcclState::init(const ncclUniqueId& id) {
 }
 
 void NcclState::settle(const char* call, const std::string& label, Clock::time_point deadline) {
+  // Spins RELAXCC_SPIN_US first: a call in progress is usually ready within
+  // microseconds, and a sleep costs tens of them.
+  const auto spin_until = Clock::now() + std::chrono::microseconds(tunables_.spin_us);
   const auto max_sleep = std::chrono::microseconds(std::max<int64_t>(tunables_.max_sleep_us, 1));
   auto sleep = std::chrono::microseconds(1);
   for (;;) {
@@ -348,6 +357,10 @@ void NcclState::settle(const char* call, const std::string& label, Clock::time_p
       RELAXCC_THROW(Timeout, subject(who_, call, label), ": still in progress after ",
                     timeout_.count(),
                     " ms (a rank that never joined it?); the NCCL communicator is aborted");
+    if (Clock::now() < spin_until) {
+      sched_yield();
+      continue;
+    }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, max_sleep);
   }
@@ -535,7 +548,7 @@ WorkPtr NcclState::enqueue(const char* op, const char* call, const OpOptions& op
   }
   auto work =
       std::make_shared<NcclWork>(std::move(description), shared_from_this(), done, std::move(keep));
-  bool late = false;
+  bool late = false, wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++operations_;
@@ -543,9 +556,12 @@ WorkPtr NcclState::enqueue(const char* op, const char* call, const OpOptions& op
       late = true;
     else
       pending_.push_back(work);
+    wake = deep_idle_;
   }
   if (late) throw_if_poisoned(op);
-  cv_.notify_all();
+  // A progress thread idle for a short while finds the operation by itself:
+  // no wake-up (a system call) on the path of every operation.
+  if (wake) cv_.notify_all();
   return work;
 }
 
@@ -556,11 +572,27 @@ void NcclState::progress_loop() {
   const auto max_sleep = std::chrono::microseconds(std::max<int64_t>(tunables_.max_sleep_us, 1));
   auto sleep = std::chrono::microseconds(1);
   auto busy_since = Clock::now();
+  // Idle, the thread looks for new operations every kIdleTick for
+  // kIdleTicks ticks, then sleeps until an enqueue notifies it.
+  constexpr auto kIdleTick = std::chrono::milliseconds(1);
+  constexpr int kIdleTicks = 1000;
+  int idle_ticks = 0;
+  const auto has_work = [this] { return stopping_ || !pending_.empty() || !tasks_.empty(); };
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     if (stopping_) return;
     if (pending_.empty() && tasks_.empty()) {
-      cv_.wait(lock, [this] { return stopping_ || !pending_.empty() || !tasks_.empty(); });
+      if (idle_ticks < kIdleTicks) {
+        if (!cv_.wait_for(lock, kIdleTick, has_work)) {
+          ++idle_ticks;
+          continue;
+        }
+      } else {
+        deep_idle_ = true;
+        cv_.wait(lock, has_work);
+        deep_idle_ = false;
+      }
+      idle_ticks = 0;
       busy_since = Clock::now();
       sleep = std::chrono::microseconds(1);
       continue;
