@@ -74,8 +74,8 @@ void run_device_kernels(const KernelsArgs& args, Device device) {
     for (auto& v : host) v = d(rng);
   }
   const size_t f32_bytes = static_cast<size_t>(n) * 4;
-  const std::shared_ptr<void> x = kernels::cuda::allocate(f32_bytes, device.index);
-  const std::shared_ptr<void> y = kernels::cuda::allocate(f32_bytes, device.index);
+  const std::shared_ptr<void> x = kernels::cuda::allocate(f32_bytes, device.index, nullptr);
+  const std::shared_ptr<void> y = kernels::cuda::allocate(f32_bytes, device.index, nullptr);
   kernels::cuda::copy_async(x.get(), host.data(), f32_bytes, nullptr);
   kernels::cuda::synchronize(nullptr);
   ExecContext ctx;
@@ -113,7 +113,8 @@ void run_device_kernels(const KernelsArgs& args, Device device) {
   emit("memcpy_d2d", 32, memcpy_us, 2.0 * static_cast<double>(f32_bytes));
   auto codec = [&](const std::string& name, kernels::CompressorConfig c) {
     const size_t payload_bytes = kernels::encoded_size(n, c);
-    const std::shared_ptr<void> payload = kernels::cuda::allocate(payload_bytes, device.index);
+    const std::shared_ptr<void> payload =
+        kernels::cuda::allocate(payload_bytes, device.index, nullptr);
     const std::span<std::byte> p(static_cast<std::byte*>(payload.get()), payload_bytes);
     const TensorView in(x.get(), n, DType::f32, device), out(y.get(), n, DType::f32, device);
     // encode and decode synchronize the stream (they read the device's

@@ -140,7 +140,7 @@ class DeviceFloats {
  public:
   DeviceFloats(const std::vector<float>& host, int device)
       : n_(static_cast<int64_t>(host.size())),
-        memory_(kernels::cuda::allocate(host.size() * sizeof(float), device)),
+        memory_(kernels::cuda::allocate(host.size() * sizeof(float), device, nullptr)),
         device_(device) {
     kernels::cuda::copy_async(memory_.get(), host.data(), host.size() * sizeof(float), nullptr);
     kernels::cuda::synchronize(nullptr);

@@ -35,8 +35,11 @@ void decode(std::span<const std::byte> payload, const TensorView& out, bool accu
 
 // Makes `device` current on the calling thread (cudaSetDevice).
 void set_device(int device);
-// `bytes` of zeroed memory on `device` (cudaMalloc), freed by the owner.
-std::shared_ptr<void> allocate(size_t bytes, int device);
+// `bytes` of memory on `device` (cudaMallocAsync), zeroed in the order of
+// `stream`: work enqueued there afterwards sees zeros (other streams: once
+// `stream` was synchronized). The owner frees it (cudaFreeAsync on the
+// device's legacy stream): release it once the work using it completed.
+std::shared_ptr<void> allocate(size_t bytes, int device, void* stream);
 // Enqueues a copy of `bytes` (cudaMemcpyDefault: any direction).
 void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 // Enqueues setting `bytes` bytes at `dst` to `value`.

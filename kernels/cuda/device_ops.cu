@@ -79,12 +79,21 @@ void set_device(int device) {
                   "): ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
 }
 
-std::shared_ptr<void> allocate(size_t bytes, int device) {
+std::shared_ptr<void> allocate(size_t bytes, int device, void* stream_ptr) {
   set_device(device);
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
   void* ptr = nullptr;
-  check(cudaMalloc(&ptr, bytes > 0 ? bytes : 1), "cudaMalloc");
-  std::shared_ptr<void> owner(ptr, [](void* p) { cudaFree(p); });
-  check(cudaMemset(ptr, 0, bytes > 0 ? bytes : 1), "cudaMemset");
+  check(cudaMallocAsync(&ptr, bytes > 0 ? bytes : 1, stream), "cudaMallocAsync");
+  // Freed in stream order on the device's legacy stream: no device-wide
+  // synchronization (cudaFree would wait for kernels that wait on peers).
+  std::shared_ptr<void> owner(ptr, [device](void* p) {
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    if (previous != device) (void)cudaSetDevice(device);
+    (void)cudaFreeAsync(p, nullptr);
+    if (previous != device && previous >= 0) (void)cudaSetDevice(previous);
+  });
+  check(cudaMemsetAsync(ptr, 0, bytes > 0 ? bytes : 1, stream), "cudaMemsetAsync");
   return owner;
 }
 

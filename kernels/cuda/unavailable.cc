@@ -31,7 +31,7 @@ namespace {
 void set_device(int) {
   unavailable("cudaSetDevice");
 }
-std::shared_ptr<void> allocate(size_t, int) {
+std::shared_ptr<void> allocate(size_t, int, void*) {
   unavailable("device memory");
 }
 void copy_async(void*, const void*, size_t, void*) {

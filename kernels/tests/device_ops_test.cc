@@ -29,7 +29,7 @@ class DeviceOps : public ::testing::Test {
   }
   // Device copies of host floats, and back (legacy default stream).
   static std::shared_ptr<void> upload(const std::vector<float>& v) {
-    std::shared_ptr<void> d = cuda::allocate(v.size() * sizeof(float), 0);
+    std::shared_ptr<void> d = cuda::allocate(v.size() * sizeof(float), 0, nullptr);
     cuda::copy_async(d.get(), v.data(), v.size() * sizeof(float), nullptr);
     cuda::synchronize(nullptr);
     return d;
@@ -112,7 +112,7 @@ TEST_F(DeviceOps, ErrorFeedbackEqualsHost) {
   for (float& v : residual) v *= 1e-3f;
   const auto dx = upload(x), dr = upload(residual), scratch = upload(std::vector<float>(n));
   const size_t bytes = encoded_size(n, c);
-  std::shared_ptr<void> dp = cuda::allocate(bytes, 0);
+  std::shared_ptr<void> dp = cuda::allocate(bytes, 0, nullptr);
   std::span<std::byte> device_payload(static_cast<std::byte*>(dp.get()), bytes);
   ExecContext ctx;
   ctx.device = Device::cuda(0);
@@ -147,7 +147,7 @@ TEST_F(DeviceOps, DecodeAccumulateEqualsHost) {
       c.chunk = 1000;
       std::vector<std::byte> payload(encoded_size(n, c));
       encode(TensorView::host(const_cast<float*>(x.data()), n), payload, c, ExecContext::host());
-      std::shared_ptr<void> dp = cuda::allocate(payload.size(), 0);
+      std::shared_ptr<void> dp = cuda::allocate(payload.size(), 0, nullptr);
       cuda::copy_async(dp.get(), payload.data(), payload.size(), nullptr);
       const auto dacc = upload(acc);
       decode_accumulate(

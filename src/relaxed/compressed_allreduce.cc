@@ -124,9 +124,13 @@ void encode_with_feedback(const TensorView& values, const TensorView& residual,
     if (values.numel > 0) backend.copy(out.data(), values.data, values.nbytes(), ctx);
     return;
   }
-  const TensorView scratch =
-      residual.numel > 0 ? backend.zeros(values.numel, DType::f32) : TensorView();
+  if (residual.numel == 0) {
+    backend.encode(values, residual, TensorView(), out, *codec, ctx);
+    return;
+  }
+  const TensorView scratch = backend.zeros(values.numel, DType::f32, ctx);
   backend.encode(values, residual, scratch, out, *codec, ctx);
+  backend.finish(ctx);  // the scratch is released here
 }
 
 ExecContext with_rng(const ExecContext& ctx, uint64_t seed, uint64_t offset) {
@@ -207,11 +211,12 @@ void reduce_segment(Call& c, size_t s) {
   const int r = c.rank;
   const int64_t count = g.count[r];
   const int64_t bytes = g.bytes[r];
-  const TensorView acc = backend.zeros(count, DType::f32);
+  const TensorView acc = backend.zeros(count, DType::f32, c.ctx);
   const bool robust = c.robust.kind != RobustAggregation::Kind::none;
   // Robust aggregation (host tensors only) keeps every contribution apart.
   std::vector<float> each(robust ? static_cast<size_t>(count * c.size) : 0);
-  const TensorView one = !robust && !c.codec ? backend.zeros(count, DType::f32) : TensorView();
+  const TensorView one =
+      !robust && !c.codec ? backend.zeros(count, DType::f32, c.ctx) : TensorView();
   const kernels::PayloadHeader own =
       c.codec ? backend.read_header(bytes_of(g.received, r * bytes, bytes), c.ctx)
               : kernels::PayloadHeader{};
@@ -334,7 +339,7 @@ void decode_segments(Call& c) {
   int64_t longest = 0;
   for (const Call::Segment& g : c.segments)
     longest = std::max(longest, *std::max_element(g.count.begin(), g.count.end()));
-  const TensorView scratch = backend.zeros(longest, DType::f32);
+  const TensorView scratch = backend.zeros(longest, DType::f32, c.ctx);
   for (int pass = 0; pass < 2; ++pass) {
     for (const Call::Segment& g : c.segments) {
       const kernels::PayloadHeader own =
@@ -576,8 +581,11 @@ CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int 
     return;
   }
   const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(device);
-  worker_device_ = backend->zeros(numel, DType::f32);
-  server_device_ = backend->zeros(owned_, DType::f32);
+  ExecContext ctx;
+  ctx.device = device;
+  worker_device_ = backend->zeros(numel, DType::f32, ctx);
+  server_device_ = backend->zeros(owned_, DType::f32, ctx);
+  backend->finish(ctx);
 }
 
 void CompressedAllreduceState::save(StateDict& dict, const std::string& prefix) const {
@@ -678,8 +686,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
       c->worker = TensorView::host(c->worker_host.data(), x.numel);
       c->server = TensorView::host(c->server_host.data(), c->shards.count[r]);
     } else {
-      c->worker = c->backend->zeros(x.numel, DType::f32);
-      c->server = c->backend->zeros(c->shards.count[r], DType::f32);
+      c->worker = c->backend->zeros(x.numel, DType::f32, ctx);
+      c->server = c->backend->zeros(c->shards.count[r], DType::f32, ctx);
     }
   }
   return c->backend->stepped() ? step_stages(comm, c, options) : submit_stages(comm, c, options);

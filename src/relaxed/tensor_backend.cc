@@ -19,14 +19,14 @@ class HostBackend final : public TensorBackend {
   Device device() const noexcept override { return Device::host(); }
   bool stepped() const noexcept override { return false; }
 
-  TensorView zeros(int64_t numel, DType dtype) const override {
+  TensorView zeros(int64_t numel, DType dtype, const ExecContext&) const override {
     const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
     // Whole floats, so that f32 views are aligned.
     auto memory = std::make_shared<std::vector<float>>((bytes + sizeof(float) - 1) / sizeof(float));
     return TensorView(memory->data(), numel, dtype, Device::host(), memory);
   }
   TensorView payload_memory(Communicator&, int64_t bytes, const char*) const override {
-    return zeros(bytes, DType::u8);
+    return zeros(bytes, DType::u8, ExecContext::host());
   }
 
   void copy(void* dst, const void* src, size_t bytes, const ExecContext&) const override {
@@ -44,7 +44,7 @@ class HostBackend final : public TensorBackend {
   void encode(const TensorView& in, const TensorView& residual, const TensorView& scratch,
               std::span<std::byte> out, const kernels::CompressorConfig& codec,
               const ExecContext& ctx) const override {
-    if (residual.data == nullptr) {
+    if (residual.numel == 0) {
       kernels::encode(in, out, codec, ctx);
       return;
     }
@@ -106,9 +106,9 @@ class CudaBackend final : public TensorBackend {
   Device device() const noexcept override { return device_; }
   bool stepped() const noexcept override { return true; }
 
-  TensorView zeros(int64_t numel, DType dtype) const override {
-    std::shared_ptr<void> memory =
-        kernels::cuda::allocate(static_cast<size_t>(numel) * dtype_size(dtype), device_.index);
+  TensorView zeros(int64_t numel, DType dtype, const ExecContext& ctx) const override {
+    std::shared_ptr<void> memory = kernels::cuda::allocate(
+        static_cast<size_t>(numel) * dtype_size(dtype), device_.index, ctx.stream);
     return TensorView(memory.get(), numel, dtype, device_, memory);
   }
   TensorView payload_memory(Communicator& comm, int64_t bytes, const char* what) const override {
@@ -148,7 +148,7 @@ class CudaBackend final : public TensorBackend {
               std::span<std::byte> out, const kernels::CompressorConfig& codec,
               const ExecContext& ctx) const override {
     kernels::cuda::set_device(device_.index);
-    if (residual.data == nullptr) {
+    if (residual.numel == 0) {
       kernels::encode(in, out, codec, ctx);
       return;
     }

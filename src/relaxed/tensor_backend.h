@@ -39,8 +39,10 @@ class TensorBackend {
   // as Communicator::compute stages.
   virtual bool stepped() const noexcept = 0;
 
-  // `numel` zeroed elements of `dtype` on this device, owning their memory.
-  virtual TensorView zeros(int64_t numel, DType dtype) const = 0;
+  // `numel` elements of `dtype` on this device, owning their memory, zeroed
+  // for what is enqueued on ctx afterwards. Released once no enqueued work
+  // uses them (the schedules synchronize before dropping a view).
+  virtual TensorView zeros(int64_t numel, DType dtype, const ExecContext& ctx) const = 0;
   // `bytes` of payload memory for `comm`'s collectives: host memory here,
   // device memory from comm.allocate() there (0 bytes: only the check, an
   // NCCL communicator allocates nothing). Throws Unsupported naming `what`,
@@ -60,7 +62,7 @@ class TensorBackend {
   virtual kernels::PayloadHeader read_header(std::span<const std::byte> payload,
                                              const ExecContext& ctx) const = 0;
   // Encodes `in` into `out` (encoded_size bytes). With a `residual` (in.numel
-  // elements; null data: none) it is added first and left holding what the
+  // elements; an empty view: none) it is added first and left holding what the
   // payload misses, `scratch` (in.numel elements) overwritten: error
   // feedback as in relaxcc/kernels/error_feedback.h. An input the codec
   // refuses leaves the residual as it was.
