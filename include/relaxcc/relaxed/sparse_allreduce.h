@@ -119,11 +119,13 @@ struct SparseAllreduceOptions : OpOptions {
   RelaxedStats* stats = nullptr;
 };
 
-// InvalidArgument, from the call on every rank before anything is
-// submitted, for a tensor that is not f32 on the host, a codec other than
-// randomk and topk or out of its ranges (ratio outside (0, 1]), an op other
-// than sum and avg, feedback of another size, or server_feedback with
-// randomk.
+// Host tensors only: a tensor or context on a device throws Unsupported,
+// naming the call, the rank and the device, before anything is read
+// (compressed_allreduce takes device tensors). InvalidArgument, from the
+// call on every rank before anything is submitted, for a tensor that is not
+// f32, a codec other than randomk and topk or out of its ranges (ratio
+// outside (0, 1]), an op other than sum and avg, feedback of another size,
+// or server_feedback with randomk.
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                          const SparseAllreduceOptions& options = {});
 
