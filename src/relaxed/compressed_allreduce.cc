@@ -24,6 +24,22 @@ struct StateAccess {
     return s.device_.is_host() ? TensorView::host(s.server_.data(), s.owned_) : s.server_device_;
   }
   static int64_t owned(const CompressedAllreduceState& s) { return s.owned_; }
+  // A call's residuals for this state, addressed by the views: host
+  // vectors, or memory of the state's device.
+  static void allocate(const CompressedAllreduceState& s, const TensorBackend& backend,
+                       const ExecContext& ctx, std::vector<float>& worker,
+                       std::vector<float>& server, TensorView& worker_view,
+                       TensorView& server_view) {
+    if (s.device_.is_host()) {
+      worker.resize(static_cast<size_t>(s.numel_));
+      server.resize(static_cast<size_t>(s.owned_));
+      worker_view = TensorView::host(worker.data(), s.numel_);
+      server_view = TensorView::host(server.data(), s.owned_);
+    } else {
+      worker_view = backend.zeros(s.numel_, DType::f32, ctx);
+      server_view = backend.zeros(s.owned_, DType::f32, ctx);
+    }
+  }
   // Host residuals move from the call's vectors, device ones from its views.
   static void replace(CompressedAllreduceState& s, std::vector<float>& worker,
                       std::vector<float>& server, TensorView& worker_view,
@@ -651,7 +667,7 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   // One rank: the sum and the average are x itself; nothing to quantize.
   if (n == 1) {
     // A communicator that cannot move x's memory is refused all the same.
-    if (!x.device.is_host()) backend->payload_memory(comm, 0, "compressed_allreduce");
+    backend->check_communicator(comm, "compressed_allreduce");
     if (backend->stepped()) return backend->after({options.after}, nullptr, "compressed_allreduce");
     return options.after ? options.after->then([](const Work&) {}, "compressed_allreduce")
                          : when_all({}, nullptr, "compressed_allreduce");
@@ -679,17 +695,9 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->shards = Shards(x.numel, n);
   c->piece = std::max<int64_t>(1, options.segment_bytes / static_cast<int64_t>(sizeof(float)) / n);
   plan_segments(comm, *c);
-  if (c->state) {
-    if (x.device.is_host()) {
-      c->worker_host.resize(static_cast<size_t>(x.numel));
-      c->server_host.resize(static_cast<size_t>(c->shards.count[r]));
-      c->worker = TensorView::host(c->worker_host.data(), x.numel);
-      c->server = TensorView::host(c->server_host.data(), c->shards.count[r]);
-    } else {
-      c->worker = c->backend->zeros(x.numel, DType::f32, ctx);
-      c->server = c->backend->zeros(c->shards.count[r], DType::f32, ctx);
-    }
-  }
+  if (c->state)
+    relaxed::StateAccess::allocate(*c->state, *c->backend, ctx, c->worker_host, c->server_host,
+                                   c->worker, c->server);
   return c->backend->stepped() ? step_stages(comm, c, options) : submit_stages(comm, c, options);
 }
 

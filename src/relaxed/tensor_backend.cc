@@ -28,6 +28,7 @@ class HostBackend final : public TensorBackend {
   TensorView payload_memory(Communicator&, int64_t bytes, const char*) const override {
     return zeros(bytes, DType::u8, ExecContext::host());
   }
+  void check_communicator(Communicator&, const char*) const override {}
 
   void copy(void* dst, const void* src, size_t bytes, const ExecContext&) const override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
@@ -119,6 +120,9 @@ class CudaBackend final : public TensorBackend {
                     ": device tensors need a communicator that moves device memory (an NCCL "
                     "communicator, relaxcc/nccl_communicator.h)");
     return memory;
+  }
+  void check_communicator(Communicator& comm, const char* what) const override {
+    payload_memory(comm, 0, what);
   }
 
   void copy(void* dst, const void* src, size_t bytes, const ExecContext& ctx) const override {

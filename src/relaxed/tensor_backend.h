@@ -49,6 +49,9 @@ class TensorBackend {
   // the rank and the device when `comm` does not move memory of this device
   // (an MPI communicator given device tensors).
   virtual TensorView payload_memory(Communicator& comm, int64_t bytes, const char* what) const = 0;
+  // payload_memory's check alone, allocating nothing (a call that moves
+  // nothing still refuses a communicator that cannot move its tensor).
+  virtual void check_communicator(Communicator& comm, const char* what) const = 0;
 
   // dst = src (same bytes; either may be host memory on a device backend).
   virtual void copy(void* dst, const void* src, size_t bytes, const ExecContext& ctx) const = 0;
