@@ -91,7 +91,8 @@
 // CUDA decoder validates on the device and reads its flags back, so the
 // stages are stepped on the calling thread: the call returns once x holds
 // the result (or the error is known) and its Work has completed; segment s
-// is still on the wire while segment s + 1 is encoded. A rank whose own
+// is still on the wire while segment s + 1 is encoded. Since it waits, a
+// device call must not be made from a completion callback (work.h). A rank whose own
 // stage fails still takes part in every later transfer, sending payloads
 // that decode as corrupt (all bytes 0xff), so that its peers fail with
 // CorruptPayload instead of waiting for it; it fails with its own error. options.after is waited
