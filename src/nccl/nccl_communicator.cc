@@ -121,6 +121,25 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// DeviceGuard that never throws, for destructors and shutdown: a thread that
+// releases the last reference gets its own current device back.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int device) noexcept : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device_) (void)cudaSetDevice(device_);
+  }
+  ~QuietDeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int previous_ = -1;
+};
+
 class NcclWork;
 
 class NcclState : public std::enable_shared_from_this<NcclState> {
@@ -155,8 +174,10 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   bool poisoned() const noexcept { return poisoned_.load(std::memory_order_acquire); }
   void throw_if_poisoned(const char* op) const;
   // Poisons the communicator: later calls throw CommunicatorPoisoned, pending
-  // operations complete with it. `abort`: ncclCommAbort too.
-  void poison(const std::string& reason, bool abort) noexcept;
+  // operations complete with `pending_error` (null: CommunicatorPoisoned).
+  // `abort`: ncclCommAbort too, before the pending operations complete.
+  void poison(const std::string& reason, bool abort,
+              std::exception_ptr pending_error = nullptr) noexcept;
 
   // Submits one operation: orders the communicator's stream after `ctx`'s
   // stream and options.after, runs `issue(comm, stream)` (the NCCL calls),
@@ -194,8 +215,14 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   // ncclCommAbort, once.
   void abort_comm() noexcept;
   void progress_loop();
-  // Completes every pending operation with `error`.
+  // Completes every pending operation with `error` and parks it until its
+  // event completed (its buffers stay alive while the device may use them).
   void fail_pending(const std::exception_ptr& error) noexcept;
+  // Parks a completed operation whose event may still be pending.
+  void park(std::shared_ptr<NcclWork> work) noexcept;
+  // Drops the parked operations whose events completed (or failed); true
+  // when one was dropped. Progress thread, mutex_ not held.
+  bool drain_parked() noexcept;
 
   const int rank_, size_, device_;
   const Tunables tunables_;
@@ -215,6 +242,9 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   std::string poison_reason_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<NcclWork>> pending_;  // in stream order
+  // Completed by a poisoning while their events may be pending: they hold
+  // the operations' buffers until the progress thread sees the events done.
+  std::vector<std::shared_ptr<NcclWork>> parked_;
   std::vector<std::function<void()>> tasks_;
   std::vector<cudaEvent_t> free_events_;
   bool stopping_ = false;
@@ -299,7 +329,9 @@ NcclState::~NcclState() {
   // shutdown() ran, except when init() failed (no thread then) or when this
   // runs on the progress thread itself (it was detached).
   if (progress_.joinable()) progress_.detach();
-  (void)cudaSetDevice(device_);  // this thread is the progress thread or an owner's
+  // Any thread that drops the last reference (an owner's, a Work holder's,
+  // the progress thread): its current device is restored afterwards.
+  QuietDeviceGuard guard(device_);
   if (comm_) (void)ncclCommAbort(comm_);
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   if (ready_event_) (void)cudaEventDestroy(ready_event_);
@@ -391,7 +423,8 @@ void NcclState::abort_comm() noexcept {
   comm_ = nullptr;
 }
 
-void NcclState::poison(const std::string& reason, bool abort) noexcept {
+void NcclState::poison(const std::string& reason, bool abort,
+                       std::exception_ptr pending_error) noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!poisoned_.load(std::memory_order_relaxed)) {
@@ -401,9 +434,11 @@ void NcclState::poison(const std::string& reason, bool abort) noexcept {
   }
   if (abort) abort_comm();
   try {
-    fail_pending(std::make_exception_ptr(CommunicatorPoisoned(
-        detail::concat(who_, ": this NCCL communicator is poisoned (", reason, ")"), __FILE__,
-        __LINE__)));
+    if (!pending_error)
+      pending_error = std::make_exception_ptr(CommunicatorPoisoned(
+          detail::concat(who_, ": this NCCL communicator is poisoned (", reason, ")"), __FILE__,
+          __LINE__));
+    fail_pending(pending_error);
   } catch (...) {
     RELAXCC_LOG(error, who_, ": cannot fail the pending operations after: ", reason);
   }
@@ -415,7 +450,48 @@ void NcclState::fail_pending(const std::exception_ptr& error) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     pending.swap(pending_);
   }
-  for (const auto& w : pending) w->complete(error);
+  for (auto& w : pending) {
+    w->complete(error);
+    park(std::move(w));
+  }
+}
+
+void NcclState::park(std::shared_ptr<NcclWork> work) noexcept {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      parked_.push_back(std::move(work));
+    }
+    cv_.notify_all();
+  } catch (...) {
+    RELAXCC_LOG(error, who_, ": cannot park an operation; its buffers are released now");
+  }
+}
+
+bool NcclState::drain_parked() noexcept {
+  std::vector<std::shared_ptr<NcclWork>> parked, done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    parked.swap(parked_);
+  }
+  if (parked.empty()) return false;
+  std::vector<std::shared_ptr<NcclWork>> still;
+  for (auto& w : parked) {
+    // Ready, or a CUDA error (the device will not run it any further).
+    if (cudaEventQuery(w->event()) == cudaErrorNotReady)
+      still.push_back(std::move(w));
+    else
+      done.push_back(std::move(w));
+  }
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    parked_.insert(parked_.end(), std::make_move_iterator(still.begin()),
+                   std::make_move_iterator(still.end()));
+  } catch (...) {
+  }
+  const bool dropped = !done.empty();
+  done.clear();  // releases their buffers and events here, without mutex_
+  return dropped;
 }
 
 cudaEvent_t NcclState::take_event() {
@@ -558,7 +634,12 @@ WorkPtr NcclState::enqueue(const char* op, const char* call, const OpOptions& op
       pending_.push_back(work);
     wake = deep_idle_;
   }
-  if (late) throw_if_poisoned(op);
+  if (late) {
+    // Poisoned meanwhile: the NCCL calls were made, so the buffers stay
+    // alive until the event completed.
+    park(work);
+    throw_if_poisoned(op);
+  }
   // A progress thread idle for a short while finds the operation by itself:
   // no wake-up (a system call) on the path of every operation.
   if (wake) cv_.notify_all();
@@ -577,11 +658,20 @@ void NcclState::progress_loop() {
   constexpr auto kIdleTick = std::chrono::milliseconds(1);
   constexpr int kIdleTicks = 1000;
   int idle_ticks = 0;
-  const auto has_work = [this] { return stopping_ || !pending_.empty() || !tasks_.empty(); };
+  const auto has_work = [this] {
+    return stopping_ || !pending_.empty() || !tasks_.empty() || !parked_.empty();
+  };
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    if (stopping_) return;
-    if (pending_.empty() && tasks_.empty()) {
+    if (stopping_) {
+      // shutdown() waited for the parked operations (bounded); what is left
+      // is released off the lock (their destructors take mutex_).
+      std::vector<std::shared_ptr<NcclWork>> left;
+      left.swap(parked_);
+      lock.unlock();
+      return;
+    }
+    if (pending_.empty() && tasks_.empty() && parked_.empty()) {
       if (idle_ticks < kIdleTicks) {
         if (!cv_.wait_for(lock, kIdleTick, has_work)) {
           ++idle_ticks;
@@ -640,13 +730,17 @@ void NcclState::progress_loop() {
       }
     }
     if (failed) {
+      // Poisoned (and aborted) before the pending operations fail with the
+      // error, so that their callbacks see poisoned().
+      std::exception_ptr device_error;
       try {
-        fail_pending(std::make_exception_ptr(DeviceError(error, __FILE__, __LINE__)));
+        device_error = std::make_exception_ptr(DeviceError(error, __FILE__, __LINE__));
       } catch (...) {
       }
-      poison(error, true);
+      poison(error, true, device_error);
     }
-    const bool progressed = front && front->is_completed();
+    const bool drained = drain_parked();
+    const bool progressed = (front && front->is_completed()) || drained;
     front.reset();
     if (progressed) {
       busy_since = Clock::now();
@@ -663,17 +757,28 @@ void NcclState::progress_loop() {
 
 void NcclState::shutdown() noexcept {
   const bool on_progress_thread = std::this_thread::get_id() == progress_.get_id();
+  QuietDeviceGuard guard(device_);
   if (!on_progress_thread) {
-    // Operations in flight finish first, within the timeout.
-    const auto deadline = Clock::now() + timeout_;
+    // Operations in flight finish first, within the timeout; past it the NCCL
+    // communicator is aborted, and the device work of the operations it
+    // failed gets another timeout to end before their buffers are released.
+    auto deadline = Clock::now() + timeout_;
+    bool aborted = false;
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (pending_.empty()) break;
+        if (pending_.empty() && parked_.empty()) break;
       }
       if (Clock::now() >= deadline) {
+        if (aborted) {
+          RELAXCC_LOG(warn, who_,
+                      ": released with device work still running after ncclCommAbort; its "
+                      "buffers are released now");
+          break;
+        }
         poison("released with operations in flight past the timeout", true);
-        break;
+        aborted = true;
+        deadline = Clock::now() + timeout_;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
