@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -364,30 +365,6 @@ TEST(NcclCommunicator, SplitNodeLocalAndGroup) {
   }
 }
 
-// NCCL rejects a host pointer passed as device memory (NCCL_CHECK_POINTERS=1,
-// set by CTest): DeviceError naming the
-// rank, the device, the call and the tensor; the communicator is poisoned.
-TEST(NcclCommunicator, NcclErrorNamesCallRankAndDevice) {
-  SKIP_WITHOUT_GPUS();
-  CommunicatorPtr comm = own_comm(std::chrono::milliseconds(20000));
-  TensorView probe = comm->allocate(1, DType::f32);
-  std::vector<float> host(16, 1.0f);
-  const TensorView fake(host.data(), 16, DType::f32, probe.device);
-  AllreduceOptions options;
-  options.label = "bucket 3";
-  const std::string who = detail::concat("rank ", comm->rank(), " (", probe.device, ")");
-  try {
-    comm->allreduce(fake, on(fake), options)->wait();
-    FAIL() << "NCCL accepted a host pointer";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(e.message().find(who + ": ncclAllReduce of 'bucket 3': "), std::string::npos)
-        << e.message();
-  }
-  EXPECT_TRUE(comm->poisoned());
-  EXPECT_THROW(comm->barrier(), CommunicatorPoisoned);
-  test::world()->barrier()->wait();
-}
-
 // A receive whose sender never sends: Timeout within the short timeout (from
 // the call, when NCCL's connection setup already waits for the peer, or
 // from wait()), then the communicator is aborted and poisoned. Nothing hangs.
@@ -410,6 +387,46 @@ TEST(NcclCommunicator, StuckReceiveTimesOutAndPoisons) {
   }
   test::world()->barrier()->wait();
   comm.reset();  // rank 1's finalize is bounded by the timeout too
+  test::world()->barrier()->wait();
+}
+
+// NCCL rejects a host pointer passed as device memory when NCCL_CHECK_POINTERS=1
+// (set by CTest: its argument check finds no device pointer for pageable host
+// memory): DeviceError naming the rank, the device, the call and the tensor;
+// the communicator is poisoned. Skipped where that rejection cannot be relied
+// on, since a kernel reading a host pointer would break the CUDA context of
+// this process: without NCCL_CHECK_POINTERS=1, and on devices that access
+// pageable host memory directly (HMM, ATS), where the pointer is valid. Last
+// in the file for the same reason.
+TEST(NcclCommunicator, NcclErrorNamesCallRankAndDevice) {
+  SKIP_WITHOUT_GPUS();
+  const char* check_pointers = std::getenv("NCCL_CHECK_POINTERS");
+  if (check_pointers == nullptr || std::string(check_pointers) != "1")
+    GTEST_SKIP() << "skipped: NCCL_CHECK_POINTERS=1 is not set (NCCL would not reject a host "
+                    "pointer before its kernel reads it)";
+  CommunicatorPtr comm = own_comm(std::chrono::milliseconds(20000));
+  TensorView probe = comm->allocate(1, DType::f32);
+  int pageable = 0;
+  check_cuda(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, probe.device.index),
+             "cudaDeviceGetAttribute");
+  // Every rank decides alike (the same machine), so no rank is left in a collective.
+  if (pageable != 0)
+    GTEST_SKIP() << "skipped: cuda:" << probe.device.index
+                 << " accesses pageable host memory directly, so NCCL accepts a host pointer";
+  std::vector<float> host(16, 1.0f);
+  const TensorView fake(host.data(), 16, DType::f32, probe.device);
+  AllreduceOptions options;
+  options.label = "bucket 3";
+  const std::string who = detail::concat("rank ", comm->rank(), " (", probe.device, ")");
+  try {
+    comm->allreduce(fake, on(fake), options)->wait();
+    FAIL() << "NCCL accepted a host pointer";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(e.message().find(who + ": ncclAllReduce of 'bucket 3': "), std::string::npos)
+        << e.message();
+  }
+  EXPECT_TRUE(comm->poisoned());
+  EXPECT_THROW(comm->barrier(), CommunicatorPoisoned);
   test::world()->barrier()->wait();
 }
 
