@@ -150,7 +150,10 @@ SweepImpl make_nccl_sweep_impl(const std::string& name, bool in_place, ReduceOp 
       ctx.stream = stream.get();
       comm->allreduce(input, output, ctx, o)->wait();
     };
-    allocate = [comm](int64_t numel, DType dtype) { return comm->allocate(numel, dtype); };
+    // The same cudaMalloc buffers as the bare path: the two differ only in
+    // the calls that drive NCCL (comm->allocate's ncclMemAlloc memory could
+    // take other NCCL paths, such as buffer registration).
+    allocate = [device](int64_t numel, DType dtype) { return device_buffer(numel, dtype, device); };
     algo = "NcclCommunicator";
   }
 
