@@ -164,14 +164,20 @@ SweepImpl make_nccl_sweep_impl(const std::string& name, bool in_place, ReduceOp 
     const TensorView input = in_place ? output : allocate(count, dtype);
     const TensorView pristine = host_buffer(count, dtype);
     fill_encoded(pristine, rank);
+    // Both paths run on non-blocking streams, which do not wait for the legacy
+    // default stream that cudaMemcpy and cudaMemset use, and a copy from
+    // pageable memory can return before it reached the device: the device is
+    // synchronized before the next allreduce reads the buffers.
     const auto refill = [input, pristine] {
       copy(input.data, pristine.data, input.nbytes(), cudaMemcpyHostToDevice);
+      cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     };
     return SweepCase{[run, input, output] { run(input, output); },
                      [run, input, output, refill, in_place, op, rank, ranks] {
                        refill();
                        if (!in_place && output.nbytes() > 0)
                          cuda_check(cudaMemset(output.data, 0xff, output.nbytes()), "cudaMemset");
+                       cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
                        run(input, output);
                        const TensorView result = host_buffer(output.numel, output.dtype);
                        copy(result.data, output.data, output.nbytes(), cudaMemcpyDeviceToHost);
