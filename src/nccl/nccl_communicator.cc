@@ -557,7 +557,7 @@ CommStats NcclState::stats() const {
   s.sent_to = sent_to_;
   s.received_from = received_from_;
   s.operations = operations_;
-  s.requests_pending = static_cast<int64_t>(pending_.size());
+  s.requests_pending = static_cast<int64_t>(pending_.size() + parked_.size());
   return s;
 }
 
@@ -806,8 +806,12 @@ void NcclState::shutdown() noexcept {
     while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress &&
            Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (state == ncclSuccess) r = ncclCommDestroy(comm_);
-    if (state == ncclSuccess && r == ncclSuccess) {
+    if (state == ncclSuccess) {
+      // After ncclCommDestroy the handle may be freed (or being freed, when
+      // in progress): no call on it afterwards; an error leaks it rather
+      // than risk a use after free.
+      r = ncclCommDestroy(comm_);
+      if (r != ncclSuccess) RELAXCC_LOG(warn, who_, ": ncclCommDestroy: ", ncclGetErrorString(r));
       comm_ = nullptr;
       return;
     }
