@@ -700,7 +700,12 @@ void NcclState::progress_loop() {
     std::shared_ptr<NcclWork> front;
     while (!pending_.empty()) {
       if (pending_.front()->is_completed()) {
-        ready.push_back(std::move(pending_.front()));
+        // A Work failed by a timed-out wait() or a CUDA error completed
+        // before its event: parked until the device let go of its buffers.
+        if (pending_.front()->exception())
+          parked_.push_back(std::move(pending_.front()));
+        else
+          ready.push_back(std::move(pending_.front()));
         pending_.pop_front();
         continue;
       }
