@@ -178,6 +178,9 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   // `abort`: ncclCommAbort too, before the pending operations complete.
   void poison(const std::string& reason, bool abort,
               std::exception_ptr pending_error = nullptr) noexcept;
+  // The first step of poison(): later calls throw CommunicatorPoisoned; the
+  // abort and the pending operations are left to poison().
+  void mark_poisoned(const std::string& reason) noexcept;
 
   // Submits one operation: orders the communicator's stream after `ctx`'s
   // stream and options.after, runs `issue(comm, stream)` (the NCCL calls),
@@ -310,6 +313,8 @@ class NcclWork final : public Work {
   // The operation is late: it completes with Timeout, the NCCL communicator
   // is aborted and this one poisoned.
   std::string on_timeout(const std::string& reason) override {
+    // Poisoned first, so that this Work's callbacks (run by complete) see it.
+    state_->mark_poisoned(reason);
     complete(std::make_exception_ptr(
         Timeout(detail::concat(state_->who(), ": ", description(),
                                " did not complete in time; the NCCL communicator was aborted"),
@@ -423,15 +428,22 @@ void NcclState::abort_comm() noexcept {
   comm_ = nullptr;
 }
 
-void NcclState::poison(const std::string& reason, bool abort,
-                       std::exception_ptr pending_error) noexcept {
-  {
+void NcclState::mark_poisoned(const std::string& reason) noexcept {
+  try {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!poisoned_.load(std::memory_order_relaxed)) {
-      poison_reason_ = reason;
+      poison_reason_ = reason;  // the first reason stays
       poisoned_.store(true, std::memory_order_release);
     }
+    return;
+  } catch (...) {
   }
+  poisoned_.store(true, std::memory_order_release);
+}
+
+void NcclState::poison(const std::string& reason, bool abort,
+                       std::exception_ptr pending_error) noexcept {
+  mark_poisoned(reason);
   if (abort) abort_comm();
   try {
     if (!pending_error)
