@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -63,6 +64,7 @@ using Clock = std::chrono::steady_clock;
 
 struct AlgorithmsArgs {
   std::string model = "resnet50";
+  double model_scale = 1;  // every tensor's size times this (at least 1 element)
   std::vector<std::string> algorithms{"gradient_allreduce", "bytegrad",           "qadam",
                                       "cocktail_sgd",       "cocktail_sgd:paper", "local_sgd"};
   double compute_ms = 200;
@@ -80,7 +82,9 @@ struct Model {
   std::vector<TensorSpec> specs;
   int64_t total = 0;
 
-  Model(const std::string& name, int rank) : layers(model_layers(name)) {
+  Model(const std::string& name, double scale, int rank) : layers(model_layers(name)) {
+    for (Layer& l : layers)
+      l.numel = std::max<int64_t>(1, std::llround(static_cast<double>(l.numel) * scale));
     for (size_t i = 0; i < layers.size(); ++i) {
       const auto n = static_cast<size_t>(layers[i].numel);
       grads.emplace_back(n);
@@ -318,6 +322,7 @@ Row common_row(const Pass& p, const AlgorithmsArgs& args, const Model& model, in
       .set("algorithm", p.name)
       .set("setting", p.setting)
       .set("model", args.model)
+      .set("model_scale", args.model_scale)
       .set("params", model.total)
       .set("ranks", ranks)
       .set("bytes_per_step", p.bytes)
@@ -341,10 +346,13 @@ void run_algorithms(const AlgorithmsArgs& args) {
   MpiCommunicatorOptions mo;
   mo.tunables = world.tunables;
   CommunicatorPtr comm = create_mpi_communicator(mo);
-  Model model(args.model, world.rank);
+  RELAXCC_ENFORCE(args.model_scale > 0 && args.model_scale <= 1, InvalidArgument,
+                  "algorithms: --model-scale must be in (0, 1], got ", args.model_scale);
+  Model model(args.model, args.model_scale, world.rank);
   report.print(detail::concat(
-      "# relaxcc-bench algorithms: ", world.size, " ranks, ", args.model, " (", model.total,
-      " f32 parameters), compute ", args.compute_ms, " ms per step (sleep), link ",
+      "# relaxcc-bench algorithms: ", world.size, " ranks, ", args.model,
+      args.model_scale != 1 ? detail::concat(" scaled by ", args.model_scale) : std::string(), " (",
+      model.total, " f32 parameters), compute ", args.compute_ms, " ms per step (sleep), link ",
       args.rate_mbit > 0 ? std::to_string(args.rate_mbit) + " Mbit/s" : std::string("unshaped"),
       ", ", args.iters, " timed steps after ", args.warmup,
       "; step time: timed steps back to back, max over ranks; bytes sent per rank and step",
@@ -418,6 +426,10 @@ void add_algorithms_mode(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "algorithms", "Bytes and time per step of every algorithm module on a synthetic model");
   sub->add_option("--model", args->model, "resnet50 or bert-base")->capture_default_str();
+  sub->add_option("--model-scale", args->model_scale,
+                  "Every tensor's size times this, in (0, 1] (at least 1 element): the model's "
+                  "tensor structure with less data per step")
+      ->capture_default_str();
   sub->add_option("--algorithms", args->algorithms,
                   "Algorithms in order (name or name:setting); bytes_x and step_x are against the "
                   "first gradient_allreduce")
