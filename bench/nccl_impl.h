@@ -5,8 +5,10 @@
 //   relaxcc-nccl  NcclCommunicator::allreduce ordered after a stream of the
 //                 caller's, then Work::wait (relaxcc's whole path: argument
 //                 checks, event wait, NCCL call, completion event, polling)
-// Each rank drives the GPU of its index on the node. Buffers are device
-// memory; the check copies the result to the host and compares it exactly.
+// Each rank drives the GPU of its index on the node. Both use the same kind
+// of buffers (cudaMalloc), and the untimed reset before each run leaves the
+// device idle; the check copies the result to the host and compares it
+// exactly.
 #pragma once
 
 #include <string>
