@@ -58,7 +58,9 @@
 // the communicator (ncclCommAbort). A Work whose wait() times out throws
 // Timeout, aborts the NCCL communicator (ncclCommAbort) and poisons this one:
 // every later call throws CommunicatorPoisoned, and operations in flight
-// complete with CommunicatorPoisoned. Unlike the MPI communicator, no poison
+// complete with CommunicatorPoisoned; the communicator keeps their buffers
+// (the views' owners) until their events completed, so the device never
+// reads or writes released memory. Unlike the MPI communicator, no poison
 // notice reaches the other ranks: their operations end by their own timeout
 // or by NCCL's asynchronous error. Nothing waits without a bound.
 //
