@@ -413,14 +413,13 @@ TEST(Decentralized, AsyncConvergesAfterResume) {
 // with deadlines the others go on without it in the rounds it misses (local
 // steps run no collective of the Reducer's own, so nothing else holds them
 // back between the harness's checks every kCheckEvery steps), and the run
-// still converges within 6x gradient_allreduce's steps: consensus within
-// the harness's 1e-3 (0.7-0.9e-3 at 4x, 0.5e-3 at 8x), error within
-// kStragglerTolerance = 6e-3. The rounds
-// that leave the straggler out (about a fifth of all peer slots here)
-// underweight its shard, which biases the fixed point towards the other
-// shards' optimum: the error levels off at 3.7-4.0e-3 from 2x to 8x the
-// steps while the consensus keeps shrinking with the learning rate
-// (docs/algorithms.md).
+// still converges within 8x gradient_allreduce's steps: consensus within
+// the harness's 1e-3 (0.7-0.9e-3 at 4x, 0.6-0.95e-3 at 6x, 0.5e-3 at 8x),
+// error within kStragglerTolerance = 6e-3. The rounds that leave the
+// straggler out (about a fifth of all peer slots here) underweight its
+// shard, which biases the fixed point towards the other shards' optimum:
+// the error levels off at 3.6-4.2e-3 from 2x to 8x the steps while the
+// consensus keeps shrinking with the learning rate (docs/algorithms.md).
 TEST(Decentralized, StragglerWithDeadlines) {
   if (world_size() != 4) GTEST_SKIP() << "a straggler among 4 ranks";
   const Trial base =
@@ -438,7 +437,7 @@ TEST(Decentralized, StragglerWithDeadlines) {
   for (const Trial& trial : trials) {
     Training t(problem(), trial, trial.algorithm());
     const auto compute = std::chrono::milliseconds(world_rank() == 3 ? 3 : 1);
-    const int64_t budget = 6 * b.steps;
+    const int64_t budget = 8 * b.steps;
     const RunResult r = train_until(problem(), trial, t, budget,
                                     [compute] { std::this_thread::sleep_for(compute); });
     int64_t missing = dynamic_cast<WeightRounds&>(t.module()).missing_peers();
