@@ -9,8 +9,12 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/nccl_communicator.h"
+#include "../src/nccl/nccl_types.h"
 
 namespace relaxcc::bench {
+
+using nccl::nccl_dtype;
+using nccl::nccl_op;
 
 namespace {
 
@@ -22,40 +26,6 @@ void cuda_check(cudaError_t e, const char* call) {
 void nccl_check(ncclResult_t r, const char* call) {
   RELAXCC_ENFORCE(r == ncclSuccess, DeviceError, "relaxcc-bench: ", call, ": ",
                   ncclGetErrorString(r));
-}
-
-ncclDataType_t nccl_dtype(DType t) {
-  switch (t) {
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f16:
-      return ncclFloat16;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::f64:
-      return ncclFloat64;
-    case DType::i32:
-      return ncclInt32;
-    case DType::i64:
-      return ncclInt64;
-    case DType::u8:
-      return ncclUint8;
-  }
-  RELAXCC_THROW(InvalidArgument, "unknown dtype ", static_cast<int>(t));
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return ncclSum;
-    case ReduceOp::avg:
-      return ncclAvg;
-    case ReduceOp::min:
-      return ncclMin;
-    case ReduceOp::max:
-      return ncclMax;
-  }
-  RELAXCC_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
 }
 
 // This rank's index among the ranks of its node: its GPU.

@@ -28,46 +28,13 @@
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/nccl_communicator.h"
+#include "nccl_types.h"
 
 namespace relaxcc::nccl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-ncclDataType_t nccl_dtype(DType t) {
-  switch (t) {
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f16:
-      return ncclFloat16;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::f64:
-      return ncclFloat64;
-    case DType::i32:
-      return ncclInt32;
-    case DType::i64:
-      return ncclInt64;
-    case DType::u8:
-      return ncclUint8;
-  }
-  RELAXCC_THROW(InvalidArgument, "unknown dtype ", static_cast<int>(t));
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return ncclSum;
-    case ReduceOp::avg:
-      return ncclAvg;
-    case ReduceOp::min:
-      return ncclMin;
-    case ReduceOp::max:
-      return ncclMax;
-  }
-  RELAXCC_THROW(InvalidArgument, "unknown reduce op ", static_cast<int>(op));
-}
 
 // "rank 1 (cuda:0): ncclAllReduce of 'bucket 3'"
 std::string subject(const std::string& who, const char* call, const std::string& label) {
