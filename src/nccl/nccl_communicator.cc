@@ -24,11 +24,11 @@
 
 #include "../collectives/argument_checks.h"
 #include "device_checks.h"
+#include "nccl_types.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/nccl_communicator.h"
-#include "nccl_types.h"
 
 namespace relaxcc::nccl {
 namespace {
