@@ -26,9 +26,11 @@ import argparse
 import datetime
 import gzip
 import json
+import math
 import os
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -39,6 +41,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 M64 = (1 << 64) - 1
+
+
+class InputError(Exception):
+    """Bad input (data files, --init): its message is reported without a traceback."""
 
 
 class Mlp(nn.Module):
@@ -68,27 +74,44 @@ class Cnn(nn.Module):
 
 
 def read_idx(path, dims):
-    """An IDX file of unsigned bytes (plain or .gz) as a numpy array."""
+    """An IDX file of unsigned bytes (plain or .gz) as a numpy array; InputError
+    for a missing, unreadable or malformed file."""
     if not os.path.exists(path):
         path += ".gz"
     if not os.path.exists(path):
-        sys.exit(f"torch_ddp.py: {path} not found (apt-get install dataset-fashion-mnist)")
+        raise InputError(f"{path} not found (apt-get install dataset-fashion-mnist)")
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from e
+    head = 4 + 4 * dims
+    if len(data) < head:
+        raise InputError(f"{path}: {len(data)} bytes, shorter than its {head}-byte IDX header")
     magic = int.from_bytes(data[0:4], "big")
     if magic != 0x800 | dims:
-        sys.exit(f"torch_ddp.py: {path}: IDX magic {magic:#x}, expected {0x800 | dims:#x}")
+        raise InputError(f"{path}: IDX magic {magic:#x}, expected {0x800 | dims:#x}")
     shape = [int.from_bytes(data[4 + 4 * d:8 + 4 * d], "big") for d in range(dims)]
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims)
-    if body.size != int(np.prod(shape)):
-        sys.exit(f"torch_ddp.py: {path}: {body.size} bytes after the header, dimensions say {shape}")
-    return body.reshape(shape)
+    expected = math.prod(shape)  # Python integers: no overflow
+    if len(data) - head != expected:
+        raise InputError(f"{path}: {len(data) - head} bytes after the header, expected {expected} "
+                         f"(dimensions {shape})")
+    return np.frombuffer(data, dtype=np.uint8, offset=head).reshape(shape)
 
 
 def load_split(data_dir, prefix):
-    images = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte"), 3)
-    labels = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte"), 1)
+    image_path = os.path.join(data_dir, f"{prefix}-images-idx3-ubyte")
+    label_path = os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte")
+    images = read_idx(image_path, 3)
+    labels = read_idx(label_path, 1)
+    if images.shape[1:] != (28, 28):
+        raise InputError(f"{image_path}: images are {images.shape[1]}x{images.shape[2]}, expected 28x28")
+    if images.shape[0] != labels.shape[0]:
+        raise InputError(f"{image_path} holds {images.shape[0]} images, {label_path} {labels.shape[0]} labels")
+    if labels.size and labels.max() > 9:
+        at = int(np.argmax(labels > 9))
+        raise InputError(f"{label_path}: label {labels[at]} at {at} is not a class 0..9")
     x = (images.astype(np.float32) / np.float32(255.0) - np.float32(0.2860)) / np.float32(0.3530)
     return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(labels.astype(np.int64))
 
@@ -108,7 +131,11 @@ def permutation(n, seed, epoch):
     return torch.tensor(p, dtype=torch.int64)
 
 
-def main():
+def rank_from_env():
+    return os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+
+
+def train():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant", default="torch_ddp", choices=["torch_ddp", "torch_ddp_fp16", "torch_ddp_powersgd"])
     ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
@@ -127,28 +154,34 @@ def main():
     ap.add_argument("--curve")
     a = ap.parse_args()
 
-    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    rank = int(rank_from_env())
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(a.port))
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
 
+    # Every rank reads and checks the same inputs before any rank joins the
+    # process group: bad input fails on every rank alike, with no rank left
+    # waiting for a peer that exited.
     train_x, train_y = load_split(a.data, "train")
     test_x, test_y = load_split(a.data, "t10k")
-
     torch.manual_seed(a.seed)
     model = Mlp() if a.model == "mlp" else Cnn()
     if a.init:
+        if not os.path.isfile(a.init):
+            raise InputError(f"--init {a.init} not found")
         flat = torch.from_numpy(np.fromfile(a.init, dtype=np.float32))
         total = sum(p.numel() for p in model.parameters())
         if flat.numel() != total:
-            sys.exit(f"torch_ddp.py: {a.init} holds {flat.numel()} floats, the {a.model} has {total}")
+            raise InputError(f"--init {a.init} holds {flat.numel()} floats, "
+                             f"expected {total} (the {a.model}'s parameters)")
         at = 0
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(flat[at:at + p.numel()].view_as(p))
                 at += p.numel()
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
     ddp = DistributedDataParallel(model)
     numel = sum(p.numel() for p in model.parameters())
     reduced = {"bytes": 0}  # bytes the allreduces of this rank reduced
@@ -240,14 +273,37 @@ def main():
                 f.write("# wall_s bytes_sent_per_rank test_accuracy\n")
                 for p in curve:
                     f.write(f"{p[0]} {p[1]} {p[2]}\n")
-    # Both ranks are done. The process ends here without tearing torch down:
-    # with the PowerSGD hook, gloo's teardown in torch 1.13 sometimes never
-    # returned (destroy_process_group) or destroyed a joinable thread at
-    # interpreter exit (std::terminate, SIGABRT) after the results were written.
+    # Every rank is done before any rank leaves (see main for how it leaves).
     dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+
+
+def main():
+    """Runs train() and ends the process with os._exit on every path: 0 on
+    success, 1 on an error (its traceback, or an InputError's message, on
+    stderr), argparse's own code for --help and usage errors. The process
+    never tears torch down: gloo's teardown in torch 1.13 sometimes never
+    returns (destroy_process_group) or destroys a joinable thread at
+    interpreter exit (std::terminate: "terminate called without an active
+    exception", SIGABRT), on success and after errors alike."""
+    rc = 1
+    try:
+        train()
+        rc = 0
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        if e.code is None or isinstance(e.code, int):
+            rc = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except InputError as e:
+        print(f"torch_ddp.py: rank {rank_from_env()}: {e}", file=sys.stderr)
+    except BaseException:  # noqa: B902 - KeyboardInterrupt included: never unwind into torch
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
 
 
 if __name__ == "__main__":
