@@ -468,11 +468,14 @@ int compare(const Options& o, const char* self) {
                              std::to_string(o.threads) + " --data " + o.data;
   const std::string n = std::to_string(o.ranks);
   const std::string rate = std::to_string(static_cast<int>(o.rate));
+  // Each rank runs under env, which sets OPENBLAS_NUM_THREADS=1 in the rank's
+  // own environment, whatever the launcher forwards (relaxcc-hosts forwards
+  // only RELAXCC_* variables, and sets RELAXCC_RANKS_PER_NODE per host).
   const std::string mpirun =
-      o.rate > 0 ? o.hosts_tool + " mpirun --hosts " + n + " --rate " + rate + " -- "
-                 : "RELAXCC_RANKS_PER_NODE=1 mpirun -n " + n +
-                       " --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1 -x "
-                       "RELAXCC_RANKS_PER_NODE ";
+      (o.rate > 0 ? o.hosts_tool + " mpirun --hosts " + n + " --rate " + rate + " -- "
+                  : "RELAXCC_RANKS_PER_NODE=1 mpirun -n " + n +
+                        " --oversubscribe --bind-to none -x RELAXCC_RANKS_PER_NODE ") +
+      "/usr/bin/env OPENBLAS_NUM_THREADS=1 ";
   std::vector<Row> rows;
   for (const std::string& name : names) {
     Row row{name, {}, {}, {}, {}};
