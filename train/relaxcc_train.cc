@@ -16,7 +16,10 @@
 // DistributedDataParallel (bench/peers/torch_ddp.py: plain, fp16 and PowerSGD
 // hooks) with the same model, initial weights, data order and
 // hyper-parameters, one run after the other, and writes results/table.md,
-// results/accuracy_vs_time.png and results/accuracy_vs_bytes.png.
+// results/accuracy_vs_time.png and results/accuracy_vs_bytes.png. With
+// several seeds (--seeds 1,2,3) each row is the mean and spread over its
+// seeds; a run that fails (or writes no complete summary) is left out, the
+// table names its seed, and --compare exits 1.
 // --rate R runs every run inside bench/relaxcc-hosts at R Mbit/s.
 #include <unistd.h>
 
@@ -31,9 +34,11 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "fashion_mnist.h"
@@ -245,6 +250,23 @@ std::pair<torch::Tensor, torch::Tensor> batch(const relaxcc::train::Split& s,
   return {x, y};
 }
 
+// Writes `text` to `path` and checks that all of it was written and the
+// file closed. Throws InvalidArgument naming the file when that fails (a
+// full disk, a missing directory), after removing what a regular file got
+// of it, so a run never leaves a truncated file that looks like its output.
+void write_checked(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  RELAXCC_ENFORCE(out.is_open(), InvalidArgument, "relaxcc-train: cannot open '", path,
+                  "' to write the ", what);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  if (out) return;
+  std::error_code ignored;
+  if (fs::is_regular_file(path, ignored)) fs::remove(path, ignored);
+  RELAXCC_THROW(InvalidArgument, "relaxcc-train: writing the ", what, " to '", path,
+                "' failed: expected ", text.size(), " bytes written and the file closed");
+}
+
 relaxcc::AlgorithmPtr make_algorithm(const std::string& name, const Options& o) {
   using namespace relaxcc::algorithms;
   if (name == "gradient_allreduce") return std::make_shared<GradientAllreduce>();
@@ -298,10 +320,10 @@ int train(const Options& o, Model model) {
   if (rank == 0 && !o.init_out.empty()) {
     // The initial weights (rank 0's, now every rank's) for the peer, as f32
     // in parameter order.
-    std::ofstream out(o.init_out, std::ios::binary);
+    std::string weights;
     for (const auto& p : model->parameters())
-      out.write(static_cast<const char*>(p.data_ptr()), static_cast<std::streamsize>(p.nbytes()));
-    if (!out) throw std::runtime_error("cannot write " + o.init_out);
+      weights.append(static_cast<const char*>(p.data_ptr()), p.nbytes());
+    write_checked(o.init_out, weights, "initial weights (--init-out)");
   }
 
   auto all_sum = [&](double v) {
@@ -400,17 +422,19 @@ int train(const Options& o, Model model) {
         o.algorithm.c_str(), o.model.c_str(), ranks, o.epochs,
         static_cast<long long>(step_ms.size()), accuracy, wall, step, bytes_per_rank / 1e6);
     if (!o.json.empty()) {
-      std::ofstream j(o.json);
+      std::ostringstream j;
       j << "{\"algorithm\": \"" << o.algorithm << "\", \"model\": \"" << o.model
         << "\", \"ranks\": " << ranks << ", \"epochs\": " << o.epochs << ", \"seed\": " << o.seed
         << ", \"steps\": " << step_ms.size() << ", \"test_accuracy\": " << accuracy
         << ", \"wall_s\": " << wall << ", \"step_ms\": " << step
         << ", \"bytes_sent_per_rank\": " << static_cast<uint64_t>(bytes_per_rank) << "}\n";
+      write_checked(o.json, j.str(), "JSON summary (--json)");
     }
     if (!o.curve.empty()) {
-      std::ofstream c(o.curve);
+      std::ostringstream c;
       c << "# wall_s bytes_sent_per_rank test_accuracy\n";
       for (const Point& p : curve) c << p.wall_s << " " << p.bytes << " " << p.accuracy << "\n";
+      write_checked(o.curve, c.str(), "accuracy curve (--curve)");
     }
   }
   return 0;
@@ -426,22 +450,34 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// A number field of a flat JSON object written by a run.
-double json_number(const std::string& text, const std::string& key) {
-  const size_t at = text.find("\"" + key + "\":");
-  if (at == std::string::npos) throw std::runtime_error("summary has no field " + key);
-  return std::strtod(text.c_str() + at + key.size() + 3, nullptr);
+// A number field of a flat JSON object written by a run, or nullopt when
+// the field is missing or not a number.
+std::optional<double> json_number(const std::string& text, const std::string& key) {
+  const std::string field = "\"" + key + "\":";
+  const size_t at = text.find(field);
+  if (at == std::string::npos) return std::nullopt;
+  const char* begin = text.c_str() + at + field.size();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin) return std::nullopt;
+  return v;
 }
 
 int run(const std::string& command) {
   std::fprintf(stderr, "+ %s\n", command.c_str());
   const int status = std::system(command.c_str());
+  if (status == -1) return 127;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+// One algorithm (or peer) over the seeds: what the runs that succeeded
+// measured, and the seeds whose run failed.
 struct Row {
   std::string name;
+  std::vector<std::string> seeds;  // that succeeded, in the order of --seeds
   std::vector<double> accuracy, wall, step, bytes;
+  std::vector<std::string> missing;  // seeds whose run failed
 };
 
 double mean(const std::vector<double>& v) {
@@ -454,12 +490,41 @@ double spread(const std::vector<double>& v) {
   return *std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end());
 }
 
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+// Reads the summary a run wrote into `out` (test_accuracy, wall_s, step_ms,
+// bytes_sent_per_rank); returns what is wrong with it, empty when nothing.
+std::string read_summary(const std::string& path, std::vector<double>& out) {
+  std::ifstream in(path);
+  if (!in.is_open()) return "it wrote no summary '" + path + "'";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.find('}') == std::string::npos)
+    return "its summary '" + path + "' is incomplete (" + std::to_string(text.size()) +
+           " bytes, no closing brace)";
+  out.clear();
+  for (const char* key : {"test_accuracy", "wall_s", "step_ms", "bytes_sent_per_rank"}) {
+    const std::optional<double> v = json_number(text, key);
+    if (!v) return "its summary '" + path + "' has no number \"" + key + "\"";
+    out.push_back(*v);
+  }
+  return "";
+}
+
+// Runs every algorithm (and peer) for every seed, one run after the other.
+// Exits 0 only when every run succeeded and wrote its summary; a failed run
+// is left out of its row's mean, and the table names its seed.
 int compare(const Options& o, const char* self) {
   fs::create_directories(o.results);
   const std::string dir = fs::absolute(o.results).string();
   std::vector<std::string> names = kAlgorithms;
   if (o.peers) names.insert(names.end(), kPeers.begin(), kPeers.end());
   if (!o.only.empty()) names = split_list(o.only);
+  const std::vector<std::string> seeds = split_list(o.seeds);
+  if (seeds.empty()) usage("--seeds lists no seed");
   const std::string shared = " --model " + o.model + " --epochs " + std::to_string(o.epochs) +
                              " --batch " + std::to_string(o.batch) + " --lr " +
                              std::to_string(o.lr) + " --momentum " + std::to_string(o.momentum) +
@@ -477,12 +542,23 @@ int compare(const Options& o, const char* self) {
                         " --oversubscribe --bind-to none -x RELAXCC_RANKS_PER_NODE ") +
       "/usr/bin/env OPENBLAS_NUM_THREADS=1 ";
   std::vector<Row> rows;
+  std::vector<std::string> failures;  // "name (seed s): why"
   for (const std::string& name : names) {
-    Row row{name, {}, {}, {}, {}};
-    for (const std::string& seed : split_list(o.seeds)) {
+    Row row{name, {}, {}, {}, {}, {}, {}};
+    for (const std::string& seed : seeds) {
       const std::string stem = dir + "/" + name + ".seed" + seed;
       const std::string init = dir + "/init_" + o.model + ".seed" + seed + ".f32";
       const bool peer = name.rfind("torch_ddp", 0) == 0;
+      // A summary or curve of an earlier run must never stand for this one.
+      for (const char* ext : {".json", ".dat"}) {
+        std::error_code error;
+        fs::remove(stem + ext, error);
+        if (error) {
+          std::fprintf(stderr, "relaxcc-train --compare: cannot remove the stale '%s%s': %s\n",
+                       stem.c_str(), ext, error.message().c_str());
+          return 1;
+        }
+      }
       std::string cmd;
       if (!peer) {
         cmd = mpirun + self + " --algorithm " + name + shared + " --seed " + seed + " --json " +
@@ -500,36 +576,48 @@ int compare(const Options& o, const char* self) {
               " --variant " + name + shared + " --seed " + seed + " --init " + init + " --port " +
               std::to_string(port) + " --json " + stem + ".json --curve " + stem + ".dat";
       }
-      if (run(cmd) != 0) {
-        std::fprintf(stderr, "relaxcc-train --compare: %s (seed %s) failed; left out\n",
-                     name.c_str(), seed.c_str());
+      std::string why;
+      std::vector<double> summary;
+      if (const int rc = run(cmd); rc != 0)
+        why = "exit " + std::to_string(rc);
+      else if (const std::string wrong = read_summary(stem + ".json", summary); !wrong.empty())
+        why = "exit 0, but " + wrong;
+      if (!why.empty()) {
+        std::fprintf(stderr, "relaxcc-train --compare: %s (seed %s) failed (%s); left out\n",
+                     name.c_str(), seed.c_str(), why.c_str());
+        failures.push_back(name + " (seed " + seed + "): " + why);
+        row.missing.push_back(seed);
         continue;
       }
-      std::ifstream in(stem + ".json");
-      const std::string text((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-      row.accuracy.push_back(json_number(text, "test_accuracy"));
-      row.wall.push_back(json_number(text, "wall_s"));
-      row.step.push_back(json_number(text, "step_ms"));
-      row.bytes.push_back(json_number(text, "bytes_sent_per_rank"));
+      row.seeds.push_back(seed);
+      row.accuracy.push_back(summary[0]);
+      row.wall.push_back(summary[1]);
+      row.step.push_back(summary[2]);
+      row.bytes.push_back(summary[3]);
     }
-    if (!row.accuracy.empty()) rows.push_back(row);
+    rows.push_back(row);
   }
 
   // The table: ratios against gradient_allreduce and torch_ddp of this run.
   auto find = [&](const std::string& name) -> const Row* {
     for (const Row& r : rows)
-      if (r.name == name) return &r;
+      if (r.name == name && !r.accuracy.empty()) return &r;
     return nullptr;
   };
   const Row* base = find("gradient_allreduce");
   const Row* peer = find("torch_ddp");
   std::ostringstream t;
-  t << "| algorithm | test accuracy (mean, spread) | wall s | step ms (median) | MB sent per rank "
-       "| accuracy - gradient_allreduce | step vs torch_ddp | wall vs torch_ddp |\n"
-       "|---|---|---|---|---|---|---|---|\n";
-  char buf[512];
+  t << "| algorithm | seeds | test accuracy (mean, spread) | wall s | step ms (median) | MB sent "
+       "per rank | accuracy - gradient_allreduce | step vs torch_ddp | wall vs torch_ddp |\n"
+       "|---|---|---|---|---|---|---|---|---|\n";
+  char buf[768];
   for (const Row& r : rows) {
+    const std::string covered = (r.seeds.empty() ? std::string("none") : join(r.seeds)) +
+                                (r.missing.empty() ? "" : "; missing: " + join(r.missing));
+    if (r.accuracy.empty()) {
+      t << "| " << r.name << " | " << covered << " | failed | - | - | - | - | - | - |\n";
+      continue;
+    }
     char delta[32] = "-", step[32] = "-", wall[32] = "-";
     if (base)
       std::snprintf(delta, sizeof delta, "%+.2f pt",
@@ -538,44 +626,71 @@ int compare(const Options& o, const char* self) {
       std::snprintf(step, sizeof step, "%.2fx", mean(r.step) / mean(peer->step));
       std::snprintf(wall, sizeof wall, "%.2fx", mean(r.wall) / mean(peer->wall));
     }
-    std::snprintf(buf, sizeof buf, "| %s | %.4f (%.4f) | %.2f | %.2f | %.2f | %s | %s | %s |\n",
-                  r.name.c_str(), mean(r.accuracy), spread(r.accuracy), mean(r.wall), mean(r.step),
+    std::snprintf(buf, sizeof buf,
+                  "| %s | %s | %.4f (%.4f) | %.2f | %.2f | %.2f | %s | %s | %s |\n", r.name.c_str(),
+                  covered.c_str(), mean(r.accuracy), spread(r.accuracy), mean(r.wall), mean(r.step),
                   mean(r.bytes) / 1e6, delta, step, wall);
     t << buf;
+  }
+  if (!failures.empty()) {
+    t << "\nFailed runs (left out of the means above):\n\n";
+    for (const std::string& f : failures) t << "- " << f << "\n";
   }
   std::ostringstream header;
   header << "# relaxcc-train --compare\n\n"
          << o.ranks << " ranks, model " << o.model << ", " << o.epochs << " epoch(s), batch "
          << o.batch << " per rank, lr " << o.lr << ", momentum " << o.momentum << ", seeds "
-         << o.seeds
+         << join(seeds)
          << (o.rate > 0 ? ", links at " + rate + " Mbit/s (relaxcc-hosts)" : ", one machine")
          << (o.max_steps > 0 ? ", at most " + std::to_string(o.max_steps) + " steps per epoch" : "")
          << ". Wall time excludes evaluation; step time is the median after 10 steps, slowest "
             "rank; bytes are what each rank's communicator sent (torch_ddp rows: the bytes of "
-            "its allreduces, counted by the peer).\n\n";
-  std::ofstream(dir + "/table.md") << header.str() << t.str();
+            "its allreduces, counted by the peer). Means and spreads are over the seeds column's "
+            "seeds; a missing seed's run failed (see the list below the table).\n\n";
+  bool table_written = true;
+  try {
+    write_checked(dir + "/table.md", header.str() + t.str(), "comparison table");
+  } catch (const relaxcc::InvalidArgument& e) {
+    std::fprintf(stderr, "relaxcc-train --compare: %s\n", e.what());
+    table_written = false;
+  }
   std::printf("%s%s", header.str().c_str(), t.str().c_str());
 
-  // Plots of the first seed's curves.
-  const std::string first_seed = split_list(o.seeds).front();
+  // Plots of each row's curve of its first seed that succeeded (the first
+  // of --seeds unless that run failed; the title then names the seed).
   std::ostringstream gp;
   gp << "set terminal pngcairo size 900,600 noenhanced\nset key bottom right\nset grid\n"
         "set ylabel 'test accuracy'\n";
   auto plot = [&](const std::string& file, const std::string& xlabel, const std::string& using_) {
     gp << "set output '" << dir << "/" << file << "'\nset xlabel '" << xlabel << "'\nplot ";
-    for (size_t i = 0; i < rows.size(); ++i)
-      gp << (i ? ", " : "") << "'" << dir << "/" << rows[i].name << ".seed" << first_seed
-         << ".dat' using " << using_ << " with linespoints title '" << rows[i].name << "'";
+    bool first = true;
+    for (const Row& r : rows) {
+      if (r.seeds.empty()) continue;
+      const std::string& seed = r.seeds.front();
+      gp << (first ? "" : ", ") << "'" << dir << "/" << r.name << ".seed" << seed << ".dat' using "
+         << using_ << " with linespoints title '" << r.name
+         << (seed == seeds.front() ? "" : " (seed " + seed + ")") << "'";
+      first = false;
+    }
     gp << "\n";
   };
-  plot("accuracy_vs_time.png", "wall time (s, training only)", "1:3");
-  plot("accuracy_vs_bytes.png", "MB sent per rank", "($2/1e6):3");
-  std::ofstream(dir + "/plots.gp") << gp.str();
-  if (run("gnuplot " + dir + "/plots.gp") != 0)
-    std::fprintf(stderr, "relaxcc-train --compare: gnuplot failed; no plots\n");
+  const bool any =
+      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.seeds.empty(); });
+  if (any) {
+    plot("accuracy_vs_time.png", "wall time (s, training only)", "1:3");
+    plot("accuracy_vs_bytes.png", "MB sent per rank", "($2/1e6):3");
+    std::ofstream(dir + "/plots.gp") << gp.str();
+    if (run("gnuplot " + dir + "/plots.gp") != 0)
+      std::fprintf(stderr, "relaxcc-train --compare: gnuplot failed; no plots\n");
+  } else {
+    std::fprintf(stderr, "relaxcc-train --compare: no run succeeded; no plots\n");
+  }
   std::printf("results in %s: table.md, accuracy_vs_time.png, accuracy_vs_bytes.png\n",
               dir.c_str());
-  return rows.size() == names.size() ? 0 : 1;
+  if (!failures.empty())
+    std::fprintf(stderr, "relaxcc-train --compare: %zu of %zu runs failed: %s\n", failures.size(),
+                 names.size() * seeds.size(), join(failures).c_str());
+  return failures.empty() && table_written ? 0 : 1;
 }
 
 }  // namespace
