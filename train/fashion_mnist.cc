@@ -36,6 +36,9 @@ std::string find(const std::string& dir, const std::string& name) {
   return gz;
 }
 
+// Fashion-MNIST's images are 28 x 28 (the models' input).
+constexpr int64_t kSide = 28;
+
 uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
   return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) |
          uint32_t{b[at + 3]};
@@ -52,12 +55,19 @@ std::vector<int64_t> header(const std::vector<uint8_t>& b, uint32_t dims, const 
                      "': IDX magic (expected, got)");
   std::vector<int64_t> sizes;
   int64_t total = 1;
+  std::string shape;
   for (uint32_t d = 0; d < dims; ++d) {
     sizes.push_back(big_endian(b, 4 + 4 * d));
-    total *= sizes.back();
+    shape += detail::concat(d ? " x " : "", sizes.back());
   }
+  for (const int64_t size : sizes)
+    RELAXCC_ENFORCE(!__builtin_mul_overflow(total, size, &total), CorruptPayload,
+                    "Fashion-MNIST: '", path, "': dimensions ", shape,
+                    " hold more bytes than an int64 counts; expected ", b.size() - head,
+                    " bytes after the header");
   RELAXCC_ENFORCE_EQ(static_cast<int64_t>(b.size() - head), total, CorruptPayload,
-                     "Fashion-MNIST: '", path, "': bytes after the header (file, dimensions)");
+                     "Fashion-MNIST: '", path, "': bytes after the header (file, dimensions ",
+                     shape, ")");
   return sizes;
 }
 
@@ -68,6 +78,9 @@ Split load_split(const std::string& dir, const std::string& prefix) {
   std::vector<uint8_t> images = read_file(image_path);
   std::vector<uint8_t> labels = read_file(label_path);
   const std::vector<int64_t> dims = header(images, 3, image_path);
+  RELAXCC_ENFORCE(dims[1] == kSide && dims[2] == kSide, CorruptPayload, "Fashion-MNIST: '",
+                  image_path, "': images are ", dims[1], "x", dims[2], ", expected ", kSide, "x",
+                  kSide);
   const std::vector<int64_t> count = header(labels, 1, label_path);
   RELAXCC_ENFORCE_EQ(dims[0], count[0], CorruptPayload, "Fashion-MNIST: images in '", image_path,
                      "' and labels in '", label_path, "'");

@@ -12,7 +12,7 @@ namespace relaxcc::train {
 
 struct Split {
   int64_t count = 0;
-  int64_t rows = 0, cols = 0;
+  int64_t rows = 0, cols = 0;   // 28 x 28
   std::vector<uint8_t> pixels;  // count x rows x cols
   std::vector<uint8_t> labels;  // count, each 0..9
 };
@@ -23,8 +23,9 @@ struct FashionMnist {
 
 // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte, each plain or
 // with .gz. Throws InvalidArgument naming the file when one is missing and
-// CorruptPayload when one is malformed (bad magic, sizes that disagree with
-// the file's length or with the other file, a label above 9).
+// CorruptPayload when one is malformed (bad magic, dimensions whose product
+// overflows int64 or disagrees with the file's length, images other than
+// 28 x 28, counts that disagree with the other file, a label above 9).
 FashionMnist load_fashion_mnist(const std::string& dir);
 
 }  // namespace relaxcc::train
