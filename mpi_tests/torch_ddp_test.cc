@@ -1,7 +1,7 @@
 // relaxcc::torch::DistributedDataParallel on a small libtorch model under
 // mpiexec: gradient_allreduce against single-process training on the
-// concatenated batch, no_sync, unused parameters, buffer broadcast,
-// checkpoint resumption, uneven inputs and misuse.
+// concatenated batch, no_sync, unused parameters, tied parameters, buffer
+// broadcast, checkpoint resumption, uneven inputs and misuse.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -26,13 +26,15 @@ using relaxcc::torch::DistributedDataParallel;
 constexpr int kIn = 6, kHidden = 16, kOut = 3, kBatch = 8;  // kBatch per rank
 
 // Two linear layers; `spare` is never used in forward; `norm` (optional)
-// carries batch-norm buffers.
+// carries batch-norm buffers; with `tied`, fc2 is registered a second time,
+// as "fc2_again" (its parameters come last in parameters(), twice).
 struct NetImpl : torch::nn::Module {
-  NetImpl(int hidden, bool with_norm) {
+  NetImpl(int hidden, bool with_norm, bool tied = false) {
     fc1 = register_module("fc1", torch::nn::Linear(kIn, hidden));
     fc2 = register_module("fc2", torch::nn::Linear(hidden, kOut));
     spare = register_module("spare", torch::nn::Linear(2, 2));
     if (with_norm) norm = register_module("norm", torch::nn::BatchNorm1d(hidden));
+    if (tied) register_module("fc2_again", fc2);
   }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor h = fc1->forward(x);
@@ -45,9 +47,9 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 // The same model on every rank whatever the rank's own random state.
-Net make_net(bool with_norm = false, int hidden = kHidden) {
+Net make_net(bool with_norm = false, int hidden = kHidden, bool tied = false) {
   torch::manual_seed(42);
-  return Net(hidden, with_norm);
+  return Net(hidden, with_norm, tied);
 }
 
 // The global batch of step `step` (every rank draws the same), and this
@@ -185,6 +187,28 @@ TEST(Ddp, UnusedParameterDoesNotHangAndStaysUntouched) {
   train(net, ddp, sgd, 0, kSteps);
   EXPECT_TRUE(torch::equal(net->spare->weight, spare));
   EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
+}
+
+TEST(Ddp, ATiedParameterIsRegisteredOnce) {
+  const auto comm = world();
+  Net net = make_net(false, kHidden, /*tied=*/true);
+  // The optimizer holds each tensor once (libtorch's parameters() lists a
+  // tied tensor under each of its names).
+  std::vector<torch::Tensor> unique = net->parameters();
+  unique.resize(unique.size() - 2);  // fc2_again's weight and bias are fc2's
+  torch::optim::SGD sgd(unique, torch::optim::SGDOptions(0.1).momentum(0.9));
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  size_t registered = 0;
+  for (const auto& bucket : ddp.reducer().plan().buckets()) registered += bucket.entries.size();
+  EXPECT_EQ(registered, unique.size());
+  train(net, ddp, sgd, 0, kSteps);
+  std::vector<torch::Tensor> mine = snapshot(net);
+  mine.resize(unique.size());
+  EXPECT_LE(max_diff(mine, reference(comm->size(), 1)), kTolerance);
+  // Averaging visits the tied tensor once (twice would race two allreduces
+  // on the same memory).
+  const torch::Tensor before = net->fc2->weight.detach().clone();
+  ddp.with_averaged_model([&] { EXPECT_TRUE(torch::allclose(net->fc2->weight, before, 0, 1e-6)); });
 }
 
 TEST(Ddp, ParametersAndBuffersAreBroadcastFromRankZero) {

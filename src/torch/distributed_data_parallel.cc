@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 #include <utility>
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
@@ -48,6 +49,19 @@ std::string rank_list(const std::vector<int>& ranks) {
   std::string out = "[";
   for (size_t i = 0; i < ranks.size(); ++i) out += detail::concat(i ? ", " : "", ranks[i]);
   return out + "]";
+}
+
+// Each tensor of `items` once, under its first name: a tensor registered
+// under several names (tied or shared weights) is one parameter, as PyTorch
+// DDP counts parameters by identity.
+std::vector<std::pair<std::string, Tensor>> unique_named(
+    const ::torch::OrderedDict<std::string, Tensor>& items) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : items)
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second)
+      out.emplace_back(item.key(), item.value());
+  return out;
 }
 
 Tensor scalar(int64_t v) {
@@ -104,28 +118,29 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
     : comm_(std::move(comm)), module_(module), optimizer_(optimizer), options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "DistributedDataParallel: null communicator");
   RELAXCC_ENFORCE(algorithm != nullptr, InvalidArgument, "DistributedDataParallel: null algorithm");
-  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
-    const Tensor& p = item.value();
+  // Every local check comes before the first collective, so a model that
+  // fails one fails on every rank alike.
+  for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
+    check_host_contiguous(p, name, "parameter");
+    all_params_.push_back(p);
     if (!p.requires_grad()) continue;
-    check_host_contiguous(p, item.key(), "parameter");
     RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
-                    "DistributedDataParallel: parameter '", item.key(), "' is ",
+                    "DistributedDataParallel: parameter '", name, "' is ",
                     c10::toString(p.scalar_type()), "; only float32 parameters are supported");
     std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(p);
-    RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '",
-                    item.key(), "' is not a leaf tensor");
+    RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '", name,
+                    "' is not a leaf tensor");
     for (const auto& hook : acc->post_hooks())
       RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
-                      "DistributedDataParallel: the module is wrapped already: parameter '",
-                      item.key(),
+                      "DistributedDataParallel: the module is wrapped already: parameter '", name,
                       "' carries the readiness hook of another live DistributedDataParallel");
-    names_.push_back(item.key());
+    names_.push_back(name);
     params_.push_back(p);
     accumulators_.push_back(std::move(acc));
   }
-  for (const auto& item : module_.named_buffers(/*recurse=*/true)) {
-    check_host_contiguous(item.value(), item.key(), "buffer");
-    buffers_.push_back(item.value());
+  for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
+    check_host_contiguous(b, name, "buffer");
+    buffers_.push_back(b);
   }
   {
     ::torch::NoGradGuard no_grad;
@@ -151,11 +166,7 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
                                        options_.reducer);
   check_comm_ = comm_->split(0, comm_->rank());
 
-  std::vector<Tensor> everything;
-  for (const Tensor& p : module_.parameters(/*recurse=*/true)) {
-    check_host_contiguous(p, "(frozen)", "parameter");
-    everything.push_back(p);
-  }
+  std::vector<Tensor> everything = all_params_;
   everything.insert(everything.end(), buffers_.begin(), buffers_.end());
   broadcast(everything, "parameters and buffers from rank 0 at construction");
 
@@ -318,8 +329,7 @@ void DistributedDataParallel::finish() {
 
 void DistributedDataParallel::with_averaged_model(const std::function<void()>& fn) {
   ::torch::NoGradGuard no_grad;
-  std::vector<Tensor> live, own;
-  for (const Tensor& p : module_.parameters(true)) live.push_back(p);
+  std::vector<Tensor> live = all_params_, own;
   for (const Tensor& b : buffers_)
     if (b.scalar_type() == ::torch::kFloat32) live.push_back(b);
   std::vector<WorkPtr> works;

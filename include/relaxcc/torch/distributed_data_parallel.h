@@ -18,7 +18,9 @@
 //                 that ranks registered the same names, shapes and dtypes
 //                 (PeerMismatch otherwise); broadcasts parameters and
 //                 buffers from rank 0; installs one post hook on each
-//                 parameter's gradient accumulator.
+//                 parameter's gradient accumulator. A tensor registered
+//                 under several names (tied or shared weights) is one
+//                 parameter, under its first name, as in PyTorch DDP.
 //   backward      each accumulator's post hook fires after the gradient was
 //                 accumulated into param.grad (libtorch's Tensor::register_hook
 //                 fires before accumulation, which would lose accumulated
@@ -167,10 +169,11 @@ class DistributedDataParallel {
   ::torch::nn::Module& module_;
   ::torch::optim::Optimizer& optimizer_;
   DdpOptions options_;
-  std::vector<std::string> names_;        // parameters that require gradients
-  std::vector<::torch::Tensor> params_;   // same order
-  std::vector<::torch::Tensor> grads_;    // the memory param.grad must be
-  std::vector<::torch::Tensor> buffers_;  // every buffer
+  std::vector<std::string> names_;           // parameters that require gradients
+  std::vector<::torch::Tensor> params_;      // same order
+  std::vector<::torch::Tensor> grads_;       // the memory param.grad must be
+  std::vector<::torch::Tensor> all_params_;  // every parameter, frozen ones too
+  std::vector<::torch::Tensor> buffers_;     // every buffer
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
   // The user's algorithm, its step numbers moved by a resumed checkpoint's.
   std::shared_ptr<algorithms::StepOffset> algorithm_;
