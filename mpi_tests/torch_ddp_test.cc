@@ -1,7 +1,8 @@
 // relaxcc::torch::DistributedDataParallel on a small libtorch model under
 // mpiexec: gradient_allreduce against single-process training on the
 // concatenated batch, no_sync, unused parameters, tied parameters, buffer
-// broadcast, checkpoint resumption, uneven inputs and misuse.
+// broadcast, the exact model average of mixed dtypes, checkpoint
+// resumption, uneven inputs and misuse.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -314,6 +315,42 @@ TEST(Ddp, ACheckpointOfAnotherRankCountThrows) {
   }
   comm->barrier()->wait();
   std::remove((prefix + ".rank" + std::to_string(comm->rank())).c_str());
+}
+
+// A model with a frozen float64 parameter and an integer buffer next to a
+// trainable layer.
+struct MixedImpl : torch::nn::Module {
+  MixedImpl() {
+    fc = register_module("fc", torch::nn::Linear(kIn, kOut));
+    scale = register_parameter("scale", torch::ones({3}, torch::kFloat64), /*requires_grad=*/false);
+    count = register_buffer("count", torch::zeros({2}, torch::kInt64));
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor scale, count;
+};
+TORCH_MODULE(Mixed);
+
+TEST(Ddp, AveragedModelAveragesAFrozenFloat64ParameterAndKeepsIntegers) {
+  const auto comm = world();
+  torch::manual_seed(42);
+  Mixed net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  const int n = comm->size(), rank = comm->rank();
+  {
+    torch::NoGradGuard no_grad;
+    net->scale.fill_(1.0 + rank);  // exact in float64: average (n + 1) / 2
+    net->count.fill_(rank);
+  }
+  bool ran = false;
+  ddp.with_averaged_model([&] {
+    ran = true;
+    EXPECT_TRUE(torch::equal(net->scale, torch::full({3}, (n + 1) / 2.0, torch::kFloat64)))
+        << net->scale;
+    EXPECT_TRUE(torch::equal(net->count, torch::full({2}, rank, torch::kInt64)));
+  });
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(torch::equal(net->scale, torch::full({3}, 1.0 + rank, torch::kFloat64)));
 }
 
 TEST(Ddp, ModelsThatDifferAcrossRanksThrow) {

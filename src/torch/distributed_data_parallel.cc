@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -62,6 +63,23 @@ std::vector<std::pair<std::string, Tensor>> unique_named(
     if (seen.insert(item.value().unsafeGetTensorImpl()).second)
       out.emplace_back(item.key(), item.value());
   return out;
+}
+
+// The relaxcc dtype that averages `t` across ranks: f32, f64, f16 and bf16;
+// none for integer and bool tensors, which cannot be averaged.
+std::optional<DType> average_dtype(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case ::torch::kFloat32:
+      return DType::f32;
+    case ::torch::kFloat64:
+      return DType::f64;
+    case ::torch::kFloat16:
+      return DType::f16;
+    case ::torch::kBFloat16:
+      return DType::bf16;
+    default:
+      return std::nullopt;
+  }
 }
 
 Tensor scalar(int64_t v) {
@@ -329,17 +347,37 @@ void DistributedDataParallel::finish() {
 
 void DistributedDataParallel::with_averaged_model(const std::function<void()>& fn) {
   ::torch::NoGradGuard no_grad;
-  std::vector<Tensor> live = all_params_, own;
-  for (const Tensor& b : buffers_)
-    if (b.scalar_type() == ::torch::kFloat32) live.push_back(b);
+  // Parameters (trainable and frozen) of a floating dtype, and floating
+  // buffers; integer and bool tensors (batch counters) keep this rank's own
+  // values. Every check runs before the first allreduce, alike on every rank.
+  std::vector<Tensor> live, own;
+  std::vector<DType> dtypes;
+  auto add = [&](const std::string& name, const Tensor& t, const char* what) {
+    const std::optional<DType> d = average_dtype(t);
+    RELAXCC_ENFORCE(d.has_value() || c10::isIntegralType(t.scalar_type(), /*includeBool=*/true),
+                    Unsupported, "DistributedDataParallel::with_averaged_model: rank ",
+                    comm_->rank(), ": ", what, " '", name, "' is ", c10::toString(t.scalar_type()),
+                    "; expected float32, float64, float16 or bfloat16 (averaged) or an integer or "
+                    "bool dtype (left as it is)");
+    if (!d) return;
+    live.push_back(t);
+    dtypes.push_back(*d);
+  };
+  for (const auto& [name, p] : unique_named(module_.named_parameters(true)))
+    add(name, p, "parameter");
+  for (const auto& [name, b] : unique_named(module_.named_buffers(true))) add(name, b, "buffer");
   std::vector<WorkPtr> works;
-  for (const Tensor& t : live) {
+  for (size_t i = 0; i < live.size(); ++i) {
+    const Tensor& t = live[i];
     own.push_back(t.clone());
     if (t.numel() == 0) continue;
     AllreduceOptions o;
     o.op = ReduceOp::avg;
     o.label = "DistributedDataParallel: exact model average";
-    works.push_back(comm_->allreduce(float_view(t), ExecContext::host(), o));
+    auto keep = std::make_shared<Tensor>(t);
+    works.push_back(comm_->allreduce(
+        TensorView(t.data_ptr(), t.numel(), dtypes[i], Device::host(), std::move(keep)),
+        ExecContext::host(), o));
   }
   wait_each(works, timeout());
   struct Restore {

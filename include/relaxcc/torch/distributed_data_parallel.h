@@ -135,9 +135,12 @@ class DistributedDataParallel {
   // InvalidArgument when other ranks still have data.
   void finish();
 
-  // Runs `fn` with every rank's parameters and floating-point buffers set to
+  // Runs `fn` with every rank's parameters and buffers of a floating dtype
+  // (float32, float64, float16, bfloat16; frozen parameters included) set to
   // their exact average across ranks, then restores this rank's own values
-  // (collective). For evaluation under algorithms that leave ranks apart.
+  // (collective). Integer and bool tensors keep this rank's values; another
+  // dtype (complex) throws Unsupported before anything is sent. For
+  // evaluation under algorithms that leave ranks apart.
   void with_averaged_model(const std::function<void()>& fn);
 
   void save(const std::string& prefix);
