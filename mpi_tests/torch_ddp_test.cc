@@ -1,8 +1,8 @@
 // relaxcc::torch::DistributedDataParallel on a small libtorch model under
 // mpiexec: gradient_allreduce against single-process training on the
-// concatenated batch, no_sync, unused parameters, tied parameters, buffer
-// broadcast, the exact model average of mixed dtypes, checkpoint
-// resumption, uneven inputs and misuse.
+// concatenated batch, no_sync, unused parameters (momentum included), tied
+// parameters, buffer broadcast, the exact model average of mixed dtypes,
+// checkpoint resumption, uneven inputs and misuse.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -26,9 +26,10 @@ using relaxcc::torch::DistributedDataParallel;
 
 constexpr int kIn = 6, kHidden = 16, kOut = 3, kBatch = 8;  // kBatch per rank
 
-// Two linear layers; `spare` is never used in forward; `norm` (optional)
-// carries batch-norm buffers; with `tied`, fc2 is registered a second time,
-// as "fc2_again" (its parameters come last in parameters(), twice).
+// Two linear layers; `spare` is not used in forward (loss_with_spare uses
+// it); `norm` (optional) carries batch-norm buffers; with `tied`, fc2 is
+// registered a second time, as "fc2_again" (its parameters come last in
+// parameters(), twice).
 struct NetImpl : torch::nn::Module {
   NetImpl(int hidden, bool with_norm, bool tied = false) {
     fc1 = register_module("fc1", torch::nn::Linear(kIn, hidden));
@@ -68,6 +69,13 @@ std::pair<torch::Tensor, torch::Tensor> my_slice(int step, int rank, int ranks) 
 
 torch::Tensor loss_of(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(net->forward(x), y);
+}
+
+// The loss plus a term of `spare` on the first two inputs of `spare_x`
+// (whose mean over its rows is the term).
+torch::Tensor loss_with_spare(Net& net, const torch::Tensor& x, const torch::Tensor& y,
+                              const torch::Tensor& spare_x) {
+  return loss_of(net, x, y) + 0.1 * net->spare->forward(spare_x.narrow(1, 0, 2)).pow(2).mean();
 }
 
 torch::optim::SGD make_sgd(Net& net) {
@@ -188,6 +196,57 @@ TEST(Ddp, UnusedParameterDoesNotHangAndStaysUntouched) {
   train(net, ddp, sgd, 0, kSteps);
   EXPECT_TRUE(torch::equal(net->spare->weight, spare));
   EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
+}
+
+// Where `spare` is used in step s of unused_later: every rank, rank 0 only,
+// or no rank.
+enum class SpareUse { everywhere, rank0, nowhere };
+constexpr SpareUse kSpareUse[] = {SpareUse::everywhere, SpareUse::everywhere, SpareUse::rank0,
+                                  SpareUse::nowhere,    SpareUse::nowhere,    SpareUse::everywhere};
+constexpr int kSpareSteps = 6;
+
+// Single-process training on the concatenated batches with `spare` used as
+// kSpareUse says, gradients reset to undefined before each step (a
+// parameter without a gradient is skipped by SGD, momentum included).
+std::vector<torch::Tensor> reference_with_spare(int ranks) {
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  for (int s = 0; s < kSpareSteps; ++s) {
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    auto [x, y] = global_batch(s, ranks);
+    torch::Tensor loss = loss_of(net, x, y);
+    if (kSpareUse[s] == SpareUse::everywhere) loss = loss_with_spare(net, x, y, x);
+    if (kSpareUse[s] == SpareUse::rank0)  // rank 0's mean over its slice, averaged over ranks
+      loss = loss + 0.1 / ranks *
+                        net->spare->forward(x.narrow(0, 0, kBatch).narrow(1, 0, 2)).pow(2).mean();
+    loss.backward();
+    sgd.step();
+  }
+  return snapshot(net);
+}
+
+TEST_P(Views, AParameterUnusedEverywhereInALaterStepKeepsItsValue) {
+  const auto comm = world();
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce(), options());
+  for (int s = 0; s < kSpareSteps; ++s) {
+    sgd.zero_grad();
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    const bool use = kSpareUse[s] == SpareUse::everywhere ||
+                     (kSpareUse[s] == SpareUse::rank0 && comm->rank() == 0);
+    (use ? loss_with_spare(net, x, y, x) : loss_of(net, x, y)).backward();
+    const torch::Tensor weight = net->spare->weight.detach().clone();
+    const torch::Tensor bias = net->spare->bias.detach().clone();
+    ddp.step();
+    // Momentum from the steps that used it must not move it where no rank
+    // used it; where some rank did, every rank moves it.
+    const bool kept =
+        torch::equal(net->spare->weight, weight) && torch::equal(net->spare->bias, bias);
+    EXPECT_EQ(kept, kSpareUse[s] == SpareUse::nowhere) << "step " << s;
+    EXPECT_TRUE(net->spare->weight.grad().defined()) << "step " << s;
+  }
+  EXPECT_LE(max_diff(snapshot(net), reference_with_spare(comm->size())), kTolerance);
 }
 
 TEST(Ddp, ATiedParameterIsRegisteredOnce) {

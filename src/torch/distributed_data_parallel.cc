@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -94,22 +95,81 @@ int64_t read_int(::torch::serialize::InputArchive& archive, const std::string& k
 
 }  // namespace
 
-// The Reducer's optimizer: its first update() of a step runs the torch
-// optimizer's step over every parameter (the Reducer calls update() once per
-// gradient that some rank produced, between the algorithm's hooks).
+// The Reducer's optimizer. The Reducer calls update() once per parameter
+// whose gradient some rank produced in the step (a parameter that no rank
+// used is left out); update() only records the parameter. run() is the torch
+// optimizer's step over the recorded parameters: every other parameter's
+// param.grad is undefined during it, so torch optimizers skip it (no
+// momentum, no weight decay), as in PyTorch DDP; afterwards every param.grad
+// is the Reducer's memory again (bucket views stay in place).
 class DistributedDataParallel::TorchStep final : public Optimizer {
  public:
-  explicit TorchStep(::torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {}
-  void update(const TensorView&, const TensorView&, int64_t) override {
-    if (stepped_at_ == steps()) return;
-    stepped_at_ = steps();
+  explicit TorchStep(DistributedDataParallel& ddp) : ddp_(ddp), used_(ddp.params_.size(), 0) {
+    for (size_t i = 0; i < ddp_.params_.size(); ++i)
+      index_[ddp_.params_[i].data_ptr()].push_back(static_cast<int>(i));
+  }
+  void update(const TensorView& params, const TensorView&, int64_t) override {
+    const auto it = index_.find(params.data);
+    RELAXCC_ENFORCE(it != index_.end(), InternalError, "DistributedDataParallel: rank ",
+                    ddp_.comm_->rank(),
+                    ": the Reducer updated a parameter this wrapper did not register");
+    for (int i : it->second) used_[static_cast<size_t>(i)] = 1;
+  }
+  void run() {
     ::torch::NoGradGuard no_grad;
-    optimizer_.step();
+    struct Repoint {
+      DistributedDataParallel& ddp;
+      std::vector<char>& used;
+      ~Repoint() {
+        for (size_t i = 0; i < ddp.params_.size(); ++i)
+          ddp.params_[i].mutable_grad() = ddp.grads_[i];
+        std::fill(used.begin(), used.end(), 0);
+      }
+    } repoint{ddp_, used_};
+    for (size_t i = 0; i < ddp_.params_.size(); ++i)
+      ddp_.params_[i].mutable_grad() = used_[i] ? ddp_.grads_[i] : Tensor();
+    ddp_.optimizer_.step();
   }
 
  private:
-  ::torch::optim::Optimizer& optimizer_;
-  int64_t stepped_at_ = -1;
+  DistributedDataParallel& ddp_;
+  std::unordered_map<const void*, std::vector<int>> index_;  // data pointer -> parameters
+  std::vector<char> used_;                                   // updated in this step
+};
+
+// The algorithm as the Reducer sees it: the user's (with its step offset),
+// with the torch optimizer's step run at the start of after_optimizer_step,
+// once the Reducer's update() calls told which parameters some rank used and
+// before the algorithm moves weights (local_sgd, cocktail_sgd). Algorithms
+// that own the step (qadam) get no torch step.
+class DistributedDataParallel::WithTorchStep final : public Algorithm {
+ public:
+  WithTorchStep(std::shared_ptr<algorithms::StepOffset> inner, TorchStep& step)
+      : inner_(std::move(inner)), step_(step) {}
+  std::string name() const override { return inner_->name(); }
+  AlgorithmCapabilities capabilities() const override { return inner_->capabilities(); }
+  void init(const AlgorithmContext& ctx) override { inner_->init(ctx); }
+  WorkPtr on_step_begin(const StepInfo& s) override { return inner_->on_step_begin(s); }
+  WorkPtr on_bucket_ready(const StepInfo& s, int bucket, const TensorView& data) override {
+    return inner_->on_bucket_ready(s, bucket, data);
+  }
+  bool reduces_gradients(const StepInfo& s) const override { return inner_->reduces_gradients(s); }
+  WorkPtr on_backward_end(const StepInfo& s) override { return inner_->on_backward_end(s); }
+  void before_optimizer_step(const StepInfo& s) override { inner_->before_optimizer_step(s); }
+  void optimizer_step(const StepInfo& s, Optimizer& o) override { inner_->optimizer_step(s, o); }
+  WorkPtr after_optimizer_step(const StepInfo& s) override {
+    if (!inner_->capabilities().owns_optimizer_step) step_.run();
+    return inner_->after_optimizer_step(s);
+  }
+  bool need_reset(const StepInfo& s) const override { return inner_->need_reset(s); }
+  void drain(std::chrono::milliseconds t) override { inner_->drain(t); }
+  void shutdown(std::chrono::milliseconds t) override { inner_->shutdown(t); }
+  StateDict state_dict() const override { return inner_->state_dict(); }
+  void load_state_dict(const StateDict& s) override { inner_->load_state_dict(s); }
+
+ private:
+  std::shared_ptr<algorithms::StepOffset> inner_;
+  TorchStep& step_;
 };
 
 // Post hook of one parameter's gradient accumulator: runs after the
@@ -178,10 +238,11 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
     specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
   }
   algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
-  torch_step_ = std::make_unique<TorchStep>(optimizer_);
+  torch_step_ = std::make_unique<TorchStep>(*this);
   // Verifies names, shapes and dtypes across ranks (PeerMismatch).
-  reducer_ = std::make_unique<Reducer>(comm_, std::move(specs), algorithm_, ExecContext::host(),
-                                       options_.reducer);
+  reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
+                                       std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
+                                       ExecContext::host(), options_.reducer);
   check_comm_ = comm_->split(0, comm_->rank());
 
   std::vector<Tensor> everything = all_params_;

@@ -37,7 +37,14 @@
 //                 torch optimizer steps, unless the algorithm owns the step
 //                 (qadam), in which case the algorithm updates the parameters;
 //                 algorithms that move weights (local_sgd, cocktail_sgd) run
-//                 after it. Buffers are then broadcast from rank 0
+//                 after it. A parameter whose gradient no rank produced in the
+//                 step (unused in forward everywhere; in a step whose
+//                 gradients stay on each rank, unused on this rank) has an
+//                 undefined param.grad while the torch optimizer steps, so the
+//                 optimizer leaves it alone (no momentum, no weight decay), as
+//                 PyTorch DDP leaves such a gradient undefined; param.grad is
+//                 the Reducer's memory again afterwards. Buffers are then
+//                 broadcast from rank 0
 //                 (broadcast_buffers, as DDP's), so the next forward starts
 //                 from rank 0's batch-norm statistics.
 //
@@ -155,6 +162,7 @@ class DistributedDataParallel {
  private:
   class ReadyHook;
   class TorchStep;
+  class WithTorchStep;
 
   // Called by the accumulator post hook of parameter `param`.
   void on_gradient_ready(int param);
