@@ -352,6 +352,7 @@ TEST(Ddp, ACheckpointOfAnotherRankCountThrows) {
   const auto comm = world();
   if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const std::string prefix = checkpoint_prefix("ranks");
+  const std::string fewer = checkpoint_prefix("fewer_ranks");
   {
     Net net = make_net();
     auto sgd = make_sgd(net);
@@ -359,7 +360,7 @@ TEST(Ddp, ACheckpointOfAnotherRankCountThrows) {
     ddp.save(prefix);
   }
   // Rank 0 alone, on a one-rank communicator, loads the file of the job of
-  // comm->size() ranks.
+  // comm->size() ranks, and writes a checkpoint of one rank.
   auto solo = comm->split(comm->rank() == 0 ? 0 : -1, 0);
   if (comm->rank() == 0) {
     Net net = make_net();
@@ -371,9 +372,28 @@ TEST(Ddp, ACheckpointOfAnotherRankCountThrows) {
     } catch (const relaxcc::InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("another rank count"), std::string::npos) << e.what();
     }
+    ddp.save(fewer);
+  }
+  comm->barrier()->wait();
+  // The job of comm->size() ranks loads the one-rank checkpoint: the ranks
+  // without a file report the rank count too.
+  {
+    Net net = make_net();
+    auto sgd = make_sgd(net);
+    DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+    try {
+      ddp.load(fewer);
+      ADD_FAILURE() << "rank " << comm->rank() << ": load accepted a checkpoint of fewer ranks";
+    } catch (const relaxcc::InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("another rank count"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 0's file"), std::string::npos) << what;
+      EXPECT_NE(what.find("says 1"), std::string::npos) << what;
+    }
   }
   comm->barrier()->wait();
   std::remove((prefix + ".rank" + std::to_string(comm->rank())).c_str());
+  if (comm->rank() == 0) std::remove((fewer + ".rank0").c_str());
 }
 
 // A model with a frozen float64 parameter and an integer buffer next to a

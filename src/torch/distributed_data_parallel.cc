@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -481,50 +482,109 @@ void DistributedDataParallel::save(const std::string& prefix) {
 }
 
 void DistributedDataParallel::load(const std::string& prefix) {
-  const std::string path = detail::concat(prefix, ".rank", comm_->rank());
-  ::torch::serialize::InputArchive archive;
-  Tensor state;
+  // Nothing of the algorithm is in flight while its state and the weights
+  // are replaced.
+  algorithm_->drain(timeout());
+  const int rank = comm_->rank(), ranks = comm_->size();
+  const std::string path = detail::concat(prefix, ".rank", rank);
+  // Phase 1, local: read and check this rank's file; nothing changes yet.
+  int64_t saved_world = -1;      // -1: this rank's file could not be read
+  std::string error;             // why this rank cannot load its file
+  std::exception_ptr own_error;  // the relaxcc error that says so, when one did
   int64_t saved_steps = 0;
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
   ::torch::serialize::InputArchive optimizer;
+  std::optional<StateDict> state;
   try {
+    ::torch::serialize::InputArchive archive;
     archive.load_from(path);
-    const int64_t world = read_int(archive, "relaxcc.world_size");
-    RELAXCC_ENFORCE_EQ(world, static_cast<int64_t>(comm_->size()), InvalidArgument,
-                       "DistributedDataParallel: checkpoint '", path,
-                       "' was written by another rank count (saved, this job)");
-    RELAXCC_ENFORCE_EQ(read_int(archive, "relaxcc.rank"), static_cast<int64_t>(comm_->rank()),
-                       InvalidArgument, "DistributedDataParallel: checkpoint '", path,
-                       "' belongs to another rank (saved, this rank)");
-    saved_steps = read_int(archive, "relaxcc.steps");
-    auto collect = [&](const std::string& key, const Tensor& dst) {
-      Tensor value;
-      archive.read(key, value);
-      RELAXCC_ENFORCE(value.sizes() == dst.sizes() && value.scalar_type() == dst.scalar_type(),
-                      InvalidArgument, "DistributedDataParallel: checkpoint '", path, "': '", key,
-                      "' is ", value.sizes(), " ", c10::toString(value.scalar_type()),
-                      ", the model has ", dst.sizes(), " ", c10::toString(dst.scalar_type()));
-      copies.emplace_back(dst, value);
-    };
-    for (const auto& item : module_.named_parameters(true))
-      collect("param." + item.key(), item.value());
-    for (const auto& item : module_.named_buffers(true))
-      collect("buffer." + item.key(), item.value());
-    archive.read("optimizer", optimizer);
-    archive.read("algorithm." + algorithm_->name(), state);
+    saved_world = read_int(archive, "relaxcc.world_size");
+    if (saved_world == ranks) {
+      RELAXCC_ENFORCE_EQ(read_int(archive, "relaxcc.rank"), static_cast<int64_t>(rank),
+                         InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '",
+                         path, "' belongs to another rank (saved, this rank)");
+      saved_steps = read_int(archive, "relaxcc.steps");
+      auto collect = [&](const std::string& key, const Tensor& dst) {
+        Tensor value;
+        archive.read(key, value);
+        RELAXCC_ENFORCE(value.sizes() == dst.sizes() && value.scalar_type() == dst.scalar_type(),
+                        InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '",
+                        path, "': '", key, "' is ", value.sizes(), " ",
+                        c10::toString(value.scalar_type()), ", the model has ", dst.sizes(), " ",
+                        c10::toString(dst.scalar_type()));
+        copies.emplace_back(dst, value);
+      };
+      for (const auto& item : module_.named_parameters(true))
+        collect("param." + item.key(), item.value());
+      for (const auto& item : module_.named_buffers(true))
+        collect("buffer." + item.key(), item.value());
+      archive.read("optimizer", optimizer);
+      Tensor bytes;
+      archive.read("algorithm." + algorithm_->name(), bytes);
+      const auto* first = static_cast<const std::byte*>(bytes.data_ptr());
+      state = StateDict::deserialize(std::vector<std::byte>(first, first + bytes.numel()));
+    }
   } catch (const c10::Error& e) {
-    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: cannot read checkpoint '", path,
-                  "' for this model and algorithm '", algorithm_->name(),
-                  "': ", e.what_without_backtrace());
+    error = detail::concat("DistributedDataParallel: rank ", rank, ": cannot read checkpoint '",
+                           path, "' for this model and algorithm '", algorithm_->name(),
+                           "': ", e.what_without_backtrace());
+  } catch (const Error& e) {
+    error = e.message();
+    own_error = std::current_exception();
+  } catch (const std::exception& e) {
+    error = detail::concat("DistributedDataParallel: rank ", rank, ": cannot load checkpoint '",
+                           path, "': ", e.what());
   }
+
+  // Phase 2, collective: every rank learns what every rank's file says, so
+  // all ranks throw the same kind of error or all load (a checkpoint of
+  // fewer ranks has no file for the extra ranks: they, too, report the rank
+  // count).
+  auto mine = std::make_shared<std::vector<int64_t>>(
+      std::vector<int64_t>{saved_world, error.empty() ? 1 : 0});
+  auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(2 * ranks));
+  AllgatherOptions o;
+  o.label = "DistributedDataParallel: checkpoint agreement";
+  check_comm_
+      ->allgather(TensorView::host(mine->data(), 2, mine),
+                  TensorView::host(all->data(), 2 * ranks, all), ExecContext::host(), o)
+      ->wait(timeout());
+  std::string other_count;
+  std::vector<int> failed;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t world = (*all)[2 * r];
+    if (world >= 0 && world != ranks)
+      other_count += detail::concat(other_count.empty() ? "" : ", ", "rank ", r, "'s file '",
+                                    prefix, ".rank", r, "' says ", world);
+    else if (!(*all)[2 * r + 1])
+      failed.push_back(r);
+  }
+  if (!other_count.empty()) {
+    const std::string own = error.empty() ? "" : "; this rank's own file: " + error;
+    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
+                  "' was written by another rank count: expected ", ranks,
+                  " ranks (this job), got ", other_count, own);
+  }
+  if (own_error) std::rethrow_exception(own_error);
+  if (!error.empty()) RELAXCC_THROW(InvalidArgument, error);
+  if (!failed.empty())
+    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
+                  "' not loaded: ranks ", rank_list(failed),
+                  " cannot load their files (their own errors say why)");
+
+  // Phase 3, local: every rank's file is good; load it.
   {
     ::torch::NoGradGuard no_grad;
     for (auto& [dst, value] : copies) dst.copy_(value);
   }
-  optimizer_.load(optimizer);
-  const auto* first = static_cast<const std::byte*>(state.data_ptr());
-  algorithm_->load_state_dict(
-      StateDict::deserialize(std::vector<std::byte>(first, first + state.numel())));
+  try {
+    optimizer_.load(optimizer);
+  } catch (const c10::Error& e) {
+    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank,
+                  ": the torch optimizer's state in checkpoint '", path,
+                  "' does not fit this optimizer: ", e.what_without_backtrace());
+  }
+  algorithm_->load_state_dict(*state);
   algorithm_->set_offset(saved_steps - reducer_->step());
 }
 

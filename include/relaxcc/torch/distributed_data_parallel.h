@@ -70,9 +70,13 @@
 // Checkpoints: save(prefix) writes prefix.rank<R> (each rank its own file:
 // algorithm state is per rank) with the parameters, buffers, the torch
 // optimizer's state, the algorithm's state_dict (after drain) and the step
-// count; load(prefix) restores them in place, bit for bit, and throws
-// InvalidArgument for a checkpoint written by another rank count, by another
-// rank, or for another model.
+// count; load(prefix) (collective) drains the algorithm, reads and checks
+// every rank's file, then restores them in place, bit for bit. Every rank
+// throws InvalidArgument when any rank's file was written by another rank
+// count (a checkpoint of fewer ranks included: the extra ranks have no file
+// and report the rank count too), and when any rank cannot load its file (by
+// another rank, for another model, unreadable: that rank's error says why);
+// nothing is restored then.
 //
 // Misuse raises a clear error: wrapping a module that a live
 // DistributedDataParallel wraps already (InvalidArgument naming the
@@ -151,6 +155,7 @@ class DistributedDataParallel {
   void with_averaged_model(const std::function<void()>& fn);
 
   void save(const std::string& prefix);
+  // Collective; see Checkpoints above.
   void load(const std::string& prefix);
 
   Algorithm& algorithm();
