@@ -331,6 +331,52 @@ TEST(Reducer, NoSyncSkipsCommunication) {
   for (size_t j = 0; j < 1000; ++j) ASSERT_EQ(m.grads[0][j], m.expected_sum(n, 0, j));
 }
 
+// A gradient accumulated in no_sync iterations counts as used in the
+// synchronizing iteration even when that iteration does not mark it: its
+// accumulation is reduced, not replaced by zeros (DDP's locally-used map).
+TEST(Reducer, NoSyncAccumulationOfATensorUnmarkedAtSyncIsReduced) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  for (bool view : {false, true}) {
+    Model m({100, 100, 100});
+    ReducerOptions o = fixed_buckets(400);
+    o.gradient_as_bucket_view = view;
+    Reducer reducer(comm, m.specs,
+                    std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                    ExecContext::host(), o);
+    const auto grad = [&](int i) {
+      return view ? reducer.gradient_view(Model::grad_index(i)).as<float>() : m.grads[i].data();
+    };
+    // No_sync iteration: tensors 0 and 1 get gradients (step 0's data).
+    m.fill(r);
+    for (int i = 0; i < 3; ++i) std::memcpy(grad(i), m.grads[i].data(), 100 * sizeof(float));
+    std::fill(grad(2), grad(2) + 100, 42.0f);
+    reducer.set_no_sync(true);
+    reducer.begin_step();
+    reducer.mark_ready(Model::grad_index(0));
+    reducer.mark_ready(Model::grad_index(1));
+    reducer.synchronize();
+    // Synchronizing iteration: only tensor 0 gets more (step 1's data).
+    reducer.set_no_sync(false);
+    reducer.begin_step();
+    for (size_t j = 0; j < 100; ++j) grad(0)[j] += static_cast<float>(test::encode(r, j + 1));
+    reducer.mark_ready(Model::grad_index(0));
+    reducer.synchronize();
+    for (size_t j = 0; j < 100; ++j) {
+      ASSERT_EQ(grad(0)[j], m.expected_sum(n, 0, j) + m.expected_sum(n, 0, j, 1)) << view;
+      ASSERT_EQ(grad(1)[j], m.expected_sum(n, 1, j)) << "view " << view << " element " << j;
+      ASSERT_EQ(grad(2)[j], 42.0f) << view;  // unused everywhere: untouched
+    }
+    // The accumulation is consumed: the next iteration without tensor 1
+    // leaves it unused everywhere.
+    std::fill(grad(1), grad(1) + 100, 7.0f);
+    reducer.begin_step();
+    reducer.mark_ready(Model::grad_index(0));
+    reducer.synchronize();
+    ASSERT_EQ(grad(1)[0], 7.0f) << view;
+  }
+}
+
 TEST(Reducer, PlanRebuildKeepsStateAndResults) {
   auto comm = test::world();
   const int n = comm->size(), r = comm->rank();

@@ -36,7 +36,10 @@
 // tensors they marked (on a communicator of the Reducer's own, so the
 // agreement never interleaves with bucket traffic). A tensor used somewhere
 // contributes zeros where it was not used; a tensor unused everywhere is left
-// untouched, as in DDP. A tensor marked on some ranks but not on others may
+// untouched, as in DDP. A tensor marked in a no_sync iteration since the last
+// synchronizing one counts as used on that rank even when the synchronizing
+// iteration does not mark it: its accumulated gradient is reduced, as DDP's
+// locally-used map does. A tensor marked on some ranks but not on others may
 // be a gradient a rank forgot to mark (its gradient is then lost): the first
 // time that happens to a tensor, ranks exchange who marked it and rank 0
 // logs a warning naming the tensor and both sets of ranks, once per tensor
@@ -203,7 +206,13 @@ class Reducer {
   std::vector<int> ready_order_;
   std::vector<std::function<void()>> plan_callbacks_;
   std::vector<double> dispatch_times_;
-  std::vector<char> untouched_;      // unused on every rank in this iteration
+  std::vector<char> untouched_;  // unused on every rank in this iteration
+  // Marked in a no_sync iteration since the last iteration that synchronized:
+  // such a gradient counts as used there (its accumulation is reduced).
+  std::vector<char> accumulated_;
+  // Bucket views: the values of tensors unused on every rank, restored once
+  // their buckets completed (the bucket operation writes over them).
+  std::vector<std::pair<int, std::vector<unsigned char>>> kept_;
   std::vector<char> warned_;         // partly marked, warned about (same on every rank)
   std::vector<WorkPtr> step_works_;  // from on_step_begin
   std::chrono::steady_clock::time_point created_;

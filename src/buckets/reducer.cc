@@ -163,6 +163,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
     flat += t.view.numel;
   }
   warned_.assign(tensors_.size(), 0);
+  accumulated_.assign(tensors_.size(), 0);
   side_ = comm_->split(0, comm_->rank());
   context_.comm = comm_;
   context_.tensors = &tensors_;
@@ -449,6 +450,7 @@ void Reducer::start_step(bool implicit) {
   local_step_ = !algorithm_->reduces_gradients(StepInfo{step_});
   std::fill(marked_.begin(), marked_.end(), 0);
   std::fill(untouched_.begin(), untouched_.end(), 0);
+  kept_.clear();
   for (size_t b = 0; b < plan_.buckets().size(); ++b)
     pending_[b] = static_cast<int>(plan_.buckets()[b].entries.size());
   std::fill(works_.begin(), works_.end(), nullptr);
@@ -484,7 +486,10 @@ void Reducer::mark_ready(int index) {
                   step_, ")");
   marked_[index] = 1;
   ready_order_.push_back(index);
-  if (no_sync_) return;
+  if (no_sync_) {
+    accumulated_[index] = 1;
+    return;
+  }
   if (!options_.gradient_as_bucket_view) {
     copy_in_queue_.push_back(index);
     wake_copier(*copier_wake_);
@@ -589,8 +594,9 @@ void Reducer::settle_unused() {
     agree = !local_step_;
     for (size_t i = 0; i < count; ++i) {
       if (tensors_[i].role != TensorRole::gradient) continue;
-      flags[i] = marked_[i] ? 1 : 0;
-      flags[count + i] = marked_[i] ? 0 : 1;
+      const bool used = marked_[i] || accumulated_[i];
+      flags[i] = used ? 1 : 0;
+      flags[count + i] = used ? 0 : 1;
     }
   }
   const std::vector<uint8_t> local(flags.begin(),
@@ -611,17 +617,29 @@ void Reducer::settle_unused() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < count; ++i) {
     if (tensors_[i].role != TensorRole::gradient || marked_[i]) continue;
-    // Not used here: contribute zeros; if unused everywhere (in a local
-    // step: here), leave it alone.
     const auto [b, e] = plan_.locate(static_cast<int>(i));
     const Bucket& bucket = plan_.buckets()[b];
-    if (agree)
-      std::memset(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), 0,
-                  tensors_[i].view.nbytes());
+    void* slot = slot_ptr(storage_[b], bucket.entries[e], bucket.dtype);
+    if (accumulated_[i]) {
+      // Accumulated in no_sync iterations: its gradient is in the bucket
+      // already (bucket views) or still in the tensor.
+      if (!options_.gradient_as_bucket_view)
+        std::memcpy(slot, tensors_[i].view.data, tensors_[i].view.nbytes());
+    } else if (agree) {
+      // Not used here: contribute zeros. A bucket view of a tensor unused
+      // everywhere is left as it was: kept, restored once the bucket completed.
+      if (!flags[i] && options_.gradient_as_bucket_view) {
+        const auto* bytes = static_cast<const unsigned char*>(slot);
+        kept_.emplace_back(static_cast<int>(i),
+                           std::vector<unsigned char>(bytes, bytes + tensors_[i].view.nbytes()));
+      }
+      std::memset(slot, 0, tensors_[i].view.nbytes());
+    }
     untouched_[i] = flags[i] ? 0 : 1;
     marked_[i] = 1;
     --pending_[b];
   }
+  std::fill(accumulated_.begin(), accumulated_.end(), 0);
   dispatch_ready_buckets_locked();
 }
 
@@ -744,6 +762,15 @@ void Reducer::synchronize() {
     wait_labeled(w, timeout(), "Reducer: the algorithm's on_backward_end work" + of_iteration);
     for (size_t b = 0; b < works.size(); ++b)
       copy_out(static_cast<int>(b));  // it may have changed buckets
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [i, bytes] : std::exchange(kept_, {})) {
+      const auto [b, e] = plan_.locate(i);
+      const Bucket& bucket = plan_.buckets()[b];
+      std::memcpy(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bytes.data(),
+                  bytes.size());
+    }
   }
   if (options_.rebuild_after_first_step && !rebuilt_) rebuild_from_ready_order();
 }
