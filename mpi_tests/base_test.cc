@@ -316,6 +316,18 @@ TEST(Work, ThenCarriesTheErrorOfTheWorkOrOfTheCallback) {
   EXPECT_THROW(throwing->wait_for(0ms), CorruptPayload);
 }
 
+TEST(Work, BlockStreamOfAHostOperationOnceCompleted) {
+  int fake_stream = 0;
+  auto work = std::make_shared<Work>("host op");
+  work->block_stream(nullptr);
+  EXPECT_THROW(work->block_stream(&fake_stream), Unsupported);  // in flight
+  work->complete(nullptr);
+  work->block_stream(&fake_stream);  // nothing left to order
+  auto failed = std::make_shared<Work>("failed op");
+  failed->complete(std::make_exception_ptr(CorruptPayload("bad", __FILE__, __LINE__)));
+  EXPECT_THROW(failed->block_stream(&fake_stream), CorruptPayload);
+}
+
 TEST(Work, WaitForLooksWaitPoisons) {
   using namespace std::chrono_literals;
   auto work = std::make_shared<CountingWork>("slow");

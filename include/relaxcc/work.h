@@ -92,8 +92,11 @@ class Work : public std::enable_shared_from_this<Work> {
   WorkPtr then(Callback callback, std::string description = {});
 
   // Makes work enqueued later on `stream` (a cudaStream_t) wait for this
-  // operation, without blocking the host. Host operations accept only a null
-  // stream (there is nothing to order) and throw Unsupported otherwise.
+  // operation, without blocking the host. A null stream orders nothing. A
+  // host operation (one that completes on the host, such as the device
+  // relaxed primitives) needs no event: once completed, the call returns, or
+  // rethrows its failure; while it is in flight, it throws Unsupported (call
+  // wait() first).
   virtual void block_stream(void* stream);
 
   // Which peers an operation heard from, once it completed: for a

@@ -222,8 +222,11 @@ WorkPtr when_all(std::vector<WorkPtr> works, std::function<void(Work& result)> f
 }
 
 void Work::block_stream(void* stream) {
-  RELAXCC_ENFORCE(stream == nullptr, Unsupported, description(),
-                  ": block_stream on a host operation (call wait())");
+  if (stream == nullptr) return;
+  // Completed: nothing left to order; a failure is the caller's to see.
+  RELAXCC_ENFORCE(is_completed(), Unsupported, description(),
+                  ": block_stream on a host operation still in flight (call wait())");
+  if (std::exception_ptr e = exception()) std::rethrow_exception(e);
 }
 
 std::string Work::on_timeout(const std::string&) {
