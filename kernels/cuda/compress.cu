@@ -23,15 +23,23 @@ constexpr int kThreads = 256;
 constexpr size_t kHeader = sizeof(PayloadHeader);
 
 void check(cudaError_t err, const char* what) {
-  RELAXCC_ENFORCE(err == cudaSuccess, CommunicationError, what, ": ", cudaGetErrorString(err));
+  if (err == cudaSuccess) return;
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+  RELAXCC_THROW(DeviceError, what, " on cuda:", device, ": ", cudaGetErrorName(err), " (",
+                cudaGetErrorString(err), ")");
 }
 
-// Device-side error flag: 0 ok, else an error code with an index.
+// Device-side error flag: 0 ok, else an error code with an index. Allocated
+// and freed in the order of `stream`.
 struct DeviceFlag {
   unsigned long long* ptr = nullptr;
-  explicit DeviceFlag(cudaStream_t stream) {
+  cudaStream_t stream_;
+  explicit DeviceFlag(cudaStream_t stream) : stream_(stream) {
     check(cudaMallocAsync(reinterpret_cast<void**>(&ptr), sizeof(*ptr), stream), "cudaMallocAsync");
-    check(cudaMemsetAsync(ptr, 0, sizeof(*ptr), stream), "cudaMemsetAsync");
+    const cudaError_t err = cudaMemsetAsync(ptr, 0, sizeof(*ptr), stream);
+    if (err != cudaSuccess) cudaFreeAsync(ptr, stream);
+    check(err, "cudaMemsetAsync");
   }
   // Synchronizes the stream and returns the flag.
   unsigned long long read(cudaStream_t stream) {
@@ -40,7 +48,7 @@ struct DeviceFlag {
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return v;
   }
-  ~DeviceFlag() { cudaFreeAsync(ptr, nullptr); }
+  ~DeviceFlag() { cudaFreeAsync(ptr, stream_); }
 };
 
 __device__ void raise_flag(unsigned long long* flag, unsigned long long code) {
