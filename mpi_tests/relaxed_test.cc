@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -147,6 +149,161 @@ TEST(Gossip, ExponentialAndAllReachTheGlobalAverage) {
     gossip(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), options)->wait(30s);
   }
   for (int64_t i = 0; i < kCount; ++i) ASSERT_EQ(x[i], mean[i]) << "element " << i;
+}
+
+// Forwards to a communicator and keeps every group made through it, with
+// its members, so that a test can read a group's transport counts
+// (CommStats) after a primitive used it.
+class GroupKeeper : public Communicator {
+ public:
+  struct Kept {
+    std::vector<int> members;
+    CommunicatorPtr group;
+  };
+  explicit GroupKeeper(CommunicatorPtr inner) : inner_(std::move(inner)) {}
+  using Communicator::allreduce;
+  const std::vector<Kept>& groups() const { return groups_; }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool poisoned() const override { return inner_->poisoned(); }
+  CommStats stats() const override { return inner_->stats(); }
+  int max_p2p_tag() const override { return inner_->max_p2p_tag(); }
+  std::shared_ptr<Communicator> group(const std::vector<int>& members,
+                                      const GroupOptions& options) override {
+    CommunicatorPtr g = inner_->group(members, options);
+    groups_.push_back({members, g});
+    return g;
+  }
+  std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options) override {
+    return inner_->split(color, key, options);
+  }
+  std::shared_ptr<Communicator> split_node_local(const SplitOptions& options) override {
+    return inner_->split_node_local(options);
+  }
+  TensorView allocate(int64_t numel, DType dtype) override {
+    return inner_->allocate(numel, dtype);
+  }
+  WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
+                         const P2POptions& options) override {
+    return inner_->point_to_point(ops, ctx, options);
+  }
+  WorkPtr allreduce(const TensorView& input, const TensorView& output, const ExecContext& ctx,
+                    const AllreduceOptions& options) override {
+    return inner_->allreduce(input, output, ctx, options);
+  }
+  WorkPtr reduce_scatter(const TensorView& input, const TensorView& output, const ExecContext& ctx,
+                         const ReduceScatterOptions& options) override {
+    return inner_->reduce_scatter(input, output, ctx, options);
+  }
+  WorkPtr allgather(const TensorView& input, const TensorView& output, const ExecContext& ctx,
+                    const AllgatherOptions& options) override {
+    return inner_->allgather(input, output, ctx, options);
+  }
+  WorkPtr allgatherv(const TensorView& input, const TensorView& output,
+                     const std::vector<int64_t>& counts, const ExecContext& ctx,
+                     const AllgatherOptions& options) override {
+    return inner_->allgatherv(input, output, counts, ctx, options);
+  }
+  WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
+                    const BroadcastOptions& options) override {
+    return inner_->broadcast(data, ctx, options);
+  }
+  WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
+                   const AlltoallOptions& options) override {
+    return inner_->alltoall(input, output, ctx, options);
+  }
+  WorkPtr alltoallv(const TensorView& input, const std::vector<int64_t>& send_counts,
+                    const TensorView& output, const std::vector<int64_t>& recv_counts,
+                    const ExecContext& ctx, const AlltoallOptions& options) override {
+    return inner_->alltoallv(input, send_counts, output, recv_counts, ctx, options);
+  }
+  WorkPtr barrier(const BarrierOptions& options) override { return inner_->barrier(options); }
+  WorkPtr compute(std::function<void()> fn, const OpOptions& options) override {
+    return inner_->compute(std::move(fn), options);
+  }
+
+ private:
+  CommunicatorPtr inner_;
+  std::vector<Kept> groups_;
+};
+
+// "" when, for every rank i of a communicator (ranks[i] in the stats; empty
+// ranks: i), the bytes counted as sent to and received from it are what
+// the transport moved (after - before), less at most `header` bytes of the
+// transport's own per edge; otherwise the first that differs.
+std::string counted_against_transport(const RelaxedCounts& c, const CommStats& before,
+                                      const CommStats& after, const std::vector<int>& ranks,
+                                      uint64_t header) {
+  const auto at = [](const std::vector<uint64_t>& v, size_t j) {
+    return j < v.size() ? v[j] : uint64_t{0};
+  };
+  for (size_t i = 0; i < after.sent_to.size(); ++i) {
+    const size_t peer = ranks.empty() ? i : static_cast<size_t>(ranks[i]);
+    const uint64_t counted[2] = {at(c.sent_to, peer), at(c.received_from, peer)};
+    const uint64_t moved[2] = {at(after.sent_to, i) - at(before.sent_to, i),
+                               at(after.received_from, i) - at(before.received_from, i)};
+    for (int d = 0; d < 2; ++d)
+      if (moved[d] < counted[d] || moved[d] > counted[d] + header)
+        return detail::concat(d == 0 ? "to" : "from", " rank ", peer, ": counted ", counted[d],
+                              " bytes, the transport moved ", moved[d]);
+  }
+  return "";
+}
+
+// The allreduce rounds (gossip all; group averaging without a deadline)
+// count per peer the bytes the transport moves, for a tensor small enough
+// (1 KiB) for the allreduce's own choice to be recursive doubling, which
+// moves other bytes to other peers than the ring: counted on the ring.
+TEST(Stats, AllreduceRoundsCountWhatTheTransportMoved) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int64_t kCount = 256;    // 1 KiB of f32
+  constexpr uint64_t kHeader = 128;  // the transport's header per edge (80 bytes), at most
+  std::vector<float> x(kCount, static_cast<float>(me));
+  {
+    RelaxedStats stats;
+    GossipOptions all;
+    all.mode = GossipMode::all;
+    all.stats = &stats;
+    comm->barrier()->wait(30s);
+    const CommStats before = comm->stats();
+    gossip(*comm, TensorView::host(x.data(), kCount), ExecContext::host(), all)->wait(30s);
+    const CommStats after = comm->stats();
+    EXPECT_EQ(stats.counts().rounds, 1u);
+    EXPECT_GT(stats.counts().bytes_sent, 0u);
+    EXPECT_EQ(counted_against_transport(stats.counts(), before, after, {}, kHeader), "")
+        << "gossip all, rank " << me;
+    for (float v : x) ASSERT_EQ(v, (n - 1) / 2.0f);
+  }
+  // One group of every rank; with 3 ranks or more, groups of a 2 x m grid
+  // along its second axis, whose ranks are not the parent's.
+  std::vector<GroupAverageOptions> cases(1);
+  if (n >= 3) {
+    cases.emplace_back();
+    cases.back().grid = {2, (n + 1) / 2};
+    cases.back().round = 2;
+  }
+  for (GroupAverageOptions& options : cases) {
+    RelaxedStats stats;
+    options.stats = &stats;
+    GroupKeeper keeper(comm);
+    comm->barrier()->wait(30s);
+    group_average(keeper, TensorView::host(x.data(), kCount), ExecContext::host(), options)
+        ->wait(30s);
+    ASSERT_EQ(keeper.groups().size(), 1u);
+    const GroupKeeper::Kept& kept = keeper.groups()[0];
+    const std::string what = detail::concat("group_average round ", options.round, " of ",
+                                            kept.members.size(), " members, rank ", me);
+    EXPECT_EQ(counted_against_transport(stats.counts(), CommStats{}, kept.group->stats(),
+                                        kept.members, kHeader),
+              "")
+        << what;
+    if (kept.members.size() > 1) {
+      EXPECT_GT(stats.counts().bytes_sent, 0u) << what;
+    }
+  }
 }
 
 TEST(Gossip, BadInputIsRejected) {

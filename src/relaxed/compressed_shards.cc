@@ -2,6 +2,8 @@
 
 #include <numeric>
 
+#include "relaxcc/errors.h"
+
 namespace relaxcc::relaxed {
 
 void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int me,
@@ -23,23 +25,30 @@ void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int
 }
 
 WorkPtr counted_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
-                          AllreduceOptions options, RelaxedStats* stats) {
+                          AllreduceOptions options, RelaxedStats* stats,
+                          const std::vector<int>& ranks) {
   const int n = comm.size(), me = comm.rank();
+  RELAXCC_ENFORCE(ranks.empty() || static_cast<int>(ranks.size()) == n, InvalidArgument,
+                  "counted allreduce on rank ", me, ": expected a peer name for each of the ", n,
+                  " ranks, got ", ranks.size());
   if (!stats || n == 1) return comm.allreduce(x, ctx, options);
   options.algo = AllreduceAlgo::ring;
   WorkPtr done = comm.allreduce(x, ctx, options);
+  const int right = (me + 1) % n, left = (me + n - 1) % n;
+  const int right_peer = ranks.empty() ? right : ranks[right];
+  const int left_peer = ranks.empty() ? left : ranks[left];
   return when_all(
       {done},
-      [stats, n, me, numel = x.numel, element = dtype_size(x.dtype)](Work&) {
+      [stats, n, me, right, left, right_peer, left_peer, numel = x.numel,
+       element = dtype_size(x.dtype)](Work&) {
         const Shards s(numel, n);
-        const int right = (me + 1) % n, left = (me + n - 1) % n;
         const auto bytes = [&](int64_t v) { return static_cast<uint64_t>(v) * element; };
         const uint64_t sent = bytes(2 * numel - s.count[me] - s.count[right]);
         const uint64_t received = bytes(2 * numel - s.count[left] - s.count[me]);
         if (right == left) {
-          stats->add_round({{right, sent, received}});
+          stats->add_round({{right_peer, sent, received}});
         } else {
-          stats->add_round({{right, sent, 0}, {left, 0, received}});
+          stats->add_round({{right_peer, sent, 0}, {left_peer, 0, received}});
         }
       },
       "allreduce (counted)");

@@ -48,8 +48,11 @@ void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int
 // (if set) when it completes. Counting runs it on the ring (options.algo
 // forced; the other algorithms move other bytes): the reduce-scatter sends
 // the right neighbour every chunk but this rank's, the allgather every
-// chunk but the right neighbour's.
+// chunk but the right neighbour's. `ranks`, when not empty, names the peer
+// in `stats` of each rank of `comm` (a group's members in its parent: one
+// per rank of comm); empty: comm's own ranks.
 WorkPtr counted_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
-                          AllreduceOptions options, RelaxedStats* stats);
+                          AllreduceOptions options, RelaxedStats* stats,
+                          const std::vector<int>& ranks = {});
 
 }  // namespace relaxcc::relaxed

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "compressed_shards.h"
 #include "peer_mixing.h"
 #include "relaxcc/errors.h"
 #include "tensor_backend.h"
@@ -107,15 +108,9 @@ WorkPtr gossip(Communicator& comm, const TensorView& x, const ExecContext& ctx,
     AllreduceOptions ar;
     static_cast<OpOptions&>(ar) = options;
     ar.op = ReduceOp::avg;
-    WorkPtr w = comm.allreduce(x, ctx, ar);
-    if (options.stats == nullptr || comm.size() == 1) return w;
-    RelaxedStats* stats = options.stats;
-    const int n = comm.size(), r = comm.rank();
-    const uint64_t bytes = x.nbytes() * 2 * static_cast<uint64_t>(n - 1) / static_cast<uint64_t>(n);
-    return w->then([stats, n, r, bytes](const Work&) {
-      // The ring: 2(n-1)/n of the data to the right neighbour, as much from the left.
-      stats->add_round({(r + 1) % n}, bytes, {(r + n - 1) % n}, bytes, 0);
-    });
+    // Counted on the ring, whatever the size: the bytes it records are the
+    // bytes it moves.
+    return relaxed::counted_allreduce(comm, x, ctx, ar, options.stats);
   }
   RELAXCC_ENFORCE(options.tag >= 0 && options.tag < comm.max_p2p_tag(), InvalidArgument, what,
                   ": tag ", options.tag, " outside [0, ", comm.max_p2p_tag() - 1, "]");

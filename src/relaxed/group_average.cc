@@ -4,6 +4,7 @@
 #include <numeric>
 #include <random>
 
+#include "compressed_shards.h"
 #include "peer_mixing.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
@@ -105,17 +106,12 @@ WorkPtr group_average(Communicator& comm, const TensorView& x, const ExecContext
   AllreduceOptions ar;
   static_cast<OpOptions&>(ar) = options;
   ar.op = ReduceOp::avg;
-  WorkPtr w = group->allreduce(x, ctx, ar);
+  // Counted on the ring (with stats), whatever the size: the bytes it
+  // records, per member, are the bytes it moves.
+  WorkPtr w = relaxed::counted_allreduce(*group, x, ctx, ar, options.stats, members);
   if (members.size() < 2) return w;
-  RelaxedStats* stats = options.stats;
-  const int g = static_cast<int>(members.size());
-  const int pos = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-  const int right = members[(pos + 1) % g], left = members[(pos + g - 1) % g];
-  const uint64_t bytes = x.nbytes() * 2 * static_cast<uint64_t>(g - 1) / static_cast<uint64_t>(g);
   // The group keeps itself alive until the round is done.
-  return w->then([stats, right, left, bytes, group](const Work&) {
-    if (stats) stats->add_round({right}, bytes, {left}, bytes, 0);
-  });
+  return w->then([group](const Work&) {});
 }
 
 }  // namespace relaxcc

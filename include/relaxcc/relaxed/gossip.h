@@ -8,7 +8,8 @@
 //
 // Peer modes and their mixing matrices W (x <- W x over the ranks):
 //   all          the global average: W = 11^T / n (an allreduce; no
-//                deadline, no weights).
+//                deadline, no weights; with stats, on the ring:
+//                relaxed_stats.h).
 //   ring         left and right neighbours, weights 1/3 each: W = (I + P +
 //                P^T) / 3 with P the shift r -> r+1; on 2 ranks, the one
 //                neighbour, 1/2 each.

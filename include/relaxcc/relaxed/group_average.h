@@ -18,13 +18,14 @@
 // variance per round.
 //
 // Each group is a Communicator::group (no communication to make it) and
-// averages with an allreduce. With a deadline (fixed or adaptive) a group
-// averages instead by exchanging tensors among its members (point_to_point
-// rounds, (g-1) tensors out per rank: for the small groups of Moshpit), and
-// a member whose tensor has not arrived by the deadline is left out of that
-// rank's average; its late message is dropped by its round. Ranks that
-// disagree on the grid or round get PeerMismatch (deadline path) or a
-// mismatched group (allreduce path, PeerMismatch or timeout).
+// averages with an allreduce (with stats, on the ring: relaxed_stats.h).
+// With a deadline (fixed or adaptive) a group averages instead by
+// exchanging tensors among its members (point_to_point rounds, (g-1)
+// tensors out per rank: for the small groups of Moshpit), and a member
+// whose tensor has not arrived by the deadline is left out of that rank's
+// average; its late message is dropped by its round. Ranks that disagree on
+// the grid or round get PeerMismatch (deadline path) or a mismatched group
+// (allreduce path, PeerMismatch or timeout).
 //
 // (tag, round) names a call: calls in flight together on one communicator
 // (two tensors averaged in the same round, say) need different tags, or

@@ -1,6 +1,12 @@
 // RelaxedStats: what the relaxed primitives (gossip, group averaging,
 // asynchronous averaging, compressed allreduce) moved, accumulated over their calls, for one
 // primitive: bytes per peer, rounds, and rounds that went on without a peer.
+// The bytes are those the primitive's messages carry to and from each peer,
+// as the transport moves them; the transport's own headers are not in them
+// (CommStats counts those too). An allreduce that a primitive counts (gossip
+// all, group averaging without a deadline) runs on the ring whatever the
+// tensor's size, so that the bytes counted are the bytes moved (recursive
+// doubling moves other bytes, to other peers).
 // Thread-safe: rounds add to it from the engine thread.
 #pragma once
 
