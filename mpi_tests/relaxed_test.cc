@@ -619,11 +619,50 @@ TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
     }
     EXPECT_THROW(averager.step(), InvalidArgument);
   }
+}
+
+// The constructor rejects what its header lists, before anything is sent.
+TEST(AsyncAverage, BadOptionsAreRejected) {
+  auto comm = world();
   std::vector<double> x(4);
   std::mutex lock;
+  const auto rejects = [&](const AsyncAverageOptions& bad, const std::string& what) {
+    try {
+      AsyncModelAverager a(comm, TensorView::host(x.data(), 4), lock, bad);
+      ADD_FAILURE() << "expected InvalidArgument for " << what;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(detail::concat("rank ", comm->rank())),
+                std::string::npos)
+          << e.what();
+    }
+  };
   AsyncAverageOptions bad;
   bad.interval_steps = 0;
-  EXPECT_THROW(AsyncModelAverager(comm, TensorView::host(x.data(), 4), lock, bad), InvalidArgument);
+  rejects(bad, "interval_steps");
+  bad = {};
+  bad.mode = static_cast<GossipMode>(9);
+  rejects(bad, "mode 9");
+  bad = {};
+  bad.mode = GossipMode::ring;
+  bad.round_deadline = std::chrono::microseconds(-1);
+  rejects(bad, "round_deadline");
+  bad = {};
+  bad.round_deadline = std::chrono::microseconds(1000);  // mode all
+  rejects(bad, "takes no deadline");
+  AdaptiveDeadline adaptive;
+  bad = {};
+  bad.adaptive = &adaptive;
+  rejects(bad, "takes no deadline");
+  bad = {};
+  bad.mode = GossipMode::shift_one;
+  bad.tag = comm->max_p2p_tag();  // tag + 1 is beyond it
+  rejects(bad, "tag");
+  bad.tag = -1;
+  rejects(bad, "tag");
+  bad.mode = GossipMode::all;  // an allreduce: no tags
+  AsyncModelAverager fine(comm, TensorView::host(x.data(), 4), lock, bad);
+  EXPECT_TRUE(fine.stop());
 }
 
 // A training loop that holds the parameters' lock across a wait on another

@@ -25,20 +25,37 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
       params_lock_(params_lock),
       options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "AsyncModelAverager: null communicator");
-  relaxed::require_host("AsyncModelAverager", comm_->rank(), params_, ExecContext::host());
+  const int rank = comm_->rank();
+  relaxed::require_host("AsyncModelAverager", rank, params_, ExecContext::host());
   params_.check_valid("AsyncModelAverager parameters");
-  RELAXCC_ENFORCE(is_floating(params_.dtype), InvalidArgument,
-                  "AsyncModelAverager: averages floating host tensors, got ",
-                  dtype_name(params_.dtype), " on ", params_.device);
+  RELAXCC_ENFORCE(is_floating(params_.dtype), InvalidArgument, "AsyncModelAverager on rank ", rank,
+                  ": averages floating host tensors, got ", dtype_name(params_.dtype), " on ",
+                  params_.device);
   RELAXCC_ENFORCE(options_.interval_steps >= 1 && options_.warmup_steps >= 0 &&
                       options_.max_staleness_steps >= 1,
-                  InvalidArgument, "AsyncModelAverager: expected interval_steps >= 1 (got ",
-                  options_.interval_steps, "), warmup_steps >= 0 (got ", options_.warmup_steps,
+                  InvalidArgument, "AsyncModelAverager on rank ", rank,
+                  ": expected interval_steps >= 1 (got ", options_.interval_steps,
+                  "), warmup_steps >= 0 (got ", options_.warmup_steps,
                   "), max_staleness_steps >= 1 (got ", options_.max_staleness_steps, ")");
-  RELAXCC_ENFORCE(options_.mode != GossipMode::all ||
+  const GossipMode mode = options_.mode;
+  RELAXCC_ENFORCE(mode == GossipMode::all || mode == GossipMode::ring ||
+                      mode == GossipMode::shift_one || mode == GossipMode::exponential,
+                  InvalidArgument, "AsyncModelAverager on rank ", rank, ": mode ",
+                  static_cast<int>(mode), ", expected all, ring, shift_one or exponential");
+  RELAXCC_ENFORCE(options_.round_deadline.count() >= 0, InvalidArgument,
+                  "AsyncModelAverager on rank ", rank, ": round_deadline ",
+                  options_.round_deadline.count(), " us, expected >= 0 (0: none)");
+  RELAXCC_ENFORCE(mode != GossipMode::all ||
                       (options_.round_deadline.count() == 0 && options_.adaptive == nullptr),
-                  InvalidArgument,
-                  "AsyncModelAverager: mode all is an allreduce and takes no deadline");
+                  InvalidArgument, "AsyncModelAverager on rank ", rank,
+                  ": mode all is an allreduce and takes no deadline (got ",
+                  options_.round_deadline.count(), " us",
+                  options_.adaptive ? " and an adaptive deadline" : "", ")");
+  RELAXCC_ENFORCE(
+      mode == GossipMode::all || (options_.tag >= 0 && options_.tag < comm_->max_p2p_tag()),
+      InvalidArgument, "AsyncModelAverager on rank ", rank, ": gossip ", gossip_mode_name(mode),
+      " uses tags tag and tag + 1: expected tag in [0, ", comm_->max_p2p_tag() - 1, "], got ",
+      options_.tag);
 }
 
 AsyncModelAverager::~AsyncModelAverager() {

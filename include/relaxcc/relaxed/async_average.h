@@ -72,9 +72,11 @@ struct AsyncAverageCounts {
 class AsyncModelAverager {
  public:
   // `params`: f32/f64/f16/bf16 host tensor that the training loop updates
-  // under `params_lock`. Throws InvalidArgument for intervals < 1,
-  // warmup < 0, max_staleness_steps < 1, or a mode with no peers' weights
-  // it can take (see gossip.h).
+  // under `params_lock`; each mode averages with its own weights (gossip.h).
+  // Throws InvalidArgument, naming the rank, for intervals < 1, warmup < 0,
+  // max_staleness_steps < 1, a mode that is none of GossipMode's, a
+  // negative round_deadline, a deadline (fixed or adaptive) in mode all,
+  // or, in a gossip mode, a tag outside [0, max_p2p_tag() - 1].
   AsyncModelAverager(CommunicatorPtr comm, TensorView params, std::mutex& params_lock,
                      AsyncAverageOptions options = {});
   ~AsyncModelAverager();  // stop()
