@@ -621,6 +621,59 @@ TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
   }
 }
 
+// A later averager on the same tag, of another size, starting past the
+// earlier one's rounds (as async_model_average's averagers do after a plan
+// change): the slow rank's late message of the earlier averager's round is
+// dropped by its round, never taken into the later averager's round (it
+// would be a PeerMismatch of sizes there, or a wrong average), and the
+// later round averages exactly what its ranks sent.
+TEST(AsyncAverage, ALaterAveragerOnTheSameTagDropsTheEarliersLateMessage) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank(), slow = n - 1;
+  const GossipPeers ring = gossip_peers(GossipMode::ring, me, n, 1);  // the same every round
+  const bool hears_slow =
+      std::find(ring.recv_from.begin(), ring.recv_from.end(), slow) != ring.recv_from.end();
+  std::mutex lock;
+  AsyncAverageOptions options;
+  options.mode = GossipMode::ring;
+  options.tag = 30500;
+  options.round_deadline = 100ms;
+  std::vector<double> first(64, 1.0);
+  AsyncModelAverager earlier(comm, TensorView::host(first.data(), 64), lock, options);
+  if (me == slow) std::this_thread::sleep_for(600ms);
+  const uint64_t late_before = comm->stats().late_messages;
+  earlier.step();  // round 1: the slow rank's message misses its peers' deadline
+  earlier.stop();
+  ASSERT_EQ(earlier.last_round(), 1u);
+  constexpr int64_t kCount = 100;
+  std::vector<double> y = dyadic_vector(me, kCount);
+  options.first_round = earlier.last_round() + 1;
+  options.round_deadline = 0ms;  // every peer's message is waited for
+  {
+    AsyncModelAverager later(comm, TensorView::host(y.data(), kCount), lock, options);
+    later.step();  // round 2, on the same tags
+    EXPECT_EQ(later.last_round(), 2u);
+    EXPECT_TRUE(later.stop());
+  }
+  for (int64_t i = 0; i < kCount; ++i) {
+    double expected = ring.self_weight * dyadic(me, i);
+    for (size_t k = 0; k < ring.recv_from.size(); ++k)
+      expected += ring.weights[k] * dyadic(ring.recv_from[k], i);
+    ASSERT_NEAR(y[i], expected, 1e-12) << "element " << i;
+  }
+  if (me != slow && hears_slow) {
+    // The slow rank's round 1 message came after its receive gave up.
+    const auto until = Clock::now() + 5s;
+    while (comm->stats().late_messages == late_before && Clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    EXPECT_GT(comm->stats().late_messages, late_before);
+  }
+  comm->barrier()->wait(30s);
+  EXPECT_FALSE(comm->poisoned());
+}
+
 // The constructor rejects what its header lists, before anything is sent.
 TEST(AsyncAverage, BadOptionsAreRejected) {
   auto comm = world();
@@ -660,6 +713,10 @@ TEST(AsyncAverage, BadOptionsAreRejected) {
   rejects(bad, "tag");
   bad.tag = -1;
   rejects(bad, "tag");
+  bad.tag = 30400;
+  bad.first_round = 0;
+  rejects(bad, "first_round");
+  bad.first_round = 1;
   bad.mode = GossipMode::all;  // an allreduce: no tags
   AsyncModelAverager fine(comm, TensorView::host(x.data(), 4), lock, bad);
   EXPECT_TRUE(fine.stop());

@@ -33,6 +33,14 @@ void AsyncModelAverage::init(const AlgorithmContext& ctx) {
   stop_averagers();
   ctx_ = ctx;
   weights_.rebind(ctx, "async_model_average");
+  // Bucket b's averager uses tags tag + 2 b and tag + 2 b + 1.
+  const int64_t last_tag = int64_t{options_.tag} + 2 * int64_t{weights_.buckets()} - 1;
+  RELAXCC_ENFORCE(options_.mode == GossipMode::all || weights_.buckets() == 0 ||
+                      (options_.tag >= 0 && last_tag <= ctx_.comm->max_p2p_tag()),
+                  InvalidArgument, "async_model_average on rank ", ctx_.comm->rank(), ": ",
+                  weights_.buckets(), " buckets of gossip ", gossip_mode_name(options_.mode),
+                  " use tags [", options_.tag, ", ", last_tag, "]: expected them within [0, ",
+                  ctx_.comm->max_p2p_tag(), "]");
 }
 
 WorkPtr AsyncModelAverage::on_bucket_ready(const StepInfo& step, int bucket,
@@ -54,11 +62,14 @@ WorkPtr AsyncModelAverage::after_optimizer_step(const StepInfo& step) {
       o.mode = options_.mode;
       o.round_deadline = options_.round_deadline;
       o.stop_timeout = options_.stop_timeout;
-      o.tag = options_.tag + 2 * (b + weights_.buckets() * static_cast<int>(generation_));
+      // A fixed tag per bucket index; rounds go on from the averagers
+      // stopped before (every bucket's alike), so that a late message of an
+      // earlier plan's round on this tag is dropped by its round.
+      o.tag = options_.tag + 2 * b;
+      o.first_round = next_round_;
       averagers_.push_back(
           std::make_unique<AsyncModelAverager>(ctx_.comm, weights_.view(b), lock_, o));
     }
-    ++generation_;
   }
   // The averager snapshots (and applies to) the bucket's buffer: the
   // parameters go in before and come back after.
@@ -77,6 +88,7 @@ void AsyncModelAverage::stop_averagers() {
     weights_.gather(b);
     a->stop();
     weights_.scatter(b);
+    next_round_ = std::max(next_round_, a->last_round() + 1);
     const AsyncAverageCounts c = a->counts();
     finished_.started += c.started;
     finished_.applied += c.applied;

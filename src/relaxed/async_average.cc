@@ -56,6 +56,9 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
       InvalidArgument, "AsyncModelAverager on rank ", rank, ": gossip ", gossip_mode_name(mode),
       " uses tags tag and tag + 1: expected tag in [0, ", comm_->max_p2p_tag() - 1, "], got ",
       options_.tag);
+  RELAXCC_ENFORCE(options_.first_round >= 1, InvalidArgument, "AsyncModelAverager on rank ", rank,
+                  ": first_round ", options_.first_round, ", expected >= 1");
+  round_ = options_.first_round - 1;
 }
 
 AsyncModelAverager::~AsyncModelAverager() {

@@ -42,7 +42,12 @@ struct AsyncModelAverageOptions {
   GossipMode mode = GossipMode::all;
   std::chrono::microseconds round_deadline{0};
   std::chrono::milliseconds stop_timeout{10000};
-  // Gossip modes: bucket b's averager uses tags tag + 2 b and tag + 2 b + 1.
+  // Gossip modes: bucket b's averager uses tags tag + 2 b and tag + 2 b + 1,
+  // whatever the plan: a plan of B buckets uses [tag, tag + 2 B), which
+  // must lie within [0, max_p2p_tag()] (init() throws InvalidArgument
+  // otherwise). Round numbers go on across the averagers of successive
+  // plans (and across average_model()), so a late message of an earlier
+  // averager's round is dropped by its round, never applied to a later one.
   int tag = 34000;
 };
 
@@ -82,7 +87,7 @@ class AsyncModelAverage final : public Algorithm {
   BucketWeights weights_;
   std::mutex lock_;  // the parameters' lock of the averagers
   std::vector<std::unique_ptr<AsyncModelAverager>> averagers_;
-  int64_t generation_ = 0;       // averager sets made so far (their tags differ)
+  uint64_t next_round_ = 1;      // the first round of the next averagers
   AsyncAverageCounts finished_;  // of stopped averagers
 };
 

@@ -56,10 +56,15 @@ struct AsyncAverageOptions {
   int priority = -1;
   std::chrono::milliseconds stop_timeout{10000};
   RelaxedStats* stats = nullptr;
-  // Gossip modes: the point-to-point tags (tag, tag + 1). Rounds count from
-  // 1 per averager, so one averager at a time per communicator and tag; a
-  // later one on the same communicator takes another tag.
+  // Gossip modes: the point-to-point tags (tag, tag + 1), and the number of
+  // the first due average's round; each later due average (started or
+  // skipped) takes the next number. (tag, round) names a round (gossip.h):
+  // one averager at a time per communicator and tag, and a later one on the
+  // same communicator and tag starts past the earlier one's rounds
+  // (first_round = earlier.last_round() + 1), so that a late message of the
+  // earlier one is dropped by its round, never applied to a later round.
   int tag = 30400;
+  uint64_t first_round = 1;
 };
 
 struct AsyncAverageCounts {
@@ -76,7 +81,8 @@ class AsyncModelAverager {
   // Throws InvalidArgument, naming the rank, for intervals < 1, warmup < 0,
   // max_staleness_steps < 1, a mode that is none of GossipMode's, a
   // negative round_deadline, a deadline (fixed or adaptive) in mode all,
-  // or, in a gossip mode, a tag outside [0, max_p2p_tag() - 1].
+  // or, in a gossip mode, a tag outside [0, max_p2p_tag() - 1] or a
+  // first_round of 0.
   AsyncModelAverager(CommunicatorPtr comm, TensorView params, std::mutex& params_lock,
                      AsyncAverageOptions options = {});
   ~AsyncModelAverager();  // stop()
@@ -90,6 +96,10 @@ class AsyncModelAverager {
   // InvalidArgument.
   bool stop();
   AsyncAverageCounts counts() const;
+  // The round number of the last due average (started or skipped), the
+  // same on every rank after the same steps; first_round - 1 before the
+  // first.
+  uint64_t last_round() const { return round_; }
 
  private:
   struct Round;
@@ -103,7 +113,7 @@ class AsyncModelAverager {
   mutable std::mutex counts_mutex_;  // counts() may be called from any thread
   AsyncAverageCounts counts_;
   int64_t steps_ = 0;
-  uint64_t round_ = 0;
+  uint64_t round_ = 0;  // last_round()
   WorkPtr in_flight_;
   std::unique_ptr<Round> round_state_;  // of in_flight_
   int64_t in_flight_step_ = 0;
