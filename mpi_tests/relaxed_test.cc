@@ -580,6 +580,37 @@ TEST(Choco, KeepsTheMeanAndCopiesAgreeAndConverges) {
   EXPECT_THROW(ChocoGossip(comm, 4, bad), InvalidArgument);
 }
 
+// A round whose neighbours compress otherwise fails with PeerMismatch on
+// every rank (each rank's codec differs from both its neighbours': f16
+// against bf16 of the same size, checked by the payload header, and on an
+// odd ring minmax, of another size, checked by the transport) and moves
+// nothing: x and every public copy stay as they were, so ranks whose round
+// failed together stay in step; the communicator stays usable.
+TEST(Choco, AFailedRoundLeavesTheCopiesAsTheyWere) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int64_t kCount = 1000;
+  ChocoOptions options;
+  options.tag = 30310;
+  options.codec.kind = me == n - 1 && n % 2 == 1 ? kernels::CompressorKind::minmax
+                       : me % 2 == 0             ? kernels::CompressorKind::f16
+                                                 : kernels::CompressorKind::bf16;
+  ChocoGossip choco(comm, kCount, options);
+  std::vector<float> x(kCount);
+  for (int64_t i = 0; i < kCount; ++i) x[i] = static_cast<float>(dyadic(me, i));
+  const std::vector<float> before = x;
+  EXPECT_THROW(choco.step(TensorView::host(x.data(), kCount), 1, ExecContext::host())->wait(30s),
+               PeerMismatch);
+  EXPECT_EQ(x, before);
+  EXPECT_EQ(choco.own_copy(), std::vector<float>(kCount, 0.0f)) << "this rank's copy moved";
+  for (size_t k = 0; k < choco.neighbours().size(); ++k)
+    EXPECT_EQ(choco.neighbour_copies()[k], std::vector<float>(kCount, 0.0f))
+        << "the copy of rank " << choco.neighbours()[k] << " moved";
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(30s);
+}
+
 // Async averaging: converges to the mean, respects its staleness bound, and
 // its Works never block a step that is within the bound.
 TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {

@@ -82,7 +82,7 @@ WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext
                   "ChocoGossip: a round is still in flight (wait for its Work first)");
   State& s = *state_;
   const int64_t n = s.numel;
-  // q = Q(x - x_hat_i); x_hat_i += D(q).
+  // q = Q(x - x_hat_i); x_hat_i += D(q) once the exchange succeeded.
   std::vector<float> diff(static_cast<size_t>(n));
   const float* xs = x.as<float>();
   for (int64_t i = 0; i < n; ++i) diff[i] = xs[i] - s.own[i];
@@ -92,7 +92,6 @@ WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext
   round_ctx.rng.offset = ctx.rng.offset + round * static_cast<uint64_t>(n);
   try {
     kernels::encode(f32_view(diff), *q, options_.codec, round_ctx);
-    kernels::decode_accumulate(*q, f32_view(s.own), ctx);
   } catch (...) {
     s.busy = false;
     throw;
@@ -124,23 +123,29 @@ WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext
   const double gamma = options_.gamma;
   const kernels::CompressorConfig codec = options_.codec;
   RelaxedStats* stats = options_.stats;
-  return w->then([state, in, x, gamma, codec, ctx, stats, payload](const Work& done) {
+  const int me = comm_->rank();
+  return w->then([state, q, in, x, gamma, codec, ctx, stats, payload, me](const Work& done) {
     State& st = *state;
     struct Release {
       State& s;
       ~Release() { s.busy = false; }
     } release{st};
+    // A failed exchange changes nothing: the copies stay as they were.
     if (done.exception()) return;
-    // x_hat_j += D(q_j), with the neighbour's codec checked against this one.
+    // Every neighbour's codec is checked against this one before any copy moves.
     for (size_t k = 0; k < st.peers.size(); ++k) {
       const kernels::PayloadHeader h = kernels::read_header(*in[k]);
       RELAXCC_ENFORCE(h.kind == codec.kind && h.bits == codec.bits && h.chunk == codec.chunk,
-                      PeerMismatch, "ChocoGossip: rank ", st.peers[k], " compresses with ",
-                      kernels::compressor_name(h.kind), " (", int(h.bits), " bits, chunk ", h.chunk,
-                      "), this rank with ", kernels::compressor_name(codec.kind), " (", codec.bits,
-                      " bits, chunk ", codec.chunk, ")");
-      kernels::decode_accumulate(*in[k], f32_view(st.theirs[k]), ctx);
+                      PeerMismatch, "ChocoGossip on rank ", me, ": rank ", st.peers[k],
+                      " compresses with ", kernels::compressor_name(h.kind), " (", int(h.bits),
+                      " bits, chunk ", h.chunk, "), this rank with ",
+                      kernels::compressor_name(codec.kind), " (", codec.bits, " bits, chunk ",
+                      codec.chunk, ")");
     }
+    // x_hat_i += D(q_i), x_hat_j += D(q_j).
+    kernels::decode_accumulate(*q, f32_view(st.own), ctx);
+    for (size_t k = 0; k < st.peers.size(); ++k)
+      kernels::decode_accumulate(*in[k], f32_view(st.theirs[k]), ctx);
     // x_i += gamma * sum_j w_ij (x_hat_j - x_hat_i).
     float* out = x.as<float>();
     for (int64_t i = 0; i < st.numel; ++i) {

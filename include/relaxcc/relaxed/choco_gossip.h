@@ -18,6 +18,15 @@
 // a round would leave the copies different for good. f32 tensors (the
 // compressors' type). The object must outlive the Works of its rounds; one
 // round at a time (InvalidArgument otherwise).
+//
+// A round moves the copies only once its whole exchange succeeded: a round
+// that fails on this rank (PeerMismatch from a neighbour that compresses
+// otherwise, after which the communicator stays usable; a transport error)
+// leaves x and every copy on this rank as they were. Ranks whose round
+// failed together stay in step; a neighbour whose own round succeeded (on 3
+// ranks or more, when only some neighbours disagree) has applied this
+// rank's q, so load_copies() from a checkpoint on every rank before going
+// on.
 #pragma once
 
 #include <cstdint>
