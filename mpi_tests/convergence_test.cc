@@ -357,6 +357,8 @@ TEST(Decentralized, AverageModelIsExact) {
   const std::vector<Trial> trials{
       sgd_trial("decentralized_sgd exponential",
                 make<DecentralizedSgd>(gossip_options(GossipMode::exponential, 31000))),
+      sgd_trial("low_precision_decentralized_sgd",
+                make<LowPrecisionDecentralizedSgd>(LowPrecisionDecentralizedSgdOptions{})),
       sgd_trial("moshpit_sgd", make<MoshpitSgd>(MoshpitSgdOptions{})),
       sgd_trial("async_model_average", make<AsyncModelAverage>(AsyncModelAverageOptions{})),
   };

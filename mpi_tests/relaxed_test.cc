@@ -319,6 +319,18 @@ TEST(Gossip, BadInputIsRejected) {
     options.weights = {0.5, 0.6};  // sums to 1.1
     EXPECT_THROW(gossip(*comm, v, ExecContext::host(), options), InvalidArgument);
   }
+  // One weight more than this rank's and one per peer.
+  GossipOptions extra;
+  extra.mode = GossipMode::ring;
+  const size_t peers =
+      gossip_peers(GossipMode::ring, comm->rank(), comm->size(), 1).recv_from.size();
+  extra.weights.assign(peers + 2, 1.0 / static_cast<double>(peers + 2));
+  try {
+    gossip(*comm, v, ExecContext::host(), extra);
+    ADD_FAILURE() << "expected InvalidArgument for " << peers + 2 << " weights";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("weights"), std::string::npos) << e.what();
+  }
   GossipOptions all;
   all.mode = GossipMode::all;
   all.deadline = Clock::now() + 1s;
