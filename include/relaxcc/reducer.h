@@ -210,8 +210,12 @@ class Reducer {
   // Marked in a no_sync iteration since the last iteration that synchronized:
   // such a gradient counts as used there (its accumulation is reduced).
   std::vector<char> accumulated_;
-  // Bucket views: the values of tensors unused on every rank, restored once
-  // their buckets completed (the bucket operation writes over them).
+  // Used on some rank in a synchronizing iteration since the last optimizer
+  // step: the gradients the optimizer updates from.
+  std::vector<char> used_in_step_;
+  // Bucket views: the values of tensors unused on every rank, restored when
+  // the iteration ends (the bucket operation writes over them). Not with an
+  // algorithm that owns the optimizer step: it reads the bucket (zeros).
   std::vector<std::pair<int, std::vector<unsigned char>>> kept_;
   std::vector<char> warned_;         // partly marked, warned about (same on every rank)
   std::vector<WorkPtr> step_works_;  // from on_step_begin

@@ -92,11 +92,12 @@ class Work : public std::enable_shared_from_this<Work> {
   WorkPtr then(Callback callback, std::string description = {});
 
   // Makes work enqueued later on `stream` (a cudaStream_t) wait for this
-  // operation, without blocking the host. A null stream orders nothing. A
-  // host operation (one that completes on the host, such as the device
-  // relaxed primitives) needs no event: once completed, the call returns, or
-  // rethrows its failure; while it is in flight, it throws Unsupported (call
-  // wait() first).
+  // operation, without blocking the host (for an NCCL communicator's Work, a
+  // null stream is CUDA's legacy default stream). A host operation (one that
+  // completes on the host, such as the device relaxed primitives) has no
+  // event: it ignores a null stream; for any other stream it returns once it
+  // completed, rethrows its failure, and throws Unsupported while it is in
+  // flight (call wait() first).
   virtual void block_stream(void* stream);
 
   // Which peers an operation heard from, once it completed: for a

@@ -164,6 +164,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   }
   warned_.assign(tensors_.size(), 0);
   accumulated_.assign(tensors_.size(), 0);
+  used_in_step_.assign(tensors_.size(), 0);
   side_ = comm_->split(0, comm_->rank());
   context_.comm = comm_;
   context_.tensors = &tensors_;
@@ -628,7 +629,8 @@ void Reducer::settle_unused() {
     } else if (agree) {
       // Not used here: contribute zeros. A bucket view of a tensor unused
       // everywhere is left as it was: kept, restored once the bucket completed.
-      if (!flags[i] && options_.gradient_as_bucket_view) {
+      if (!flags[i] && options_.gradient_as_bucket_view &&
+          !algorithm_->capabilities().owns_optimizer_step) {
         const auto* bytes = static_cast<const unsigned char*>(slot);
         kept_.emplace_back(static_cast<int>(i),
                            std::vector<unsigned char>(bytes, bytes + tensors_[i].view.nbytes()));
@@ -640,6 +642,8 @@ void Reducer::settle_unused() {
     --pending_[b];
   }
   std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  for (size_t i = 0; i < count; ++i)
+    if (!untouched_[i]) used_in_step_[i] = 1;
   dispatch_ready_buckets_locked();
 }
 
@@ -707,6 +711,14 @@ void Reducer::synchronize() {
       std::unique_lock<std::mutex> lock(r->mutex_);
       // A copy still running (after an error) finishes before the iteration ends.
       r->copier_idle_cv_.wait(lock, [this] { return r->copier_idle(); });
+      // Tensors unused everywhere get their values back, however the
+      // iteration ended.
+      for (const auto& [i, bytes] : std::exchange(r->kept_, {})) {
+        const auto [b, e] = r->plan_.locate(i);
+        const Bucket& bucket = r->plan_.buckets()[b];
+        std::memcpy(slot_ptr(r->storage_[b], bucket.entries[e], bucket.dtype), bytes.data(),
+                    bytes.size());
+      }
       r->next_copy_out_ = r->next_dispatch_;
       r->in_step_ = false;
       ++r->iteration_;
@@ -762,15 +774,6 @@ void Reducer::synchronize() {
     wait_labeled(w, timeout(), "Reducer: the algorithm's on_backward_end work" + of_iteration);
     for (size_t b = 0; b < works.size(); ++b)
       copy_out(static_cast<int>(b));  // it may have changed buckets
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [i, bytes] : std::exchange(kept_, {})) {
-      const auto [b, e] = plan_.locate(i);
-      const Bucket& bucket = plan_.buckets()[b];
-      std::memcpy(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bytes.data(),
-                  bytes.size());
-    }
   }
   if (options_.rebuild_after_first_step && !rebuilt_) rebuild_from_ready_order();
 }
@@ -841,10 +844,14 @@ void Reducer::optimizer_step(Optimizer& optimizer) {
   } else {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const TensorSpec& g = tensors_[i];
-      if (g.role != TensorRole::gradient || g.partner < 0 || untouched_[i]) continue;
+      if (g.role != TensorRole::gradient || g.partner < 0 || !used_in_step_[i]) continue;
       optimizer.update(tensors_[g.partner].view, gradient_view(static_cast<int>(i)),
                        context_.flat_offset[g.partner]);
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::fill(used_in_step_.begin(), used_in_step_.end(), 0);
   }
   optimizer.finish_step();
   if (WorkPtr w = algorithm_->after_optimizer_step(info))
