@@ -7,14 +7,29 @@
 // the round: ||x_r - mean|| / ||mean||, the largest over ranks. Primitives:
 // gossip in every mode, CHOCO (ring, 8-bit min-max), Moshpit group
 // averaging (a 2-D grid when the rank count is a square, else one group per
-// pair), and asynchronous averaging (the time of a step() call, with the
-// averaging running behind it).
+// pair), and asynchronous averaging (mode all, interval 1: the time of a
+// step() call, with the averaging running behind it). Async rounds get
+// fresh data too: each step() applies the average that came (x += avg -
+// snapshot) and snapshots x for the next, and after the last, stop()
+// applies the last average, leaving x = avg(S) for the last snapshot S;
+// S's mean is the last inputs' mean (the earlier averages cancel in it), so
+// its distance and rel_error are those of the last average, as for the
+// others (a last average that did not come within stop() fails the run).
 //
 // --straggler R --slowdown S: a training-like loop of --compute-ms per round
 // (rank R: S times as long) of group averaging over all ranks, run three
 // ways: nobody slow (adaptive deadline), R slow without a deadline, R slow
-// with an adaptive deadline. It reports the rounds per
-// second of the other ranks and its ratio to the straggler-free rate.
+// with an adaptive deadline. Every round averages fresh data (rank + a
+// uniform in [-1, 1), from a hash of rank, round and element, written
+// during the round's compute). It reports the rounds per second of the
+// other ranks and its ratio to the straggler-free rate, and checks every
+// round's result on every rank against the average over the ranks that
+// arrived there (Work::contributors() with a deadline; every rank without),
+// at up to 4096 sampled elements: |x - avg| / mean|inputs| must stay within
+// its stated error, one f32 rounding (2^-24) with a deadline (the exchange
+// averages in double), n roundings without (the allreduce sums in f32). It
+// reports the worst per run, and fails (InternalError) when one is
+// exceeded.
 #include <mpi.h>
 
 #include <algorithm>
@@ -239,19 +254,30 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       };
     }
     std::vector<double> times;
-    // The exact average of the last round's inputs (async rounds reuse x:
-    // no error is reported for them).
+    // The exact average of the last round's inputs.
     std::vector<double> exact;
     for (int it = 0; it < args.warmup + args.iters; ++it) {
-      if (name != "async") fresh_data(x, world.rank, it);
-      if (name != "async" && it + 1 == args.warmup + args.iters) exact = exact_mean(x, world);
+      {
+        std::lock_guard<std::mutex> hold(lock);  // async: the parameters' lock
+        fresh_data(x, world.rank, it);
+      }
+      if (it + 1 == args.warmup + args.iters) exact = exact_mean(x, world);
       MPI_Barrier(MPI_COMM_WORLD);
       const auto t0 = Clock::now();
       p.run(x, ++tag_round);
       const double us = world.max_over_ranks(elapsed_us(t0));
       if (it >= args.warmup) times.push_back(us);
     }
-    if (averager) averager->stop();
+    if (averager) {
+      // The last average, applied: x = avg(S) for the last snapshot S.
+      const int missed = averager->stop() ? 0 : 1;
+      int any = 0;
+      MPI_Allreduce(&missed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      RELAXCC_ENFORCE(any == 0, Timeout, "primitives async on rank ", world.rank,
+                      ": expected the last average applied by stop(), but ",
+                      missed ? "this rank's" : "another rank's",
+                      " did not come within its stop_timeout");
+    }
     const double distance = relative_distance(x, exact_mean(x, world), world);
     const double rel_error = exact.empty() ? 0.0 : relative_distance(x, exact, world);
     const double us = median(times);
@@ -261,6 +287,10 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
                             ? 2.0 * (world.size - 1) / world.size * count * 4
                             : (c.rounds ? static_cast<double>(c.bytes_sent) / c.rounds : 0.0);
     const double f32_ring = 2.0 * (world.size - 1) / world.size * count * 4;
+    if (name == "async")
+      report.print(
+          "# async: time of a step() call; distance and rel_error after stop() applied the last "
+          "average (x = avg(S), S the last snapshot, whose mean is the last inputs')");
     char line[256];
     std::snprintf(line, sizeof line, "%13s %9s %10.1f %16.0f %9.2e %10.2e %16.2f", name.c_str(),
                   format_bytes(count * 4).c_str(), us, sent, distance, rel_error,
@@ -285,34 +315,99 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
   }
 }
 
-// Rounds per second of the ranks other than the straggler.
-double straggler_rate(const PrimitivesArgs& args, BenchWorld& world, CommunicatorPtr comm,
-                      bool slow, bool deadline, uint64_t& round, int tag) {
+// Element i of `rank`'s input in round `round` of the straggler run: rank
+// plus a uniform in [-1, 1), from a hash, so that any rank recomputes any
+// other's element without generating its whole tensor.
+float straggler_value(int rank, uint64_t round, int64_t i) {
+  uint64_t z = round * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(rank) * 0xC2B2AE3D27D4EB4Full ^
+               static_cast<uint64_t>(i);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(rank + static_cast<double>(z >> 40) * 0x1p-23 - 1.0);
+}
+
+struct StragglerRun {
+  double rate = 0;   // rounds per second of the slowest rank but the straggler
+  double worst = 0;  // the largest |x - avg| / mean|inputs| over rounds, ranks, samples
+  double bound = 0;  // its stated error
+  uint64_t worst_round = 0;
+  int worst_rank = -1;
+};
+
+// Rounds per second of the ranks other than the straggler, and the worst
+// error of a round's result against the average over the ranks that arrived.
+StragglerRun straggler_rate(const PrimitivesArgs& args, BenchWorld& world, CommunicatorPtr comm,
+                            bool slow, bool deadline, uint64_t& round, int tag) {
   const int64_t count = std::max<int64_t>(parse_size(args.bytes) / 4, 1);
+  const int64_t samples = std::min<int64_t>(count, 4096), stride = count / samples;
   std::vector<float> x(static_cast<size_t>(count));
-  fresh_data(x, world.rank, 0);
   AdaptiveDeadline adaptive;
-  const auto compute = std::chrono::duration<double, std::milli>(
-      args.compute_ms * (slow && world.rank == args.straggler ? args.slowdown : 1.0));
+  const auto compute =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(
+          args.compute_ms * (slow && world.rank == args.straggler ? args.slowdown : 1.0)));
+  // One f32 rounding of a double average (the exchange), or the f32 sums of
+  // the allreduce's n inputs and its division (n roundings), in units of the
+  // inputs' mean magnitude; 1.001: the second-order terms.
+  const double u = 0x1p-24;
+  StragglerRun run;
+  run.bound = 1.001 * u * (deadline ? 1.0 : static_cast<double>(world.size));
+  double worst = 0;
+  uint64_t worst_round = 0;
   MPI_Barrier(MPI_COMM_WORLD);
   const auto t0 = Clock::now();
   for (int r = 0; r < args.straggler_rounds; ++r) {
-    std::this_thread::sleep_for(compute);
+    const auto start = Clock::now();
     GroupAverageOptions o;
     o.random_groups = 1;  // everyone, by exchange: the deadline path when deadline is on
     o.round = ++round;
     o.tag = tag;
     if (deadline) o.adaptive = &adaptive;
-    group_average(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+    // The round's fresh data is written during its compute.
+    for (int64_t i = 0; i < count; ++i) x[i] = straggler_value(world.rank, o.round, i);
+    std::this_thread::sleep_until(start + compute);
+    WorkPtr w = group_average(*comm, TensorView::host(x.data(), count), ExecContext::host(), o);
+    w->wait();
+    std::vector<int> arrived = w->contributors();
+    if (!deadline) {  // the allreduce: every member
+      arrived.clear();
+      for (int m : group_members(o, world.rank, world.size))
+        if (m != world.rank) arrived.push_back(m);
+    }
+    for (int64_t k = 0; k < samples; ++k) {
+      const int64_t i = k * stride;
+      double sum = straggler_value(world.rank, o.round, i);
+      double magnitude = std::abs(sum);
+      for (int peer : arrived) {
+        const double v = straggler_value(peer, o.round, i);
+        sum += v;
+        magnitude += std::abs(v);
+      }
+      const double n = static_cast<double>(arrived.size() + 1);
+      const double error = std::abs(x[i] - sum / n) / std::max(magnitude / n, 1e-30);
+      if (error > worst) {
+        worst = error;
+        worst_round = o.round;
+      }
+    }
   }
   const double seconds = elapsed_us(t0) / 1e6;
   const double rate = world.rank == args.straggler ? 0.0 : args.straggler_rounds / seconds;
   // The slowest of the others.
   const double mine = world.rank == args.straggler ? 1e300 : rate;
-  double slowest = 0;
-  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &run.rate, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  // The worst error, with its rank and round.
+  struct {
+    double error;
+    int rank;
+  } in{worst, world.rank}, out{};
+  MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  run.worst = out.error;
+  run.worst_rank = out.rank;
+  uint64_t round_of_worst = world.rank == out.rank ? worst_round : 0;
+  MPI_Allreduce(&round_of_worst, &run.worst_round, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
   comm->barrier()->wait();  // the straggler's last rounds are done everywhere
-  return slowest;
+  return run;
 }
 
 void run_straggler(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
@@ -320,27 +415,51 @@ void run_straggler(const PrimitivesArgs& args, BenchWorld& world, Report& report
                   "--straggler ", args.straggler, ": not a rank of ", world.size);
   CommunicatorPtr comm = relaxcc_communicator(world);
   uint64_t round = 0;
-  const double base = straggler_rate(args, world, comm, false, true, round, 31000);
-  const double blocked = straggler_rate(args, world, comm, true, false, round, 31000);
-  const double with_deadline = straggler_rate(args, world, comm, true, true, round, 31000);
+  const StragglerRun base = straggler_rate(args, world, comm, false, true, round, 31000);
+  const StragglerRun blocked = straggler_rate(args, world, comm, true, false, round, 31000);
+  const StragglerRun with_deadline = straggler_rate(args, world, comm, true, true, round, 31000);
   report.print(detail::concat("# straggler: rank ", args.straggler, " ", args.slowdown,
                               "x slower, compute ", args.compute_ms, " ms per round, ",
                               args.straggler_rounds, " rounds of group averaging over all ranks"));
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "# others' rounds/s: no straggler (adaptive deadline) %.2f; straggler, no "
                 "deadline %.2f (%.2fx); straggler, adaptive deadline %.2f (%.2fx)",
-                base, blocked, blocked / base, with_deadline, with_deadline / base);
+                base.rate, blocked.rate, blocked.rate / base.rate, with_deadline.rate,
+                with_deadline.rate / base.rate);
+  report.print(line);
+  std::snprintf(line, sizeof line,
+                "# worst |x - avg over the ranks that arrived| / mean|inputs| per round (bound): "
+                "no straggler %.2e (%.2e); straggler, no deadline %.2e (%.2e); straggler, "
+                "adaptive deadline %.2e (%.2e)",
+                base.worst, base.bound, blocked.worst, blocked.bound, with_deadline.worst,
+                with_deadline.bound);
   report.print(line);
   report.add(Row()
                  .set("mode", "primitives_straggler")
                  .set("ranks", world.size)
                  .set("straggler", args.straggler)
                  .set("slowdown", args.slowdown)
-                 .set("rounds_per_s_base", base)
-                 .set("rounds_per_s_no_deadline", blocked)
-                 .set("rounds_per_s_deadline", with_deadline)
-                 .set("deadline_vs_base", with_deadline / base));
+                 .set("rounds_per_s_base", base.rate)
+                 .set("rounds_per_s_no_deadline", blocked.rate)
+                 .set("rounds_per_s_deadline", with_deadline.rate)
+                 .set("deadline_vs_base", with_deadline.rate / base.rate)
+                 .set("max_rel_error_base", base.worst)
+                 .set("max_rel_error_no_deadline", blocked.worst)
+                 .set("max_rel_error_deadline", with_deadline.worst)
+                 .set("rel_error_bound_deadline", with_deadline.bound)
+                 .set("rel_error_bound_no_deadline", blocked.bound));
+  const std::pair<const char*, const StragglerRun*> runs[] = {
+      {"no straggler (adaptive deadline)", &base},
+      {"straggler, no deadline", &blocked},
+      {"straggler, adaptive deadline", &with_deadline}};
+  for (const auto& [what, r] : runs)
+    if (r->worst > r->bound)
+      RELAXCC_THROW(InternalError, "primitives --straggler, ", what, ": rank ", r->worst_rank,
+                    " round ", r->worst_round,
+                    ": expected the result within its stated error of the average over the "
+                    "ranks that arrived (|x - avg| / mean|inputs| <= ",
+                    r->bound, "), got ", r->worst);
 }
 
 }  // namespace
