@@ -396,6 +396,31 @@ TEST(Ddp, ACheckpointOfAnotherRankCountThrows) {
   if (comm->rank() == 0) std::remove((fewer + ".rank0").c_str());
 }
 
+// The last rank's optimizer refuses the checkpoint's state (Adam against
+// SGD's): every rank throws and keeps its own parameters.
+TEST(Ddp, ACheckpointOneRankCannotRestoreChangesNoRank) {
+  const auto comm = world();
+  const std::string prefix = checkpoint_prefix("refused");
+  {
+    Net net = make_net();
+    auto sgd = make_sgd(net);
+    DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+    train(net, ddp, sgd, 0, 1);
+    ddp.save(prefix);
+  }
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  const bool last = comm->rank() == comm->size() - 1;
+  DistributedDataParallel ddp(comm, *net, last ? static_cast<torch::optim::Optimizer&>(adam) : sgd,
+                              allreduce());
+  const auto before = snapshot(net);
+  EXPECT_THROW(ddp.load(prefix), relaxcc::InvalidArgument);
+  EXPECT_TRUE(bitwise_equal(before, snapshot(net)));
+  comm->barrier()->wait();
+  std::remove((prefix + ".rank" + std::to_string(comm->rank())).c_str());
+}
+
 // A model with a frozen float64 parameter and an integer buffer next to a
 // trainable layer.
 struct MixedImpl : torch::nn::Module {

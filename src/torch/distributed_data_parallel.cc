@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -482,9 +483,6 @@ void DistributedDataParallel::save(const std::string& prefix) {
 }
 
 void DistributedDataParallel::load(const std::string& prefix) {
-  // Nothing of the algorithm is in flight while its state and the weights
-  // are replaced.
-  algorithm_->drain(timeout());
   const int rank = comm_->rank(), ranks = comm_->size();
   const std::string path = detail::concat(prefix, ".rank", rank);
   // Phase 1, local: read and check this rank's file; nothing changes yet.
@@ -496,6 +494,9 @@ void DistributedDataParallel::load(const std::string& prefix) {
   ::torch::serialize::InputArchive optimizer;
   std::optional<StateDict> state;
   try {
+    // Nothing of the algorithm is in flight while its state and the weights
+    // are replaced (a rank whose drain fails counts as one that cannot load).
+    algorithm_->drain(timeout());
     ::torch::serialize::InputArchive archive;
     archive.load_from(path);
     saved_world = read_int(archive, "relaxcc.world_size");
@@ -572,20 +573,72 @@ void DistributedDataParallel::load(const std::string& prefix) {
                   "' not loaded: ranks ", rank_list(failed),
                   " cannot load their files (their own errors say why)");
 
-  // Phase 3, local: every rank's file is good; load it.
+  // Phase 3, local: every rank's file is good; load it, keeping what it
+  // replaces. Phase 4, collective: if the optimizer or the algorithm refused
+  // its state on any rank, every rank puts its own back and throws.
+  std::vector<Tensor> before;
+  before.reserve(copies.size());
+  std::stringstream optimizer_before;
+  {
+    ::torch::serialize::OutputArchive archive;
+    optimizer_.save(archive);
+    archive.save_to(optimizer_before);
+  }
+  const StateDict algorithm_before = algorithm_->state_dict();
+  std::string load_error;
+  std::exception_ptr own_load_error;
   {
     ::torch::NoGradGuard no_grad;
-    for (auto& [dst, value] : copies) dst.copy_(value);
+    for (auto& [dst, value] : copies) {
+      before.push_back(dst.clone());
+      dst.copy_(value);
+    }
   }
   try {
-    optimizer_.load(optimizer);
-  } catch (const c10::Error& e) {
-    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank,
-                  ": the torch optimizer's state in checkpoint '", path,
-                  "' does not fit this optimizer: ", e.what_without_backtrace());
+    try {
+      optimizer_.load(optimizer);
+    } catch (const c10::Error& e) {
+      RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank,
+                    ": the torch optimizer's state in checkpoint '", path,
+                    "' does not fit this optimizer: ", e.what_without_backtrace());
+    }
+    algorithm_->load_state_dict(*state);
+  } catch (const Error& e) {
+    load_error = e.message();
+    own_load_error = std::current_exception();
+  } catch (const std::exception& e) {
+    load_error =
+        detail::concat("DistributedDataParallel: rank ", rank,
+                       ": cannot restore the state in checkpoint '", path, "': ", e.what());
   }
-  algorithm_->load_state_dict(*state);
-  algorithm_->set_offset(saved_steps - reducer_->step());
+  auto loaded = std::make_shared<std::vector<int64_t>>(1, load_error.empty() ? 1 : 0);
+  auto loaded_all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(ranks));
+  o.label = "DistributedDataParallel: checkpoint restored";
+  check_comm_
+      ->allgather(TensorView::host(loaded->data(), 1, loaded),
+                  TensorView::host(loaded_all->data(), ranks, loaded_all), ExecContext::host(), o)
+      ->wait(timeout());
+  std::vector<int> refused;
+  for (int r = 0; r < ranks; ++r)
+    if (!(*loaded_all)[static_cast<size_t>(r)]) refused.push_back(r);
+  if (refused.empty()) {
+    algorithm_->set_offset(saved_steps - reducer_->step());
+    return;
+  }
+  {
+    ::torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < copies.size(); ++i) copies[i].first.copy_(before[i]);
+  }
+  ::torch::serialize::InputArchive archive;
+  archive.load_from(optimizer_before);
+  optimizer_.load(archive);
+  algorithm_->load_state_dict(algorithm_before);
+  if (own_load_error) std::rethrow_exception(own_load_error);
+  if (!load_error.empty()) RELAXCC_THROW(InvalidArgument, load_error);
+  RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
+                "' not loaded: ranks ", rank_list(refused),
+                " could not restore the optimizer's or the algorithm's state (their own errors "
+                "say why); every rank kept its own state");
 }
 
 }  // namespace relaxcc::torch

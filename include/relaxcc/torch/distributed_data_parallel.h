@@ -75,8 +75,11 @@
 // throws InvalidArgument when any rank's file was written by another rank
 // count (a checkpoint of fewer ranks included: the extra ranks have no file
 // and report the rank count too), and when any rank cannot load its file (by
-// another rank, for another model, unreadable: that rank's error says why);
-// nothing is restored then.
+// another rank, for another model, unreadable, a drain that failed: that
+// rank's error says why); nothing is restored then. When the torch optimizer
+// or the algorithm refuses its state on any rank, every rank puts back what
+// it had (parameters, buffers, optimizer and algorithm state) and throws
+// InvalidArgument.
 //
 // Misuse raises a clear error: wrapping a module that a live
 // DistributedDataParallel wraps already (InvalidArgument naming the
