@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../kernels/cuda/cuda_kernels.h"
+#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/mpi_communicator.h"
@@ -291,56 +292,10 @@ TEST_F(DeviceCompressed, StateSavesAndLoadsBitForBit) {
 
 // Forwards to an NCCL communicator; rank `bad` overwrites the first chunk's
 // min of its first alltoallv payload to its right neighbour with NaN.
-class CorruptingCommunicator : public Communicator {
+class CorruptingCommunicator final : public test::ForwardingCommunicator {
  public:
-  CorruptingCommunicator(CommunicatorPtr inner, int bad) : inner_(std::move(inner)), bad_(bad) {}
-  using Communicator::allreduce;
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  bool poisoned() const override { return inner_->poisoned(); }
-  CommStats stats() const override { return inner_->stats(); }
-  int max_p2p_tag() const override { return inner_->max_p2p_tag(); }
-  std::shared_ptr<Communicator> group(const std::vector<int>& m, const GroupOptions& o) override {
-    return inner_->group(m, o);
-  }
-  std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& o) override {
-    return inner_->split(color, key, o);
-  }
-  std::shared_ptr<Communicator> split_node_local(const SplitOptions& o) override {
-    return inner_->split_node_local(o);
-  }
-  TensorView allocate(int64_t numel, DType dtype) override {
-    return inner_->allocate(numel, dtype);
-  }
-  WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
-                         const P2POptions& o) override {
-    return inner_->point_to_point(ops, ctx, o);
-  }
-  WorkPtr allreduce(const TensorView& in, const TensorView& out, const ExecContext& ctx,
-                    const AllreduceOptions& o) override {
-    return inner_->allreduce(in, out, ctx, o);
-  }
-  WorkPtr reduce_scatter(const TensorView& in, const TensorView& out, const ExecContext& ctx,
-                         const ReduceScatterOptions& o) override {
-    return inner_->reduce_scatter(in, out, ctx, o);
-  }
-  WorkPtr allgather(const TensorView& in, const TensorView& out, const ExecContext& ctx,
-                    const AllgatherOptions& o) override {
-    return inner_->allgather(in, out, ctx, o);
-  }
-  WorkPtr allgatherv(const TensorView& in, const TensorView& out,
-                     const std::vector<int64_t>& counts, const ExecContext& ctx,
-                     const AllgatherOptions& o) override {
-    return inner_->allgatherv(in, out, counts, ctx, o);
-  }
-  WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
-                    const BroadcastOptions& o) override {
-    return inner_->broadcast(data, ctx, o);
-  }
-  WorkPtr alltoall(const TensorView& in, const TensorView& out, const ExecContext& ctx,
-                   const AlltoallOptions& o) override {
-    return inner_->alltoall(in, out, ctx, o);
-  }
+  CorruptingCommunicator(CommunicatorPtr inner, int bad)
+      : ForwardingCommunicator(std::move(inner)), bad_(bad) {}
   WorkPtr alltoallv(const TensorView& in, const std::vector<int64_t>& send_counts,
                     const TensorView& out, const std::vector<int64_t>& recv_counts,
                     const ExecContext& ctx, const AlltoallOptions& o) override {
@@ -358,13 +313,8 @@ class CorruptingCommunicator : public Communicator {
     }
     return inner_->alltoallv(in, send_counts, out, recv_counts, ctx, o);
   }
-  WorkPtr barrier(const BarrierOptions& o) override { return inner_->barrier(o); }
-  WorkPtr compute(std::function<void()> fn, const OpOptions& o) override {
-    return inner_->compute(std::move(fn), o);
-  }
 
  private:
-  CommunicatorPtr inner_;
   int bad_;
   bool done_ = false;
 };

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/adaptive_deadline.h"
@@ -154,77 +155,23 @@ TEST(Gossip, ExponentialAndAllReachTheGlobalAverage) {
 // Forwards to a communicator and keeps every group made through it, with
 // its members, so that a test can read a group's transport counts
 // (CommStats) after a primitive used it.
-class GroupKeeper : public Communicator {
+class GroupKeeper final : public test::ForwardingCommunicator {
  public:
   struct Kept {
     std::vector<int> members;
     CommunicatorPtr group;
   };
-  explicit GroupKeeper(CommunicatorPtr inner) : inner_(std::move(inner)) {}
-  using Communicator::allreduce;
+  using ForwardingCommunicator::ForwardingCommunicator;
   const std::vector<Kept>& groups() const { return groups_; }
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  bool poisoned() const override { return inner_->poisoned(); }
-  CommStats stats() const override { return inner_->stats(); }
-  int max_p2p_tag() const override { return inner_->max_p2p_tag(); }
   std::shared_ptr<Communicator> group(const std::vector<int>& members,
                                       const GroupOptions& options) override {
     CommunicatorPtr g = inner_->group(members, options);
     groups_.push_back({members, g});
     return g;
   }
-  std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options) override {
-    return inner_->split(color, key, options);
-  }
-  std::shared_ptr<Communicator> split_node_local(const SplitOptions& options) override {
-    return inner_->split_node_local(options);
-  }
-  TensorView allocate(int64_t numel, DType dtype) override {
-    return inner_->allocate(numel, dtype);
-  }
-  WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
-                         const P2POptions& options) override {
-    return inner_->point_to_point(ops, ctx, options);
-  }
-  WorkPtr allreduce(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                    const AllreduceOptions& options) override {
-    return inner_->allreduce(input, output, ctx, options);
-  }
-  WorkPtr reduce_scatter(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                         const ReduceScatterOptions& options) override {
-    return inner_->reduce_scatter(input, output, ctx, options);
-  }
-  WorkPtr allgather(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                    const AllgatherOptions& options) override {
-    return inner_->allgather(input, output, ctx, options);
-  }
-  WorkPtr allgatherv(const TensorView& input, const TensorView& output,
-                     const std::vector<int64_t>& counts, const ExecContext& ctx,
-                     const AllgatherOptions& options) override {
-    return inner_->allgatherv(input, output, counts, ctx, options);
-  }
-  WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
-                    const BroadcastOptions& options) override {
-    return inner_->broadcast(data, ctx, options);
-  }
-  WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                   const AlltoallOptions& options) override {
-    return inner_->alltoall(input, output, ctx, options);
-  }
-  WorkPtr alltoallv(const TensorView& input, const std::vector<int64_t>& send_counts,
-                    const TensorView& output, const std::vector<int64_t>& recv_counts,
-                    const ExecContext& ctx, const AlltoallOptions& options) override {
-    return inner_->alltoallv(input, send_counts, output, recv_counts, ctx, options);
-  }
-  WorkPtr barrier(const BarrierOptions& options) override { return inner_->barrier(options); }
-  WorkPtr compute(std::function<void()> fn, const OpOptions& options) override {
-    return inner_->compute(std::move(fn), options);
-  }
 
  private:
-  CommunicatorPtr inner_;
   std::vector<Kept> groups_;
 };
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
@@ -479,49 +480,17 @@ TEST(TopK, BadInputIsRejected) {
 // alltoallv block for its right neighbour, or its all-gather slot. `corrupt`
 // gets the payload (after the block's 16-byte prefix or the slot's 16-byte
 // status word).
-class CorruptingCommunicator : public Communicator {
+class CorruptingCommunicator final : public test::ForwardingCommunicator {
  public:
   enum class Where { alltoallv, allgatherv };
   using Corrupt = std::function<void(unsigned char* payload, int64_t bytes)>;
   CorruptingCommunicator(CommunicatorPtr inner, int bad, Corrupt corrupt,
                          Where where = Where::alltoallv)
-      : inner_(std::move(inner)), bad_(bad), corrupt_(std::move(corrupt)), where_(where) {}
-  using Communicator::allreduce;
+      : ForwardingCommunicator(std::move(inner)),
+        bad_(bad),
+        corrupt_(std::move(corrupt)),
+        where_(where) {}
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  bool poisoned() const override { return inner_->poisoned(); }
-  CommStats stats() const override { return inner_->stats(); }
-  int max_p2p_tag() const override { return inner_->max_p2p_tag(); }
-  std::shared_ptr<Communicator> group(const std::vector<int>& members,
-                                      const GroupOptions& options) override {
-    return inner_->group(members, options);
-  }
-  std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options) override {
-    return inner_->split(color, key, options);
-  }
-  std::shared_ptr<Communicator> split_node_local(const SplitOptions& options) override {
-    return inner_->split_node_local(options);
-  }
-  TensorView allocate(int64_t numel, DType dtype) override {
-    return inner_->allocate(numel, dtype);
-  }
-  WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
-                         const P2POptions& options) override {
-    return inner_->point_to_point(ops, ctx, options);
-  }
-  WorkPtr allreduce(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                    const AllreduceOptions& options) override {
-    return inner_->allreduce(input, output, ctx, options);
-  }
-  WorkPtr reduce_scatter(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                         const ReduceScatterOptions& options) override {
-    return inner_->reduce_scatter(input, output, ctx, options);
-  }
-  WorkPtr allgather(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                    const AllgatherOptions& options) override {
-    return inner_->allgather(input, output, ctx, options);
-  }
   WorkPtr allgatherv(const TensorView& input, const TensorView& output,
                      const std::vector<int64_t>& counts, const ExecContext& ctx,
                      const AllgatherOptions& options) override {
@@ -529,14 +498,6 @@ class CorruptingCommunicator : public Communicator {
     if (where_ == Where::allgatherv && rank() == bad_)
       o.after = corrupting(o.after, static_cast<unsigned char*>(input.data) + 16, input.numel - 16);
     return inner_->allgatherv(input, output, counts, ctx, o);
-  }
-  WorkPtr broadcast(const TensorView& data, const ExecContext& ctx,
-                    const BroadcastOptions& options) override {
-    return inner_->broadcast(data, ctx, options);
-  }
-  WorkPtr alltoall(const TensorView& input, const TensorView& output, const ExecContext& ctx,
-                   const AlltoallOptions& options) override {
-    return inner_->alltoall(input, output, ctx, options);
   }
   WorkPtr alltoallv(const TensorView& input, const std::vector<int64_t>& send_counts,
                     const TensorView& output, const std::vector<int64_t>& recv_counts,
@@ -551,10 +512,6 @@ class CorruptingCommunicator : public Communicator {
     }
     return inner_->alltoallv(input, send_counts, output, recv_counts, ctx, o);
   }
-  WorkPtr barrier(const BarrierOptions& options) override { return inner_->barrier(options); }
-  WorkPtr compute(std::function<void()> fn, const OpOptions& options) override {
-    return inner_->compute(std::move(fn), options);
-  }
 
  private:
   WorkPtr corrupting(const WorkPtr& after, unsigned char* payload, int64_t bytes) {
@@ -566,7 +523,6 @@ class CorruptingCommunicator : public Communicator {
         "corrupting");
   }
 
-  CommunicatorPtr inner_;
   int bad_;
   Corrupt corrupt_;
   Where where_;
