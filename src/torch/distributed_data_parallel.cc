@@ -23,6 +23,21 @@ namespace relaxcc::torch {
 
 namespace {
 
+// Every rank's `mine` (the same length on every rank), in rank order: a
+// small allgather on `comm`, waited for with `timeout`.
+std::vector<int64_t> allgather_ints(Communicator& comm, std::vector<int64_t> mine,
+                                    const char* label, std::chrono::milliseconds timeout) {
+  const auto k = static_cast<int64_t>(mine.size());
+  auto in = std::make_shared<std::vector<int64_t>>(std::move(mine));
+  auto out = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(k * comm.size()));
+  AllgatherOptions o;
+  o.label = label;
+  comm.allgather(TensorView::host(in->data(), k, in),
+                 TensorView::host(out->data(), k * comm.size(), out), ExecContext::host(), o)
+      ->wait(timeout);
+  return *out;
+}
+
 using ::torch::Tensor;
 
 // A view of a contiguous host tensor's bytes that keeps the tensor alive.
@@ -317,19 +332,13 @@ void DistributedDataParallel::broadcast(const std::vector<Tensor>& tensors,
 
 void DistributedDataParallel::check_even(bool has_data) {
   const int n = comm_->size();
-  auto mine = std::make_shared<std::vector<int64_t>>(std::vector<int64_t>{steps(), has_data});
-  auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(2 * n));
-  AllgatherOptions o;
-  o.label = "DistributedDataParallel: uneven-input check";
-  check_comm_
-      ->allgather(TensorView::host(mine->data(), 2, mine),
-                  TensorView::host(all->data(), 2 * n, all), ExecContext::host(), o)
-      ->wait(timeout());
+  const std::vector<int64_t> all = allgather_ints(
+      *check_comm_, {steps(), has_data}, "DistributedDataParallel: uneven-input check", timeout());
   std::vector<int> finished, going;
   std::string steps;
   for (int r = 0; r < n; ++r) {
-    ((*all)[2 * r + 1] ? going : finished).push_back(r);
-    steps += detail::concat(r ? ", " : "", "rank ", r, ": ", (*all)[2 * r]);
+    (all[2 * r + 1] ? going : finished).push_back(r);
+    steps += detail::concat(r ? ", " : "", "rank ", r, ": ", all[2 * r]);
   }
   if (finished.empty() || going.empty()) return;
   RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: uneven inputs: ranks ",
@@ -541,23 +550,17 @@ void DistributedDataParallel::load(const std::string& prefix) {
   // all ranks throw the same kind of error or all load (a checkpoint of
   // fewer ranks has no file for the extra ranks: they, too, report the rank
   // count).
-  auto mine = std::make_shared<std::vector<int64_t>>(
-      std::vector<int64_t>{saved_world, error.empty() ? 1 : 0});
-  auto all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(2 * ranks));
-  AllgatherOptions o;
-  o.label = "DistributedDataParallel: checkpoint agreement";
-  check_comm_
-      ->allgather(TensorView::host(mine->data(), 2, mine),
-                  TensorView::host(all->data(), 2 * ranks, all), ExecContext::host(), o)
-      ->wait(timeout());
+  const std::vector<int64_t> all =
+      allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0},
+                     "DistributedDataParallel: checkpoint agreement", timeout());
   std::string other_count;
   std::vector<int> failed;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t world = (*all)[2 * r];
+    const int64_t world = all[2 * r];
     if (world >= 0 && world != ranks)
       other_count += detail::concat(other_count.empty() ? "" : ", ", "rank ", r, "'s file '",
                                     prefix, ".rank", r, "' says ", world);
-    else if (!(*all)[2 * r + 1])
+    else if (!all[2 * r + 1])
       failed.push_back(r);
   }
   if (!other_count.empty()) {
@@ -611,16 +614,12 @@ void DistributedDataParallel::load(const std::string& prefix) {
         detail::concat("DistributedDataParallel: rank ", rank,
                        ": cannot restore the state in checkpoint '", path, "': ", e.what());
   }
-  auto loaded = std::make_shared<std::vector<int64_t>>(1, load_error.empty() ? 1 : 0);
-  auto loaded_all = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(ranks));
-  o.label = "DistributedDataParallel: checkpoint restored";
-  check_comm_
-      ->allgather(TensorView::host(loaded->data(), 1, loaded),
-                  TensorView::host(loaded_all->data(), ranks, loaded_all), ExecContext::host(), o)
-      ->wait(timeout());
+  const std::vector<int64_t> loaded =
+      allgather_ints(*check_comm_, {load_error.empty() ? 1 : 0},
+                     "DistributedDataParallel: checkpoint restored", timeout());
   std::vector<int> refused;
   for (int r = 0; r < ranks; ++r)
-    if (!(*loaded_all)[static_cast<size_t>(r)]) refused.push_back(r);
+    if (!loaded[static_cast<size_t>(r)]) refused.push_back(r);
   if (refused.empty()) {
     algorithm_->set_offset(saved_steps - reducer_->step());
     return;
