@@ -438,10 +438,12 @@ void DistributedDataParallel::with_averaged_model(const std::function<void()>& f
   for (const auto& [name, p] : unique_named(module_.named_parameters(true)))
     add(name, p, "parameter");
   for (const auto& [name, b] : unique_named(module_.named_buffers(true))) add(name, b, "buffer");
+  // Every rank's own values are copied before the first allreduce writes
+  // (tensors may share storage).
+  for (const Tensor& t : live) own.push_back(t.clone());
   std::vector<WorkPtr> works;
   for (size_t i = 0; i < live.size(); ++i) {
     const Tensor& t = live[i];
-    own.push_back(t.clone());
     if (t.numel() == 0) continue;
     AllreduceOptions o;
     o.op = ReduceOp::avg;
