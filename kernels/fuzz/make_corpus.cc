@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "relaxcc/kernels/chunk_topk.h"
 #include "relaxcc/kernels/compressor.h"
 
 using namespace relaxcc;
@@ -44,6 +45,30 @@ int main(int argc, char** argv) {
                   static_cast<std::streamsize>(out.size()));
           ++written;
         }
+      }
+    }
+  }
+  // chunk_topk (chunk_topk.h): its own payload format.
+  const auto dir = root / "chunk_topk";
+  std::filesystem::create_directories(dir);
+  int seed = 0;
+  for (int64_t n : {0, 1, 5, 64, 300}) {
+    for (int bits : {8, 2, 1}) {
+      for (int64_t chunk : {16, 300}) {
+        ChunkTopkConfig c;
+        c.chunk = chunk;
+        c.ratio = 0.1;
+        c.bits = bits;
+        c.group = 8;
+        std::vector<float> x(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i)
+          x[i] = std::sin(0.7f * static_cast<float>(i + seed)) * (1 + i % 5);
+        std::vector<std::byte> out(chunk_topk_encoded_size(n, c));
+        chunk_topk_encode(TensorView::host(x.data(), n), out, c, ExecContext::host());
+        std::ofstream f(dir / ("seed_" + std::to_string(seed++)), std::ios::binary);
+        f.write(reinterpret_cast<const char*>(out.data()),
+                static_cast<std::streamsize>(out.size()));
+        ++written;
       }
     }
   }
