@@ -31,6 +31,9 @@ class ForwardingCommunicator : public Communicator {
   std::shared_ptr<Communicator> split_node_local(const SplitOptions& options) override {
     return inner_->split_node_local(options);
   }
+  std::shared_ptr<Communicator> host_communicator() const override {
+    return inner_->host_communicator();
+  }
   TensorView allocate(int64_t numel, DType dtype) override {
     return inner_->allocate(numel, dtype);
   }

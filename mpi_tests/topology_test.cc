@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/topology.h"
 #include "test_util.h"
@@ -55,6 +56,79 @@ TEST(Topology, LayoutAndCommunicators) {
   if (h.inter) v = sum_over(*h.inter, v);
   h.intra->broadcast(TensorView::host(&v, 1), ExecContext::host())->wait();
   EXPECT_EQ(v, n * (n + 1) / 2);
+}
+
+// A stand-in for a device communicator (NCCL) on the CPU: every data
+// operation refuses host tensors, as the NCCL communicator's device rule
+// does, and host_communicator() is the MPI communicator it wraps. Its splits
+// and node-local groups are such stand-ins too.
+class HostRefusingCommunicator final : public test::ForwardingCommunicator {
+ public:
+  using Communicator::allreduce;
+  using ForwardingCommunicator::ForwardingCommunicator;
+
+  std::shared_ptr<Communicator> host_communicator() const override { return inner_; }
+  std::shared_ptr<Communicator> split(int color, int key, const SplitOptions& options) override {
+    return wrap(inner_->split(color, key, options));
+  }
+  std::shared_ptr<Communicator> split_node_local(const SplitOptions& options) override {
+    return wrap(inner_->split_node_local(options));
+  }
+  WorkPtr allreduce(const TensorView&, const TensorView&, const ExecContext&,
+                    const AllreduceOptions&) override {
+    refuse("allreduce");
+  }
+  WorkPtr allgather(const TensorView&, const TensorView&, const ExecContext&,
+                    const AllgatherOptions&) override {
+    refuse("allgather");
+  }
+  WorkPtr allgatherv(const TensorView&, const TensorView&, const std::vector<int64_t>&,
+                     const ExecContext&, const AllgatherOptions&) override {
+    refuse("allgatherv");
+  }
+  WorkPtr broadcast(const TensorView&, const ExecContext&, const BroadcastOptions&) override {
+    refuse("broadcast");
+  }
+  WorkPtr point_to_point(const std::vector<P2POp>&, const ExecContext&,
+                         const P2POptions&) override {
+    refuse("point_to_point");
+  }
+
+ private:
+  static CommunicatorPtr wrap(CommunicatorPtr c) {
+    return c ? std::make_shared<HostRefusingCommunicator>(std::move(c)) : nullptr;
+  }
+  [[noreturn]] static void refuse(const char* op) {
+    RELAXCC_THROW(InvalidArgument, "host-refusing communicator: ", op, " of a host tensor");
+  }
+};
+
+// build_hierarchy on a device communicator (this stand-in for NCCL) makes
+// its node-id exchange over the host communicator and gives the same layout
+// as on MPI, with intra and inter communicators of the device kind.
+TEST(Topology, DeviceCommunicatorExchangesOverItsHostCommunicator) {
+  auto comm = test::world();
+  const Tunables tunables = Tunables::from_env();
+  auto device = std::make_shared<HostRefusingCommunicator>(comm);
+  int32_t probe = 1;
+  EXPECT_THROW(device->allreduce(TensorView::host(&probe, 1), ExecContext::host()),
+               InvalidArgument);
+  HierarchicalComms on_mpi = build_hierarchy(*comm, tunables);
+  HierarchicalComms h = build_hierarchy(*device, tunables);
+  EXPECT_EQ(h.layout.node, on_mpi.layout.node);
+  EXPECT_EQ(h.layout.num_nodes, on_mpi.layout.num_nodes);
+  EXPECT_EQ(h.layout.local_rank, on_mpi.layout.local_rank);
+  EXPECT_EQ(h.layout.local_size, on_mpi.layout.local_size);
+  ASSERT_NE(h.intra, nullptr);
+  EXPECT_NE(dynamic_cast<HostRefusingCommunicator*>(h.intra.get()), nullptr);
+  EXPECT_EQ(h.intra->rank(), on_mpi.intra->rank());
+  EXPECT_EQ(h.intra->size(), on_mpi.intra->size());
+  EXPECT_EQ(h.inter == nullptr, on_mpi.inter == nullptr);
+  if (h.inter) {
+    EXPECT_NE(dynamic_cast<HostRefusingCommunicator*>(h.inter.get()), nullptr);
+    EXPECT_EQ(h.inter->rank(), on_mpi.inter->rank());
+    EXPECT_EQ(h.inter->size(), on_mpi.inter->size());
+  }
 }
 
 TEST(Topology, OverrideMustDivideTheSize) {

@@ -136,14 +136,22 @@ HierarchicalComms build_hierarchy(Communicator& comm, const Tunables& tunables) 
     h.intra = comm.split_node_local();
     layout.local_rank = h.intra->rank();
     layout.local_size = h.intra->size();
-    // Node ids: nodes ordered by their leader's rank in `comm`.
+    // Node ids: nodes ordered by their leader's rank in `comm`. The ids are
+    // host integers: a device communicator (NCCL) exchanges them over its
+    // host communicator, whose node-local group has the same members, in the
+    // same order, as the device one's.
     // Owned by their views: a timed-out collective's parked requests never
     // touch freed memory.
+    const CommunicatorPtr host = comm.host_communicator();
+    Communicator& exchange = host ? *host : comm;
+    const CommunicatorPtr exchange_intra = host ? host->split_node_local() : h.intra;
     auto leader = std::make_shared<int32_t>(rank);
-    h.intra->broadcast(TensorView::host(leader.get(), 1, leader), ExecContext::host(), {})->wait();
+    exchange_intra->broadcast(TensorView::host(leader.get(), 1, leader), ExecContext::host(), {})
+        ->wait();
     auto leaders_buf = std::make_shared<std::vector<int32_t>>(size);
     const std::vector<int32_t>& leaders = *leaders_buf;
-    comm.allgather(TensorView::host(leader.get(), 1, leader),
+    exchange
+        .allgather(TensorView::host(leader.get(), 1, leader),
                    TensorView::host(leaders_buf->data(), size, leaders_buf), ExecContext::host())
         ->wait();
     std::vector<int32_t> distinct = leaders;

@@ -122,6 +122,15 @@ class Communicator {
   // since creation: no communication.
   virtual std::shared_ptr<Communicator> split_node_local(const SplitOptions& options = {}) = 0;
 
+  // The communicator over the same ranks, with the same rank numbers, that
+  // moves host memory, for the small host-side exchanges of code written for
+  // any communicator (the Reducer's agreements, build_hierarchy's node ids):
+  // a device communicator's bootstrap (an NCCL communicator's MPI
+  // communicator), or null when this communicator moves host memory itself
+  // (MPI). Local: no communication. Collectives on the two are ordered
+  // independently of each other.
+  virtual std::shared_ptr<Communicator> host_communicator() const { return nullptr; }
+
   // Memory for collective buffers, like ncclMemAlloc: `numel` zeroed elements, freed when the
   // view's owner is released. Local, not collective. On a communicator whose ranks share one node
   // it is node-shared memory, and an allreduce whose output, a reduce_scatter whose input, or an

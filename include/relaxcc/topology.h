@@ -32,7 +32,10 @@ struct HierarchicalComms {
 };
 
 // Collective over `comm`. Throws InvalidArgument when ranks_per_node does not
-// divide the communicator size.
+// divide the communicator size. The node ids are exchanged as host integers
+// over comm.host_communicator() when it has one (a device communicator such
+// as NCCL's), otherwise over `comm`; intra and inter are made by `comm`
+// (split, split_node_local), so they are of its kind.
 HierarchicalComms build_hierarchy(Communicator& comm, const Tunables& tunables);
 
 // hwloc's summary of the machine this process runs on.

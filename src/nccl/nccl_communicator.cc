@@ -854,6 +854,9 @@ class NcclCommunicator final : public Communicator {
     return derive(host_->split_node_local(options));
   }
 
+  // The bootstrap: the host communicator over these ranks.
+  std::shared_ptr<Communicator> host_communicator() const override { return host_; }
+
   TensorView allocate(int64_t numel, DType dtype) override {
     RELAXCC_ENFORCE(static_cast<int>(dtype) < kNumDTypes, InvalidArgument, state_->who(),
                     ": allocate: unknown dtype ", static_cast<int>(dtype));
