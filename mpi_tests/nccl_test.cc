@@ -8,15 +8,18 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "nccl/device_checks.h"
+#include "nccl/watchdog.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cuda_runtime.h"
@@ -365,6 +368,29 @@ TEST(NcclCommunicator, SplitNodeLocalAndGroup) {
   }
 }
 
+// allocate() reuses a released block of the same size class from the
+// communicator's pool, zeroed again (its bytes were 0xff when released),
+// and a block of another size class is a different one. Local: each rank
+// checks its own.
+TEST(NcclCommunicator, AllocateReusesPooledBlocksZeroed) {
+  SKIP_WITHOUT_GPUS();
+  CommunicatorPtr comm = shared_comm();
+  void* first = nullptr;
+  {
+    TensorView a = comm->allocate(1000, DType::f32);
+    first = a.data;
+    check_cuda(cudaMemset(a.data, 0xff, a.nbytes()), "cudaMemset");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  TensorView b = comm->allocate(1000, DType::f32);
+  EXPECT_EQ(b.data, first) << "the released block was not reused";
+  const std::vector<float> got = download(b);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0.0f) << "element " << i;
+  TensorView c = comm->allocate(1 << 20, DType::f32);  // another size class
+  EXPECT_NE(c.data, b.data);
+  EXPECT_EQ(download(c), std::vector<float>(static_cast<size_t>(1) << 20, 0.0f));
+}
+
 // A receive whose sender never sends: Timeout within the short timeout (from
 // the call, when NCCL's connection setup already waits for the peer, or
 // from wait()), then the communicator is aborted and poisoned. Nothing hangs.
@@ -387,6 +413,93 @@ TEST(NcclCommunicator, StuckReceiveTimesOutAndPoisons) {
   }
   test::world()->barrier()->wait();
   comm.reset();  // rank 1's finalize is bounded by the timeout too
+  test::world()->barrier()->wait();
+}
+
+// The watchdog's bookkeeping (src/nccl/watchdog.h), without a device: an
+// operation is overdue exactly once the timeout passed since it was
+// submitted, a zero timeout never expires, and the Timeout and the poison
+// reason name the operation, the rank and the device.
+TEST(NcclWatchdog, OverdueAfterTheTimeoutAndNamesTheOperation) {
+  using std::chrono::milliseconds;
+  const nccl::Watchdog watchdog(milliseconds(1500));
+  const auto t0 = nccl::Watchdog::Clock::now();
+  EXPECT_TRUE(watchdog.enabled());
+  EXPECT_FALSE(watchdog.overdue(t0, t0));
+  EXPECT_FALSE(watchdog.overdue(t0, t0 + milliseconds(1499)));
+  EXPECT_TRUE(watchdog.overdue(t0, t0 + milliseconds(1500)));
+  EXPECT_TRUE(watchdog.overdue(t0, t0 + milliseconds(90000)));
+  const nccl::Watchdog off(milliseconds(0));
+  EXPECT_FALSE(off.enabled());
+  EXPECT_FALSE(off.overdue(t0, t0 + std::chrono::hours(24)));
+  const std::string op = "allreduce #7 (nccl, 4096 x f32, 'bucket 3')";
+  const std::string message = watchdog.timeout_message("rank 1 (cuda:0)", op, milliseconds(1503));
+  EXPECT_EQ(message,
+            "rank 1 (cuda:0): allreduce #7 (nccl, 4096 x f32, 'bucket 3') was still pending 1503 "
+            "ms after it was submitted (timeout 1500 ms); the watchdog failed it and aborted the "
+            "NCCL communicator (ncclCommAbort)");
+  EXPECT_EQ(watchdog.poison_reason(op),
+            "watchdog: allreduce #7 (nccl, 4096 x f32, 'bucket 3') pending past the timeout of "
+            "1500 ms; ncclCommAbort called");
+}
+
+// Holds a stream on the host until released: a host function that spins on
+// a flag (it makes no CUDA call, as host functions must not).
+struct StreamGate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB hold(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    while (!gate->open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+// An operation nobody waits on, stuck behind a caller stream that never
+// moves: the progress thread's watchdog fails its Work with Timeout naming
+// the operation, the rank and the device once the communicator's timeout
+// passed, aborts the NCCL communicator and poisons this one, so later calls
+// throw CommunicatorPoisoned naming the watchdog. Every rank runs it alone
+// (its allreduce never reaches NCCL), so it runs at 1 rank too.
+TEST(NcclCommunicator, WatchdogFailsAnOperationNobodyWaitsOn) {
+  SKIP_WITHOUT_GPUS();
+  const auto timeout = std::chrono::milliseconds(1000);
+  CommunicatorPtr comm = own_comm(timeout);
+  TensorView data = upload(*comm, encoded(comm->rank(), 256));
+  cudaStream_t blocked = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&blocked, cudaStreamNonBlocking), "cudaStreamCreate");
+  auto gate = std::make_unique<StreamGate>();
+  check_cuda(cudaLaunchHostFunc(blocked, &StreamGate::hold, gate.get()), "cudaLaunchHostFunc");
+  AllreduceOptions options;
+  options.label = "bucket 5";
+  const auto start = std::chrono::steady_clock::now();
+  WorkPtr work = comm->allreduce(data, on(data, blocked), options);
+  // Nobody calls wait(): only looks, for at most 30 s.
+  while (!work->is_completed() &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(work->is_completed()) << "the watchdog did not fail the operation within 30 s";
+  EXPECT_GE(elapsed, timeout);
+  const std::string who = detail::concat("rank ", comm->rank(), " (", data.device, ")");
+  try {
+    std::rethrow_exception(work->exception());
+  } catch (const Timeout& e) {
+    EXPECT_NE(e.message().find(who + ": allreduce #"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("'bucket 5'"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("the watchdog failed it"), std::string::npos) << e.message();
+  } catch (...) {
+    ADD_FAILURE() << "the watchdog's failure is not a Timeout";
+  }
+  EXPECT_TRUE(comm->poisoned());
+  try {
+    comm->allreduce(data, on(data));
+    ADD_FAILURE() << "a poisoned communicator accepted an allreduce";
+  } catch (const CommunicatorPoisoned& e) {
+    EXPECT_NE(e.message().find("watchdog: allreduce #"), std::string::npos) << e.message();
+  }
+  gate->open.store(true);  // the stream drains; the aborted communicator is released
+  check_cuda(cudaStreamSynchronize(blocked), "cudaStreamSynchronize");
+  check_cuda(cudaStreamDestroy(blocked), "cudaStreamDestroy");
+  comm.reset();
   test::world()->barrier()->wait();
 }
 

@@ -22,7 +22,12 @@
 // Nothing is global. Tensors must be CUDA tensors of that device
 // (InvalidArgument otherwise, naming the tensor and its device); so must
 // ExecContext::device. allocate() returns zeroed device memory from
-// ncclMemAlloc, freed (ncclMemFree) when the view's owner is released.
+// ncclMemAlloc. Blocks are pooled per communicator: a view's owner, when
+// released, returns its block (its size rounded up to a power of two, 4 KiB
+// at least) to the communicator, whose next allocate() of that size class
+// reuses it (zeroed again) instead of calling ncclMemAlloc; the pool keeps
+// at most 256 MiB idle and is freed (ncclMemFree) with the communicator. So
+// release a view only once the device no longer uses it.
 //
 // Stream order. An operation is ordered after the work enqueued so far on
 // ExecContext::stream (a cudaStream_t; null: the legacy default stream) by an
@@ -60,9 +65,15 @@
 // every later call throws CommunicatorPoisoned, and operations in flight
 // complete with CommunicatorPoisoned; the communicator keeps their buffers
 // (the views' owners) until their events completed, so the device never
-// reads or writes released memory. Unlike the MPI communicator, no poison
-// notice reaches the other ranks: their operations end by their own timeout
-// or by NCCL's asynchronous error. Nothing waits without a bound.
+// reads or writes released memory. The progress thread is also a watchdog:
+// an operation still pending once the timeout passed since it was submitted
+// completes with Timeout (naming the operation, the rank and the device)
+// even when nobody waits on it, with the same abort and poisoning (later
+// calls throw CommunicatorPoisoned naming the watchdog); so the timeout
+// bounds every operation, a wait() with a longer one included. Unlike the
+// MPI communicator, no poison notice reaches the other ranks: their
+// operations end by their own timeout or by NCCL's asynchronous error.
+// Nothing waits without a bound.
 //
 // Operations. allreduce, reduce_scatter, allgather and broadcast are NCCL's
 // collectives. point_to_point is one ncclGroupStart / ncclSend, ncclRecv /

@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/nccl_communicator.h"
+#include "watchdog.h"
 
 namespace relaxcc::nccl {
 namespace {
@@ -118,6 +121,7 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
         tunables_(tunables),
         timeout_(timeout),
         who_(detail::concat("rank ", rank, " (", Device::cuda(device), ")")),
+        watchdog_(timeout),
         sent_to_(static_cast<size_t>(size), 0),
         received_from_(static_cast<size_t>(size), 0) {}
   ~NcclState();
@@ -169,6 +173,14 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   void wake() { cv_.notify_all(); }
 
   void* barrier_buffer() const noexcept { return barrier_buffer_; }
+
+  // allocate()'s memory: an ncclMemAlloc block of at least `bytes` (rounded
+  // up to a power of two, 4 KiB at least), taken from the pool when one of
+  // that size was returned, zeroed on the aux stream; its owner returns it
+  // to the pool (or frees it once the communicator is gone or the pool holds
+  // kPoolBytes). So a caller that allocates the same sizes call after call
+  // (the device compressed allreduce's payloads) pays for ncclMemAlloc once.
+  std::shared_ptr<void> take_block(size_t bytes);
   cudaStream_t aux_stream() const noexcept { return aux_stream_; }
 
   void give_event(cudaEvent_t e) noexcept;
@@ -185,6 +197,10 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   // ncclCommAbort, once.
   void abort_comm() noexcept;
   void progress_loop();
+  // The watchdog (watchdog.h): fails `work`, pending past the timeout with
+  // nobody's wait() having ended it, with Timeout, aborts the NCCL
+  // communicator and poisons this one. Progress thread, mutex_ not held.
+  void expire(NcclWork& work) noexcept;
   // Completes every pending operation with `error` and parks it until its
   // event completed (its buffers stay alive while the device may use them).
   void fail_pending(const std::exception_ptr& error) noexcept;
@@ -198,6 +214,7 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   const Tunables tunables_;
   const milliseconds timeout_;
   const std::string who_;
+  const Watchdog watchdog_;  // the progress thread's bound on pending operations
 
   std::mutex nccl_mutex_;  // every NCCL call on comm_, in order
   ncclComm_t comm_ = nullptr;
@@ -205,6 +222,13 @@ class NcclState : public std::enable_shared_from_this<NcclState> {
   cudaStream_t aux_stream_ = nullptr;  // allocate()'s memsets: never stuck behind NCCL
   cudaEvent_t ready_event_ = nullptr;  // the caller's stream, under nccl_mutex_
   void* barrier_buffer_ = nullptr;     // one int32 on the device
+
+  // take_block's pool: idle blocks by size class, under pool_mutex_.
+  static constexpr size_t kPoolBytes = size_t{256} << 20;
+  void give_block(size_t size_class, void* block) noexcept;
+  mutable std::mutex pool_mutex_;
+  std::map<size_t, std::vector<void*>> pool_;
+  size_t pooled_ = 0;
   std::atomic<uint64_t> sequence_{0};
 
   std::atomic<bool> poisoned_{false};
@@ -236,6 +260,8 @@ class NcclWork final : public Work {
   ~NcclWork() override { state_->give_event(event_); }
 
   cudaEvent_t event() const noexcept { return event_; }
+  // When the operation's NCCL calls were made (the watchdog's start).
+  Clock::time_point submitted() const noexcept { return submitted_; }
 
   void block_stream(void* stream) override {
     if (is_completed())
@@ -295,6 +321,7 @@ class NcclWork final : public Work {
   std::shared_ptr<NcclState> state_;
   cudaEvent_t event_;
   std::vector<TensorView> keep_;  // the operation's buffers (their owners)
+  const Clock::time_point submitted_ = Clock::now();
 };
 
 NcclState::~NcclState() {
@@ -308,6 +335,8 @@ NcclState::~NcclState() {
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   if (ready_event_) (void)cudaEventDestroy(ready_event_);
   if (barrier_buffer_) (void)cudaFree(barrier_buffer_);
+  for (auto& [size_class, blocks] : pool_)
+    for (void* b : blocks) (void)ncclMemFree(b);
   if (stream_) (void)cudaStreamDestroy(stream_);
   if (aux_stream_) (void)cudaStreamDestroy(aux_stream_);
 }
@@ -713,6 +742,12 @@ void NcclState::progress_loop() {
         }
       }
     }
+    if (!failed && front && !front->is_completed() &&
+        watchdog_.overdue(front->submitted(), Clock::now())) {
+      // Nobody's wait() ended it (a waiter with the default timeout would
+      // have, at the same time): the watchdog does.
+      expire(*front);
+    }
     if (failed) {
       // Poisoned (and aborted) before the pending operations fail with the
       // error, so that their callbacks see poisoned().
@@ -736,6 +771,70 @@ void NcclState::progress_loop() {
       sleep = std::min(sleep * 2, max_sleep);
     }
     lock.lock();
+  }
+}
+
+std::shared_ptr<void> NcclState::take_block(size_t bytes) {
+  const size_t size_class = std::bit_ceil(std::max<size_t>(bytes, 4096));
+  void* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    auto it = pool_.find(size_class);
+    if (it != pool_.end() && !it->second.empty()) {
+      block = it->second.back();
+      it->second.pop_back();
+      pooled_ -= size_class;
+    }
+  }
+  if (!block) {
+    const ncclResult_t r = ncclMemAlloc(&block, size_class);
+    RELAXCC_ENFORCE(r == ncclSuccess, DeviceError, who_, ": ncclMemAlloc of ", size_class,
+                    " bytes: ", ncclGetErrorString(r));
+  }
+  std::weak_ptr<NcclState> weak = weak_from_this();
+  std::shared_ptr<void> owner(block, [weak, size_class, device = device_, who = who_](void* p) {
+    if (auto state = weak.lock()) {
+      state->give_block(size_class, p);
+      return;
+    }
+    QuietDeviceGuard guard(device);
+    const ncclResult_t f = ncclMemFree(p);
+    if (f != ncclSuccess) RELAXCC_LOG(warn, who, ": ncclMemFree: ", ncclGetErrorString(f));
+  });
+  RELAXCC_CUDA_CHECK(cudaMemsetAsync(block, 0, bytes, aux_stream_), who_, "cudaMemsetAsync",
+                     "allocate");
+  RELAXCC_CUDA_CHECK(cudaStreamSynchronize(aux_stream_), who_, "cudaStreamSynchronize", "allocate");
+  return owner;
+}
+
+void NcclState::give_block(size_t size_class, void* block) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    if (pooled_ + size_class <= kPoolBytes) {
+      pool_[size_class].push_back(block);
+      pooled_ += size_class;
+      return;
+    }
+  } catch (...) {
+  }
+  QuietDeviceGuard guard(device_);
+  const ncclResult_t f = ncclMemFree(block);
+  if (f != ncclSuccess) RELAXCC_LOG(warn, who_, ": ncclMemFree: ", ncclGetErrorString(f));
+}
+
+void NcclState::expire(NcclWork& work) noexcept {
+  try {
+    const auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - work.submitted());
+    const std::string reason = watchdog_.poison_reason(work.description());
+    RELAXCC_LOG(error, who_, ": ", watchdog_.timeout_message(who_, work.description(), elapsed));
+    // Poisoned first, so that the Work's callbacks (run by complete) see it;
+    // the abort comes before the other pending operations fail.
+    mark_poisoned(reason);
+    work.complete(std::make_exception_ptr(
+        Timeout(watchdog_.timeout_message(who_, work.description(), elapsed), __FILE__, __LINE__)));
+    poison(reason, true);
+  } catch (...) {
+    poison("watchdog: an operation pending past the timeout", true);
   }
 }
 
@@ -866,22 +965,8 @@ class NcclCommunicator final : public Communicator {
     if (numel == 0) return TensorView(nullptr, 0, dtype, where);
     const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
     DeviceGuard guard(state_->device(), state_->who());
-    void* data = nullptr;
-    const ncclResult_t r = ncclMemAlloc(&data, bytes);
-    RELAXCC_ENFORCE(r == ncclSuccess, DeviceError, state_->who(), ": ncclMemAlloc of ", bytes,
-                    " bytes: ", ncclGetErrorString(r));
-    std::shared_ptr<void> owner(data, [device = state_->device(), who = state_->who()](void* p) {
-      int previous = -1;
-      (void)cudaGetDevice(&previous);
-      if (previous != device) (void)cudaSetDevice(device);
-      const ncclResult_t f = ncclMemFree(p);
-      if (f != ncclSuccess) RELAXCC_LOG(warn, who, ": ncclMemFree: ", ncclGetErrorString(f));
-      if (previous != device && previous >= 0) (void)cudaSetDevice(previous);
-    });
-    RELAXCC_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, state_->aux_stream()), state_->who(),
-                       "cudaMemsetAsync", "allocate");
-    RELAXCC_CUDA_CHECK(cudaStreamSynchronize(state_->aux_stream()), state_->who(),
-                       "cudaStreamSynchronize", "allocate");
+    std::shared_ptr<void> owner = state_->take_block(bytes);
+    void* data = owner.get();
     return TensorView(data, numel, dtype, where, std::move(owner));
   }
 
