@@ -14,10 +14,13 @@
 
 #include <gtest/gtest.h>
 
+#include "../kernels/cuda/cuda_kernels.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/logging.h"
+#include "relaxcc/nccl_communicator.h"
 #include "relaxcc/reducer.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
 #include "test_util.h"
@@ -956,6 +959,132 @@ TEST(StateDicts, SaveLoadRoundTrip) {
   sgd.update(TensorView::host(q.data(), 1), TensorView::host(gq.data(), 1),
              0);  // b = 1.9; d = 1 + 1.71
   EXPECT_FLOAT_EQ(q[0], 1.0f - 0.1f * 1.9f - 0.1f * 2.71f);
+}
+
+// Device tensors are checked before any communication or CUDA call, so these
+// run without a GPU: tensors on two devices and a context on another device
+// are InvalidArgument; device tensors over a communicator that moves host
+// memory (MPI) are Unsupported, naming the rank, both devices and the NCCL
+// communicator. The pointers are never dereferenced.
+TEST(Reducer, DeviceTensorsAreCheckedBeforeAnyCommunication) {
+  auto comm = test::world();
+  const Device gpu = Device::cuda(0);
+  auto* fake = reinterpret_cast<float*>(uintptr_t{4096});
+  ExecContext on_gpu;
+  on_gpu.device = gpu;
+  std::vector<TensorSpec> device_specs = {{"g0", TensorView(fake, 8, DType::f32, gpu)},
+                                          {"g1", TensorView(fake + 8, 8, DType::f32, gpu)}};
+  std::vector<TensorSpec> mixed = device_specs;
+  std::vector<float> host(8);
+  mixed[1].view = TensorView::host(host.data(), 8);
+  try {
+    Reducer bad(comm, mixed, std::make_shared<GradientAllreduce>(), on_gpu);
+    ADD_FAILURE() << "tensors on two devices were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("'g1' is on host but tensor 'g0' is on cuda:0"), std::string::npos)
+        << e.message();
+  }
+  try {
+    Reducer bad(comm, device_specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+    ADD_FAILURE() << "a host context for device tensors was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("the tensors are on cuda:0 but the ExecContext is on host"),
+              std::string::npos)
+        << e.message();
+  }
+  try {
+    Reducer bad(comm, device_specs, std::make_shared<GradientAllreduce>(), on_gpu);
+    ADD_FAILURE() << "device tensors over MPI were accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(e.message().find(detail::concat("rank ", comm->rank(),
+                                              "'s tensors are on cuda:0 but its communicator "
+                                              "moves memory on host")),
+              std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("NCCL communicator"), std::string::npos) << e.message();
+  }
+  // Nothing was exchanged: the world communicator is still in step.
+  int32_t one = 1;
+  comm->allreduce(TensorView::host(&one, 1), ExecContext::host())->wait();
+  EXPECT_EQ(one, comm->size());
+}
+
+// Device gradients over an NCCL communicator, copied and as bucket views:
+// every gradient equals the sum over ranks exactly (small integers that
+// encode rank, tensor, element and step; exact in f32) after synchronize()
+// and a synchronization of the producer stream, over three steps; the bucket
+// views are device memory. Skips without one GPU per rank.
+TEST(Reducer, DeviceGradientsOverNcclAreExact) {
+  const kernels::CudaAvailability cuda = kernels::cuda_availability();
+  if (cuda.device_count == 0) GTEST_SKIP() << "skipped: no CUDA device: " << cuda.reason;
+  if (cuda.device_count < test::world_size())
+    GTEST_SKIP() << "skipped: " << test::world_size() << " ranks, " << cuda.device_count
+                 << " CUDA device(s): NCCL refuses two ranks on one GPU";
+  const int device = test::world_rank() % cuda.device_count;
+  NcclCommunicatorOptions no;
+  no.device = device;
+  no.bootstrap = test::world();
+  no.timeout = 60s;
+  CommunicatorPtr nccl;
+  try {
+    nccl = create_nccl_communicator(no);
+  } catch (const Unsupported& e) {
+    GTEST_SKIP() << "skipped: no NCCL communicator: " << e.message();
+  }
+  const int n = nccl->size(), r = nccl->rank();
+  kernels::cuda::set_device(device);
+  std::shared_ptr<void> producer = kernels::cuda::create_stream(device);
+  ExecContext exec;
+  exec.device = Device::cuda(device);
+  exec.stream = producer.get();
+  const std::vector<int64_t> sizes = {1000, 33, 70000, 1, 4096};
+  for (bool view : {false, true}) {
+    std::vector<TensorView> grads, params;
+    std::vector<TensorSpec> specs;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      grads.push_back(nccl->allocate(sizes[i], DType::f32));
+      params.push_back(nccl->allocate(sizes[i], DType::f32));
+      specs.push_back({"g" + std::to_string(i), grads.back(), TensorRole::gradient,
+                       static_cast<int>(2 * i + 1)});
+      specs.push_back({"p" + std::to_string(i), params.back(), TensorRole::parameter});
+    }
+    ReducerOptions o;
+    o.plan.first_cap_bytes = 4096;
+    o.plan.cap_bytes = 100000;
+    o.gradient_as_bucket_view = view;
+    Reducer reducer(nccl, specs,
+                    std::make_shared<GradientAllreduce>(GradientAllreduceOptions{false, false}),
+                    exec, o);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<float>> values(sizes.size());
+      reducer.begin_step();
+      for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+        auto& v = values[static_cast<size_t>(i)];
+        v.resize(static_cast<size_t>(sizes[static_cast<size_t>(i)]));
+        for (size_t j = 0; j < v.size(); ++j)
+          v[j] = static_cast<float>(test::encode(r, j + 7 * static_cast<size_t>(i) + step));
+        // "Backward" computes the gradient on the producer stream.
+        const TensorView g = view ? reducer.gradient_view(2 * i) : grads[static_cast<size_t>(i)];
+        ASSERT_EQ(g.device, exec.device);
+        kernels::cuda::copy_async(g.data, v.data(), g.nbytes(), producer.get());
+        reducer.mark_ready(2 * i);
+      }
+      reducer.synchronize();
+      kernels::cuda::synchronize(producer.get());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const TensorView g = reducer.gradient_view(static_cast<int>(2 * i));
+        std::vector<float> got(static_cast<size_t>(g.numel));
+        kernels::cuda::copy_async(got.data(), g.data, g.nbytes(), producer.get());
+        kernels::cuda::synchronize(producer.get());
+        for (size_t j = 0; j < got.size(); ++j) {
+          float want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<float>(test::encode(q, j + 7 * i + step));
+          ASSERT_EQ(got[j], want) << "view " << view << " step " << step << " tensor " << i
+                                  << " element " << j;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -62,6 +62,23 @@
 // as PyTorch DDP does; on_plan_changed callbacks fire so frontends re-fetch
 // bucket views.
 //
+// Device tensors. Tensors may be CUDA tensors, all on one device, that of
+// the ExecContext, whose stream is the producer stream: the one backward
+// computes gradients on (InvalidArgument otherwise). The communicator must
+// move that device's memory, as an NCCL communicator does (Unsupported
+// otherwise, before any communication). Bucket memory is then device memory,
+// and no copy goes through the host: mark_ready(i), called once gradient i's
+// computation is enqueued on the producer stream, records an event there
+// (the host does not wait for the gradient); the Reducer's copy stream waits
+// on that event and copies the gradient into its bucket; the algorithm gets
+// the copy stream as AlgorithmContext::exec, so a bucket's collective runs
+// after the copies into it while backward goes on. Results are copied back
+// on the copy stream, and synchronize() makes the producer stream wait for
+// them: work enqueued there afterwards sees every gradient's result (the
+// host itself sees them after synchronizing that stream). The Reducer's own
+// agreements exchange host values over comm->host_communicator(). The host
+// optimizers of optimizer.h refuse device tensors (Unsupported).
+//
 // Errors of the Reducer's own collectives (plan agreement, bucket memory,
 // unused tensors, tuning, rebuild) and of the waits on bucket and algorithm
 // Works keep their type and name what they were for: their OpOptions::label
@@ -85,6 +102,10 @@
 #include "relaxcc/bucket_tuner.h"
 
 namespace relaxcc {
+
+namespace buckets {
+class BucketMemory;
+}  // namespace buckets
 
 struct ReducerOptions {
   BucketPlanOptions plan;
@@ -192,6 +213,9 @@ class Reducer {
   std::vector<TensorSpec> tensors_;
   AlgorithmPtr algorithm_;
   ExecContext exec_;
+  // Bucket memory and the copies into and out of it, for the tensors'
+  // device (src/buckets/bucket_memory.h).
+  std::unique_ptr<buckets::BucketMemory> memory_;
   ReducerOptions options_;
   Tunables tunables_;
   AlgorithmContext context_;

@@ -46,6 +46,18 @@ void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 void fill_async(void* dst, unsigned char value, size_t bytes, void* stream);
 // Waits for everything enqueued on `stream`.
 void synchronize(void* stream);
+// The calling thread's current device (cudaGetDevice).
+int get_device();
+// A non-blocking stream on `device`, destroyed (on that device) when the
+// owner is released: release it once nothing enqueued there is pending.
+std::shared_ptr<void> create_stream(int device);
+// An event on `device` without timing, destroyed when the owner is released.
+std::shared_ptr<void> create_event(int device);
+// Records `event` on `stream` (both of the current device); no host wait.
+void record_event(void* event, void* stream);
+// Makes work enqueued on `stream` afterwards wait for `event`'s last
+// record (cudaStreamWaitEvent); no host wait.
+void wait_event(void* stream, void* event);
 // Enqueue, over n elements: acc += x; out = x + y; r = e - r; x *= factor
 // (divide: x /= factor).
 void add(float* acc, const float* x, int64_t n, void* stream);

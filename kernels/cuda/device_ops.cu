@@ -97,6 +97,53 @@ std::shared_ptr<void> allocate(size_t bytes, int device, void* stream_ptr) {
   return owner;
 }
 
+int get_device() {
+  int device = -1;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+namespace {
+// Runs `fn` with `device` current, then puts the caller's device back
+// (for deleters, which must not throw).
+template <typename Fn>
+void on_device_quietly(int device, Fn fn) noexcept {
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  if (previous != device) (void)cudaSetDevice(device);
+  fn();
+  if (previous != device && previous >= 0) (void)cudaSetDevice(previous);
+}
+}  // namespace
+
+std::shared_ptr<void> create_stream(int device) {
+  set_device(device);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return std::shared_ptr<void>(stream, [device](void* s) {
+    on_device_quietly(device, [s] { (void)cudaStreamDestroy(static_cast<cudaStream_t>(s)); });
+  });
+}
+
+std::shared_ptr<void> create_event(int device) {
+  set_device(device);
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  return std::shared_ptr<void>(event, [device](void* e) {
+    on_device_quietly(device, [e] { (void)cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+  });
+}
+
+void record_event(void* event, void* stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+        "cudaEventRecord");
+}
+
+void wait_event(void* stream, void* event) {
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+        "cudaStreamWaitEvent");
+}
+
 void copy_async(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return;
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),

@@ -34,6 +34,21 @@ void set_device(int) {
 std::shared_ptr<void> allocate(size_t, int, void*) {
   unavailable("device memory");
 }
+int get_device() {
+  unavailable("cudaGetDevice");
+}
+std::shared_ptr<void> create_stream(int) {
+  unavailable("stream");
+}
+std::shared_ptr<void> create_event(int) {
+  unavailable("event");
+}
+void record_event(void*, void*) {
+  unavailable("event record");
+}
+void wait_event(void*, void*) {
+  unavailable("stream wait");
+}
 void copy_async(void*, const void*, size_t, void*) {
   unavailable("copy");
 }

@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "bucket_memory.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
@@ -149,11 +150,14 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
                   "Reducer: null communicator or algorithm");
   std::set<std::string> names;
   int64_t flat = 0;
+  // Every tensor on one device: the first one's.
+  const Device device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorSpec& t = tensors_[i];
     t.view.check_valid(t.name.c_str());
-    RELAXCC_ENFORCE(t.view.device.is_host(), Unsupported, "Reducer: tensor '", t.name, "' on ",
-                    t.view.device, ": host tensors (device tensors come with the NCCL path)");
+    RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
+                    "' is on ", t.view.device, " but tensor '", tensors_.front().name, "' is on ",
+                    device, ": every tensor of a Reducer lives on one device");
     RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '", t.name,
                     "' registered twice");
     RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
@@ -162,14 +166,29 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
     context_.flat_offset.push_back(flat);
     flat += t.view.numel;
   }
+  if (device.is_cuda()) {
+    // Checked before any communication and any CUDA call.
+    RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ", device,
+                    " but the ExecContext is on ", exec_.device,
+                    " (its stream is the one their gradients are computed on)");
+    const Device moves = comm_->allocate(0, DType::u8).device;
+    RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
+                    "'s tensors are on ", device, " but its communicator moves memory on ", moves,
+                    ": device tensors need a communicator that moves device memory (an NCCL "
+                    "communicator, relaxcc/nccl_communicator.h)");
+  }
+  memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
   warned_.assign(tensors_.size(), 0);
   accumulated_.assign(tensors_.size(), 0);
   used_in_step_.assign(tensors_.size(), 0);
-  side_ = comm_->split(0, comm_->rank());
+  // The Reducer's own agreements exchange host values: over the host
+  // communicator of a device communicator (NCCL's bootstrap).
+  const CommunicatorPtr host = comm_->host_communicator();
+  side_ = (host ? host : comm_)->split(0, comm_->rank());
   context_.comm = comm_;
   context_.tensors = &tensors_;
   context_.tunables = tunables_;
-  context_.exec = exec_;
+  context_.exec = memory_->bucket_context();
   install_plan(BucketPlan::build(tensors_, {}, options_.plan));
   verify_plan_across_ranks();
   algorithm_->init(context_);
@@ -237,6 +256,11 @@ Reducer::~Reducer() {
   } catch (const std::exception& e) {
     RELAXCC_LOG(warn, "Reducer: algorithm shutdown failed: ", e.what());
   }
+  try {
+    memory_->finish();  // no copy still reads or writes bucket memory
+  } catch (const std::exception& e) {
+    RELAXCC_LOG(warn, "Reducer: waiting for the bucket copies failed: ", e.what());
+  }
 }
 
 std::chrono::milliseconds Reducer::timeout() const {
@@ -269,21 +293,19 @@ std::vector<TensorView> Reducer::allocate_buckets(const BucketPlan& plan) {
                 return side_->allreduce(TensorView::host(shared_ok.get(), 1, shared_ok),
                                         ExecContext::host(), o);
               });
-  if (!*shared_ok) {
-    auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(total));
-    arena = TensorView(memory->data(), total, DType::u8, Device::host(), memory);
-  }
+  if (!*shared_ok) arena = memory_->allocate(total);
   std::vector<TensorView> buckets;
   for (size_t b = 0; b < offsets.size(); ++b) {
     const Bucket& bucket = plan.buckets()[b];
     buckets.emplace_back(static_cast<unsigned char*>(arena.data) + offsets[b], bucket.numel,
-                         bucket.dtype, Device::host(), arena.owner);
+                         bucket.dtype, arena.device, arena.owner);
   }
   return buckets;
 }
 
 void Reducer::install_plan(BucketPlan plan) {
   std::vector<TensorView> storage = allocate_buckets(plan);
+  memory_->acquire();  // the gradients as computed so far
   for (size_t b = 0; b < storage.size(); ++b) {
     const Bucket& bucket = plan.buckets()[b];
     for (const BucketEntry& e : bucket.entries) {
@@ -294,9 +316,10 @@ void Reducer::install_plan(BucketPlan plan) {
         const auto [ob, oe] = plan_.locate(e.tensor);
         from = slot_ptr(storage_[ob], plan_.buckets()[ob].entries[oe], bucket.dtype);
       }
-      if (e.numel > 0) std::memcpy(slot_ptr(storage[b], e, bucket.dtype), from, t.view.nbytes());
+      if (e.numel > 0) memory_->copy(slot_ptr(storage[b], e, bucket.dtype), from, t.view.nbytes());
     }
   }
+  memory_->finish();  // the old buckets are released below
   storage_ = std::move(storage);
   plan_ = std::move(plan);
   context_.plan = &plan_;
@@ -491,11 +514,15 @@ void Reducer::mark_ready(int index) {
     accumulated_[index] = 1;
     return;
   }
+  // The gradient is enqueued on the producer stream (device: an event there,
+  // no host wait; host: nothing to record).
+  memory_->record_ready(index);
   if (!options_.gradient_as_bucket_view) {
     copy_in_queue_.push_back(index);
     wake_copier(*copier_wake_);
     return;
   }
+  memory_->await_ready(index);  // the bucket's operation runs after it
   --pending_[plan_.locate(index).first];
   dispatch_ready_buckets_locked();
 }
@@ -530,8 +557,8 @@ void Reducer::copy_in_next(std::unique_lock<std::mutex>& lock) {
   const bool copy = bucket.entries[e].numel > 0 && !local_step_;
   lock.unlock();
   if (copy)
-    std::memcpy(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), tensors_[index].view.data,
-                tensors_[index].view.nbytes());
+    memory_->copy_in(index, slot_ptr(storage_[b], bucket.entries[e], bucket.dtype),
+                     tensors_[index].view.data, tensors_[index].view.nbytes());
   lock.lock();
   --copies_running_;
   --pending_[b];
@@ -616,6 +643,7 @@ void Reducer::settle_unused() {
     warn_partly_marked(flags, local, iteration);
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  memory_->acquire();  // accumulated gradients, as computed so far
   for (size_t i = 0; i < count; ++i) {
     if (tensors_[i].role != TensorRole::gradient || marked_[i]) continue;
     const auto [b, e] = plan_.locate(static_cast<int>(i));
@@ -625,17 +653,14 @@ void Reducer::settle_unused() {
       // Accumulated in no_sync iterations: its gradient is in the bucket
       // already (bucket views) or still in the tensor.
       if (!options_.gradient_as_bucket_view)
-        std::memcpy(slot, tensors_[i].view.data, tensors_[i].view.nbytes());
+        memory_->copy(slot, tensors_[i].view.data, tensors_[i].view.nbytes());
     } else if (agree) {
       // Not used here: contribute zeros. A bucket view of a tensor unused
       // everywhere is left as it was: kept, restored once the bucket completed.
       if (!flags[i] && options_.gradient_as_bucket_view &&
-          !algorithm_->capabilities().owns_optimizer_step) {
-        const auto* bytes = static_cast<const unsigned char*>(slot);
-        kept_.emplace_back(static_cast<int>(i),
-                           std::vector<unsigned char>(bytes, bytes + tensors_[i].view.nbytes()));
-      }
-      std::memset(slot, 0, tensors_[i].view.nbytes());
+          !algorithm_->capabilities().owns_optimizer_step)
+        kept_.emplace_back(static_cast<int>(i), memory_->read(slot, tensors_[i].view.nbytes()));
+      memory_->zero(slot, tensors_[i].view.nbytes());
     }
     untouched_[i] = flags[i] ? 0 : 1;
     marked_[i] = 1;
@@ -713,11 +738,16 @@ void Reducer::synchronize() {
       r->copier_idle_cv_.wait(lock, [this] { return r->copier_idle(); });
       // Tensors unused everywhere get their values back, however the
       // iteration ended.
-      for (const auto& [i, bytes] : std::exchange(r->kept_, {})) {
-        const auto [b, e] = r->plan_.locate(i);
-        const Bucket& bucket = r->plan_.buckets()[b];
-        std::memcpy(slot_ptr(r->storage_[b], bucket.entries[e], bucket.dtype), bytes.data(),
-                    bytes.size());
+      try {
+        for (const auto& [i, bytes] : std::exchange(r->kept_, {})) {
+          const auto [b, e] = r->plan_.locate(i);
+          const Bucket& bucket = r->plan_.buckets()[b];
+          r->memory_->write(slot_ptr(r->storage_[b], bucket.entries[e], bucket.dtype), bytes);
+        }
+        // Work enqueued on the producer stream afterwards sees the results.
+        r->memory_->publish();
+      } catch (const std::exception& e) {
+        RELAXCC_LOG(error, "Reducer: ending the iteration: ", e.what());
       }
       r->next_copy_out_ = r->next_dispatch_;
       r->in_step_ = false;
@@ -783,8 +813,8 @@ void Reducer::copy_out(int b) {
   const Bucket& bucket = plan_.buckets()[b];
   for (const BucketEntry& e : bucket.entries) {
     if (untouched_[e.tensor] || e.numel == 0) continue;
-    std::memcpy(tensors_[e.tensor].view.data, slot_ptr(storage_[b], e, bucket.dtype),
-                tensors_[e.tensor].view.nbytes());
+    memory_->copy(tensors_[e.tensor].view.data, slot_ptr(storage_[b], e, bucket.dtype),
+                  tensors_[e.tensor].view.nbytes());
   }
 }
 
@@ -876,7 +906,7 @@ TensorView Reducer::gradient_view(int index) const {
                   "' is not in a bucket");
   const Bucket& bucket = plan_.buckets()[b];
   return TensorView(slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bucket.entries[e].numel,
-                    bucket.dtype);
+                    bucket.dtype, storage_[b].device);
 }
 
 void Reducer::on_plan_changed(std::function<void()> callback) {
