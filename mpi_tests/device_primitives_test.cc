@@ -89,7 +89,6 @@ TEST(DeviceEntry, HostOnlyPrimitivesRefuseDeviceTensors) {
   std::mutex lock;
   names(thrown<Unsupported>([&] { AsyncModelAverager averager(comm, t.view(), lock); }),
         "AsyncModelAverager");
-  names(thrown<Unsupported>([&] { sparse_allreduce(*comm, t.view(), ctx); }), "sparse_allreduce");
   names(thrown<Unsupported>([&] { AutoCodec::calibrate(*comm, ctx); }), "AutoCodec::calibrate");
   // A host tensor with a device context is refused the same way.
   std::vector<float> host(64, 1.0f);
@@ -97,6 +96,37 @@ TEST(DeviceEntry, HostOnlyPrimitivesRefuseDeviceTensors) {
         "gossip");
   // The communicator is still in step: a host gossip round goes through.
   gossip(*comm, TensorView::host(host.data(), 64), ExecContext::host())->wait();
+}
+
+// sparse_allreduce takes device tensors with random-k over a communicator
+// that moves device memory: on MPI (host memory) it refuses them with
+// Unsupported naming the call, the rank, the device and NCCL; top-k, which
+// selects on the host, is Unsupported on devices whatever the communicator;
+// a context on another device is InvalidArgument. Nothing is read or written.
+TEST(DeviceEntry, SparseAllreduceChecksDeviceTensors) {
+  auto comm = world();
+  FakeDeviceTensor t;
+  const ExecContext ctx = FakeDeviceTensor::context();
+  const std::string rank = "rank " + std::to_string(test::world_rank());
+  SparseAllreduceOptions o;  // randomk
+  const std::string on_mpi =
+      thrown<Unsupported>([&] { sparse_allreduce(*comm, t.view(), ctx, o); });
+  EXPECT_TRUE(contains(on_mpi, "sparse_allreduce")) << on_mpi;
+  EXPECT_TRUE(contains(on_mpi, "cuda:0")) << on_mpi;
+  EXPECT_TRUE(contains(on_mpi, rank)) << on_mpi;
+  EXPECT_TRUE(contains(on_mpi, "NCCL")) << on_mpi;
+  o.codec.kind = CompressorKind::topk;
+  o.codec.ratio = 0.25;
+  const std::string topk = thrown<Unsupported>([&] { sparse_allreduce(*comm, t.view(), ctx, o); });
+  EXPECT_TRUE(contains(topk, rank + " was given a tensor on cuda:0 with the topk codec")) << topk;
+  EXPECT_TRUE(contains(topk, "randomk")) << topk;
+  const std::string mixed = thrown<InvalidArgument>(
+      [&] { sparse_allreduce(*comm, t.view(), ExecContext::host(), SparseAllreduceOptions{}); });
+  EXPECT_TRUE(contains(mixed, "expected the same device")) << mixed;
+  EXPECT_EQ(t.memory, std::vector<float>(64, 1.0f));
+  // The communicator is still in step.
+  std::vector<float> host(64, 1.0f);
+  sparse_allreduce(*comm, TensorView::host(host.data(), 64), ExecContext::host())->wait();
 }
 
 TEST(DeviceEntry, CompressedAllreduceOnMpiRefusesDeviceTensors) {
@@ -272,6 +302,68 @@ TEST_F(DeviceCompressed, EqualsHostPathBitForBit) {
       EXPECT_EQ(on_device.received_from, on_host.received_from);
     }
   }
+}
+
+// Random-k sparse allreduce on device tensors over NCCL equals the host path
+// over MPI bit for bit, with worker-side error feedback, over three calls
+// whose step rolls the selection: results and residuals. The data are small
+// integers encoding (rank, index, step), so every sum is exact in f32 and
+// the reduction order (NCCL's or MPI's) does not matter. The call returns a
+// completed Work.
+TEST_F(DeviceCompressed, SparseRandomkEqualsHostPathBitForBit) {
+  auto host_comm = world();
+  const int r = host_comm->rank();
+  const int64_t numel = 5000;
+  for (auto mode : {kernels::RandomKMode::stratified, kernels::RandomKMode::rolling}) {
+    kernels::ErrorFeedback host_feedback(numel), device_feedback(numel);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> x(static_cast<size_t>(numel));
+      for (int64_t i = 0; i < numel; ++i)
+        x[static_cast<size_t>(i)] = static_cast<float>(test::encode(r, i + 13 * step));
+      std::vector<float> on_host = x;
+      DeviceFloats on_device(x, device_);
+      SparseAllreduceOptions o;
+      o.codec.kind = CompressorKind::randomk;
+      o.codec.ratio = 0.1;
+      o.codec.seed = 42;
+      o.codec.step = static_cast<uint64_t>(step);
+      o.codec.random_mode = mode;
+      o.feedback = &host_feedback;
+      sparse_allreduce(*host_comm, TensorView::host(on_host.data(), numel), ExecContext::host(), o)
+          ->wait();
+      o.feedback = &device_feedback;
+      WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
+      EXPECT_TRUE(w->is_completed());
+      w->wait();
+      EXPECT_TRUE(same_bits(on_device.to_host(), on_host)) << "step " << step;
+      EXPECT_TRUE(same_bits(device_feedback.residual(), host_feedback.residual()))
+          << "step " << step;
+    }
+  }
+}
+
+// Ranks that disagree on the random-k selection (rank 1's seed differs):
+// every rank throws PeerMismatch, and x and the residual stay as they were.
+TEST_F(DeviceCompressed, SparseRandomkSelectionMismatchFailsEveryRank) {
+  const int r = nccl_->rank(), n = nccl_->size();
+  if (n < 2) GTEST_SKIP() << "skipped: one rank cannot disagree with itself";
+  const int64_t numel = 1000;
+  std::vector<float> x(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i)
+    x[static_cast<size_t>(i)] = static_cast<float>(test::encode(r, i));
+  DeviceFloats on_device(x, device_);
+  kernels::ErrorFeedback feedback(numel);
+  feedback.residual()[3] = 0.5f;
+  const std::vector<float> residual = feedback.residual();
+  SparseAllreduceOptions o;
+  o.codec.ratio = 0.25;
+  o.codec.seed = r == 1 ? 8 : 7;
+  o.feedback = &feedback;
+  WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
+  EXPECT_THROW(w->wait(), PeerMismatch);
+  EXPECT_TRUE(same_bits(on_device.to_host(), x));
+  EXPECT_TRUE(same_bits(feedback.residual(), residual));
+  EXPECT_FALSE(nccl_->poisoned());
 }
 
 TEST_F(DeviceCompressed, StateSavesAndLoadsBitForBit) {

@@ -1,6 +1,7 @@
 #include "relaxcc/relaxed/sparse_allreduce.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -61,6 +62,20 @@ OpOptions op_options(const OpOptions& options, WorkPtr after) {
 
 // ---- random-k -------------------------------------------------------------
 
+// What every rank of a random-k call must agree on: the selection's hash.
+int64_t randomk_hash(int64_t numel, int64_t k, const CompressorConfig& codec) {
+  return static_cast<int64_t>(Fnv1a()
+                                  .u64(static_cast<uint64_t>(numel))
+                                  .u64(static_cast<uint64_t>(k))
+                                  .u64(codec.seed)
+                                  .u64(codec.step)
+                                  .u64(std::bit_cast<uint64_t>(codec.ratio))
+                                  .u64(static_cast<uint64_t>(codec.keep))
+                                  .u64(static_cast<uint64_t>(codec.random_mode))
+                                  .value() >>
+                              2);
+}
+
 // What one random-k call keeps until it finishes.
 struct RandomkCall {
   std::vector<unsigned char> payload;
@@ -76,16 +91,7 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
   call->payload.resize(kernels::encoded_size(x.numel, codec));
   call->residual.feedback = options.feedback;
   const int64_t k = kernels::kept_elements(x.numel, codec);
-  const auto h = static_cast<int64_t>(Fnv1a()
-                                          .u64(static_cast<uint64_t>(x.numel))
-                                          .u64(static_cast<uint64_t>(k))
-                                          .u64(codec.seed)
-                                          .u64(codec.step)
-                                          .u64(std::bit_cast<uint64_t>(codec.ratio))
-                                          .u64(static_cast<uint64_t>(codec.keep))
-                                          .u64(static_cast<uint64_t>(codec.random_mode))
-                                          .value() >>
-                                      2);
+  const int64_t h = randomk_hash(x.numel, k, codec);
 
   // Encoding runs off the engine thread, after options.after (if any): an
   // input the codec refuses fails this rank's allreduces, and so every rank.
@@ -128,6 +134,89 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
         call->residual.commit();
       },
       "sparse_allreduce");
+}
+
+// ---- random-k on a device ------------------------------------------------
+
+// Random-k on device tensors over a communicator that moves device memory
+// (NCCL), stepped on the calling thread as the device compressed allreduce
+// is (the CUDA kernels validate on the device and read their flags back):
+// the device gathers the k values into payload memory from comm.allocate()
+// (randomk encode, with the residual on the device when there is error
+// feedback), one allreduce sums them in place, a second one, of three
+// integers [h, -h, 1 + the highest rank whose encode failed (0: none)] with
+// max, checks the selection, then the device scatters the sum into x (0
+// elsewhere). No tensor data goes through the host; the residual of error
+// feedback (kernels::ErrorFeedback, host memory) is copied to the device
+// before the encode and back once the call succeeded. A rank whose encode
+// fails keeps taking part (so no peer waits on it) and throws its own error;
+// the others throw CommunicationError naming it. x and the residual are
+// untouched on every rank unless the call succeeds. Returns a completed Work.
+WorkPtr random_k_device(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                        const SparseAllreduceOptions& options) {
+  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
+  // Refuses a communicator that cannot move this device's memory (MPI).
+  backend->check_communicator(comm, "sparse_allreduce");
+  auto done = std::make_shared<Work>("sparse_allreduce");
+  try {
+    if (options.after) options.after->wait();
+    const CompressorConfig& codec = options.codec;
+    const int64_t k = kernels::kept_elements(x.numel, codec);
+    const int64_t h = randomk_hash(x.numel, k, codec);
+    const auto bytes = static_cast<int64_t>(kernels::encoded_size(x.numel, codec));
+    const TensorView payload = backend->payload_memory(comm, bytes, "sparse_allreduce");
+    const std::span<std::byte> out(static_cast<std::byte*>(payload.data),
+                                   static_cast<size_t>(bytes));
+    TensorView residual, scratch;
+    std::exception_ptr encode_error;
+    try {
+      if (options.feedback) {
+        const size_t n = static_cast<size_t>(x.numel);
+        residual = backend->zeros(x.numel, DType::f32, ctx);
+        scratch = backend->zeros(x.numel, DType::f32, ctx);
+        backend->copy(residual.data, options.feedback->residual().data(), n * sizeof(float), ctx);
+      }
+      backend->encode(x, residual, scratch, out, codec, ctx);
+    } catch (...) {
+      encode_error = std::current_exception();
+      // NaN values: the sum is meaningless, and the check below fails everywhere.
+      backend->fill(payload.data, 0xff, static_cast<size_t>(bytes), ctx);
+    }
+    const TensorView check = comm.allocate(3, DType::i64);
+    const std::array<int64_t, 3> mine = {h, -h, encode_error ? comm.rank() + 1 : 0};
+    backend->copy(check.data, mine.data(), sizeof mine, ctx);
+    AllreduceOptions agree;
+    static_cast<OpOptions&>(agree) = op_options(options, nullptr);
+    agree.op = ReduceOp::max;
+    WorkPtr agreed = relaxed::counted_allreduce(comm, check, ctx, agree, options.stats);
+    AllreduceOptions sum;
+    static_cast<OpOptions&>(sum) = op_options(options, nullptr);
+    sum.op = options.op;
+    const TensorView values(
+        static_cast<unsigned char*>(payload.data) + sizeof(kernels::PayloadHeader), k, DType::f32,
+        x.device, payload.owner);
+    WorkPtr summed = relaxed::counted_allreduce(comm, values, ctx, sum, options.stats);
+    agreed->wait();
+    summed->wait();
+    std::array<int64_t, 3> all{};
+    backend->copy(all.data(), check.data, sizeof all, ctx);
+    backend->finish(ctx);
+    if (encode_error) std::rethrow_exception(encode_error);
+    RELAXCC_ENFORCE(all[2] == 0, CommunicationError, "sparse_allreduce: rank ", comm.rank(),
+                    ": rank ", all[2] - 1, " could not encode its tensor (its own error says why)");
+    RELAXCC_ENFORCE(all[0] == h && all[1] == -h, PeerMismatch,
+                    "sparse_allreduce: ranks disagree on the random-k selection (seed, step, "
+                    "ratio, keep or mode)");
+    backend->decode(std::span<const std::byte>(out), x, false, ctx);
+    if (options.feedback)
+      backend->copy(options.feedback->residual().data(), residual.data,
+                    static_cast<size_t>(x.numel) * sizeof(float), ctx);
+    backend->finish(ctx);
+    done->complete(nullptr);
+  } catch (...) {
+    done->complete(std::current_exception());
+  }
+  return done;
 }
 
 // ---- top-k ----------------------------------------------------------------
@@ -603,11 +692,23 @@ int64_t sparse_allreduce_owned(int64_t numel, int rank, int size) {
 
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                          const SparseAllreduceOptions& options) {
-  relaxed::require_host("sparse_allreduce", comm.rank(), x, ctx);
+  const bool device = x.device.is_cuda() || ctx.device.is_cuda();
+  if (device) {
+    RELAXCC_ENFORCE(x.device == ctx.device, InvalidArgument, "sparse_allreduce: rank ", comm.rank(),
+                    " was given a tensor on ", x.device, " with a context on ", ctx.device,
+                    ", expected the same device");
+    // Top-k selects on the host ([E]'s CUDA topk encoder copies the tensor
+    // to the host and selects there) and its owners sum, select again and
+    // check prefixes and status words on the host: on a device every block
+    // would go through the host, which the device path never does.
+    RELAXCC_ENFORCE(options.codec.kind != CompressorKind::topk, Unsupported,
+                    "sparse_allreduce: rank ", comm.rank(), " was given a tensor on ", x.device,
+                    " with the topk codec: top-k selects on the host (no CUDA selection kernel), "
+                    "so on devices sparse_allreduce takes randomk (or use compressed_allreduce)");
+  }
   x.check_valid("sparse_allreduce tensor");
-  RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument,
-                  "sparse_allreduce: f32 host tensors, got ", dtype_name(x.dtype), " on ",
-                  x.device);
+  RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument, "sparse_allreduce: f32 tensors, got ",
+                  dtype_name(x.dtype), " on ", x.device);
   const CompressorConfig& codec = options.codec;
   const bool topk = codec.kind == CompressorKind::topk;
   RELAXCC_ENFORCE(topk || codec.kind == CompressorKind::randomk, InvalidArgument,
@@ -626,7 +727,7 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
   if (!topk) {
     RELAXCC_ENFORCE(!options.server_feedback, InvalidArgument,
                     "sparse_allreduce: server_feedback is for topk, got randomk");
-    return random_k(comm, x, ctx, options);
+    return device ? random_k_device(comm, x, ctx, options) : random_k(comm, x, ctx, options);
   }
   const int64_t owned = sparse_allreduce_owned(x.numel, comm.rank(), comm.size());
   RELAXCC_ENFORCE(!options.server_feedback ||

@@ -119,9 +119,27 @@ struct SparseAllreduceOptions : OpOptions {
   RelaxedStats* stats = nullptr;
 };
 
-// Host tensors only: a tensor or context on a device throws Unsupported,
-// naming the call, the rank and the device, before anything is read
-// (compressed_allreduce takes device tensors). InvalidArgument, from the
+// Device tensors (random-k only). A CUDA tensor with a context on its device
+// runs random-k over a communicator that moves that device's memory (NCCL;
+// Unsupported naming the call, the rank and the device otherwise, before
+// anything is read): the device gathers the k values into payload memory
+// from comm.allocate() (CUDA randomk encode; with error feedback, the
+// residual is added and updated on the device), the communicator allreduces
+// them, a second allreduce of three integers checks the selection and
+// whether some rank's encode failed, and the device scatters the sum into x.
+// Tensor data never goes through the host; the residual of `feedback` (host
+// memory) is copied to the device before the encode and back once the call
+// succeeded. The call is stepped on the calling thread (after
+// options.after) and returns a completed Work; each wait is bounded by the
+// communicator's timeout. Results and residuals equal the host path's bit
+// for bit where the sum is exact. A rank whose encode fails throws its own
+// error, its peers CommunicationError naming it; on a selection mismatch
+// every rank throws PeerMismatch; x and the residual are untouched unless
+// the call succeeds. Top-k on a device is Unsupported: its selection runs on
+// the host ([E]'s CUDA topk encoder copies the tensor to the host to select)
+// and its owners sum, select again and check prefixes and status words on
+// the host, so every block would go through the host. A context on another
+// device than x is InvalidArgument. InvalidArgument, from the
 // call on every rank before anything is submitted, for a tensor that is not
 // f32, a codec other than randomk and topk or out of its ranges (ratio
 // outside (0, 1]), an op other than sum and avg, feedback of another size,
