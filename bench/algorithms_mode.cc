@@ -223,16 +223,23 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
     o.tag = tag;
     return std::make_shared<algorithms::AsyncModelAverage>(o);
   }
-  // diloco:h<H>[-4bit][-streaming[<F>]][-eager]: H inner steps (defaults:
-  // 500), 4-bit min-max pseudo-gradients with error feedback, F streaming
-  // fragments (4 when F is left out), one-round-delayed outer steps.
+  // diloco:h<H>[-4bit|-sparseloco][-streaming[<F>]][-eager]: H inner steps
+  // (defaults: 500), 4-bit min-max pseudo-gradients with error feedback or
+  // SparseLoCo's recipe (chunk-wise top-2 of 64, 2-bit values, decayed error
+  // feedback, outer SGD lr 1), F streaming fragments of whole buckets (4 when
+  // F is left out), one-round-delayed outer steps.
   if (name == "diloco") {
     algorithms::DilocoOptions o;
+    bool sparseloco = false;
     if (!defaults) {
       RELAXCC_ENFORCE(setting->size() > 1 && (*setting)[0] == 'h', InvalidArgument,
-                      "algorithms: diloco's setting is h<H>[-4bit][-streaming[<F>]][-eager], got '",
+                      "algorithms: diloco's setting is "
+                      "h<H>[-4bit|-sparseloco][-streaming[<F>]][-eager], got '",
                       *setting, "'");
-      o.inner_steps = std::stoi(setting->substr(1));
+      const int h = std::stoi(setting->substr(1));
+      sparseloco = setting->find("-sparseloco") != std::string::npos;
+      if (sparseloco) o = algorithms::sparseloco_options(h);
+      o.inner_steps = h;
       if (setting->find("-4bit") != std::string::npos) {
         o.codec = kernels::CompressorConfig{};
         o.codec->bits = 4;
@@ -242,6 +249,7 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
     }
     *setting = detail::concat(
         "H ", o.inner_steps, o.codec ? ", 4-bit" : "",
+        sparseloco ? ", SparseLoCo (chunk top-2/64, 2-bit)" : "",
         o.fragments > 1 ? detail::concat(", ", o.fragments, " fragments") : std::string(),
         o.eager ? ", eager" : "");
     return std::make_shared<algorithms::Diloco>(o);
@@ -250,7 +258,7 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
                 "' (gradient_allreduce, bytegrad, qadam, cocktail_sgd, cocktail_sgd:paper, "
                 "local_sgd, decentralized_sgd[:<mode>[-adaptive|-deadline<ms>]], "
                 "low_precision_decentralized_sgd, moshpit_sgd[:no-deadline], async_model_average, "
-                "diloco, diloco:h<H>[-4bit][-streaming[<F>]][-eager])");
+                "diloco, diloco:h<H>[-4bit|-sparseloco][-streaming[<F>]][-eager])");
 }
 
 // One algorithm's timed run, aggregated over ranks (every rank holds it).
@@ -266,6 +274,20 @@ struct Pass {
   int64_t left_out = 0;  // peers left out of rounds by a deadline, summed over ranks
 };
 
+// Streaming DiLoCo's fragments are whole buckets: a bucket cap of an
+// eighth of a fragment's share of the model (at most the default 25 MiB)
+// leaves about 8 buckets per fragment.
+int64_t diloco_bucket_cap(const Model& model, const std::string& spec) {
+  const int64_t cap = int64_t{25} << 20;
+  if (spec.find("-streaming") == std::string::npos) return cap;
+  const int fragments =
+      setting_number(spec.substr(spec.find(':') + 1), "-streaming", 4).value_or(1);
+  int64_t bytes = 0;
+  for (const TensorSpec& t : model.specs)
+    if (t.role == TensorRole::gradient) bytes += t.view.nbytes();
+  return std::clamp<int64_t>(bytes / (8 * int64_t{fragments}), int64_t{1} << 16, cap);
+}
+
 Pass run_pass(BenchWorld& world, const CommunicatorPtr& comm, Model& model,
               const AlgorithmsArgs& args, const std::string& spec, int tag, bool straggle) {
   Pass pass;
@@ -277,7 +299,10 @@ Pass run_pass(BenchWorld& world, const CommunicatorPtr& comm, Model& model,
   uint64_t sent = 0;
   double total_ms = 0, peak_bytes = 0, peak_mbit = 0;
   {
-    Reducer reducer(comm, model.specs, algorithm, ExecContext::host());
+    ReducerOptions ro;
+    if (dynamic_cast<const algorithms::Diloco*>(algorithm.get()) != nullptr)
+      ro.plan.cap_bytes = diloco_bucket_cap(model, spec);
+    Reducer reducer(comm, model.specs, algorithm, ExecContext::host(), ro);
     Sgd sgd(SgdOptions{1e-3f});
     for (int i = 0; i < args.warmup; ++i) train_step(reducer, model, compute_ms, sgd);
     algorithm->drain(std::chrono::minutes(5));

@@ -17,20 +17,33 @@ bool sparse(const kernels::CompressorConfig& c) {
 
 }  // namespace
 
-// One fragment's outer state and its exchange.
+// A parameter tensor in a bucket: its registration index, flat offset, and
+// offset in the bucket's buffer.
+struct Diloco::Slice {
+  int tensor = 0;
+  int64_t flat = 0, at = 0, numel = 0;
+};
+
+// One bucket's exchange, with the layout it started with.
+struct Diloco::Exchange {
+  std::vector<Slice> slices;
+  std::string key;  // the bucket's server-side state key
+  std::shared_ptr<std::vector<float>> buffer;
+  std::shared_ptr<std::vector<std::byte>> gathered;  // chunk_topk: every rank's payload
+  size_t payload_bytes = 0;
+  std::unique_ptr<CompressedAllreduceState> dense;
+  std::unique_ptr<kernels::ErrorFeedback> worker, server;
+  WorkPtr work;
+};
+
+// One fragment: its buckets of the current plan, and its exchange.
 struct Diloco::Fragment {
-  int first = 0, last = 0;  // its tensors: params_[first, last)
-  int64_t begin = 0, numel = 0;
-  int64_t offset = 0;                             // o_p: syncs at inner steps k = o_p (mod H)
-  std::vector<float> global, start;               // theta_g, theta_start
-  std::vector<float> at_sync;                     // theta at the sync of the pending exchange
-  std::shared_ptr<std::vector<float>> exchange =  // delta, averaged in place
-      std::make_shared<std::vector<float>>();
-  WorkPtr in_flight;
-  bool pending = false;                             // an exchange started and not applied
-  int64_t apply_at = -1;                            // the inner step after which it is applied
-  std::unique_ptr<CompressedAllreduceState> dense;  // dense codecs
-  std::unique_ptr<kernels::ErrorFeedback> worker, server;  // sparse codecs
+  int first = 0, last = 0;          // buckets_[first, last)
+  int64_t offset = 0;               // o_p: syncs at inner steps k = o_p (mod H)
+  std::vector<Exchange> exchanges;  // started and not yet finished
+  std::vector<Slice> synced;        // the elements of the pending exchange
+  bool pending = false;             // an exchange started and not applied
+  int64_t apply_at = -1;            // the inner step after which it is applied
 };
 
 DilocoOptions sparseloco_options(int inner_steps) {
@@ -39,11 +52,12 @@ DilocoOptions sparseloco_options(int inner_steps) {
   o.outer_lr = 1.0f;
   o.outer_momentum = 0.0f;
   o.nesterov = false;
-  kernels::CompressorConfig c;
-  c.kind = kernels::CompressorKind::topk;
-  c.ratio = 0.03;
-  c.approximate = false;
-  o.codec = c;
+  kernels::ChunkTopkConfig c;
+  c.chunk = 64;
+  c.ratio = 0.03;  // 2 of 64
+  c.bits = 2;
+  c.group = 128;
+  o.chunk_topk = c;
   o.error_feedback = true;
   o.feedback_decay = 0.95f;
   return o;
@@ -65,6 +79,8 @@ Diloco::Diloco(DilocoOptions options) : options_(std::move(options)) {
                   o.overlap_steps);
   RELAXCC_ENFORCE(o.feedback_decay > 0 && o.feedback_decay <= 1, InvalidArgument,
                   "diloco: feedback_decay must be in (0, 1], got ", o.feedback_decay);
+  RELAXCC_ENFORCE(!(o.codec && o.chunk_topk), InvalidArgument,
+                  "diloco: set codec or chunk_topk, not both");
   if (o.codec) {
     o.codec->validate();
     RELAXCC_ENFORCE(o.codec->kind != kernels::CompressorKind::cocktail, InvalidArgument,
@@ -72,6 +88,11 @@ Diloco::Diloco(DilocoOptions options) : options_(std::move(options)) {
     RELAXCC_ENFORCE(!(o.hierarchical && sparse(*o.codec)), InvalidArgument,
                     "diloco: the hierarchical allreduce takes dense codecs, got ",
                     kernels::compressor_name(o.codec->kind));
+  }
+  if (o.chunk_topk) {
+    o.chunk_topk->validate();
+    RELAXCC_ENFORCE(!o.hierarchical, InvalidArgument,
+                    "diloco: the hierarchical allreduce takes dense codecs, got chunk_topk");
   }
   SgdOptions s;
   s.lr = o.outer_lr;
@@ -85,6 +106,7 @@ Diloco::~Diloco() = default;
 AlgorithmCapabilities Diloco::capabilities() const {
   AlgorithmCapabilities c;
   c.communicates_gradients = false;
+  c.depends_on_bucket_boundaries = options_.fragments > 1 || compressed();
   return c;
 }
 
@@ -92,79 +114,126 @@ void Diloco::init(const AlgorithmContext& ctx) {
   ctx_ = ctx;
   FlatParameters flat;
   flat.bind(ctx, "diloco");
-  params_ = std::move(flat.tensors);
-  param_at_ = std::move(flat.offsets);
+  flat_of_.assign(ctx.tensors->size(), -1);
+  for (size_t i = 0; i < flat.tensors.size(); ++i)
+    flat_of_[static_cast<size_t>(flat.tensors[i])] = flat.offsets[i];
+  RELAXCC_ENFORCE(numel_ == 0 || numel_ == flat.numel, InvalidArgument, "diloco: rank ",
+                  ctx.comm->rank(), ": the parameters changed from ", numel_, " to ", flat.numel,
+                  " elements");
   numel_ = flat.numel;
+  // The plan's buckets, as slices of their gradients' partner parameters.
+  buckets_.clear();
+  bucket_numel_.clear();
+  for (const Bucket& b : ctx.plan->buckets()) {
+    std::vector<Slice> slices;
+    for (const BucketEntry& e : b.entries) {
+      const TensorSpec& g = (*ctx.tensors)[static_cast<size_t>(e.tensor)];
+      const int p = g.partner;
+      RELAXCC_ENFORCE(p >= 0 && p < static_cast<int>(ctx.tensors->size()) &&
+                          flat_of_[static_cast<size_t>(p)] >= 0 &&
+                          (*ctx.tensors)[static_cast<size_t>(p)].view.numel == e.numel,
+                      InvalidArgument, "diloco: rank ", ctx.comm->rank(), ": gradient '", g.name,
+                      "' needs a partner parameter (TensorSpec::partner) of ", e.numel,
+                      " f32 elements on the host, got partner ", p);
+      slices.push_back({p, flat_of_[static_cast<size_t>(p)], e.offset, e.numel});
+    }
+    if (slices.empty()) continue;
+    buckets_.push_back(std::move(slices));
+    bucket_numel_.push_back(b.numel);
+  }
   const int nf = options_.fragments;
-  RELAXCC_ENFORCE(nf <= static_cast<int>(params_.size()), InvalidArgument, "diloco: rank ",
-                  ctx.comm->rank(), ": ", nf, " fragments of whole tensors need at least ", nf,
-                  " parameter tensors, got ", params_.size());
-  if (options_.hierarchical && options_.codec && !have_hierarchy_) {
+  const int nb = static_cast<int>(buckets_.size());
+  RELAXCC_ENFORCE(nf <= nb, InvalidArgument, "diloco: rank ", ctx.comm->rank(), ": ", nf,
+                  " fragments of whole buckets need at least ", nf,
+                  " buckets of parameters, the plan has ", nb,
+                  " (lower ReducerOptions.plan.cap_bytes, or use fewer fragments)");
+  if (compressed() && options_.hierarchical && !have_hierarchy_) {
     hierarchy_ = build_hierarchy(*ctx.comm, ctx.tunables);
     have_hierarchy_ = true;
   }
-  // Fragments of whole tensors, balanced by elements: fragment p ends at the
-  // first tensor boundary at or past (p + 1) / F of the model, leaving a
-  // tensor for each later fragment. The plan never changes them.
-  if (!fragments_.empty()) return;
-  int t = 0;
-  for (int p = 0; p < nf; ++p) {
-    auto f = std::make_unique<Fragment>();
-    f->first = t;
-    f->begin = param_at_[static_cast<size_t>(t)];
-    const int64_t target = numel_ * (p + 1) / nf;
-    const int max_last = static_cast<int>(params_.size()) - (nf - 1 - p);
-    t = f->first + 1;  // at least one tensor
-    while (t < max_last && param_at_[static_cast<size_t>(t)] < target) ++t;
-    if (p == nf - 1) t = static_cast<int>(params_.size());
-    f->last = t;
-    const int64_t end =
-        t < static_cast<int>(params_.size()) ? param_at_[static_cast<size_t>(t)] : numel_;
-    f->numel = end - f->begin;
-    f->offset = static_cast<int64_t>(p) * options_.inner_steps / nf;
-    if (options_.codec && options_.error_feedback) {
-      if (sparse(*options_.codec)) {
-        f->worker = std::make_unique<kernels::ErrorFeedback>(f->numel);
-        if (options_.codec->kind == kernels::CompressorKind::topk)
-          f->server = std::make_unique<kernels::ErrorFeedback>(
-              sparse_allreduce_owned(f->numel, ctx.comm->rank(), ctx.comm->size()));
-      } else {
-        const Communicator* on = options_.hierarchical ? hierarchy_.inter.get() : ctx.comm.get();
-        if (on != nullptr)
-          f->dense = std::make_unique<CompressedAllreduceState>(f->numel, on->rank(), on->size());
-      }
+  if (global_.empty()) {
+    start_.assign(static_cast<size_t>(numel_), 0.0f);
+    at_sync_ = start_;
+    averaged_ = start_;
+    if (compressed() && options_.error_feedback) residual_ = start_;
+  }
+  // Fragments of whole buckets, balanced by elements: fragment p ends at the
+  // first bucket boundary at or past (p + 1) / F of the model, leaving a
+  // bucket for each later fragment. A pending exchange keeps its own slices.
+  int64_t total = 0;
+  for (const auto& s : buckets_)
+    for (const Slice& x : s) total += x.numel;
+  if (fragments_.empty()) {
+    for (int p = 0; p < nf; ++p) {
+      auto f = std::make_unique<Fragment>();
+      f->offset = static_cast<int64_t>(p) * options_.inner_steps / nf;
+      fragments_.push_back(std::move(f));
     }
-    fragments_.push_back(std::move(f));
+  }
+  int b = 0;
+  int64_t done = 0;
+  for (int p = 0; p < nf; ++p) {
+    Fragment& f = *fragments_[static_cast<size_t>(p)];
+    f.first = b;
+    const int64_t target = total * (p + 1) / nf;
+    const int max_last = nb - (nf - 1 - p);
+    do {
+      for (const Slice& x : buckets_[static_cast<size_t>(b)]) done += x.numel;
+      ++b;
+    } while (b < max_last && done < target);
+    if (p == nf - 1) b = nb;
+    f.last = b;
   }
 }
 
-std::pair<int64_t, int64_t> Diloco::fragment(int p) const {
+std::pair<int, int> Diloco::fragment(int p) const {
   const Fragment& f = *fragments_.at(static_cast<size_t>(p));
-  return {f.begin, f.begin + f.numel};
-}
-
-void Diloco::gather(const Fragment& f, std::vector<float>& out) const {
-  out.resize(static_cast<size_t>(f.numel));
-  for (int i = f.first; i < f.last; ++i) {
-    const TensorView& v =
-        (*ctx_.tensors)[static_cast<size_t>(params_[static_cast<size_t>(i)])].view;
-    std::memcpy(out.data() + (param_at_[static_cast<size_t>(i)] - f.begin), v.data, v.nbytes());
-  }
+  return {f.first, f.last};
 }
 
 void Diloco::before_optimizer_step(const StepInfo&) {
   // theta_g and theta_start: the model before the first local step.
-  for (auto& f : fragments_) {
-    if (!f->global.empty()) continue;
-    gather(*f, f->global);
-    f->start = f->global;
+  if (!global_.empty()) return;
+  global_.assign(static_cast<size_t>(numel_), 0.0f);
+  for (size_t i = 0; i < flat_of_.size(); ++i) {
+    if (flat_of_[i] < 0) continue;
+    const TensorView& v = (*ctx_.tensors)[i].view;
+    std::memcpy(global_.data() + flat_of_[i], v.data, v.nbytes());
   }
+  start_ = global_;
 }
 
-WorkPtr Diloco::average(Fragment& f, int64_t k) {
-  const TensorView x = TensorView::host(f.exchange->data(), f.numel, f.exchange);
-  const std::string label =
-      "diloco fragment at " + std::to_string(f.begin) + " inner step " + std::to_string(k);
+WorkPtr Diloco::average(Exchange& e, int bucket, int64_t k) {
+  std::vector<float>& buf = *e.buffer;
+  const auto n = static_cast<int64_t>(buf.size());
+  const TensorView x = TensorView::host(buf.data(), n, e.buffer);
+  const std::string label = "diloco bucket " + std::to_string(bucket) + " (" + e.key +
+                            ") inner step " + std::to_string(k);
+  if (options_.chunk_topk) {
+    // Worker-side error feedback: e = delta + residual, payload = C(e),
+    // residual = e - decode(payload); then every rank's payload, gathered.
+    const kernels::ChunkTopkConfig& c = *options_.chunk_topk;
+    e.payload_bytes = kernels::chunk_topk_encoded_size(n, c);
+    auto payload = std::make_shared<std::vector<std::byte>>(e.payload_bytes);
+    kernels::chunk_topk_encode(x, *payload, c, ctx_.exec);
+    if (!residual_.empty()) {
+      std::vector<float> sent(buf.size());
+      kernels::chunk_topk_decode(*payload, TensorView::host(sent.data(), n), false, ctx_.exec);
+      for (const Slice& s : e.slices)
+        for (int64_t j = 0; j < s.numel; ++j)
+          residual_[static_cast<size_t>(s.flat + j)] = buf[s.at + j] - sent[s.at + j];
+    }
+    const int ranks = ctx_.comm->size();
+    e.gathered = std::make_shared<std::vector<std::byte>>(e.payload_bytes * ranks);
+    AllgatherOptions o;
+    o.label = label;
+    return ctx_.comm->allgather(
+        TensorView(payload->data(), static_cast<int64_t>(e.payload_bytes), DType::u8,
+                   Device::host(), payload),
+        TensorView(e.gathered->data(), static_cast<int64_t>(e.gathered->size()), DType::u8,
+                   Device::host(), e.gathered),
+        ctx_.exec, o);
+  }
   if (!options_.codec) {
     AllreduceOptions o;
     o.op = ReduceOp::avg;
@@ -176,15 +245,15 @@ WorkPtr Diloco::average(Fragment& f, int64_t k) {
     o.codec = *options_.codec;
     o.codec.step = static_cast<uint64_t>(k);
     o.op = ReduceOp::avg;
-    o.feedback = f.worker.get();
-    o.server_feedback = f.server.get();
+    o.feedback = e.worker.get();
+    o.server_feedback = e.server.get();
     o.label = label;
     return sparse_allreduce(*ctx_.comm, x, ctx_.exec, o);
   }
   CompressedAllreduceOptions o;
   o.codec = options_.codec;
   o.op = ReduceOp::avg;
-  o.state = f.dense.get();
+  o.state = e.dense.get();
   o.label = label;
   if (options_.hierarchical)
     return hierarchical_compressed_allreduce(*ctx_.comm, hierarchy_, x, ctx_.exec, o);
@@ -192,39 +261,118 @@ WorkPtr Diloco::average(Fragment& f, int64_t k) {
 }
 
 void Diloco::start_exchange(Fragment& f, int64_t k) {
-  gather(f, f.at_sync);
-  std::vector<float>& delta = *f.exchange;
-  delta.resize(static_cast<size_t>(f.numel));
-  for (int64_t j = 0; j < f.numel; ++j) delta[j] = f.start[j] - f.at_sync[j];
-  if (options_.feedback_decay != 1.0f) {
-    std::vector<float>* residual = f.worker  ? &f.worker->residual()
-                                   : f.dense ? &f.dense->worker()
-                                             : nullptr;
-    if (residual != nullptr)
-      for (float& e : *residual) e *= options_.feedback_decay;
+  const bool feedback = !residual_.empty();
+  f.synced.clear();
+  for (int b = f.first; b < f.last; ++b) {
+    Exchange e;
+    e.slices = buckets_[static_cast<size_t>(b)];
+    e.key = "bucket" + std::to_string(e.slices.front().flat) + "x" +
+            std::to_string(bucket_numel_[static_cast<size_t>(b)]);
+    e.buffer = std::make_shared<std::vector<float>>(
+        static_cast<size_t>(bucket_numel_[static_cast<size_t>(b)]), 0.0f);
+    const auto numel = static_cast<int64_t>(e.buffer->size());
+    float* buf = e.buffer->data();
+    // Bucket b's pseudo-gradient, computed while bucket b - 1 travels.
+    for (const Slice& s : e.slices) {
+      const float* x = (*ctx_.tensors)[static_cast<size_t>(s.tensor)].view.as<float>();
+      float* at = at_sync_.data() + s.flat;
+      const float* st = start_.data() + s.flat;
+      std::memcpy(at, x, static_cast<size_t>(s.numel) * sizeof(float));
+      for (int64_t j = 0; j < s.numel; ++j) buf[s.at + j] = st[j] - x[j];
+      if (feedback && options_.feedback_decay != 1.0f)
+        for (int64_t j = 0; j < s.numel; ++j)
+          residual_[static_cast<size_t>(s.flat + j)] *= options_.feedback_decay;
+    }
+    if (feedback && options_.chunk_topk) {
+      for (const Slice& s : e.slices)
+        for (int64_t j = 0; j < s.numel; ++j)
+          buf[s.at + j] += residual_[static_cast<size_t>(s.flat + j)];
+    } else if (feedback) {
+      // The relaxed primitives' own error feedback, filled from the flat
+      // residual and the bucket's server-side state.
+      std::vector<float>* worker = nullptr;
+      std::vector<float>* server = nullptr;
+      if (sparse(*options_.codec)) {
+        e.worker = std::make_unique<kernels::ErrorFeedback>(numel);
+        worker = &e.worker->residual();
+        if (options_.codec->kind == kernels::CompressorKind::topk) {
+          e.server = std::make_unique<kernels::ErrorFeedback>(
+              sparse_allreduce_owned(numel, ctx_.comm->rank(), ctx_.comm->size()));
+          server = &e.server->residual();
+        }
+      } else {
+        const Communicator* on = options_.hierarchical ? hierarchy_.inter.get() : ctx_.comm.get();
+        if (on != nullptr) {
+          e.dense = std::make_unique<CompressedAllreduceState>(numel, on->rank(), on->size());
+          worker = &e.dense->worker();
+          server = &e.dense->server();
+        }
+      }
+      if (worker != nullptr)
+        for (const Slice& s : e.slices)
+          std::memcpy(worker->data() + s.at, residual_.data() + s.flat,
+                      static_cast<size_t>(s.numel) * sizeof(float));
+      const auto saved = server_.find(e.key);
+      if (server != nullptr && saved != server_.end() && saved->second.size() == server->size())
+        *server = saved->second;
+    }
+    e.work = average(e, b, k);
+    f.synced.insert(f.synced.end(), e.slices.begin(), e.slices.end());
+    f.exchanges.push_back(std::move(e));
   }
-  f.in_flight = average(f, k);
   f.pending = true;
   f.apply_at = k + delay();
 }
 
+void Diloco::finish(Fragment& f, std::chrono::milliseconds timeout) {
+  for (Exchange& e : f.exchanges) {
+    if (e.work) {
+      WorkPtr w = std::move(e.work);
+      w->wait(timeout);
+    }
+    std::vector<float>& buf = *e.buffer;
+    if (e.gathered) {
+      // Every rank's payload decoded in rank order: the same sum everywhere.
+      const int ranks = ctx_.comm->size();
+      const auto n = static_cast<int64_t>(buf.size());
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      for (int r = 0; r < ranks; ++r)
+        kernels::chunk_topk_decode(
+            std::span<const std::byte>(e.gathered->data() + e.payload_bytes * r, e.payload_bytes),
+            TensorView::host(buf.data(), n), true, ctx_.exec);
+      for (float& v : buf) v /= static_cast<float>(ranks);
+    }
+    for (const Slice& s : e.slices)
+      std::memcpy(averaged_.data() + s.flat, buf.data() + s.at,
+                  static_cast<size_t>(s.numel) * sizeof(float));
+    const std::vector<float>* worker = e.worker  ? &e.worker->residual()
+                                       : e.dense ? &e.dense->worker()
+                                                 : nullptr;
+    const std::vector<float>* server = e.server  ? &e.server->residual()
+                                       : e.dense ? &e.dense->server()
+                                                 : nullptr;
+    if (worker != nullptr)
+      for (const Slice& s : e.slices)
+        std::memcpy(residual_.data() + s.flat, worker->data() + s.at,
+                    static_cast<size_t>(s.numel) * sizeof(float));
+    if (server != nullptr) server_[e.key] = *server;
+  }
+  f.exchanges.clear();
+}
+
 void Diloco::apply(Fragment& f) {
-  if (f.in_flight) {
-    WorkPtr w = std::move(f.in_flight);
-    w->wait();
+  finish(f, std::chrono::milliseconds(-1));
+  for (const Slice& s : f.synced) {
+    float* g = global_.data() + s.flat;
+    outer_->update(TensorView::host(g, s.numel),
+                   TensorView::host(averaged_.data() + s.flat, s.numel), s.flat);
+    // theta = theta_g - (theta_at_sync - theta): the progress since the sync
+    // stays on top of the new global parameters.
+    float* x = (*ctx_.tensors)[static_cast<size_t>(s.tensor)].view.as<float>();
+    const float* at = at_sync_.data() + s.flat;
+    for (int64_t j = 0; j < s.numel; ++j) x[j] = g[j] - (at[j] - x[j]);
+    std::memcpy(start_.data() + s.flat, g, static_cast<size_t>(s.numel) * sizeof(float));
   }
-  outer_->update(TensorView::host(f.global.data(), f.numel),
-                 TensorView::host(f.exchange->data(), f.numel), f.begin);
-  // theta = theta_g - (theta_at_sync - theta): the progress since the sync
-  // stays on top of the new global fragment.
-  for (int i = f.first; i < f.last; ++i) {
-    const TensorView& v =
-        (*ctx_.tensors)[static_cast<size_t>(params_[static_cast<size_t>(i)])].view;
-    float* x = v.as<float>();
-    const int64_t at = param_at_[static_cast<size_t>(i)] - f.begin;
-    for (int64_t j = 0; j < v.numel; ++j) x[j] = f.global[at + j] - (f.at_sync[at + j] - x[j]);
-  }
-  f.start = f.global;
   f.pending = false;
   f.apply_at = -1;
   ++outer_steps_;
@@ -233,13 +381,12 @@ void Diloco::apply(Fragment& f) {
 WorkPtr Diloco::after_optimizer_step(const StepInfo& step) {
   const int64_t k = step.step + 1;  // inner steps taken
   const int64_t h = options_.inner_steps;
+  RELAXCC_ENFORCE(!global_.empty(), InvalidArgument, "diloco: no global model at step ", step.step);
   for (auto& f : fragments_) {
-    RELAXCC_ENFORCE(!f->global.empty(), InvalidArgument, "diloco: no global model at step ",
-                    step.step);
     if (f->pending && f->apply_at == k) apply(*f);
     if (k % h != f->offset % h) continue;
-    RELAXCC_ENFORCE(!f->pending, InternalError, "diloco: fragment at ", f->begin,
-                    " syncs at inner step ", k, " with its previous exchange unapplied");
+    RELAXCC_ENFORCE(!f->pending, InternalError, "diloco: fragment of buckets [", f->first, ", ",
+                    f->last, ") syncs at inner step ", k, " with its previous exchange unapplied");
     start_exchange(*f, k);
     if (delay() == 0) apply(*f);
   }
@@ -247,11 +394,7 @@ WorkPtr Diloco::after_optimizer_step(const StepInfo& step) {
 }
 
 void Diloco::drain(std::chrono::milliseconds timeout) {
-  for (auto& f : fragments_) {
-    if (!f->in_flight) continue;
-    WorkPtr w = std::move(f->in_flight);
-    w->wait(timeout);
-  }
+  for (auto& f : fragments_) finish(*f, timeout);
 }
 
 void Diloco::average_model(std::chrono::milliseconds timeout) {
@@ -261,21 +404,33 @@ void Diloco::average_model(std::chrono::milliseconds timeout) {
 StateDict Diloco::state_dict() const {
   StateDict sd;
   sd.put_int("diloco/outer_steps", outer_steps_);
+  sd.put_floats("diloco/global", global_);
+  sd.put_floats("diloco/start", start_);
+  sd.put_floats("diloco/at_sync", at_sync_);
+  sd.put_floats("diloco/averaged", averaged_);
+  if (!residual_.empty()) sd.put_floats("diloco/feedback/worker", residual_);
+  sd.put_int("diloco/feedback/servers", static_cast<int64_t>(server_.size()));
+  int i = 0;
+  for (const auto& [key, values] : server_) {
+    const std::string k = "diloco/feedback/server" + std::to_string(i++);
+    sd.put_floats(k, values);
+    sd.put_int(k + "/first", std::stoll(key.substr(6, key.find('x') - 6)));
+    sd.put_int(k + "/numel", std::stoll(key.substr(key.find('x') + 1)));
+  }
   for (size_t p = 0; p < fragments_.size(); ++p) {
     const Fragment& f = *fragments_[p];
-    RELAXCC_ENFORCE(!f.in_flight, InvalidArgument,
+    RELAXCC_ENFORCE(f.exchanges.empty(), InvalidArgument,
                     "diloco: state_dict() with an exchange in flight (call drain() first)");
     const std::string key = "diloco/fragment" + std::to_string(p) + "/";
-    sd.put_floats(key + "global", f.global);
-    sd.put_floats(key + "start", f.start);
     sd.put_int(key + "apply_at", f.pending ? f.apply_at : -1);
-    if (f.pending) {
-      sd.put_floats(key + "at_sync", f.at_sync);
-      sd.put_floats(key + "exchange", *f.exchange);
+    if (!f.pending) continue;
+    sd.put_int(key + "slices", static_cast<int64_t>(f.synced.size()));
+    for (size_t s = 0; s < f.synced.size(); ++s) {
+      const std::string sk = key + "slice" + std::to_string(s) + "/";
+      sd.put_int(sk + "tensor", f.synced[s].tensor);
+      sd.put_int(sk + "flat", f.synced[s].flat);
+      sd.put_int(sk + "numel", f.synced[s].numel);
     }
-    if (f.dense) f.dense->save(sd, key + "feedback/");
-    if (f.worker) sd.put_floats(key + "feedback/worker", f.worker->residual());
-    if (f.server) sd.put_floats(key + "feedback/server", f.server->residual());
   }
   for (const auto& [name, bytes] : outer_->state_dict().entries)
     sd.entries["diloco/outer/" + name] = bytes;
@@ -288,27 +443,43 @@ void Diloco::load_state_dict(const StateDict& state) {
     RELAXCC_ENFORCE_EQ(static_cast<int64_t>(into.size()), numel, InvalidArgument,
                        "diloco: checkpoint entry '", key, "'");
   };
+  for (const auto& f : fragments_)
+    RELAXCC_ENFORCE(f->exchanges.empty(), InvalidArgument,
+                    "diloco: load_state_dict() with an exchange in flight (drain first)");
   outer_steps_ = state.get_int("diloco/outer_steps");
+  sized("diloco/global", global_, numel_);
+  sized("diloco/start", start_, numel_);
+  sized("diloco/at_sync", at_sync_, numel_);
+  sized("diloco/averaged", averaged_, numel_);
+  if (!residual_.empty()) sized("diloco/feedback/worker", residual_, numel_);
+  server_.clear();
+  const int64_t servers = state.get_int("diloco/feedback/servers");
+  for (int64_t i = 0; i < servers; ++i) {
+    const std::string k = "diloco/feedback/server" + std::to_string(i);
+    server_["bucket" + std::to_string(state.get_int(k + "/first")) + "x" +
+            std::to_string(state.get_int(k + "/numel"))] = state.get_floats(k);
+  }
   for (size_t p = 0; p < fragments_.size(); ++p) {
     Fragment& f = *fragments_[p];
-    RELAXCC_ENFORCE(!f.in_flight, InvalidArgument,
-                    "diloco: load_state_dict() with an exchange in flight (drain first)");
     const std::string key = "diloco/fragment" + std::to_string(p) + "/";
-    sized(key + "global", f.global, f.numel);
-    sized(key + "start", f.start, f.numel);
     f.apply_at = state.get_int(key + "apply_at");
     f.pending = f.apply_at >= 0;
-    if (f.pending) {
-      sized(key + "at_sync", f.at_sync, f.numel);
-      sized(key + "exchange", *f.exchange, f.numel);
+    f.synced.clear();
+    if (!f.pending) continue;
+    const int64_t slices = state.get_int(key + "slices");
+    for (int64_t s = 0; s < slices; ++s) {
+      const std::string sk = key + "slice" + std::to_string(s) + "/";
+      Slice x;
+      x.tensor = static_cast<int>(state.get_int(sk + "tensor"));
+      x.flat = state.get_int(sk + "flat");
+      x.numel = state.get_int(sk + "numel");
+      RELAXCC_ENFORCE(x.tensor >= 0 && x.tensor < static_cast<int>(flat_of_.size()) &&
+                          flat_of_[static_cast<size_t>(x.tensor)] == x.flat &&
+                          (*ctx_.tensors)[static_cast<size_t>(x.tensor)].view.numel == x.numel,
+                      InvalidArgument, "diloco: checkpoint entry '", sk,
+                      "' names a parameter this model does not have at that offset");
+      f.synced.push_back(x);
     }
-    if (f.dense) f.dense->load(state, key + "feedback/");
-    if (f.worker)
-      sized(key + "feedback/worker", f.worker->residual(),
-            static_cast<int64_t>(f.worker->residual().size()));
-    if (f.server)
-      sized(key + "feedback/server", f.server->residual(),
-            static_cast<int64_t>(f.server->residual().size()));
   }
   StateDict outer;
   const std::string prefix = "diloco/outer/";

@@ -7,22 +7,30 @@
 //
 // Inner steps: every rank steps on its own gradients with the frontend's
 // optimizer (the inner optimizer; DiLoCo: AdamW). Outer steps: the
-// registered parameters are cut into `fragments` fragments of whole tensors
-// (flat order, balanced by elements); fragment p synchronises every
-// inner_steps (H) steps, at inner steps k = o_p (mod H), o_p = p H / F, so
-// the fragments sync in turn (one fragment: every H steps). At its sync
-// fragment p
-//   1. takes its pseudo-gradient delta = theta_start - theta (the progress
-//      of this round; theta_start: the fragment at the start of the round),
-//   2. starts its average over the ranks: f32 allreduce, or the compressed
-//      allreduce of any codec of relaxcc/kernels/compressor.h (dense kinds
-//      through compressed_allreduce.h, top-k and random-k through
-//      sparse_allreduce.h) with worker- and server-side error feedback;
-//      hierarchical: full precision within a node, compressed across nodes
-//      (dense codecs),
+// pseudo-gradients move in the Reducer's buckets (the bucket plan the
+// algorithm is given: each gradient bucket's partner parameters, in the
+// bucket's layout). The plan's buckets are cut into `fragments` fragments
+// of whole buckets (plan order, balanced by elements); fragment p
+// synchronises every inner_steps (H) steps, at inner steps k = o_p (mod H),
+// o_p = p H / F, so the fragments sync in turn (one fragment: every H
+// steps). At its sync fragment p, bucket by bucket in plan order,
+//   1. takes bucket b's pseudo-gradient delta = theta_start - theta (the
+//      progress of this round; theta_start: the parameters at the start of
+//      the round) into the bucket's buffer,
+//   2. starts the bucket's average over the ranks: f32 allreduce, or the
+//      compressed allreduce of any codec of relaxcc/kernels/compressor.h
+//      (dense kinds through compressed_allreduce.h, top-k and random-k
+//      through sparse_allreduce.h) with worker- and server-side error
+//      feedback, or SparseLoCo's chunk-wise top-k with quantized values
+//      (relaxcc/kernels/chunk_topk.h: each rank encodes, with worker-side
+//      error feedback, and the payloads are all-gathered and decoded in rank
+//      order, so every rank holds the same average); hierarchical: full
+//      precision within a node, compressed across nodes (dense codecs);
+//   so bucket b travels while bucket b + 1's pseudo-gradient is computed
+//   and compressed;
 //   3. after `overlap_steps` further inner steps (0: at once; eager: H, at
 //      the fragment's next sync) applies the outer optimizer (Nesterov SGD,
-//      relaxcc::Sgd) to the synchronised global fragment theta_g with the
+//      relaxcc::Sgd) to the synchronised global parameters theta_g with the
 //      averaged pseudo-gradient, and sets
 //        theta = theta_g - (theta_at_sync - theta),  theta_start = theta_g:
 //      the local progress made while the average travelled stays on top of
@@ -32,24 +40,39 @@
 // overlapped sync; relaxcc keeps the local progress instead (the eager
 // update's rule), and offers no alpha.
 //
+// Buckets and the tuner. With one fragment and f32 pseudo-gradients the
+// result does not depend on bucket boundaries (averaging is elementwise),
+// and the bucket tuner may change the bucket sizes; with F > 1 (fragments
+// are made of buckets) or a codec (chunk scales and top-k selections span a
+// bucket) capabilities() declares depends_on_bucket_boundaries and the
+// tuner leaves the plan alone. An exchange keeps the layout it started
+// with, so a plan change while it travels does not disturb it. Outer state
+// (theta_g, theta_start, the outer momentum, the worker-side residuals) is
+// kept by flat parameter offset; server-side residuals by bucket (first
+// flat offset and size), dropped for a bucket whose layout changed.
+//
 // Bytes per inner step and rank: 2 (n - 1) / n of the model's encoding per
-// H steps (f32: 4 bytes per element; a codec's encoded size otherwise).
-// Peak bandwidth: with F fragments one fragment (1 / F of the model) is in
-// flight at a time. Staleness: an outer update lands overlap_steps (eager:
-// H) inner steps after its sync. Ranks' models differ between syncs:
-// evaluate after average_model().
+// H steps (f32: 4 bytes per element; a codec's encoded size otherwise;
+// chunk-wise top-k: (n - 1) payloads, all-gathered). Peak bandwidth: with F
+// fragments one fragment (about 1 / F of the model) is in flight at a time.
+// Staleness: an outer update lands overlap_steps (eager: H) inner steps
+// after its sync. Ranks' models differ between syncs: evaluate after
+// average_model().
 //
 // State (state_dict, after drain): theta_g, theta_start, the outer
 // optimizer's momentum, the error feedback and any completed exchange not
 // yet applied, so a checkpoint resumes bit for bit.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "relaxcc/algorithm.h"
 #include "relaxcc/algorithms/bucket_weights.h"
+#include "relaxcc/kernels/chunk_topk.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/topology.h"
 
@@ -65,6 +88,9 @@ struct DilocoOptions {
   // Pseudo-gradient codec; unset: f32 (DiLoCo). Dense kinds (f16, bf16,
   // minmax 8/4/2/1-bit, sign) or topk / randomk (sparse, f32 values).
   std::optional<kernels::CompressorConfig> codec;
+  // SparseLoCo's codec instead of `codec`: chunk-wise top-k with quantized
+  // values (relaxcc/kernels/chunk_topk.h), all-gathered; flat only.
+  std::optional<kernels::ChunkTopkConfig> chunk_topk;
   // With a codec: worker- and server-side error feedback (SparseLoCo keeps
   // error feedback in place of outer momentum).
   bool error_feedback = true;
@@ -84,21 +110,24 @@ struct DilocoOptions {
   bool hierarchical = false;
 };
 
-// SparseLoCo's recipe (arXiv 2508.15706): top-k of the pseudo-gradient at
-// 3% density (the paper: 1-3%) with a decayed error-feedback accumulator in
-// place of the outer momentum (feedback_decay 0.95, relaxcc's choice), outer
-// SGD without momentum at lr 1. Two differences: the top-k is per shard of
-// the sparse allreduce, not per chunk, and the values travel as f32, not 2
-// bits (sparse_allreduce.h sends f32 values; docs/algorithms.md).
+// SparseLoCo's recipe (arXiv 2508.15706): chunk-wise top-k of the
+// pseudo-gradient (2 of every 64 elements, 3.1%; the paper: 1-3%) with the
+// kept values quantized to 2 bits (min-max, one scale per 128 kept values),
+// a decayed error-feedback accumulator in place of the outer momentum
+// (feedback_decay 0.95, relaxcc's choice), outer SGD without momentum at
+// lr 1.
 DilocoOptions sparseloco_options(int inner_steps);
 
 class Diloco final : public Algorithm {
  public:
   // Throws InvalidArgument for inner_steps < 1, a non-positive outer lr, a
   // momentum outside [0, 1), fragments < 1 or > inner_steps, overlap_steps
-  // outside [0, H], feedback_decay outside (0, 1], an invalid codec, or
-  // hierarchical with a sparse codec.
-  // init() throws InvalidArgument for more fragments than parameter tensors.
+  // outside [0, H], feedback_decay outside (0, 1], an invalid codec or
+  // chunk_topk configuration, both set, or hierarchical with a sparse codec
+  // or chunk_topk.
+  // init() throws InvalidArgument for more fragments than the plan has
+  // buckets of parameters, or a bucket gradient without an f32 host partner
+  // parameter.
   explicit Diloco(DilocoOptions options = {});
   ~Diloco() override;
   std::string name() const override { return "diloco"; }
@@ -117,24 +146,34 @@ class Diloco final : public Algorithm {
   void load_state_dict(const StateDict& state) override;
   // Outer steps applied, summed over fragments.
   int64_t outer_steps() const { return outer_steps_; }
-  // Fragment p's [first flat element, end).
-  std::pair<int64_t, int64_t> fragment(int p) const;
+  // Fragment p's buckets of the current plan: [first, last).
+  std::pair<int, int> fragment(int p) const;
 
  private:
+  struct Slice;
+  struct Exchange;
   struct Fragment;
   int delay() const { return options_.eager ? options_.inner_steps : options_.overlap_steps; }
-  void gather(const Fragment& f, std::vector<float>& out) const;
+  bool compressed() const { return options_.codec.has_value() || options_.chunk_topk.has_value(); }
   void start_exchange(Fragment& f, int64_t k);
+  WorkPtr average(Exchange& e, int bucket, int64_t k);
+  // Waits for f's exchanges and moves their averages (and residuals) into
+  // the flat state.
+  void finish(Fragment& f, std::chrono::milliseconds timeout);
   void apply(Fragment& f);
-  WorkPtr average(Fragment& f, int64_t k);
 
   DilocoOptions options_;
   AlgorithmContext ctx_;
   HierarchicalComms hierarchy_;
   bool have_hierarchy_ = false;
-  std::vector<int> params_;        // registered parameter tensors, in order
-  std::vector<int64_t> param_at_;  // their flat offsets
+  // Flat state over the parameters (FlatParameters order), by flat offset.
+  std::vector<int64_t> flat_of_;  // registration index -> flat offset, or -1
   int64_t numel_ = 0;
+  std::vector<float> global_, start_, at_sync_, averaged_, residual_;
+  std::map<std::string, std::vector<float>> server_;  // by bucket key
+  // The plan's buckets of parameters (empty and non-f32 buckets left out).
+  std::vector<std::vector<Slice>> buckets_;
+  std::vector<int64_t> bucket_numel_;
   std::vector<std::unique_ptr<Fragment>> fragments_;
   std::unique_ptr<Optimizer> outer_;
   int64_t outer_steps_ = 0;
