@@ -457,13 +457,16 @@ struct StreamGate {
 // moves: the progress thread's watchdog fails its Work with Timeout naming
 // the operation, the rank and the device once the communicator's timeout
 // passed, aborts the NCCL communicator and poisons this one, so later calls
-// throw CommunicatorPoisoned naming the watchdog. Every rank runs it alone
-// (its allreduce never reaches NCCL), so it runs at 1 rank too.
+// throw CommunicatorPoisoned naming the watchdog. Every rank runs it on a
+// group of its own (one NCCL rank: the sum is a local copy, so nothing of
+// the aborted NCCL communicator runs once the stream moves again), so it
+// runs at 1 rank too; the parent communicator is not poisoned.
 TEST(NcclCommunicator, WatchdogFailsAnOperationNobodyWaitsOn) {
   SKIP_WITHOUT_GPUS();
   const auto timeout = std::chrono::milliseconds(1000);
-  CommunicatorPtr comm = own_comm(timeout);
-  TensorView data = upload(*comm, encoded(comm->rank(), 256));
+  CommunicatorPtr parent = own_comm(timeout);
+  CommunicatorPtr comm = parent->group({parent->rank()});
+  TensorView data = upload(*comm, encoded(parent->rank(), 256));
   cudaStream_t blocked = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&blocked, cudaStreamNonBlocking), "cudaStreamCreate");
   auto gate = std::make_unique<StreamGate>();
@@ -496,10 +499,12 @@ TEST(NcclCommunicator, WatchdogFailsAnOperationNobodyWaitsOn) {
   } catch (const CommunicatorPoisoned& e) {
     EXPECT_NE(e.message().find("watchdog: allreduce #"), std::string::npos) << e.message();
   }
+  EXPECT_FALSE(parent->poisoned());
   gate->open.store(true);  // the stream drains; the aborted communicator is released
   check_cuda(cudaStreamSynchronize(blocked), "cudaStreamSynchronize");
   check_cuda(cudaStreamDestroy(blocked), "cudaStreamDestroy");
   comm.reset();
+  parent.reset();
   test::world()->barrier()->wait();
 }
 
