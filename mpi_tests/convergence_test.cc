@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -531,10 +532,14 @@ TEST(Decentralized, BadConfigurationIsInvalidArgument) {
 
 // diloco with H <= 10, every variant, within 4x gradient_allreduce's steps
 // (inner steps counted).
-// SparseLoCo's recipe in the budget test: H and the fraction of each
-// 64-element chunk kept (docs/algorithms.md).
-constexpr int kSparseLocoH = 5;
-constexpr double kSparseLocoRatio = 0.5;
+// SparseLoCo's recipe in the budget test at the sparsest density that
+// meets the budget at 2 and 4 ranks: 8 of every 64 elements, at H 2 (H 3
+// meets it too, with the 4-rank consensus 3% under the tolerance at its
+// success; at H 2 every check falls on a sync). The recipe's 2 and 4 of 64
+// miss it at every H <= 10, decay and outer lr swept;
+// DISABLED_SparseLocoSweep and docs/algorithms.md have the figures.
+constexpr int kSparseLocoH = 2;
+constexpr double kSparseLocoRatio = 8.0 / 64.0;
 
 DilocoOptions diloco_options(int h) {
   DilocoOptions o;
@@ -628,6 +633,48 @@ TEST(Diloco, WithinBudget) {
   expect_within_budget(
       sgd_trial("gradient_allreduce + SGD", [] { return std::make_shared<GradientAllreduce>(); }),
       trials);
+}
+
+// Not run by CTest (--gtest_also_run_disabled_tests runs it): SparseLoCo's
+// recipe across chunk densities, H, the error-feedback decay and the outer
+// lr, each run to 4x gradient_allreduce's steps; rank 0 prints the steps
+// (-1: missed) and the error at success or at the budget, the figures of
+// docs/algorithms.md. RELAXCC_SWEEP_QUICK=1 runs the density x H grid only.
+TEST(Diloco, DISABLED_SparseLocoSweep) {
+  const Trial baseline =
+      sgd_trial("gradient_allreduce + SGD", [] { return std::make_shared<GradientAllreduce>(); });
+  const RunResult base = run(problem(), baseline, 40000);
+  ASSERT_GT(base.steps, 0);
+  const int64_t budget = 4 * base.steps;
+  if (world_rank() == 0)
+    std::printf("[sweep] %d ranks: baseline %lld steps, budget %lld\n", world_size(),
+                static_cast<long long>(base.steps), static_cast<long long>(budget));
+  const char* quick_env = std::getenv("RELAXCC_SWEEP_QUICK");
+  const bool quick = quick_env != nullptr && std::strcmp(quick_env, "1") == 0;
+  struct Setting {
+    int kept, h;
+    float beta, lr;
+  };
+  std::vector<Setting> settings;
+  for (int kept : {2, 4, 8, 16, 32})
+    for (int h : {2, 3, 5, 10}) settings.push_back({kept, h, 0.95f, 1.0f});
+  if (!quick)
+    for (int kept : {2, 4, 8, 16})
+      for (int h : {2, 3, 5, 10})
+        for (float beta : {0.8f, 0.9f, 1.0f})
+          for (float lr : {0.7f, 1.0f, 1.5f}) settings.push_back({kept, h, beta, lr});
+  for (const Setting& s : settings) {
+    DilocoOptions o = sparseloco_options(s.h);
+    o.chunk_topk->ratio = s.kept / 64.0;
+    o.feedback_decay = s.beta;
+    o.outer_lr = s.lr;
+    const RunResult r = run(problem(), sgd_trial("sweep", make<Diloco>(o)), budget);
+    if (world_rank() == 0)
+      std::printf("[sweep] top-%2d/64 H %2d beta %.2f lr %.1f: %6lld steps (%.2fx): error %.2e\n",
+                  s.kept, s.h, static_cast<double>(s.beta), static_cast<double>(s.lr),
+                  static_cast<long long>(r.steps),
+                  static_cast<double>(r.steps) / static_cast<double>(base.steps), r.error);
+  }
 }
 
 // Saved at step 31: mid-round, an eager or overlapped exchange unapplied,
