@@ -98,11 +98,10 @@ TEST(DeviceEntry, HostOnlyPrimitivesRefuseDeviceTensors) {
   gossip(*comm, TensorView::host(host.data(), 64), ExecContext::host())->wait();
 }
 
-// sparse_allreduce takes device tensors with random-k over a communicator
-// that moves device memory: on MPI (host memory) it refuses them with
-// Unsupported naming the call, the rank, the device and NCCL; top-k, which
-// selects on the host, is Unsupported on devices whatever the communicator;
-// a context on another device is InvalidArgument. Nothing is read or written.
+// sparse_allreduce takes device tensors (random-k and top-k) over a
+// communicator that moves device memory: on MPI (host memory) it refuses
+// them with Unsupported naming the call, the rank, the device and NCCL; a
+// context on another device is InvalidArgument. Nothing is read or written.
 TEST(DeviceEntry, SparseAllreduceChecksDeviceTensors) {
   auto comm = world();
   FakeDeviceTensor t;
@@ -117,9 +116,12 @@ TEST(DeviceEntry, SparseAllreduceChecksDeviceTensors) {
   EXPECT_TRUE(contains(on_mpi, "NCCL")) << on_mpi;
   o.codec.kind = CompressorKind::topk;
   o.codec.ratio = 0.25;
+  o.feedback = nullptr;
   const std::string topk = thrown<Unsupported>([&] { sparse_allreduce(*comm, t.view(), ctx, o); });
-  EXPECT_TRUE(contains(topk, rank + " was given a tensor on cuda:0 with the topk codec")) << topk;
-  EXPECT_TRUE(contains(topk, "randomk")) << topk;
+  EXPECT_TRUE(contains(topk, "sparse_allreduce")) << topk;
+  EXPECT_TRUE(contains(topk, "cuda:0")) << topk;
+  EXPECT_TRUE(contains(topk, rank)) << topk;
+  EXPECT_TRUE(contains(topk, "NCCL")) << topk;
   const std::string mixed = thrown<InvalidArgument>(
       [&] { sparse_allreduce(*comm, t.view(), ExecContext::host(), SparseAllreduceOptions{}); });
   EXPECT_TRUE(contains(mixed, "expected the same device")) << mixed;
@@ -358,6 +360,90 @@ TEST_F(DeviceCompressed, SparseRandomkSelectionMismatchFailsEveryRank) {
   SparseAllreduceOptions o;
   o.codec.ratio = 0.25;
   o.codec.seed = r == 1 ? 8 : 7;
+  o.feedback = &feedback;
+  WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
+  EXPECT_THROW(w->wait(), PeerMismatch);
+  EXPECT_TRUE(same_bits(on_device.to_host(), x));
+  EXPECT_TRUE(same_bits(feedback.residual(), residual));
+  EXPECT_FALSE(nccl_->poisoned());
+}
+
+// Top-k sparse allreduce on device tensors over NCCL equals the host path
+// over MPI bit for bit, with worker- and server-side error feedback, sum
+// and avg, over three calls whose step rotates the shares: results,
+// residuals and traffic. The data are small integers encoding (rank,
+// index, step), with many equal magnitudes (ties) and signs, so every sum
+// is exact in f32; k = 1, a few, and every element.
+TEST_F(DeviceCompressed, SparseTopkEqualsHostPathBitForBit) {
+  auto host_comm = world();
+  const int r = host_comm->rank(), n = host_comm->size();
+  const int64_t numel = 5003;
+  for (const int64_t keep : {int64_t{1}, int64_t{7}, int64_t{600}, numel}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      const int64_t owned = sparse_allreduce_owned(numel, r, n);
+      kernels::ErrorFeedback host_worker(numel), device_worker(numel);
+      kernels::ErrorFeedback host_server(owned), device_server(owned);
+      RelaxedStats host_stats, device_stats;
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> x(static_cast<size_t>(numel));
+        for (int64_t i = 0; i < numel; ++i) {
+          const int64_t e = test::encode(r, (i + 13 * step) % 64);  // ties
+          x[static_cast<size_t>(i)] = static_cast<float>(i % 3 == 0 ? -e : e);
+        }
+        std::vector<float> on_host = x;
+        DeviceFloats on_device(x, device_);
+        SparseAllreduceOptions o;
+        o.codec.kind = CompressorKind::topk;
+        o.codec.keep = keep;
+        o.codec.step = static_cast<uint64_t>(step);
+        o.codec.approximate = step == 1;
+        o.op = op;
+        o.feedback = &host_worker;
+        o.server_feedback = &host_server;
+        o.stats = &host_stats;
+        sparse_allreduce(*host_comm, TensorView::host(on_host.data(), numel), ExecContext::host(),
+                         o)
+            ->wait();
+        o.feedback = &device_worker;
+        o.server_feedback = &device_server;
+        o.stats = &device_stats;
+        WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
+        EXPECT_TRUE(w->is_completed());
+        w->wait();
+        const std::string where = "keep " + std::to_string(keep) + " op " +
+                                  std::to_string(static_cast<int>(op)) + " step " +
+                                  std::to_string(step);
+        EXPECT_TRUE(same_bits(on_device.to_host(), on_host)) << where;
+        EXPECT_TRUE(same_bits(device_worker.residual(), host_worker.residual())) << where;
+        EXPECT_TRUE(same_bits(device_server.residual(), host_server.residual())) << where;
+      }
+      const RelaxedCounts on_device = device_stats.counts(), on_host = host_stats.counts();
+      EXPECT_EQ(on_device.rounds, on_host.rounds);
+      EXPECT_EQ(on_device.sent_to, on_host.sent_to);
+      EXPECT_EQ(on_device.received_from, on_host.received_from);
+    }
+  }
+}
+
+// Ranks that disagree on the top-k call (rank 1 selects approximately, so
+// the blocks' layout agrees but the fingerprints differ): every rank
+// throws PeerMismatch, x and both residuals stay as they were, and the
+// communicator stays usable.
+TEST_F(DeviceCompressed, SparseTopkMismatchFailsEveryRank) {
+  const int r = nccl_->rank(), n = nccl_->size();
+  if (n < 2) GTEST_SKIP() << "skipped: one rank cannot disagree with itself";
+  const int64_t numel = 1000;
+  std::vector<float> x(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i)
+    x[static_cast<size_t>(i)] = static_cast<float>(test::encode(r, i));
+  DeviceFloats on_device(x, device_);
+  kernels::ErrorFeedback feedback(numel);
+  feedback.residual()[3] = 0.5f;
+  const std::vector<float> residual = feedback.residual();
+  SparseAllreduceOptions o;
+  o.codec.kind = CompressorKind::topk;
+  o.codec.keep = 10;
+  o.codec.approximate = r == 1;
   o.feedback = &feedback;
   WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
   EXPECT_THROW(w->wait(), PeerMismatch);

@@ -1,15 +1,14 @@
 // Compression kernels on CUDA devices: min-max quantize/dequantize with
-// round-to-nearest or stochastic rounding, random-k gather, sparse scatter
-// and the casts. Every arithmetic step uses the round-to-nearest intrinsics
-// (__fsub_rn, __fmul_rn, __fadd_rn, __fdiv_rn) so that no fused multiply-add
-// changes a result: payloads match the CPU kernels bit for bit. Payloads
-// are laid out exactly as on the host (relaxcc/kernels/compressor.h).
+// round-to-nearest or stochastic rounding, random-k gather, top-k
+// (kernels/cuda/topk.cu), sparse scatter and the casts. Every arithmetic
+// step uses the round-to-nearest intrinsics (__fsub_rn, __fmul_rn,
+// __fadd_rn, __fdiv_rn) so that no fused multiply-add changes a result: payloads match the CPU
+// kernels bit for bit. Payloads are laid out exactly as on the host (relaxcc/kernels/compressor.h).
 #include <cuda_runtime.h>
 
 #include <cfloat>
 #include <cstring>
 
-#include "../cpu/topk.h"
 #include "cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/half.h"
@@ -229,12 +228,6 @@ __global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int r
   vals[j] = v;
 }
 
-// vals[j] = x[idx[j]] for host-selected indices (top-k).
-__global__ void gather_kernel(const float* x, const uint32_t* idx, int64_t k, float* vals) {
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j < k) vals[j] = x[idx[j]];
-}
-
 // Scatters k values; `idx` null means the randomk selection. Validates the
 // indices (in range, strictly increasing) and the values (finite) first.
 __global__ void check_sparse_kernel(const uint32_t* idx, const float* vals, int64_t k, int64_t n,
@@ -362,26 +355,15 @@ size_t encode(const TensorView& in, std::span<std::byte> payload, const Compress
             x, n, h.k, h.random_mode == RandomKMode::rolling, h.chunk ? h.chunk : 1, h.seed, h.step,
             reinterpret_cast<float*>(body), flag.ptr);
       break;
-    case CompressorKind::topk: {
-      // The selection runs on the host (a copy of the tensor); the indices go
-      // into the payload and the device gathers the values.
-      if (h.k == 0) break;
-      std::vector<float> host(static_cast<size_t>(n));
-      check(cudaMemcpyAsync(host.data(), x, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost,
-                            stream),
-            "cudaMemcpyAsync");
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      const cpu::Selection sel = cpu::topk(host.data(), n, h.k, c.approximate, ExecContext::host());
-      check(cudaMemcpyAsync(body, sel.indices.data(), sel.indices.size() * 4,
-                            cudaMemcpyHostToDevice, stream),
-            "cudaMemcpyAsync");
-      gather_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(
-          x, reinterpret_cast<const uint32_t*>(body), h.k,
-          reinterpret_cast<float*>(body + h.k * 4));
-      check(cudaStreamSynchronize(stream),
-            "cudaStreamSynchronize");  // sel's host memory is read by the copy
+    case CompressorKind::topk:
+      // Finite inputs only (the flag reports the first bad one), then the
+      // selection on the device: indices, then values, as the host lays them out.
+      if (h.k > 0) {
+        finite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, flag.ptr);
+        topk_select(x, n, h.k, reinterpret_cast<uint32_t*>(body),
+                    reinterpret_cast<float*>(body + h.k * 4), stream);
+      }
       break;
-    }
     default:
       RELAXCC_THROW(
           Unsupported, compressor_name(c.kind),

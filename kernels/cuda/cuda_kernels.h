@@ -18,13 +18,23 @@ void cast(const TensorView& in, const TensorView& out, void* stream);
 
 // Compressors on device memory: `in`/`out` and the payload live on the
 // device. Encode covers f16, bf16, minmax (nearest and stochastic rounding),
-// randomk (gather) and topk (host selection, device gather); decode covers
-// every kind (dequantize, scatter). Both validate on the device and
-// synchronize `stream` to report errors.
+// randomk (gather) and topk (topk_select); decode covers every kind
+// (dequantize, scatter). Both validate on the device and synchronize
+// `stream` to report errors.
 size_t encode(const TensorView& in, std::span<std::byte> payload, const CompressorConfig& config,
               const PayloadHeader& header, void* stream, uint64_t rng_seed, uint64_t rng_offset);
 void decode(std::span<const std::byte> payload, const TensorView& out, bool accumulate,
             void* stream);
+
+// Enqueues the top k of x's n elements by magnitude (kernels/cuda/topk.cu:
+// an exact radix select), the same selection as kernels/cpu/topk.h bit for
+// bit: every element whose |x| is above the k-th largest, then the
+// lowest-index ones equal to it, in ascending index order, into indices[0,
+// k) and their values into values[0, k). x must be finite (NaN and Inf are
+// ordered by their bits, as if finite); 0 <= k <= n <= 2^32, else
+// InvalidArgument. Nothing is read back to the host.
+void topk_select(const float* x, int64_t n, int64_t k, uint32_t* indices, float* values,
+                 void* stream);
 
 // Device memory and element-wise kernels for the relaxed primitives' device
 // path (kernels/cuda/device_ops.cu). `stream` is a cudaStream_t of the

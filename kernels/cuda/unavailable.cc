@@ -21,6 +21,9 @@ size_t encode(const TensorView& in, std::span<std::byte>, const CompressorConfig
 void decode(std::span<const std::byte>, const TensorView& out, bool, void*) {
   RELAXCC_THROW(Unsupported, "decode on ", out.device, ": relaxcc was built without CUDA");
 }
+void topk_select(const float*, int64_t, int64_t, uint32_t*, float*, void*) {
+  RELAXCC_THROW(Unsupported, "topk_select on a CUDA device: relaxcc was built without CUDA");
+}
 
 namespace {
 [[noreturn]] void unavailable(const char* what) {

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "../cuda/cuda_kernels.h"
+#include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/kernels/error_feedback.h"
@@ -160,6 +162,66 @@ TEST_F(DeviceOps, DecodeAccumulateEqualsHost) {
       if (kind != CompressorKind::minmax) break;
     }
   }
+}
+
+// The device top-k encoder (kernels/cuda/topk.cu's radix select) writes the
+// host encoder's payload byte for byte: the same indices (ties to the lower
+// index) and values, on data whose values encode their index, data with
+// many ties and signed zeros, and values across magnitudes; k = 1, k = n
+// and in between; exact and approximate (the host's approximate selection
+// keeps the same k).
+TEST_F(DeviceOps, TopkEqualsHostBitForBit) {
+  ExecContext gpu;
+  gpu.device = Device::cuda(0);
+  for (const int64_t n : {int64_t{1}, int64_t{5}, int64_t{4097}, int64_t{100003}}) {
+    std::vector<std::vector<float>> inputs;
+    std::vector<float> index(static_cast<size_t>(n)), ties(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      index[static_cast<size_t>(i)] = static_cast<float>(i % 2 ? -(i + 1) : i + 1);
+      const float t = static_cast<float>(i % 7 - 3) * 0.5f;
+      ties[static_cast<size_t>(i)] = i % 11 == 0 ? -0.0f : t;
+    }
+    inputs.push_back(index);
+    inputs.push_back(ties);
+    inputs.push_back(values(static_cast<size_t>(n), 9));
+    for (size_t v = 0; v < inputs.size(); ++v) {
+      const auto dx = upload(inputs[v]);
+      for (const int64_t k : {int64_t{1}, int64_t{2}, n / 3, n - 1, n}) {
+        if (k < 1) continue;
+        for (const bool approximate : {false, true}) {
+          CompressorConfig c;
+          c.kind = CompressorKind::topk;
+          c.keep = k;
+          c.approximate = approximate;
+          std::vector<std::byte> want(encoded_size(n, c)), got(want.size());
+          encode(TensorView::host(inputs[v].data(), n), want, c, ExecContext::host());
+          std::shared_ptr<void> dp = cuda::allocate(want.size(), 0, nullptr);
+          encode(TensorView(dx.get(), n, DType::f32, gpu.device),
+                 std::span(static_cast<std::byte*>(dp.get()), want.size()), c, gpu);
+          cuda::copy_async(got.data(), dp.get(), got.size(), nullptr);
+          cuda::synchronize(nullptr);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0)
+              << "input " << v << " n " << n << " k " << k << " approximate " << approximate;
+        }
+      }
+    }
+  }
+}
+
+// The device top-k encoder refuses a non-finite input as the host does.
+TEST_F(DeviceOps, TopkRefusesNonFiniteInput) {
+  ExecContext gpu;
+  gpu.device = Device::cuda(0);
+  std::vector<float> x = values(1000, 10);
+  x[321] = NAN;
+  const auto dx = upload(x);
+  CompressorConfig c;
+  c.kind = CompressorKind::topk;
+  c.keep = 10;
+  std::shared_ptr<void> dp = cuda::allocate(encoded_size(1000, c), 0, nullptr);
+  EXPECT_THROW(encode(TensorView(dx.get(), 1000, DType::f32, gpu.device),
+                      std::span(static_cast<std::byte*>(dp.get()), encoded_size(1000, c)), c, gpu),
+               InvalidArgument);
 }
 
 }  // namespace

@@ -309,8 +309,10 @@ struct TopkCall {
   std::exception_ptr exchange_error;  // this rank's alltoallv
   std::exception_ptr owner_error;     // this rank's owner step (step 3), or its alltoallv's
 
+  // host_buffers: sent, received and gathered are allocated here (the
+  // device path takes them from comm.allocate() instead).
   TopkCall(const Communicator& comm, const TensorView& tensor, const ExecContext& context,
-           const SparseAllreduceOptions& options)
+           const SparseAllreduceOptions& options, bool host_buffers = true)
       : rank(comm.rank()),
         size(comm.size()),
         x(tensor),
@@ -349,13 +351,15 @@ struct TopkCall {
         slot_offset[j] = slot_offset[j - 1] + slot_bytes[j - 1];
       }
     }
-    sent = std::make_shared<std::vector<unsigned char>>(
-        static_cast<size_t>(block_offset[n - 1] + block_bytes[n - 1]));
-    received = std::make_shared<std::vector<unsigned char>>(
-        static_cast<size_t>(size * block_bytes[static_cast<size_t>(rank)]));
-    gathered = std::make_shared<std::vector<unsigned char>>(
-        static_cast<size_t>(slot_offset[n - 1] + slot_bytes[n - 1]));
+    if (!host_buffers) return;
+    sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(sent_bytes()));
+    received = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(received_bytes()));
+    gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(gathered_bytes()));
   }
+
+  int64_t sent_bytes() const { return block_offset.back() + block_bytes.back(); }
+  int64_t received_bytes() const { return size * block_bytes[static_cast<size_t>(rank)]; }
+  int64_t gathered_bytes() const { return slot_offset.back() + slot_bytes.back(); }
 
   std::span<std::byte> payload_sent(int j) {
     return bytes_of(*sent, block_offset[j] + static_cast<int64_t>(sizeof(BlockPrefix)),
@@ -382,6 +386,8 @@ std::string payload_name(int j, int from, bool gathered) {
 // That payload's header, checked against the layout: a top-k payload of
 // kept[j] in count[j] elements (read_header checks the rest of the header
 // and the size). CorruptPayload otherwise.
+void check_layout(const TopkCall& c, const kernels::PayloadHeader& h, int j, int from,
+                  bool gathered);
 void check_header(const TopkCall& c, std::span<const std::byte> payload, int j, int from,
                   bool gathered) {
   kernels::PayloadHeader h;
@@ -391,6 +397,12 @@ void check_header(const TopkCall& c, std::span<const std::byte> payload, int j, 
     RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, from, gathered), ": ",
                   e.message());
   }
+  check_layout(c, h, j, from, gathered);
+}
+
+// A header that read_header accepted, checked against the layout.
+void check_layout(const TopkCall& c, const kernels::PayloadHeader& h, int j, int from,
+                  bool gathered) {
   const int64_t count = c.shards.count[j], k = c.kept[j];
   RELAXCC_ENFORCE(h.kind == CompressorKind::topk && h.n == count && h.k == k, CorruptPayload,
                   "sparse_allreduce: ", payload_name(j, from, gathered), " reads ",
@@ -450,6 +462,35 @@ void select_shards(TopkCall& c) {
     std::memcpy(c.sent->data() + c.block_offset[j], &prefix, sizeof prefix);
 }
 
+// Step 3's check of every sender's call and selection (the blocks'
+// prefixes, in rank order), before any payload is read: false, with s
+// naming the sender, when a sender's selection failed (the sender throws
+// its own error with the details); PeerMismatch or CorruptPayload, with s
+// naming the sender and stage, for a prefix of another call or out of range.
+bool senders_ok(const TopkCall& c, const std::vector<BlockPrefix>& prefixes, OwnerStatus& s) {
+  for (int i = 0; i < c.size; ++i) {
+    const BlockPrefix& p = prefixes[static_cast<size_t>(i)];
+    s.sender = i;
+    s.stage = OwnerStatus::call;
+    RELAXCC_ENFORCE(p.fingerprint == c.fingerprint, PeerMismatch, "sparse_allreduce: rank ", i,
+                    " calls with fingerprint ", p.fingerprint, ", rank ", c.rank, " with ",
+                    c.fingerprint,
+                    ": they differ in the element count, k, op, ratio, keep, step or selection");
+    s.stage = OwnerStatus::input;
+    RELAXCC_ENFORCE(p.code >= OwnerStatus::ok && p.code <= OwnerStatus::failed && p.reserved == 0,
+                    CorruptPayload, "sparse_allreduce: the block prefix of rank ", i,
+                    " reads code ", p.code, " and reserved ", p.reserved,
+                    ", expected a code in [0, 4] and 0");
+    if (p.code != OwnerStatus::ok) {
+      s.code = p.code;
+      return false;
+    }
+  }
+  s.sender = -1;
+  s.stage = OwnerStatus::own;
+  return true;
+}
+
 // Step 3: the owner's check of every block of its shard, its sum, and its
 // top k_r encoded once after the OwnerStatus of its slot. Returns that
 // status; a failure of this rank's own is kept in c.owner_error.
@@ -461,28 +502,10 @@ OwnerStatus reduce_owned_shard(TopkCall& c) {
       s.stage = OwnerStatus::exchange;
       std::rethrow_exception(c.exchange_error);
     }
-    // Every sender's call and selection, before any payload is read.
-    for (int i = 0; i < c.size; ++i) {
-      BlockPrefix p;
-      std::memcpy(&p, c.received->data() + i * c.block_bytes[r], sizeof p);
-      s.sender = i;
-      s.stage = OwnerStatus::call;
-      RELAXCC_ENFORCE(p.fingerprint == c.fingerprint, PeerMismatch, "sparse_allreduce: rank ", i,
-                      " calls with fingerprint ", p.fingerprint, ", rank ", r, " with ",
-                      c.fingerprint,
-                      ": they differ in the element count, k, op, ratio, keep, step or selection");
-      s.stage = OwnerStatus::input;
-      RELAXCC_ENFORCE(p.code >= OwnerStatus::ok && p.code <= OwnerStatus::failed && p.reserved == 0,
-                      CorruptPayload, "sparse_allreduce: the block prefix of rank ", i,
-                      " reads code ", p.code, " and reserved ", p.reserved,
-                      ", expected a code in [0, 4] and 0");
-      if (p.code != OwnerStatus::ok) {
-        s.code = p.code;  // the sender throws its own error with the details
-        return s;
-      }
-    }
-    s.sender = -1;
-    s.stage = OwnerStatus::own;
+    std::vector<BlockPrefix> prefixes(static_cast<size_t>(c.size));
+    for (int i = 0; i < c.size; ++i)
+      std::memcpy(&prefixes[i], c.received->data() + i * c.block_bytes[r], sizeof(BlockPrefix));
+    if (!senders_ok(c, prefixes, s)) return s;
     const int64_t count = c.shards.count[r], k = c.kept[r];
     if (k == 0) return s;  // nothing was sent, nothing is kept
     std::vector<float> acc(static_cast<size_t>(count), 0.0f);
@@ -564,9 +587,7 @@ OwnerStatus reduce_owned_shard(TopkCall& c) {
 
 // Owner j's status word, as the all-gather brought it; CorruptPayload when
 // it is not one that an owner writes.
-OwnerStatus status_of(const TopkCall& c, int j) {
-  OwnerStatus s;
-  std::memcpy(&s, c.gathered->data() + c.slot_offset[j], sizeof s);
+OwnerStatus checked_status(const TopkCall& c, int j, const OwnerStatus& s) {
   const bool from_owner = s.stage == OwnerStatus::own || s.stage == OwnerStatus::exchange;
   const bool valid = s.reserved == 0 && s.code >= OwnerStatus::ok &&
                      s.code <= OwnerStatus::failed && s.stage >= OwnerStatus::own &&
@@ -580,6 +601,12 @@ OwnerStatus status_of(const TopkCall& c, int j) {
                   "in [0, 4] and a sender in [-1, ",
                   c.size, ")");
   return s;
+}
+
+OwnerStatus status_of(const TopkCall& c, int j) {
+  OwnerStatus s;
+  std::memcpy(&s, c.gathered->data() + c.slot_offset[j], sizeof s);
+  return checked_status(c, j, s);
 }
 
 // The bytes this rank moved: the alltoallv sends each peer its block and
@@ -682,6 +709,218 @@ WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
       "sparse_allreduce");
 }
 
+// ---- top-k on a device ----------------------------------------------------
+
+// Top-k on device tensors over a communicator that moves device memory
+// (NCCL), the host protocol's five steps stepped on the calling thread: the
+// blocks, this shard's blocks and the owners' slots live in payload memory
+// from comm.allocate(); the selections (worker and owner) run on the device
+// (kernels/cuda/topk.cu), the owner's sum is the device decoder's
+// accumulation in rank order, and x is decoded on the device. What goes
+// through the host is metadata: every block prefix this owner receives and
+// every status word the all-gather brings (16 bytes each), each payload
+// header the owner or the decoder checks, the decoders' validation flags,
+// and the error-feedback residuals (host memory: copied to the device
+// before the selection and back once the call succeeded). Results and
+// residuals equal the host path's bit for bit; failures are decided from
+// the same status words, with the same types.
+WorkPtr top_k_device(Communicator& comm, const TensorView& x, const ExecContext& ctx,
+                     const SparseAllreduceOptions& options) {
+  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
+  backend->check_communicator(comm, "sparse_allreduce");
+  auto done = std::make_shared<Work>("sparse_allreduce");
+  try {
+    if (options.after) options.after->wait();
+    TopkCall c(comm, x, ctx, options, /*host_buffers=*/false);
+    const int n = c.size, r = c.rank;
+    const TensorView sent = backend->payload_memory(comm, c.sent_bytes(), "sparse_allreduce");
+    const TensorView received =
+        backend->payload_memory(comm, c.received_bytes(), "sparse_allreduce");
+    const TensorView gathered =
+        backend->payload_memory(comm, c.gathered_bytes(), "sparse_allreduce");
+    auto at = [](const TensorView& v, int64_t offset) {
+      return static_cast<std::byte*>(v.data) + offset;
+    };
+    auto payload_sent = [&](int j) {
+      return std::span(at(sent, c.block_offset[j] + sizeof(BlockPrefix)),
+                       static_cast<size_t>(c.payload_bytes[j]));
+    };
+    auto payload_received = [&](int from) {
+      return std::span(at(received, from * c.block_bytes[r] + sizeof(BlockPrefix)),
+                       static_cast<size_t>(c.payload_bytes[r]));
+    };
+    auto payload_gathered = [&](int j) {
+      return std::span(at(gathered, c.slot_offset[j] + sizeof(OwnerStatus)),
+                       static_cast<size_t>(c.payload_bytes[j]));
+    };
+    // A payload's header on the host, checked against the layout.
+    auto header = [&](std::span<std::byte> payload, int j, int from, bool from_gather) {
+      kernels::PayloadHeader h;
+      try {
+        h = backend->read_header(payload, ctx);
+      } catch (const CorruptPayload& e) {
+        RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, from, from_gather),
+                      ": ", e.message());
+      }
+      check_layout(c, h, j, from, from_gather);
+    };
+    const auto numel = static_cast<size_t>(x.numel);
+    TensorView worker, server, scratch;
+    if (c.worker.feedback) {
+      worker = backend->zeros(x.numel, DType::f32, ctx);
+      backend->copy(worker.data, c.worker.feedback->residual().data(), numel * sizeof(float), ctx);
+    }
+    const int64_t owned = c.shards.count[static_cast<size_t>(r)];
+    if (c.server.feedback) {
+      server = backend->zeros(owned, DType::f32, ctx);
+      backend->copy(server.data, c.server.feedback->residual().data(),
+                    static_cast<size_t>(owned) * sizeof(float), ctx);
+    }
+    if (c.worker.feedback || c.server.feedback)
+      scratch = backend->zeros(c.shards.count[0], DType::f32, ctx);
+
+    // 1. The selection of every shard; its failure travels in the prefixes.
+    BlockPrefix prefix{c.fingerprint, OwnerStatus::ok, 0};
+    try {
+      for (int j = 0; j < n; ++j) {
+        const int64_t begin = c.shards.offset[j], count = c.shards.count[j];
+        const TensorView shard = x.slice(begin, count);
+        const TensorView residual = worker.numel > 0 ? worker.slice(begin, count) : TensorView();
+        if (c.kept[j] == 0) {
+          // Nothing of this shard travels: x waits in the residual.
+          if (residual.numel > 0) backend->add(residual, shard, ctx);
+          float bad = 0;
+          const int64_t i =
+              backend->first_non_finite(residual.numel > 0 ? residual : shard, &bad, ctx);
+          RELAXCC_ENFORCE(
+              i<0, InvalidArgument, "sparse_allreduce: element ", begin + i, residual.numel> 0
+                  ? " plus its residual"
+                  : "",
+              " is ", bad, ", expected a finite value");
+          continue;
+        }
+        try {
+          backend->encode(shard, residual,
+                          residual.numel > 0 ? scratch.slice(0, count) : TensorView(),
+                          payload_sent(j), shard_codec(c.codec, c.kept[j]), ctx);
+        } catch (const InvalidArgument& e) {
+          RELAXCC_THROW(InvalidArgument, "sparse_allreduce: shard ", j, " (elements from ", begin,
+                        ")", residual.numel > 0 ? " plus its residual" : "", ": ", e.message());
+        }
+      }
+    } catch (...) {
+      c.encode_error = std::current_exception();
+      prefix.code = code_of(c.encode_error);
+    }
+    for (int j = 0; j < n; ++j)
+      backend->copy(at(sent, c.block_offset[j]), &prefix, sizeof prefix, ctx);
+    backend->finish(ctx);  // the prefix's host memory is read by the copies
+
+    // 2. Each shard's block to its owner.
+    AlltoallOptions a2a;
+    static_cast<OpOptions&>(a2a) = op_options(options, nullptr);
+    const std::vector<int64_t> recv_counts(static_cast<size_t>(n), c.block_bytes[r]);
+    try {
+      comm.alltoallv(sent, c.block_bytes, received, recv_counts, ctx, a2a)->wait();
+    } catch (...) {
+      c.exchange_error = std::current_exception();
+    }
+
+    // 3. The owner's checks, sum and top k_r, into its slot.
+    OwnerStatus status;
+    try {
+      if (c.exchange_error) {
+        status.stage = OwnerStatus::exchange;
+        std::rethrow_exception(c.exchange_error);
+      }
+      std::vector<BlockPrefix> prefixes(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i)
+        backend->copy(&prefixes[static_cast<size_t>(i)], at(received, i * c.block_bytes[r]),
+                      sizeof(BlockPrefix), ctx);
+      backend->finish(ctx);
+      const int64_t k = c.kept[static_cast<size_t>(r)];
+      if (senders_ok(c, prefixes, status) && k > 0) {
+        const TensorView sum = backend->zeros(owned, DType::f32, ctx);
+        for (int i = 0; i < n; ++i) {
+          status.sender = i;
+          status.stage = OwnerStatus::payload;
+          header(payload_received(i), r, i, /*from_gather=*/false);
+          backend->decode(payload_received(i), sum, /*accumulate=*/true, ctx);
+        }
+        status.sender = -1;
+        status.stage = OwnerStatus::own;
+        if (c.op == ReduceOp::avg) backend->scale(sum, static_cast<float>(n), true, ctx);
+        try {
+          backend->encode(sum, server, server.numel > 0 ? scratch.slice(0, owned) : TensorView(),
+                          payload_gathered(r), shard_codec(c.codec, k), ctx);
+        } catch (const InvalidArgument& e) {
+          RELAXCC_THROW(
+              InvalidArgument, "sparse_allreduce: the ", c.op == ReduceOp::avg ? "average" : "sum",
+              " of shard ", r, " (elements from ", c.shards.offset[r], ")",
+              server.numel > 0 ? " plus its server residual" : "", " overflows f32: ", e.message());
+        }
+        backend->finish(ctx);  // the sum's memory is released below
+      }
+    } catch (...) {
+      c.owner_error = std::current_exception();
+      status.code = code_of(c.owner_error);
+    }
+    backend->copy(at(gathered, c.slot_offset[r]), &status, sizeof status, ctx);
+    backend->finish(ctx);
+
+    // 4. The owners' slots to every rank, unchanged.
+    AllgatherOptions ag;
+    static_cast<OpOptions&>(ag) = op_options(options, nullptr);
+    const TensorView mine(at(gathered, c.slot_offset[r]), c.slot_bytes[r], DType::u8, x.device,
+                          gathered.owner);
+    try {
+      comm.allgatherv(mine, gathered, c.slot_bytes, ctx, ag)->wait();
+    } catch (...) {
+      std::rethrow_exception(c.owner_error    ? c.owner_error
+                             : c.encode_error ? c.encode_error
+                                              : std::current_exception());
+    }
+    if (options.stats) count_traffic(c, *options.stats);
+
+    // 5. Every owner's status, then the residuals and x.
+    std::vector<OwnerStatus> statuses(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j)
+      backend->copy(&statuses[static_cast<size_t>(j)], at(gathered, c.slot_offset[j]),
+                    sizeof(OwnerStatus), ctx);
+    backend->finish(ctx);
+    for (int j = 0; j < n; ++j) {
+      const OwnerStatus s = checked_status(c, j, statuses[static_cast<size_t>(j)]);
+      if (s.code != OwnerStatus::ok) throw_owner_failure(c, j, s);
+    }
+    if (c.worker.feedback)
+      backend->copy(c.worker.feedback->residual().data(), worker.data, numel * sizeof(float), ctx);
+    if (c.server.feedback)
+      backend->copy(c.server.feedback->residual().data(), server.data,
+                    static_cast<size_t>(owned) * sizeof(float), ctx);
+    backend->finish(ctx);
+    for (int j = 0; j < n; ++j)
+      if (c.kept[j] > 0) header(payload_gathered(j), j, j, /*from_gather=*/true);
+    for (int j = 0; j < n; ++j) {
+      const TensorView shard = x.slice(c.shards.offset[j], c.shards.count[j]);
+      if (c.kept[j] == 0) {
+        backend->fill(shard.data, 0, static_cast<size_t>(shard.numel) * sizeof(float), ctx);
+        continue;
+      }
+      try {
+        backend->decode(payload_gathered(j), shard, /*accumulate=*/false, ctx);
+      } catch (const CorruptPayload& e) {
+        RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, j, true), ": ",
+                      e.message());
+      }
+    }
+    backend->finish(ctx);
+    done->complete(nullptr);
+  } catch (...) {
+    done->complete(std::current_exception());
+  }
+  return done;
+}
+
 }  // namespace
 
 int64_t sparse_allreduce_owned(int64_t numel, int rank, int size) {
@@ -697,14 +936,6 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
     RELAXCC_ENFORCE(x.device == ctx.device, InvalidArgument, "sparse_allreduce: rank ", comm.rank(),
                     " was given a tensor on ", x.device, " with a context on ", ctx.device,
                     ", expected the same device");
-    // Top-k selects on the host ([E]'s CUDA topk encoder copies the tensor
-    // to the host and selects there) and its owners sum, select again and
-    // check prefixes and status words on the host: on a device every block
-    // would go through the host, which the device path never does.
-    RELAXCC_ENFORCE(options.codec.kind != CompressorKind::topk, Unsupported,
-                    "sparse_allreduce: rank ", comm.rank(), " was given a tensor on ", x.device,
-                    " with the topk codec: top-k selects on the host (no CUDA selection kernel), "
-                    "so on devices sparse_allreduce takes randomk (or use compressed_allreduce)");
   }
   x.check_valid("sparse_allreduce tensor");
   RELAXCC_ENFORCE(x.dtype == DType::f32, InvalidArgument, "sparse_allreduce: f32 tensors, got ",
@@ -735,7 +966,7 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
                   InvalidArgument, "sparse_allreduce: server-side error feedback for ",
                   options.server_feedback ? options.server_feedback->residual().size() : 0,
                   " elements, expected the owned shard's ", owned, " (sparse_allreduce_owned)");
-  return top_k(comm, x, ctx, options);
+  return device ? top_k_device(comm, x, ctx, options) : top_k(comm, x, ctx, options);
 }
 
 }  // namespace relaxcc

@@ -38,7 +38,8 @@
 //      word, then the payload;
 //   5. every rank writes every shard's pairs into x, 0 elsewhere, from the
 //      same bytes: the results are bitwise identical on every rank.
-// Steps 1 and 3 run off the engine thread (Communicator::compute).
+// Steps 1 and 3 run off the engine thread (Communicator::compute) on host
+// tensors; on device tensors see below.
 // Bytes sent per rank: (n-1)/n of the k pairs (8 bytes each) in the
 // alltoallv and again in the all-gather, ~ 16 k (n-1)/n, plus per peer the
 // blocks' prefixes and payload headers and the owners' status words (about
@@ -119,31 +120,42 @@ struct SparseAllreduceOptions : OpOptions {
   RelaxedStats* stats = nullptr;
 };
 
-// Device tensors (random-k only). A CUDA tensor with a context on its device
-// runs random-k over a communicator that moves that device's memory (NCCL;
-// Unsupported naming the call, the rank and the device otherwise, before
-// anything is read): the device gathers the k values into payload memory
-// from comm.allocate() (CUDA randomk encode; with error feedback, the
-// residual is added and updated on the device), the communicator allreduces
-// them, a second allreduce of three integers checks the selection and
-// whether some rank's encode failed, and the device scatters the sum into x.
-// Tensor data never goes through the host; the residual of `feedback` (host
-// memory) is copied to the device before the encode and back once the call
-// succeeded. The call is stepped on the calling thread (after
-// options.after) and returns a completed Work; each wait is bounded by the
-// communicator's timeout. Results and residuals equal the host path's bit
-// for bit where the sum is exact. A rank whose encode fails throws its own
-// error, its peers CommunicationError naming it; on a selection mismatch
-// every rank throws PeerMismatch; x and the residual are untouched unless
-// the call succeeds. Top-k on a device is Unsupported: its selection runs on
-// the host ([E]'s CUDA topk encoder copies the tensor to the host to select)
-// and its owners sum, select again and check prefixes and status words on
-// the host, so every block would go through the host. A context on another
-// device than x is InvalidArgument. InvalidArgument, from the
-// call on every rank before anything is submitted, for a tensor that is not
-// f32, a codec other than randomk and topk or out of its ranges (ratio
-// outside (0, 1]), an op other than sum and avg, feedback of another size,
-// or server_feedback with randomk.
+// Device tensors. A CUDA tensor with a context on its device runs over a
+// communicator that moves that device's memory (NCCL; Unsupported naming
+// the call, the rank and the device otherwise, before anything is read).
+// Both kinds are stepped on the calling thread (after options.after) and
+// return a completed Work; each wait is bounded by the communicator's
+// timeout. Results and residuals equal the host path's bit for bit where
+// the sum is exact (top-k: always, the owners' sums being added in the same
+// order). x and the residuals are untouched unless the call succeeds.
+//
+// Random-k: the device gathers the k values into payload memory from
+// comm.allocate() (CUDA randomk encode; with error feedback, the residual
+// is added and updated on the device), the communicator allreduces them, a
+// second allreduce of three integers checks the selection and whether some
+// rank's encode failed, and the device scatters the sum into x. A rank whose
+// encode fails throws its own error, its peers CommunicationError naming
+// it; on a selection mismatch every rank throws PeerMismatch.
+//
+// Top-k: the five steps above, with the blocks, the owned shard's blocks and
+// the owners' slots in payload memory from comm.allocate(), the alltoallv
+// and all-gather on the communicator, and every selection (the ranks' and
+// the owners') on the device (kernels/cuda/topk.cu: an exact radix select
+// with the host selection's tie rule); the owner sums the payloads with
+// the device decoder, in rank order. Failures are decided as on the host,
+// with the same types. What goes through the host is metadata only: each
+// block prefix the owner receives and each status word the all-gather
+// brings (16 bytes each), the payload headers that the owner and the
+// decoders check, and the kernels' validation flags.
+//
+// Tensor data never goes through the host; the residuals of `feedback` and
+// `server_feedback` (host memory) are copied to the device before the
+// encode and back once the call succeeded. A context on another device
+// than x is InvalidArgument. InvalidArgument, from the call on every rank
+// before anything is submitted, for a tensor that is not f32, a codec
+// other than randomk and topk or out of its ranges (ratio outside (0, 1]),
+// an op other than sum and avg, feedback of another size, or
+// server_feedback with randomk.
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                          const SparseAllreduceOptions& options = {});
 
