@@ -178,9 +178,10 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
     return std::make_shared<algorithms::CocktailSgd>(o);
   }
   if (name == "local_sgd" && defaults) return std::make_shared<algorithms::LocalSgd>();
-  // decentralized_sgd[:<mode>[-adaptive|-deadline<ms>]]: a gossip peer mode
-  // (all, ring, shift_one, exponential; defaults: all), with an adaptive or
-  // a fixed deadline (not with all).
+  // decentralized_sgd[:<mode>[-adaptive[-k<tenths>]|-deadline<ms>]]: a
+  // gossip peer mode (all, ring, shift_one, exponential; defaults: all),
+  // with an adaptive deadline (median + k MAD; -k10: k = 1.0, default 3) or
+  // a fixed one (not with all).
   if (name == "decentralized_sgd") {
     algorithms::DecentralizedSgdOptions o;
     o.tag = tag;
@@ -188,6 +189,8 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
       const std::string mode = setting->substr(0, setting->find('-'));
       o.mode = parse_gossip_mode(mode);
       o.deadline.adaptive = setting->find("-adaptive") != std::string::npos;
+      if (const auto k = setting_number(*setting, "-k", 30))
+        o.deadline.adaptive_options.k = *k / 10.0;
       if (const auto ms = setting_number(*setting, "-deadline", 0)) {
         RELAXCC_ENFORCE(*ms > 0, InvalidArgument,
                         "algorithms: decentralized_sgd's -deadline<ms> needs a number, got '",
@@ -195,12 +198,16 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
         o.deadline.fixed = std::chrono::milliseconds(*ms);
       }
     }
-    *setting =
-        detail::concat("mode ", gossip_mode_name(o.mode),
-                       o.deadline.adaptive ? std::string(", adaptive deadline")
-                       : o.deadline.fixed.count() > 0
-                           ? detail::concat(", deadline ", o.deadline.fixed.count() / 1000, " ms")
-                           : std::string());
+    *setting = detail::concat(
+        "mode ", gossip_mode_name(o.mode),
+        o.deadline.adaptive
+            ? detail::concat(", adaptive deadline",
+                             o.deadline.adaptive_options.k != 3.0
+                                 ? detail::concat(" k ", o.deadline.adaptive_options.k)
+                                 : std::string())
+        : o.deadline.fixed.count() > 0
+            ? detail::concat(", deadline ", o.deadline.fixed.count() / 1000, " ms")
+            : std::string());
     return std::make_shared<algorithms::DecentralizedSgd>(o);
   }
   if (name == "low_precision_decentralized_sgd" && defaults) {
@@ -209,13 +216,21 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
     *setting = "ring, 8-bit min-max";
     return std::make_shared<algorithms::LowPrecisionDecentralizedSgd>(o);
   }
-  // moshpit_sgd[:no-deadline]: the 2-axis grid with adaptive deadlines
-  // (its defaults), or without deadlines.
-  if (name == "moshpit_sgd" && (defaults || *setting == "no-deadline")) {
+  // moshpit_sgd[:no-deadline|:k<tenths>]: the 2-axis grid with adaptive
+  // deadlines (its defaults; k<tenths>: median + k MAD, k10: k = 1.0), or
+  // without deadlines.
+  if (name == "moshpit_sgd" &&
+      (defaults || *setting == "no-deadline" || setting->rfind("k", 0) == 0)) {
     algorithms::MoshpitSgdOptions o;
     o.tag = tag;
-    if (!defaults) o.deadline = algorithms::RoundDeadlineOptions{};
-    *setting = defaults ? "grid, adaptive deadline" : "grid, no deadline";
+    if (*setting == "no-deadline") o.deadline = algorithms::RoundDeadlineOptions{};
+    if (const auto k = setting_number(*setting, "k", 30)) o.deadline.adaptive_options.k = *k / 10.0;
+    *setting = *setting == "no-deadline"
+                   ? "grid, no deadline"
+                   : detail::concat("grid, adaptive deadline",
+                                    o.deadline.adaptive_options.k != 3.0
+                                        ? detail::concat(" k ", o.deadline.adaptive_options.k)
+                                        : std::string());
     return std::make_shared<algorithms::MoshpitSgd>(o);
   }
   if (name == "async_model_average" && defaults) {
@@ -256,8 +271,9 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
   }
   RELAXCC_THROW(InvalidArgument, "algorithms: unknown algorithm '", spec,
                 "' (gradient_allreduce, bytegrad, qadam, cocktail_sgd, cocktail_sgd:paper, "
-                "local_sgd, decentralized_sgd[:<mode>[-adaptive|-deadline<ms>]], "
-                "low_precision_decentralized_sgd, moshpit_sgd[:no-deadline], async_model_average, "
+                "local_sgd, decentralized_sgd[:<mode>[-adaptive[-k<tenths>]|-deadline<ms>]], "
+                "low_precision_decentralized_sgd, moshpit_sgd[:no-deadline|:k<tenths>], "
+                "async_model_average, "
                 "diloco, diloco:h<H>[-4bit|-sparseloco][-streaming[<F>]][-eager])");
 }
 
