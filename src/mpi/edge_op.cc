@@ -102,10 +102,13 @@ void EdgeOp::open_edges(Transport& t) {
   header_.seq = seq();
   header_.lane = t.lane_id();
   started_ = true;
-  for (int rank : first_contacts(t.rank(), t.size())) {
-    const bool known =
-        std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
-    if (!known) add_peer(rank, 0, 0);
+  if (!contacts_added_) {  // kept when the operation is reused
+    contacts_added_ = true;
+    for (int rank : first_contacts(t.rank(), t.size())) {
+      const bool known =
+          std::any_of(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.rank == rank; });
+      if (!known) add_peer(rank, 0, 0);
+    }
   }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];

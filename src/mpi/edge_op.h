@@ -188,6 +188,7 @@ class EdgeOp : public Operation {
   };
   std::vector<Deferred> deferred_;
   std::vector<Peer> peers_;
+  bool contacts_added_ = false;  // open_edges added the first contacts (reuse keeps them)
   bool started_ = false;
   bool aborted_ = false;
   bool hard_abort_ = false;

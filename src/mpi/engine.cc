@@ -29,6 +29,8 @@ void check_mpi(int rc, const char* what) {
 namespace {
 // How long an idle engine keeps pushing out its own poison notices.
 constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
+// How often poison notices are looked for.
+constexpr auto kNoticePoll = std::chrono::milliseconds(1);
 // How often background operations are polled while they have nothing pending.
 constexpr auto kBackgroundPoll = std::chrono::milliseconds(1);
 // The engine thread, with nothing to do, wakes this often to pick up what no
@@ -39,6 +41,36 @@ constexpr auto kWatchFor = std::chrono::milliseconds(100);
 // Longest back-off sleep while only parked requests remain (operations whose
 // Work completed: nobody waits for them).
 constexpr int64_t kParkedSleepUs = 1000;
+}  // namespace
+
+namespace {
+// Progress tokens (of any engine) the calling thread holds.
+thread_local int tokens_held = 0;
+
+// Holds the progress token: records the holder, releases on scope exit.
+class TokenHold {
+ public:
+  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
+      : token_(token), holder_(holder), held_(token.try_lock()) {
+    if (!held_) return;
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    ++tokens_held;
+  }
+  ~TokenHold() {
+    if (!held_) return;
+    --tokens_held;
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    token_.unlock();
+  }
+  TokenHold(const TokenHold&) = delete;
+  TokenHold& operator=(const TokenHold&) = delete;
+  explicit operator bool() const { return held_; }
+
+ private:
+  std::mutex& token_;
+  std::atomic<std::thread::id>& holder_;
+  const bool held_;
+};
 }  // namespace
 
 bool mpi_finalized() {
@@ -183,8 +215,7 @@ void Transport::compute(Operation& op, int64_t slot, std::function<void()> fn) {
   engine_.compute_.submit(&op, slot, std::move(fn));
 }
 void Transport::count_late(uint64_t n) {
-  std::lock_guard<std::mutex> lock(engine_.mutex_);
-  lane_.stats_.late_messages += n;
+  LaneCounters::add(lane_.counters_.late_messages, n);
 }
 
 // ---- CommPair and Lane -------------------------------------------------------
@@ -212,10 +243,8 @@ Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> mem
       rank_(rank),
       size_(members_.empty() ? comms_->size : static_cast<int>(members_.size())),
       id_(id),
-      tunables_(std::move(tunables)) {
-  stats_.sent_to.assign(size_, 0);
-  stats_.received_from.assign(size_, 0);
-}
+      tunables_(std::move(tunables)),
+      counters_(size_) {}
 
 // ---- Engine ----------------------------------------------------------------
 
@@ -340,6 +369,42 @@ void Doorbell::ring_released() {
   if (drivers.load(std::memory_order_seq_cst) == 0) cv.notify_all();
 }
 
+void Engine::take_seq_locked(Lane& lane, Operation& op) {
+  if (lane.poisoned())
+    RELAXCC_THROW(CommunicatorPoisoned, op.name(), ": the communicator is poisoned (",
+                  lane.poison_reason_, ") and accepts no more operations");
+  RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op.name(), ": the communicator is shutting down");
+  if (op.collective()) {
+    std::lock_guard<std::mutex> seqs(lane.in_flight_mutex_);
+    const uint64_t oldest = lane.oldest_in_flight_;
+    if (lane.next_seq_ - oldest >= kLaneSeqs)
+      RELAXCC_THROW(CommunicationError, op.name(), " #", lane.next_seq_, ": ", kLaneSeqs,
+                    " collective operations of this communicator are in flight (the oldest is #",
+                    oldest, "): their tags would repeat; wait for earlier ones first");
+    // With none in flight, oldest_in_flight_ is this one already.
+    op.seq_ = lane.next_seq_++;
+    lane.in_flight_.set(op.seq_ % kLaneSeqs);
+    op.in_flight_ = true;
+  } else {
+    op.seq_ = lane.next_p2p_seq_++;
+  }
+  op.submitted_ = Clock::now();
+}
+
+void Engine::bind_work_locked(const std::shared_ptr<Lane>& lane, Operation& op,
+                              const std::string& label, Details details, uint64_t submission) {
+  const int tag = lane->transport_.collective_tag(op.seq_, Channel::header);
+  // A reused operation brings its last Work: reused too when nobody holds it.
+  if (op.work_ && op.work_.use_count() == 1 && op.work_->is_completed()) {
+    std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's release
+    op.work_->rebind(op, label, tag, std::move(details), submission);
+  } else {
+    op.work_ = std::make_shared<EngineWork>(op, label, tag, std::move(details),
+                                            std::chrono::milliseconds(lane->tunables_.timeout_ms),
+                                            weak_from_this(), lane, submission);
+  }
+}
+
 std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
                                      std::shared_ptr<Operation> op, Details details,
                                      const OpOptions& options) {
@@ -349,39 +414,10 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
   bool ring = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (lane->poisoned())
-      RELAXCC_THROW(CommunicatorPoisoned, op->name(), ": the communicator is poisoned (",
-                    lane->poison_reason_, ") and accepts no more operations");
-    RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op->name(),
-                    ": the communicator is shutting down");
-    if (op->collective()) {
-      std::lock_guard<std::mutex> seqs(lane->in_flight_mutex_);
-      const uint64_t oldest = lane->oldest_in_flight_;
-      if (lane->next_seq_ - oldest >= kLaneSeqs)
-        RELAXCC_THROW(CommunicationError, op->name(), " #", lane->next_seq_, ": ", kLaneSeqs,
-                      " collective operations of this communicator are in flight (the oldest is #",
-                      oldest, "): their tags would repeat; wait for earlier ones first");
-      // With none in flight, oldest_in_flight_ is this one already.
-      op->seq_ = lane->next_seq_++;
-      lane->in_flight_.set(op->seq_ % kLaneSeqs);
-      op->in_flight_ = true;
-    } else {
-      op->seq_ = lane->next_p2p_seq_++;
-    }
-    op->submitted_ = Clock::now();
+    take_seq_locked(*lane, *op);
     op->lane_ = lane;
-    const int tag = lane->transport_.collective_tag(op->seq_, Channel::header);
-    // A reused operation brings its last Work: reused too when nobody holds it.
-    if (op->work_ && op->work_.use_count() == 1 && op->work_->is_completed()) {
-      std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's release
-      work = std::move(op->work_);
-      work->rebind(*op, options.label, tag, std::move(details), submissions_ + 1);
-    } else {
-      work = std::make_shared<EngineWork>(*op, options.label, tag, std::move(details),
-                                          std::chrono::milliseconds(lane->tunables_.timeout_ms),
-                                          weak_from_this(), lane, submissions_ + 1);
-    }
-    op->work_ = work;
+    bind_work_locked(lane, *op, options.label, std::move(details), submissions_ + 1);
+    work = op->work_;
     op->after_ = after;
     queue_.push_back(std::move(op));
     signalled_.store(true, std::memory_order_seq_cst);
@@ -405,6 +441,74 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     });
   }
   return work;
+}
+
+std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
+                                      const std::shared_ptr<Operation>& op, Details details,
+                                      const OpOptions& options, const WorkPtr& done) {
+  // A completion callback must not block (nor take a token it may hold).
+  if (options.after || Engine::drives_progress_here()) return nullptr;
+  TokenHold hold(token_, token_holder_);
+  if (!hold || !active_.empty() || !waiting_.empty() || !spawned_.empty()) return nullptr;
+  // Poison notices as iterate() picks them up before it starts an operation.
+  auto now = Clock::now();
+  if (now - last_notice_poll_ > kNoticePoll) poll_notices();
+  uint64_t submission = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Anything to pick up first (a queued operation, a poisoning, a stop)
+    // goes the common way, in order.
+    if (signalled_.load(std::memory_order_acquire) || lane->poisoned() || stop_) return nullptr;
+    take_seq_locked(*lane, *op);
+    op->lane_ = lane;
+    // This caller waits: the next submission need not ring the engine thread.
+    submission = ++submissions_;
+    awaited_submission_.store(submission, std::memory_order_relaxed);
+  }
+  op->started_ = now;
+  start(op);
+  Transport& t = lane->transport_;
+  const auto yield_for = std::max(std::chrono::microseconds(tunables_.spin_us),
+                                  std::chrono::microseconds(tunables_.yield_us));
+  auto last_progress = now;
+  for (;;) {
+    bool progressed = false;
+    try {
+      op->progress(t);
+    } catch (...) {
+      op->abort(t, std::current_exception());
+    }
+    test_requests(progressed);
+    if (op->done() && !op->error() && op->pending_ == 0 && op->computing_ == 0 && spawned_.empty())
+      break;
+    now = Clock::now();
+    if (progressed) {
+      last_progress = now;
+    } else if (op->done() || signalled_.load(std::memory_order_relaxed) ||
+               !pause(now - last_progress, tested_, yield_for)) {
+      // A failure, a peer that takes its time, or something else to pick up
+      // (another thread's submission): the operation goes on as if
+      // submitted, with a Work of its own.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        bind_work_locked(lane, *op, options.label, std::move(details), submission);
+      }
+      publish_counts(now);
+      const WorkPtr work = op->work_;
+      wake_engine(true);
+      return work;
+    }
+  }
+  // Completed within the call: no Work of its own (a reused one stays).
+  op->work_completed_ = true;
+  LaneCounters::add(lane->counters_.operations, 1);
+  if (trace_.is_open())
+    trace_event(op->name(), "op", 0, op->started_,
+                detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(),
+                               ",\"queued_us\":0,\"ok\":true"));
+  active_.erase(std::find(active_.begin(), active_.end(), op));
+  op->release_seq();
+  return done;
 }
 
 void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
@@ -468,8 +572,15 @@ std::shared_ptr<TimeoutReport> Engine::report_timeout(Lane& lane) {
 }
 
 CommStats Engine::stats(const Lane& lane) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  CommStats stats = lane.stats_;
+  const LaneCounters& c = lane.counters_;
+  CommStats stats;
+  stats.bytes_sent = c.bytes_sent.load(std::memory_order_relaxed);
+  stats.bytes_received = c.bytes_received.load(std::memory_order_relaxed);
+  stats.operations = c.operations.load(std::memory_order_relaxed);
+  stats.late_messages = c.late_messages.load(std::memory_order_relaxed);
+  for (const auto& n : c.sent_to) stats.sent_to.push_back(n.load(std::memory_order_relaxed));
+  for (const auto& n : c.received_from)
+    stats.received_from.push_back(n.load(std::memory_order_relaxed));
   stats.requests_pending = lane.requests_pending_.load(std::memory_order_relaxed);
   return stats;
 }
@@ -494,9 +605,9 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
   ++op.pending_;
   op.lane_->requests_pending_.fetch_add(1, std::memory_order_relaxed);
   if (send) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    op.lane_->stats_.bytes_sent += bytes;
-    op.lane_->stats_.sent_to[peer] += bytes;
+    LaneCounters& c = op.lane_->counters_;
+    LaneCounters::add(c.bytes_sent, bytes);
+    LaneCounters::add(c.sent_to[peer], bytes);
   }
   return index;
 }
@@ -547,9 +658,9 @@ void Engine::test_requests(bool& progressed) {
       MPI_Test_cancelled(&status, &cancelled);
       int got = 0;
       if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
-      std::lock_guard<std::mutex> lock(mutex_);
-      p.op->lane_->stats_.bytes_received += static_cast<uint64_t>(got);
-      p.op->lane_->stats_.received_from[p.peer] += static_cast<uint64_t>(got);
+      LaneCounters& c = p.op->lane_->counters_;
+      LaneCounters::add(c.bytes_received, static_cast<uint64_t>(got));
+      LaneCounters::add(c.received_from[p.peer], static_cast<uint64_t>(got));
     }
     if (trace_.is_open() && (p.send || p.recv))
       trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
@@ -582,10 +693,7 @@ void Engine::retire_finished() {
                   detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(),
                                  ",\"queued_us\":", micros(op->started_) - micros(op->submitted_),
                                  ",\"ok\":", op->error() ? "false" : "true"));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++op->lane_->stats_.operations;
-    }
+    LaneCounters::add(op->lane_->counters_.operations, 1);
     op->report(*op->work_);
     op->work_->complete(op->error());
   }
@@ -699,36 +807,6 @@ void Engine::inspect_stalls() {
   }
 }
 
-namespace {
-// Progress tokens (of any engine) the calling thread holds.
-thread_local int tokens_held = 0;
-
-// Holds the progress token: records the holder, releases on scope exit.
-class TokenHold {
- public:
-  TokenHold(std::mutex& token, std::atomic<std::thread::id>& holder)
-      : token_(token), holder_(holder), held_(token.try_lock()) {
-    if (!held_) return;
-    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    ++tokens_held;
-  }
-  ~TokenHold() {
-    if (!held_) return;
-    --tokens_held;
-    holder_.store(std::thread::id(), std::memory_order_relaxed);
-    token_.unlock();
-  }
-  TokenHold(const TokenHold&) = delete;
-  TokenHold& operator=(const TokenHold&) = delete;
-  explicit operator bool() const { return held_; }
-
- private:
-  std::mutex& token_;
-  std::atomic<std::thread::id>& holder_;
-  const bool held_;
-};
-}  // namespace
-
 bool Engine::drives_progress_here() {
   return tokens_held > 0;
 }
@@ -780,7 +858,7 @@ bool Engine::iterate(Clock::time_point now) {
   // an MPI_Test per small operation costs more than its latency allows); an
   // operation that starts on a lane poisoned elsewhere fails when the notice
   // arrives.
-  if (now - last_notice_poll_ > std::chrono::milliseconds(1)) poll_notices();
+  if (now - last_notice_poll_ > kNoticePoll) poll_notices();
   // Operations arrive in sequence order: they take their turns now, and
   // start now unless they wait for a dependency.
   for (auto& op : incoming_) {
@@ -836,6 +914,11 @@ bool Engine::iterate(Clock::time_point now) {
     inspect_stalls();
     expire_closed_lanes(now);
   }
+  publish_counts(now);
+  return progressed;
+}
+
+void Engine::publish_counts(Clock::time_point now) {
   // Background operations without requests pending are polled every
   // kBackgroundPoll, not counted as active.
   int active = 0, parked = 0, background = 0;
@@ -852,7 +935,6 @@ bool Engine::iterate(Clock::time_point now) {
   background_count_.store(background, std::memory_order_relaxed);
   notices_pending_.store(!notice_sends_.empty() && now < notices_sent_at_ + kNoticeSendLimit,
                          std::memory_order_relaxed);
-  return progressed;
 }
 
 bool Engine::pause(Clock::duration idle, bool tested, Clock::duration yield_until) const {

@@ -167,6 +167,18 @@ struct RoundStream {
   int matched = 0;
 };
 
+// A lane's counters (CommStats): written only by the progress token's holder,
+// read by any thread (Engine::stats) without a lock.
+struct LaneCounters {
+  explicit LaneCounters(int size) : sent_to(size), received_from(size) {}
+  std::atomic<uint64_t> bytes_sent{0}, bytes_received{0}, operations{0}, late_messages{0};
+  std::vector<std::atomic<uint64_t>> sent_to, received_from;  // per lane rank
+  // One writer at a time (the token orders them): no locked instruction.
+  static void add(std::atomic<uint64_t>& counter, uint64_t n) {
+    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+};
+
 // One communicator's (or group's) share of an engine. Created by
 // Engine::add_lane; operations keep their lane alive.
 class Lane {
@@ -201,7 +213,7 @@ class Lane {
   uint64_t next_seq_ = 1;
   uint64_t next_p2p_seq_ = 1;
   std::string poison_reason_;
-  CommStats stats_;
+  LaneCounters counters_;
   std::atomic<int64_t> requests_pending_{0};
   Clock::time_point close_deadline_{};  // set when its communicator is gone
   bool notify_peers_ = false;           // its poisoning started here: tell the members
@@ -418,6 +430,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
                                const std::string& details, const OpOptions& options) {
     return submit(lane, std::move(op), Details([details] { return details; }), options);
   }
+  // The small-operation path: submits `op` and runs it to completion on the
+  // calling thread at once, when the engine is quiet (the caller takes the
+  // progress token; no operation is active, waiting or queued and nothing
+  // else is signalled; the lane is not poisoned; no options.after; not
+  // inside a completion callback). It takes its sequence number as submit()
+  // would and runs the same protocol, with no queue round trip and no Work
+  // of its own: when it succeeds within the engine's polling budget (the
+  // back-off of drive(): busy polling, then yields, until it would sleep),
+  // returns `done`, a completed Work the caller keeps for such calls.
+  // Otherwise (it failed, or a peer takes its time) the operation goes on as
+  // if submitted and its own Work is returned. Returns null, having done
+  // nothing, when the engine is not quiet: submit() instead.
+  std::shared_ptr<Work> run_now(const std::shared_ptr<Lane>& lane,
+                                const std::shared_ptr<Operation>& op, Details details,
+                                const OpOptions& options, const WorkPtr& done);
 
   // Poisons `lane` (see Communicator): its operations fail, later ones are
   // refused. With `notify_peers` (the poisoning starts on this rank: a
@@ -495,6 +522,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // CPUs, for spin_us), then sched_yield() until `yield_until` (true: poll
   // again), then false: sleep.
   bool pause(Clock::duration idle, bool tested, Clock::duration yield_until) const;
+  // submit() and run_now(), under mutex_: `op` takes the lane's next sequence
+  // number (throws when the lane is poisoned, shutting down, or its window
+  // of sequence numbers in flight is full).
+  void take_seq_locked(Lane& lane, Operation& op);
+  // Under mutex_: gives `op` its Work for submission number `submission`
+  // (its last one, when nobody else holds that).
+  void bind_work_locked(const std::shared_ptr<Lane>& lane, Operation& op, const std::string& label,
+                        Details details, uint64_t submission);
+  // Publishes what iterate() found for threads without the token (active,
+  // parked and background operations; notices pending).
+  void publish_counts(Clock::time_point now);
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
   // Completes `op` with CommunicatorPoisoned, without starting it, when its

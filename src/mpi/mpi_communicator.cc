@@ -434,10 +434,14 @@ class MpiCommunicator final : public Communicator {
         op->set_prologue([input, output] { copy(input, output); });
       else
         copy(input, output);
-      return submit(std::move(op), options, [numel = output.numel, dtype = output.dtype] {
+      Engine::Details details = [numel = output.numel, dtype = output.dtype] {
         return detail::concat("recursive_doubling, ", numel, " x ", dtype_name(dtype),
                               ", all ranks");
-      });
+      };
+      // It runs on this thread at once when the engine is quiet.
+      if (WorkPtr work = engine_->run_now(lane_, op, details, options, completed_inline_))
+        return work;
+      return submit(std::move(op), options, std::move(details));
     }
     RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
     spec.op = options.op;
@@ -646,10 +650,10 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
-  // The small recursive-doubling allreduce kept for reuse, when the engine
-  // dropped it (it is referenced here only) and `data` is small: a call
-  // then allocates and schedules nothing. It keeps the last call's views
-  // (and their owners) until the next one.
+  // The recursive-doubling allreduce kept for reuse, when the engine dropped
+  // it (it is referenced here only) and `data` moves in as many messages per
+  // step: a call then allocates and schedules nothing. It keeps the last
+  // call's views (and their owners) until the next one.
   std::shared_ptr<RecursiveDoublingOp> reusable_small_op(const TensorView& data,
                                                          const AllreduceOptions& options) {
     if (options.after) return nullptr;
@@ -663,7 +667,8 @@ class MpiCommunicator final : public Communicator {
                      const AllreduceOptions& options) {
     if (options.after || !op->reusable_for(data)) return;
     std::lock_guard<std::mutex> lock(small_op_mutex_);
-    if (!small_op_) small_op_ = op;
+    // The latest size wins, unless the kept one is in flight.
+    if (!small_op_ || small_op_.use_count() == 1) small_op_ = op;
   }
 
   // Node-local rings (shared memory) take the larger segments; rings across
@@ -687,6 +692,13 @@ class MpiCommunicator final : public Communicator {
   uint64_t splits_ = 0;
   std::mutex small_op_mutex_;
   std::shared_ptr<RecursiveDoublingOp> small_op_;
+  // What Engine::run_now returns for a call that completed within it: one
+  // completed Work, shared by every such call.
+  const WorkPtr completed_inline_ = [] {
+    auto work = std::make_shared<Work>("allreduce (completed within the call)");
+    work->complete(nullptr);
+    return work;
+  }();
 };
 
 }  // namespace

@@ -20,13 +20,10 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
       size_(size),
       ctx_(ctx) {
   set_header(make_header());
-  const size_t bytes = data.nbytes();
-  if (bytes > kInlineBytes && bytes <= kMaxSplitBytes) {
-    parts_ = static_cast<int>((bytes + kInlineBytes - 1) / kInlineBytes);
-    part_bytes_ = kInlineBytes;
-  } else {
-    part_bytes_ = bytes;
-  }
+  const Split s = split(data.nbytes());
+  parts_ = s.parts;
+  part_bytes_ = s.part_bytes;
+  inline_first_ = part_bytes_ <= kInlineBytes;
   const ButterflySchedule moves = butterfly_schedule(rank_, size_);
   // Messages per peer, peers in rank order (at most one per move).
   struct Messages {
@@ -54,7 +51,7 @@ RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::st
     const int pi = add_peer(messages[i].peer, messages[i].from, messages[i].to);
     // A later step's small message (or first part) carries the header to
     // its partner.
-    if (messages[i].to > 0 && part_bytes_ <= kInlineBytes) hold_header_for_data(pi);
+    if (messages[i].to > 0 && inline_first_) hold_header_for_data(pi);
   }
   for (const ButterflyMove& m : moves)
     steps_[num_steps_++] = {m, static_cast<int>(find(m.peer) - messages.begin())};
@@ -77,7 +74,7 @@ void RecursiveDoublingOp::reuse(int priority, const std::string& label, const Te
   data_ = data;
   op_ = op;
   ctx_ = ctx;
-  part_bytes_ = data.nbytes();
+  part_bytes_ = split(data.nbytes()).part_bytes;
   set_header(make_header());
   step_ = 0;
   send_posted_ = recv_posted_ = false;

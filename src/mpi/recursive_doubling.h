@@ -33,10 +33,12 @@ class RecursiveDoublingOp final : public EdgeOp {
                       OpType type = OpType::allreduce);
 
   // Whether the operation can run an allreduce of `data` again with
-  // reuse(): both are small (the edges do not depend on the size then).
+  // reuse(): it moves in as many messages per step (the edges depend on
+  // nothing else).
   bool reusable_for(const TensorView& data) const {
-    return parts_ == 1 && data_.nbytes() <= kInlineBytes && data.nbytes() <= kInlineBytes &&
-           type_ == OpType::allreduce;
+    const Split s = split(data.nbytes());
+    return type_ == OpType::allreduce && s.parts == parts_ &&
+           (s.part_bytes <= kInlineBytes) == inline_first_;
   }
   // Another allreduce, once the engine dropped this one (reusable_for(data)).
   void reuse(int priority, const std::string& label, const TensorView& data, ReduceOp op,
@@ -47,6 +49,18 @@ class RecursiveDoublingOp final : public EdgeOp {
     ButterflyMove move;
     int peer_index;
   };
+
+  // How a step moves `bytes`: in `parts` messages of `part_bytes` (the last
+  // may be shorter).
+  struct Split {
+    int parts = 1;
+    size_t part_bytes = 0;
+  };
+  static Split split(size_t bytes) {
+    if (bytes > kInlineBytes && bytes <= kMaxSplitBytes)
+      return {static_cast<int>((bytes + kInlineBytes - 1) / kInlineBytes), kInlineBytes};
+    return {1, bytes};
+  }
 
   void run(Transport& t) override;
   void on_sent(Transport& t, int pi, int64_t msg) override;
@@ -70,8 +84,9 @@ class RecursiveDoublingOp final : public EdgeOp {
   std::array<Step, ButterflySchedule::kMaxMoves> steps_;  // held inline: no allocation
   size_t num_steps_ = 0;
   size_t step_ = 0;
-  int parts_ = 1;          // messages per step
-  size_t part_bytes_ = 0;  // bytes per message (the last may be shorter)
+  int parts_ = 1;              // messages per step
+  bool inline_first_ = false;  // a step's first message rides in the header message
+  size_t part_bytes_ = 0;      // bytes per message (the last may be shorter)
   bool send_posted_ = false, recv_posted_ = false;
   int sends_done_ = 0, recvs_done_ = 0;
   ScratchPool::Buffer theirs_;
