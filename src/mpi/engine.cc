@@ -471,13 +471,18 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
   const auto yield_for = std::max(std::chrono::microseconds(tunables_.spin_us),
                                   std::chrono::microseconds(tunables_.yield_us));
   auto last_progress = now;
+  // Completions drive the operation (on_complete posts what follows);
+  // progress() matters after one, and while a failed operation drains.
+  bool progressed = false;
   for (;;) {
-    bool progressed = false;
-    try {
-      op->progress(t);
-    } catch (...) {
-      op->abort(t, std::current_exception());
+    if (progressed || op->error()) {
+      try {
+        op->progress(t);
+      } catch (...) {
+        op->abort(t, std::current_exception());
+      }
     }
+    progressed = false;
     test_requests(progressed);
     if (op->done() && !op->error() && op->pending_ == 0 && op->computing_ == 0 && spawned_.empty())
       break;
