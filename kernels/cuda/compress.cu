@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cstring>
 
+#include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/half.h"
@@ -20,14 +21,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr size_t kHeader = sizeof(PayloadHeader);
-
-void check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
-  RELAXCC_THROW(DeviceError, what, " on cuda:", device, ": ", cudaGetErrorName(err), " (",
-                cudaGetErrorString(err), ")");
-}
 
 // Device-side error flag: 0 ok, else an error code with an index. Allocated
 // and freed in the order of `stream`.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "relaxcc/errors.h"
 
@@ -16,18 +17,6 @@ namespace relaxcc::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// The device the calling thread has made current, for messages.
-int current_device() {
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  return device;
-}
-
-void check(cudaError_t err, const char* call) {
-  RELAXCC_ENFORCE(err == cudaSuccess, DeviceError, call, " on cuda:", current_device(), ": ",
-                  cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
-}
 
 // A grid-stride launch of at most 65535 blocks.
 unsigned grid_for(int64_t n) {

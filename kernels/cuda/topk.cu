@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
+#include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "relaxcc/errors.h"
 
@@ -31,14 +32,6 @@ constexpr int kItems = 16;                    // elements per thread in the comp
 constexpr int64_t kTile = kThreads * kItems;  // elements per compaction block
 constexpr int kScanThreads = 1024;
 constexpr int kMaxHistogramBlocks = 1024;
-
-void check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
-  RELAXCC_THROW(DeviceError, what, " on cuda:", device, ": ", cudaGetErrorName(err), " (",
-                cudaGetErrorString(err), ")");
-}
 
 // The radix select's progress: the digits chosen so far (prefix, under
 // mask), and how many of the largest elements matching them are still to
