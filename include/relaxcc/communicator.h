@@ -74,7 +74,10 @@ struct GroupOptions {
   uint64_t key = 0;
 };
 
-// Bytes moved by a communicator's transport since creation.
+// Bytes moved by a communicator's transport since creation. Read while
+// operations run, each counter is current but they are not one snapshot
+// (bytes_sent may not yet equal the sum of sent_to); once the operations
+// completed (their Works waited for), they agree.
 struct CommStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;

@@ -468,8 +468,9 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
   op->started_ = now;
   start(op);
   Transport& t = lane->transport_;
-  const auto yield_for = std::max(std::chrono::microseconds(tunables_.spin_us),
-                                  std::chrono::microseconds(tunables_.yield_us));
+  // A short budget: a late peer must not hold the caller (who may hold
+  // locks of its own) longer than the engine's busy polling would.
+  const auto budget = std::chrono::microseconds(tunables_.spin_us);
   auto last_progress = now;
   // Completions drive the operation (on_complete posts what follows);
   // progress() matters after one, and while a failed operation drains.
@@ -489,8 +490,8 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
     now = Clock::now();
     if (progressed) {
       last_progress = now;
-    } else if (op->done() || signalled_.load(std::memory_order_relaxed) ||
-               !pause(now - last_progress, tested_, yield_for)) {
+    } else if (op->error() || signalled_.load(std::memory_order_relaxed) ||
+               !pause(now - last_progress, tested_, budget)) {
       // A failure, a peer that takes its time, or something else to pick up
       // (another thread's submission): the operation goes on as if
       // submitted, with a Work of its own.
@@ -500,7 +501,7 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
       }
       publish_counts(now);
       const WorkPtr work = op->work_;
-      wake_engine(true);
+      wake_engine(false);  // its caller may not wait
       return work;
     }
   }

@@ -213,6 +213,7 @@ class Lane {
   uint64_t next_seq_ = 1;
   uint64_t next_p2p_seq_ = 1;
   std::string poison_reason_;
+  // Written by the token's holder only.
   LaneCounters counters_;
   std::atomic<int64_t> requests_pending_{0};
   Clock::time_point close_deadline_{};  // set when its communicator is gone
@@ -436,11 +437,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // else is signalled; the lane is not poisoned; no options.after; not
   // inside a completion callback). It takes its sequence number as submit()
   // would and runs the same protocol, with no queue round trip and no Work
-  // of its own: when it succeeds within the engine's polling budget (the
-  // back-off of drive(): busy polling, then yields, until it would sleep),
-  // returns `done`, a completed Work the caller keeps for such calls.
-  // Otherwise (it failed, or a peer takes its time) the operation goes on as
-  // if submitted and its own Work is returned. Returns null, having done
+  // of its own: when it succeeds before tunables.spin_us pass without
+  // progress (busy polling on own CPUs, yields on shared ones), returns
+  // `done`, a completed Work the caller keeps for such calls. Otherwise (it
+  // failed, a peer takes its time, another thread submitted) the operation
+  // goes on as if submitted and its own Work is returned. Returns null, having done
   // nothing, when the engine is not quiet: submit() instead.
   std::shared_ptr<Work> run_now(const std::shared_ptr<Lane>& lane,
                                 const std::shared_ptr<Operation>& op, Details details,

@@ -665,10 +665,16 @@ class MpiCommunicator final : public Communicator {
   }
   void keep_small_op(const std::shared_ptr<RecursiveDoublingOp>& op, const TensorView& data,
                      const AllreduceOptions& options) {
-    if (options.after || !op->reusable_for(data)) return;
+    // Small ones only: a kept operation holds scratch as large as its data.
+    if (options.after || !op->reusable_for(data) ||
+        data.nbytes() > RecursiveDoublingOp::kMaxSplitBytes)
+      return;
     std::lock_guard<std::mutex> lock(small_op_mutex_);
     // The latest size wins, unless the kept one is in flight.
-    if (!small_op_ || small_op_.use_count() == 1) small_op_ = op;
+    if (small_op_ && small_op_.use_count() != 1) return;
+    // Pairs with the engine's release of its last reference to the one replaced.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    small_op_ = op;
   }
 
   // Node-local rings (shared memory) take the larger segments; rings across

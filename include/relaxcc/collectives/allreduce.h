@@ -19,12 +19,12 @@
 // Small messages on an idle communicator: a recursive-doubling allreduce
 // called while nothing else runs on the communicator's engine (no operation
 // in flight on any communicator that shares it, no options.after) runs on the
-// calling thread at once, with the same protocol. When the peers' data
-// arrives within the engine's polling budget (RELAXCC_SPIN_US of busy
-// polling, then yields up to RELAXCC_YIELD_US), the call returns a Work that
-// completed already: one such Work, with a generic description, is shared by
-// these calls. Otherwise the operation continues as if queued, and the call
-// returns its own Work.
+// calling thread at once, with the same protocol. When it completes before
+// RELAXCC_SPIN_US pass without progress (busy polling where the rank has a
+// CPU of its own, yields where ranks share CPUs), the call returns a Work
+// that completed already: one such Work, with a generic description, is
+// shared by these calls. Otherwise (a failure, a late peer) the operation
+// continues as if queued, and the call returns its own Work.
 #pragma once
 
 #include <cstdint>
