@@ -74,7 +74,7 @@ void EdgeOp::start(Transport& t) {
     for (; deferred_posted < deferred_.size(); ++deferred_posted) {
       const Deferred& d = deferred_[deferred_posted];
       t.isend(*this, slot(kDataSend, d.pi, d.msg), d.buf, d.bytes, peers_[d.pi].rank,
-              tag(Channel::data, t));
+              tag(Channel::data));
     }
     deferred_.clear();
   } catch (...) {
@@ -101,6 +101,7 @@ void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
 void EdgeOp::open_edges(Transport& t) {
   header_.seq = seq();
   header_.lane = t.lane_id();
+  header_tag_ = t.collective_tag(header_.seq, Channel::header);
   started_ = true;
   if (!contacts_added_) {  // kept when the operation is reused
     contacts_added_ = true;
@@ -124,7 +125,7 @@ void EdgeOp::open_edges(Transport& t) {
 void EdgeOp::receive_headers(Transport& t) {
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi)
     t.irecv(*this, slot(kHeaderRecv, pi, 0), peers_[pi].header_buf.data(), peers_[pi].header_len,
-            peers_[pi].rank, tag(Channel::header, t));
+            peers_[pi].rank, tag(Channel::header));
 }
 
 void EdgeOp::progress(Transport& t) {
@@ -169,7 +170,7 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
     deferred_.push_back({pi, msg, buf, bytes});  // posted right behind the headers
   } else {
     send_header(t, pi);  // a held header goes first
-    t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
+    t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data));
   }
   ++p.posted_out;
 }
@@ -184,7 +185,7 @@ void EdgeOp::send_header(Transport& t, int pi) {
     std::memcpy(p.header_out, &h, sizeof(OpHeader));
   }
   t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out, p.header_out_len, p.rank,
-          tag(Channel::header, t));
+          tag(Channel::header));
 }
 
 void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes) {
@@ -208,7 +209,7 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   // (a mismatched one always does), so the record's receive is posted with
   // the first data receive that goes through MPI, or when this rank fails.
   post_abort_recv(t, pi);
-  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data, t));
+  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data));
 }
 
 void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int error) {
@@ -362,7 +363,7 @@ void EdgeOp::send_abort(Transport& t, int pi) {
   p.abort_out.sent = p.posted_out;
   p.abort_out.set_reason(abort_reason_);
   t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank,
-          tag(Channel::abort, t));
+          tag(Channel::abort));
 }
 
 void EdgeOp::post_abort_recv(Transport& t, int pi) {
@@ -370,7 +371,7 @@ void EdgeOp::post_abort_recv(Transport& t, int pi) {
   if (p.abort_recv_posted) return;
   p.abort_recv_posted = true;
   t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank,
-          tag(Channel::abort, t));
+          tag(Channel::abort));
 }
 
 void EdgeOp::drain(Transport& t) {
@@ -388,7 +389,7 @@ void EdgeOp::drain(Transport& t) {
       continue;
     MPI_Message message;
     size_t bytes = 0;
-    if (!t.improbe(p.rank, tag(Channel::data, t), &message, &bytes)) continue;
+    if (!t.improbe(p.rank, tag(Channel::data), &message, &bytes)) continue;
     if (p.drain.size() < bytes) p.drain.resize(bytes);
     p.draining = true;
     t.imrecv(*this, slot(kDrainRecv, pi, p.posted_in), p.drain.data(), bytes, &message, p.rank);

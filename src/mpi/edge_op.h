@@ -175,10 +175,12 @@ class EdgeOp : public Operation {
   // run(), which posted them).
   void deliver_inline(Transport& t);
   void check_finished(Transport& t);
-  int tag(Channel c, const Transport& t) const { return t.collective_tag(header_.seq, c); }
+  // The operation's tag on channel `c` (open_edges computed the first).
+  int tag(Channel c) const { return header_tag_ + static_cast<int>(c); }
 
   std::string label_;
   OpHeader header_;
+  int header_tag_ = 0;              // the tag of Channel::header
   bool collecting_inline_ = false;  // start(): the first run() may fill header messages
   struct Deferred {                 // start(): data sends held back until the headers are out
     int pi;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "relaxcc/errors.h"
@@ -41,9 +42,7 @@ constexpr auto kWatchFor = std::chrono::milliseconds(100);
 // Longest back-off sleep while only parked requests remain (operations whose
 // Work completed: nobody waits for them).
 constexpr int64_t kParkedSleepUs = 1000;
-}  // namespace
 
-namespace {
 // Progress tokens (of any engine) the calling thread holds.
 thread_local int tokens_held = 0;
 
@@ -369,7 +368,7 @@ void Doorbell::ring_released() {
   if (drivers.load(std::memory_order_seq_cst) == 0) cv.notify_all();
 }
 
-void Engine::take_seq_locked(Lane& lane, Operation& op) {
+void Engine::take_seq_locked(Lane& lane, Operation& op, Clock::time_point now) {
   if (lane.poisoned())
     RELAXCC_THROW(CommunicatorPoisoned, op.name(), ": the communicator is poisoned (",
                   lane.poison_reason_, ") and accepts no more operations");
@@ -388,7 +387,7 @@ void Engine::take_seq_locked(Lane& lane, Operation& op) {
   } else {
     op.seq_ = lane.next_p2p_seq_++;
   }
-  op.submitted_ = Clock::now();
+  op.submitted_ = now;
 }
 
 void Engine::bind_work_locked(const std::shared_ptr<Lane>& lane, Operation& op,
@@ -414,7 +413,7 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
   bool ring = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    take_seq_locked(*lane, *op);
+    take_seq_locked(*lane, *op, Clock::now());
     op->lane_ = lane;
     bind_work_locked(lane, *op, options.label, std::move(details), submissions_ + 1);
     work = op->work_;
@@ -459,8 +458,8 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
     // Anything to pick up first (a queued operation, a poisoning, a stop)
     // goes the common way, in order.
     if (signalled_.load(std::memory_order_acquire) || lane->poisoned() || stop_) return nullptr;
-    take_seq_locked(*lane, *op);
-    op->lane_ = lane;
+    take_seq_locked(*lane, *op, now);
+    if (op->lane_ != lane) op->lane_ = lane;  // a reused operation has it
     // This caller waits: the next submission need not ring the engine thread.
     submission = ++submissions_;
     awaited_submission_.store(submission, std::memory_order_relaxed);
@@ -487,11 +486,15 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
     test_requests(progressed);
     if (op->done() && !op->error() && op->pending_ == 0 && op->computing_ == 0 && spawned_.empty())
       break;
-    now = Clock::now();
+    // After progress, the last reading stands for its time: the budget
+    // without progress runs from a little earlier, never later.
     if (progressed) {
       last_progress = now;
-    } else if (op->error() || signalled_.load(std::memory_order_relaxed) ||
-               !pause(now - last_progress, tested_, budget)) {
+      continue;
+    }
+    now = Clock::now();
+    if (op->error() || signalled_.load(std::memory_order_relaxed) ||
+        !pause(now - last_progress, tested_, budget)) {
       // A failure, a peer that takes its time, or something else to pick up
       // (another thread's submission): the operation goes on as if
       // submitted, with a Work of its own.
@@ -507,11 +510,7 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
   }
   // Completed within the call: no Work of its own (a reused one stays).
   op->work_completed_ = true;
-  LaneCounters::add(lane->counters_.operations, 1);
-  if (trace_.is_open())
-    trace_event(op->name(), "op", 0, op->started_,
-                detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(),
-                               ",\"queued_us\":0,\"ok\":true"));
+  record_finished(*op);
   active_.erase(std::find(active_.begin(), active_.end(), op));
   op->release_seq();
   return done;
@@ -595,6 +594,7 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
                         bool send, bool recv) {
   int index;
   if (!free_slots_.empty()) {
+    std::pop_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
     index = free_slots_.back();
     free_slots_.pop_back();
   } else {
@@ -605,6 +605,7 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
     statuses_.resize(requests_.size());
   }
   requests_[index] = req;
+  slots_in_use_ = std::max(slots_in_use_, index + 1);
   pending_[index] = Pending{
       &op, slot, bytes, peer, send, recv, trace_.is_open() ? Clock::now() : Clock::time_point{}};
   ++num_pending_;
@@ -635,8 +636,8 @@ void Engine::test_requests(bool& progressed) {
   int rc = MPI_SUCCESS;
   const int tries = mpi_yields_.load(std::memory_order_relaxed) ? 1 : 2;
   for (int k = 0; k < tries && rc == MPI_SUCCESS && outcount == 0; ++k)
-    rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &outcount,
-                      indices_.data(), statuses_.data());
+    rc =
+        MPI_Testsome(slots_in_use_, requests_.data(), &outcount, indices_.data(), statuses_.data());
   if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
     const std::string reason = "MPI_Testsome failed: " + mpi_error_string(rc);
     std::vector<std::shared_ptr<Lane>> lanes;
@@ -656,6 +657,7 @@ void Engine::test_requests(bool& progressed) {
     requests_[index] = MPI_REQUEST_NULL;
     pending_[index] = Pending{};
     free_slots_.push_back(index);
+    std::push_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
     --num_pending_;
     --p.op->pending_;
     p.op->lane_->requests_pending_.fetch_sub(1, std::memory_order_relaxed);
@@ -684,6 +686,7 @@ void Engine::test_requests(bool& progressed) {
              detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
                             ": ", mpi_error_string(err)));
   }
+  while (slots_in_use_ > 0 && requests_[slots_in_use_ - 1] == MPI_REQUEST_NULL) --slots_in_use_;
 }
 
 void Engine::retire_finished() {
@@ -694,12 +697,7 @@ void Engine::retire_finished() {
     if (op->work_completed_ || !op->done() || op->computing_ > 0) continue;
     op->work_completed_ = true;
     if (!op->work_) continue;  // spawned by an operation
-    if (trace_.is_open())
-      trace_event(op->name(), "op", 0, op->started_,
-                  detail::concat("\"seq\":", op->seq(), ",\"priority\":", op->priority(),
-                                 ",\"queued_us\":", micros(op->started_) - micros(op->submitted_),
-                                 ",\"ok\":", op->error() ? "false" : "true"));
-    LaneCounters::add(op->lane_->counters_.operations, 1);
+    record_finished(*op);
     op->report(*op->work_);
     op->work_->complete(op->error());
   }
@@ -711,6 +709,15 @@ void Engine::retire_finished() {
         return drop;
       });
   active_.erase(it, active_.end());
+}
+
+void Engine::record_finished(const Operation& op) {
+  LaneCounters::add(op.lane_->counters_.operations, 1);
+  if (trace_.is_open())
+    trace_event(op.name(), "op", 0, op.started_,
+                detail::concat("\"seq\":", op.seq(), ",\"priority\":", op.priority(),
+                               ",\"queued_us\":", micros(op.started_) - micros(op.submitted_),
+                               ",\"ok\":", op.error() ? "false" : "true"));
 }
 
 void Engine::trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,

@@ -524,9 +524,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // again), then false: sleep.
   bool pause(Clock::duration idle, bool tested, Clock::duration yield_until) const;
   // submit() and run_now(), under mutex_: `op` takes the lane's next sequence
-  // number (throws when the lane is poisoned, shutting down, or its window
-  // of sequence numbers in flight is full).
-  void take_seq_locked(Lane& lane, Operation& op);
+  // number and `now` as its submission time (throws when the lane is
+  // poisoned, shutting down, or its window of sequence numbers in flight is
+  // full).
+  void take_seq_locked(Lane& lane, Operation& op, Clock::time_point now);
   // Under mutex_: gives `op` its Work for submission number `submission`
   // (its last one, when nobody else holds that).
   void bind_work_locked(const std::shared_ptr<Lane>& lane, Operation& op, const std::string& label,
@@ -545,7 +546,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer, bool send,
                   bool recv);
   void test_requests(bool& progressed);
+  // Completes the Works of finished operations and drops those the
+  // transport released.
   void retire_finished();
+  // Counts `op`, whose protocol finished, in its lane's operations and
+  // traces it.
+  void record_finished(const Operation& op);
   // Aborts the operations of `lane` (every lane: null) because it is poisoned.
   void abort_all(const Lane* lane, const std::string& reason);
   void inspect_stalls();
@@ -617,9 +623,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
   std::vector<std::shared_ptr<Operation>> spawned_;  // Transport::spawn, not started yet
   Clock::time_point last_background_poll_{};
+  // Requests in flight at their slots (MPI_REQUEST_NULL: free). Free slots
+  // are taken lowest first (free_slots_ is a min-heap), so those in use stay
+  // below slots_in_use_ (one past the highest in use), the range
+  // MPI_Testsome scans: it costs per slot, null ones included.
   std::vector<MPI_Request> requests_;
   std::vector<Pending> pending_;
   std::vector<int> free_slots_;
+  int slots_in_use_ = 0;
   int num_pending_ = 0;
   bool tested_ = false;  // the last iteration called MPI_Testsome
   std::vector<int> indices_;

@@ -141,6 +141,8 @@ static_assert(sizeof(PoisonNotice) == 256);
 // MPI's ob1 (tags up to 2^31 - 1), 1 in 682 with UCX (2^23 - 1). Their
 // headers still differ (OpHeader::lane), so such a collision gives
 // PeerMismatch, never mixed data.
+// An operation's channels have consecutive tags: collective_tag(..., c) is
+// collective_tag(..., Channel::header) + c.
 enum class Channel : int { header = 0, abort = 1, data = 2 };
 inline constexpr uint64_t kLaneSeqs = 4096;
 inline int collective_tag(uint32_t lane, uint64_t seq, Channel channel, int max_tag) {
