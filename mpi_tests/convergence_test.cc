@@ -689,22 +689,21 @@ TEST(Diloco, CheckpointResumesBitForBit) {
   }
 }
 
+// Diloco's constructor refuses the options `o` after change(o) with an
+// InvalidArgument whose message mentions `mentions`.
+template <typename Change>
+void expect_diloco_invalid(DilocoOptions o, Change change, const std::string& mentions) {
+  change(o);
+  expect_invalid([&o] { Diloco d(o); }, mentions);
+}
+
 TEST(Diloco, BadConfigurationIsInvalidArgument) {
   expect_invalid([] { Diloco d(diloco_options(0)); }, "diloco: inner_steps (H) must be >= 1");
-  expect_invalid(
-      [] {
-        DilocoOptions o = diloco_options(10);
-        o.fragments = 0;
-        Diloco d(o);
-      },
-      "fragments");
-  expect_invalid(
-      [] {
-        DilocoOptions o = diloco_options(4);
-        o.fragments = 5;  // more fragments than inner steps to sync them in
-        Diloco d(o);
-      },
-      "fragments");
+  expect_diloco_invalid(
+      diloco_options(10), [](DilocoOptions& o) { o.fragments = 0; }, "fragments");
+  // More fragments than inner steps to sync them in.
+  expect_diloco_invalid(
+      diloco_options(4), [](DilocoOptions& o) { o.fragments = 5; }, "fragments");
   // More fragments than the plan's 3 buckets: refused when bound.
   expect_invalid(
       [] {
@@ -714,57 +713,25 @@ TEST(Diloco, BadConfigurationIsInvalidArgument) {
         Training training(problem(), t, t.algorithm());
       },
       "4 fragments of whole buckets need at least 4 buckets of parameters, the plan has 3");
-  expect_invalid(
-      [] {
-        DilocoOptions o = sparseloco_options(10);
-        o.chunk_topk->chunk = 0;
-        Diloco d(o);
-      },
+  expect_diloco_invalid(
+      sparseloco_options(10), [](DilocoOptions& o) { o.chunk_topk->chunk = 0; },
       "chunk_topk: ChunkTopkConfig.chunk must be in [1, 65536], got 0");
   for (double ratio : {0.0, 1.5}) {
-    expect_invalid(
-        [ratio] {
-          DilocoOptions o = sparseloco_options(10);
-          o.chunk_topk->ratio = ratio;
-          Diloco d(o);
-        },
+    expect_diloco_invalid(
+        sparseloco_options(10), [ratio](DilocoOptions& o) { o.chunk_topk->ratio = ratio; },
         "ratio (the fraction of each chunk kept) must be in (0, 1]");
   }
-  expect_invalid(
-      [] {
-        DilocoOptions o = sparseloco_options(10);
-        o.codec = minmax_codec(2);
-        Diloco d(o);
-      },
+  expect_diloco_invalid(
+      sparseloco_options(10), [](DilocoOptions& o) { o.codec = minmax_codec(2); },
       "set codec or chunk_topk, not both");
-  expect_invalid(
-      [] {
-        DilocoOptions o = diloco_options(10);
-        o.overlap_steps = 11;
-        Diloco d(o);
-      },
-      "overlap_steps");
-  expect_invalid(
-      [] {
-        DilocoOptions o = diloco_options(10);
-        o.outer_momentum = 1.0f;
-        Diloco d(o);
-      },
-      "outer_momentum");
-  expect_invalid(
-      [] {
-        DilocoOptions o = sparseloco_options(10);
-        o.hierarchical = true;
-        Diloco d(o);
-      },
-      "hierarchical");
-  expect_invalid(
-      [] {
-        DilocoOptions o = diloco_options(10);
-        o.codec = minmax_codec(3);
-        Diloco d(o);
-      },
-      "bits");
+  expect_diloco_invalid(
+      diloco_options(10), [](DilocoOptions& o) { o.overlap_steps = 11; }, "overlap_steps");
+  expect_diloco_invalid(
+      diloco_options(10), [](DilocoOptions& o) { o.outer_momentum = 1.0f; }, "outer_momentum");
+  expect_diloco_invalid(
+      sparseloco_options(10), [](DilocoOptions& o) { o.hierarchical = true; }, "hierarchical");
+  expect_diloco_invalid(
+      diloco_options(10), [](DilocoOptions& o) { o.codec = minmax_codec(3); }, "bits");
 }
 
 }  // namespace

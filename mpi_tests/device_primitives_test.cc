@@ -219,6 +219,12 @@ class DeviceCompressed : public ::testing::Test {
     ctx.device = Device::cuda(device_);
     return ctx;  // the legacy default stream
   }
+  // A sparse allreduce with options `o` on which the ranks disagree, of
+  // x[i] = test::encode(rank, i) (1000 elements, on the device) with error
+  // feedback (a residual of one nonzero element; o.feedback is set here):
+  // expects PeerMismatch on this rank, x and the residual as they were,
+  // and the communicator not poisoned.
+  void expect_disagreement_fails_every_rank(SparseAllreduceOptions o);
 
   int device_ = 0;
   CommunicatorPtr nccl_;
@@ -344,28 +350,32 @@ TEST_F(DeviceCompressed, SparseRandomkEqualsHostPathBitForBit) {
   }
 }
 
-// Ranks that disagree on the random-k selection (rank 1's seed differs):
-// every rank throws PeerMismatch, and x and the residual stay as they were.
-TEST_F(DeviceCompressed, SparseRandomkSelectionMismatchFailsEveryRank) {
-  const int r = nccl_->rank(), n = nccl_->size();
-  if (n < 2) GTEST_SKIP() << "skipped: one rank cannot disagree with itself";
+void DeviceCompressed::expect_disagreement_fails_every_rank(SparseAllreduceOptions o) {
   const int64_t numel = 1000;
   std::vector<float> x(static_cast<size_t>(numel));
   for (int64_t i = 0; i < numel; ++i)
-    x[static_cast<size_t>(i)] = static_cast<float>(test::encode(r, i));
+    x[static_cast<size_t>(i)] = static_cast<float>(test::encode(nccl_->rank(), i));
   DeviceFloats on_device(x, device_);
   kernels::ErrorFeedback feedback(numel);
   feedback.residual()[3] = 0.5f;
   const std::vector<float> residual = feedback.residual();
-  SparseAllreduceOptions o;
-  o.codec.ratio = 0.25;
-  o.codec.seed = r == 1 ? 8 : 7;
   o.feedback = &feedback;
   WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
   EXPECT_THROW(w->wait(), PeerMismatch);
   EXPECT_TRUE(same_bits(on_device.to_host(), x));
   EXPECT_TRUE(same_bits(feedback.residual(), residual));
   EXPECT_FALSE(nccl_->poisoned());
+}
+
+// Ranks that disagree on the random-k selection (rank 1's seed differs):
+// every rank throws PeerMismatch, and x and the residual stay as they were.
+TEST_F(DeviceCompressed, SparseRandomkSelectionMismatchFailsEveryRank) {
+  const int r = nccl_->rank(), n = nccl_->size();
+  if (n < 2) GTEST_SKIP() << "skipped: one rank cannot disagree with itself";
+  SparseAllreduceOptions o;
+  o.codec.ratio = 0.25;
+  o.codec.seed = r == 1 ? 8 : 7;
+  expect_disagreement_fails_every_rank(o);
 }
 
 // Top-k sparse allreduce on device tensors over NCCL equals the host path
@@ -427,29 +437,16 @@ TEST_F(DeviceCompressed, SparseTopkEqualsHostPathBitForBit) {
 
 // Ranks that disagree on the top-k call (rank 1 selects approximately, so
 // the blocks' layout agrees but the fingerprints differ): every rank
-// throws PeerMismatch, x and both residuals stay as they were, and the
-// communicator stays usable.
+// throws PeerMismatch, x and the worker residual stay as they were, and
+// the communicator stays usable.
 TEST_F(DeviceCompressed, SparseTopkMismatchFailsEveryRank) {
   const int r = nccl_->rank(), n = nccl_->size();
   if (n < 2) GTEST_SKIP() << "skipped: one rank cannot disagree with itself";
-  const int64_t numel = 1000;
-  std::vector<float> x(static_cast<size_t>(numel));
-  for (int64_t i = 0; i < numel; ++i)
-    x[static_cast<size_t>(i)] = static_cast<float>(test::encode(r, i));
-  DeviceFloats on_device(x, device_);
-  kernels::ErrorFeedback feedback(numel);
-  feedback.residual()[3] = 0.5f;
-  const std::vector<float> residual = feedback.residual();
   SparseAllreduceOptions o;
   o.codec.kind = CompressorKind::topk;
   o.codec.keep = 10;
   o.codec.approximate = r == 1;
-  o.feedback = &feedback;
-  WorkPtr w = sparse_allreduce(*nccl_, on_device.view(), device_context(), o);
-  EXPECT_THROW(w->wait(), PeerMismatch);
-  EXPECT_TRUE(same_bits(on_device.to_host(), x));
-  EXPECT_TRUE(same_bits(feedback.residual(), residual));
-  EXPECT_FALSE(nccl_->poisoned());
+  expect_disagreement_fails_every_rank(o);
 }
 
 TEST_F(DeviceCompressed, StateSavesAndLoadsBitForBit) {

@@ -88,14 +88,14 @@ __global__ void choose_digit_kernel(unsigned long long* hist, int shift, RadixSt
   for (int i = 0; i < 256; ++i) hist[i] = 0;
 }
 
-// Per tile: the elements above kth and those equal to it.
-__global__ void count_kernel(const float* x, int64_t n, const RadixState* st,
-                             unsigned int* tile_above, unsigned int* tile_equal) {
-  using Reduce = cub::BlockScan<unsigned int, kThreads>;
-  __shared__ typename Reduce::TempStorage temp;
-  const uint32_t kth = st->prefix;
-  const int64_t first = blockIdx.x * kTile + static_cast<int64_t>(threadIdx.x) * kItems;
-  unsigned int above = 0, equal = 0;
+// Of this thread's kItems elements from `first` (those below n), how many
+// have a magnitude above kth and how many equal to it. count_kernel and
+// compact_kernel both count with it, so that the tile totals and the
+// positions within a tile agree.
+__device__ void count_items(const float* x, int64_t n, int64_t first, uint32_t kth,
+                            unsigned int& above, unsigned int& equal) {
+  above = 0;
+  equal = 0;
   for (int j = 0; j < kItems; ++j) {
     const int64_t i = first + j;
     if (i >= n) break;
@@ -103,6 +103,17 @@ __global__ void count_kernel(const float* x, int64_t n, const RadixState* st,
     above += m > kth;
     equal += m == kth;
   }
+}
+
+// Per tile: the elements above kth and those equal to it.
+__global__ void count_kernel(const float* x, int64_t n, const RadixState* st,
+                             unsigned int* tile_above, unsigned int* tile_equal) {
+  using Reduce = cub::BlockScan<unsigned int, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const uint32_t kth = st->prefix;
+  const int64_t first = blockIdx.x * kTile + static_cast<int64_t>(threadIdx.x) * kItems;
+  unsigned int above, equal;
+  count_items(x, n, first, kth, above, equal);
   unsigned int above_total = 0, equal_total = 0, unused = 0;
   Reduce(temp).ExclusiveSum(above, unused, above_total);
   __syncthreads();
@@ -147,14 +158,8 @@ __global__ void compact_kernel(const float* x, int64_t n, const RadixState* st,
   const uint32_t kth = st->prefix;
   const long long ties = st->remaining;
   const int64_t first = blockIdx.x * kTile + static_cast<int64_t>(threadIdx.x) * kItems;
-  unsigned int above = 0, equal = 0;
-  for (int j = 0; j < kItems; ++j) {
-    const int64_t i = first + j;
-    if (i >= n) break;
-    const uint32_t m = magnitude(x[i]);
-    above += m > kth;
-    equal += m == kth;
-  }
+  unsigned int above, equal;
+  count_items(x, n, first, kth, above, equal);
   unsigned int above_start = 0, equal_start = 0;
   Scan(temp).ExclusiveSum(above, above_start);
   __syncthreads();

@@ -7,36 +7,21 @@
 //   - decoding with accumulate into zeros gives exactly what decode gave;
 //   - re-encoding the decoded tensor with the payload's configuration
 //     decodes without error to finite values.
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <span>
 #include <vector>
 
+#include "fuzz_harness.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/chunk_topk.h"
 
 using namespace relaxcc;
 
-namespace {
-
-[[noreturn]] void fail(const char* what, int64_t i, float v) {
-  std::fprintf(stderr, "chunk_topk_fuzzer: %s at element %lld: %g\n", what,
-               static_cast<long long>(i), static_cast<double>(v));
-  __builtin_trap();
-}
-
-void require_finite(const std::vector<float>& v, int64_t n, const char* what) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(v[i])) fail(what, i, v[i]);
-}
-
-}  // namespace
+constexpr const char* kTarget = "chunk_topk_fuzzer";
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<std::byte> payload(size);
-  if (size > 0) std::memcpy(payload.data(), data, size);
+  std::vector<std::byte> payload = fuzz::copy_input(data, size);
   if (size < sizeof(kernels::ChunkTopkHeader)) return 0;
   kernels::ChunkTopkHeader h;
   std::memcpy(&h, payload.data(), sizeof h);
@@ -52,11 +37,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const CorruptPayload&) {
     return 0;
   }
-  require_finite(out, n, "decode wrote a non-finite value");
+  fuzz::require_finite(kTarget, out, n, "decode wrote a non-finite value");
   std::vector<float> acc(static_cast<size_t>(n) + 1, 0.0f);
   kernels::chunk_topk_decode(payload, TensorView::host(acc.data(), n), true, host);
   for (int64_t i = 0; i < n; ++i)
-    if (!(acc[i] == out[i])) fail("accumulate into zeros differs from decode", i, acc[i]);
+    if (!(acc[i] == out[i]))
+      fuzz::fail(kTarget, "accumulate into zeros differs from decode", i, acc[i]);
   kernels::ChunkTopkConfig c;
   c.chunk = h.chunk;
   c.ratio = static_cast<double>(h.per_chunk) / h.chunk;
@@ -72,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> round_trip(static_cast<size_t>(n) + 1, 0.0f);
   kernels::chunk_topk_decode(std::span<const std::byte>(again.data(), bytes),
                              TensorView::host(round_trip.data(), n), false, host);
-  require_finite(round_trip, n, "decode of a re-encoded payload wrote a non-finite value");
+  fuzz::require_finite(kTarget, round_trip, n,
+                       "decode of a re-encoded payload wrote a non-finite value");
   return 0;
 }

@@ -12,37 +12,20 @@
 //     writes decodes without error to finite values.
 // AddressSanitizer and UBSan catch any out-of-bounds access or undefined
 // behaviour on the way.
-#include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <span>
 #include <vector>
 
+#include "fuzz_harness.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 
 using namespace relaxcc;
 
-namespace {
-
-// The fuzzer's failure signal: print what broke, then trap.
-[[noreturn]] void fail(const char* what, int64_t i, float v) {
-  std::fprintf(stderr, "decode_fuzzer: %s at element %lld: %g\n", what, static_cast<long long>(i),
-               static_cast<double>(v));
-  __builtin_trap();
-}
-
-void require_finite(const std::vector<float>& v, int64_t n, const char* what) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(v[i])) fail(what, i, v[i]);
-}
-
-}  // namespace
+constexpr const char* kTarget = "decode_fuzzer";
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<std::byte> payload(size);
-  if (size > 0) std::memcpy(payload.data(), data, size);
+  std::vector<std::byte> payload = fuzz::copy_input(data, size);
   if (size > 6) payload[6] = static_cast<std::byte>(RELAXCC_FUZZ_KIND);
   kernels::PayloadHeader h;
   try {
@@ -58,12 +41,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const CorruptPayload&) {
     return 0;
   }
-  require_finite(out, n, "decode wrote a non-finite value");
+  fuzz::require_finite(kTarget, out, n, "decode wrote a non-finite value");
 
   std::vector<float> acc(static_cast<size_t>(n) + 1, 0.0f);
   kernels::decode_accumulate(payload, TensorView(acc.data(), n, DType::f32), ExecContext::host());
   for (int64_t i = 0; i < n; ++i)
-    if (!(acc[i] == out[i])) fail("decode_accumulate into zeros differs from decode", i, acc[i]);
+    if (!(acc[i] == out[i]))
+      fuzz::fail(kTarget, "decode_accumulate into zeros differs from decode", i, acc[i]);
 
   std::vector<float> local(static_cast<size_t>(n) + 1, 1.0f), sum(static_cast<size_t>(n) + 1);
   std::vector<std::byte> again(kernels::encoded_size(n, kernels::config_of(h)));
@@ -78,6 +62,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> round_trip(static_cast<size_t>(n) + 1, 0.0f);
   kernels::decode(std::span<const std::byte>(again.data(), bytes),
                   TensorView(round_trip.data(), n, DType::f32), ExecContext::host());
-  require_finite(round_trip, n, "decode of an encoded sum wrote a non-finite value");
+  fuzz::require_finite(kTarget, round_trip, n, "decode of an encoded sum wrote a non-finite value");
   return 0;
 }

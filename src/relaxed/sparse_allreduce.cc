@@ -136,6 +136,29 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
       "sparse_allreduce");
 }
 
+// ---- on a device ----------------------------------------------------------
+
+// The frame of both device paths, stepped on the calling thread: the
+// tensor backend of x's device, which refuses (throws, here) a communicator
+// that cannot move that device's memory (MPI); then, once options.after
+// completed, body(backend). Returns a completed Work: a success when body
+// returns, else failed with what body or the wait on options.after threw.
+template <typename Body>
+WorkPtr on_device(Communicator& comm, const TensorView& x, const SparseAllreduceOptions& options,
+                  Body&& body) {
+  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
+  backend->check_communicator(comm, "sparse_allreduce");
+  auto done = std::make_shared<Work>("sparse_allreduce");
+  try {
+    if (options.after) options.after->wait();
+    body(static_cast<const relaxed::TensorBackend*>(backend.get()));
+    done->complete(nullptr);
+  } catch (...) {
+    done->complete(std::current_exception());
+  }
+  return done;
+}
+
 // ---- random-k on a device ------------------------------------------------
 
 // Random-k on device tensors over a communicator that moves device memory
@@ -154,12 +177,7 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
 // untouched on every rank unless the call succeeds. Returns a completed Work.
 WorkPtr random_k_device(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                         const SparseAllreduceOptions& options) {
-  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
-  // Refuses a communicator that cannot move this device's memory (MPI).
-  backend->check_communicator(comm, "sparse_allreduce");
-  auto done = std::make_shared<Work>("sparse_allreduce");
-  try {
-    if (options.after) options.after->wait();
+  return on_device(comm, x, options, [&](const relaxed::TensorBackend* backend) {
     const CompressorConfig& codec = options.codec;
     const int64_t k = kernels::kept_elements(x.numel, codec);
     const int64_t h = randomk_hash(x.numel, k, codec);
@@ -212,11 +230,7 @@ WorkPtr random_k_device(Communicator& comm, const TensorView& x, const ExecConte
       backend->copy(options.feedback->residual().data(), residual.data,
                     static_cast<size_t>(x.numel) * sizeof(float), ctx);
     backend->finish(ctx);
-    done->complete(nullptr);
-  } catch (...) {
-    done->complete(std::current_exception());
-  }
-  return done;
+  });
 }
 
 // ---- top-k ----------------------------------------------------------------
@@ -726,11 +740,7 @@ WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
 // the same status words, with the same types.
 WorkPtr top_k_device(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                      const SparseAllreduceOptions& options) {
-  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
-  backend->check_communicator(comm, "sparse_allreduce");
-  auto done = std::make_shared<Work>("sparse_allreduce");
-  try {
-    if (options.after) options.after->wait();
+  return on_device(comm, x, options, [&](const relaxed::TensorBackend* backend) {
     TopkCall c(comm, x, ctx, options, /*host_buffers=*/false);
     const int n = c.size, r = c.rank;
     const TensorView sent = backend->payload_memory(comm, c.sent_bytes(), "sparse_allreduce");
@@ -914,11 +924,7 @@ WorkPtr top_k_device(Communicator& comm, const TensorView& x, const ExecContext&
       }
     }
     backend->finish(ctx);
-    done->complete(nullptr);
-  } catch (...) {
-    done->complete(std::current_exception());
-  }
-  return done;
+  });
 }
 
 }  // namespace
