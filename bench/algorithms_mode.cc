@@ -13,14 +13,14 @@
 // steps over their number (so a periodic algorithm's communicating steps
 // count in proportion), the maximum over ranks; the median column is the
 // median of each rank's own step durations, the maximum over ranks.
-// bytes_per_step is what each rank's transport sent on the algorithm's
-// communicator per timed step (CommStats::bytes_sent, mean over ranks):
-// payloads, headers and indices included, TCP/IP headers not;
-// peak_bytes_per_step is the most any rank sent during one timed step
-// (counted as the transport posts each message or segment). Hierarchical
-// modes run on communicators of their own, whose bytes that counter does
-// not see, so bytegrad runs flat here (with one rank per emulated host, the
-// hierarchy would be the flat schedule anyway).
+// bytes_per_step is what each rank's transport sent per timed step on the
+// communicator the Reducer and its algorithm were given and on every
+// communicator they made from it (groups of a round, hierarchy levels:
+// TrafficCounter, traffic_counter.h), mean over ranks: payloads, headers
+// and indices included, TCP/IP headers not; peak_bytes_per_step is the
+// most any rank sent during one timed step (counted as the transport posts
+// each message or segment). bytegrad runs flat here (with one rank per
+// emulated host, the hierarchy would be the flat schedule anyway).
 //
 // Straggler (--straggler-rank R --straggler-factor F): every algorithm runs
 // twice, first with every rank computing compute_ms per step, then with
@@ -56,6 +56,7 @@
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/reducer.h"
 #include "report.h"
+#include "traffic_counter.h"
 
 namespace relaxcc::bench {
 namespace {
@@ -318,12 +319,15 @@ Pass run_pass(BenchWorld& world, const CommunicatorPtr& comm, Model& model,
     ReducerOptions ro;
     if (dynamic_cast<const algorithms::Diloco*>(algorithm.get()) != nullptr)
       ro.plan.cap_bytes = diloco_bucket_cap(model, spec);
-    Reducer reducer(comm, model.specs, algorithm, ExecContext::host(), ro);
+    // comm's traffic and that of the communicators made from it (a
+    // group_average round's group, a hierarchy's levels, the Reducer's own).
+    const auto counted = std::make_shared<TrafficCounter>(comm);
+    Reducer reducer(counted, model.specs, algorithm, ExecContext::host(), ro);
     Sgd sgd(SgdOptions{1e-3f});
     for (int i = 0; i < args.warmup; ++i) train_step(reducer, model, compute_ms, sgd);
     algorithm->drain(std::chrono::minutes(5));
     MPI_Barrier(MPI_COMM_WORLD);
-    const uint64_t sent0 = comm->stats().bytes_sent;
+    const uint64_t sent0 = counted->bytes_sent();
     uint64_t before = sent0;
     const auto start = Clock::now();
     for (int i = 0; i < args.iters; ++i) {
@@ -331,7 +335,7 @@ Pass run_pass(BenchWorld& world, const CommunicatorPtr& comm, Model& model,
       train_step(reducer, model, compute_ms, sgd);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       times.push_back(ms);
-      const uint64_t after = comm->stats().bytes_sent;
+      const uint64_t after = counted->bytes_sent();
       const double step_bytes = static_cast<double>(after - before);
       before = after;
       peak_bytes = std::max(peak_bytes, step_bytes);
@@ -339,7 +343,7 @@ Pass run_pass(BenchWorld& world, const CommunicatorPtr& comm, Model& model,
     }
     total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     algorithm->shutdown(std::chrono::minutes(5));
-    sent = comm->stats().bytes_sent - sent0;
+    sent = counted->bytes_sent() - sent0;
     if (auto* rounds = dynamic_cast<algorithms::WeightRounds*>(algorithm.get()))
       pass.left_out = rounds->missing_peers();
   }

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "../kernels/cuda/cuda_kernels.h"
-#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/forwarding_communicator.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/nccl_communicator.h"
@@ -467,7 +467,7 @@ TEST_F(DeviceCompressed, StateSavesAndLoadsBitForBit) {
 
 // Forwards to an NCCL communicator; rank `bad` overwrites the first chunk's
 // min of its first alltoallv payload to its right neighbour with NaN.
-class CorruptingCommunicator final : public test::ForwardingCommunicator {
+class CorruptingCommunicator final : public ForwardingCommunicator {
  public:
   CorruptingCommunicator(CommunicatorPtr inner, int bad)
       : ForwardingCommunicator(std::move(inner)), bad_(bad) {}

@@ -15,8 +15,9 @@
 
 #include <gtest/gtest.h>
 
-#include "forwarding_communicator.h"
+#include "../bench/traffic_counter.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/forwarding_communicator.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/adaptive_deadline.h"
 #include "relaxcc/relaxed/async_average.h"
@@ -155,7 +156,7 @@ TEST(Gossip, ExponentialAndAllReachTheGlobalAverage) {
 // Forwards to a communicator and keeps every group made through it, with
 // its members, so that a test can read a group's transport counts
 // (CommStats) after a primitive used it.
-class GroupKeeper final : public test::ForwardingCommunicator {
+class GroupKeeper final : public ForwardingCommunicator {
  public:
   struct Kept {
     std::vector<int> members;
@@ -251,6 +252,50 @@ TEST(Stats, AllreduceRoundsCountWhatTheTransportMoved) {
       EXPECT_GT(stats.counts().bytes_sent, 0u) << what;
     }
   }
+}
+
+// relaxcc-bench's TrafficCounter (bench/traffic_counter.h), which its
+// algorithms mode reads bytes_per_step from, counts what the communicators
+// made from it send: a group_average round without a deadline (as in
+// moshpit_sgd:no-deadline) runs on a group of its own, which the given
+// communicator's CommStats do not see. A group counts while it lives and
+// after it was released, and the counter's own traffic counts too.
+TEST(Stats, BenchTrafficCounterCountsTheGroupsMadeFromIt) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int64_t kCount = 4096;
+  std::vector<float> x(kCount, static_cast<float>(me));
+  const TensorView v = TensorView::host(x.data(), kCount);
+  // Under the counter, the keeper keeps every group readable.
+  auto keeper = std::make_shared<GroupKeeper>(comm);
+  comm->barrier()->wait(30s);
+  const uint64_t own_before = comm->stats().bytes_sent;
+  auto counter = std::make_shared<bench::TrafficCounter>(keeper);
+  EXPECT_EQ(counter->bytes_sent(), 0u);
+
+  group_average(*counter, v, ExecContext::host(), {})->wait(30s);
+  ASSERT_EQ(keeper->groups().size(), 1u);
+  const uint64_t round = keeper->groups()[0].group->stats().bytes_sent;
+  EXPECT_GT(round, 0u);
+  EXPECT_EQ(comm->stats().bytes_sent, own_before);  // none of it on comm itself
+  EXPECT_EQ(counter->bytes_sent(), round);
+
+  {
+    std::vector<int> everyone(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) everyone[static_cast<size_t>(r)] = r;
+    const CommunicatorPtr group = counter->group(everyone, {.key = 7});
+    group->allreduce(v, ExecContext::host())->wait(30s);
+  }  // released
+  ASSERT_EQ(keeper->groups().size(), 2u);
+  const uint64_t released = keeper->groups()[1].group->stats().bytes_sent;
+  EXPECT_GT(released, 0u);
+  EXPECT_EQ(counter->bytes_sent(), round + released);
+
+  counter->allreduce(v, ExecContext::host())->wait(30s);
+  const uint64_t own = comm->stats().bytes_sent - own_before;
+  EXPECT_GT(own, 0u);
+  EXPECT_EQ(counter->bytes_sent(), round + released + own);
 }
 
 TEST(Gossip, BadInputIsRejected) {

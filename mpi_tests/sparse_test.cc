@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/forwarding_communicator.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
 #include "relaxed_test_util.h"
@@ -480,7 +480,7 @@ TEST(TopK, BadInputIsRejected) {
 // alltoallv block for its right neighbour, or its all-gather slot. `corrupt`
 // gets the payload (after the block's 16-byte prefix or the slot's 16-byte
 // status word).
-class CorruptingCommunicator final : public test::ForwardingCommunicator {
+class CorruptingCommunicator final : public ForwardingCommunicator {
  public:
   enum class Where { alltoallv, allgatherv };
   using Corrupt = std::function<void(unsigned char* payload, int64_t bytes)>;

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "forwarding_communicator.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/forwarding_communicator.h"
 #include "relaxcc/topology.h"
 #include "test_util.h"
 
@@ -62,7 +62,7 @@ TEST(Topology, LayoutAndCommunicators) {
 // operation refuses host tensors, as the NCCL communicator's device rule
 // does, and host_communicator() is the MPI communicator it wraps. Its splits
 // and node-local groups are such stand-ins too.
-class HostRefusingCommunicator final : public test::ForwardingCommunicator {
+class HostRefusingCommunicator final : public ForwardingCommunicator {
  public:
   using Communicator::allreduce;
   using ForwardingCommunicator::ForwardingCommunicator;

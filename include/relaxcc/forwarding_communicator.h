@@ -1,5 +1,8 @@
-// A Communicator that forwards every call to another one: tests derive from
-// it and override the calls they observe or tamper with.
+// A Communicator that forwards every call to another one (inner_): derive
+// from it and override the calls to observe or change (test doubles that
+// tamper with payloads, relaxcc-bench's traffic counter). A communicator
+// made from it (group(), split(), split_node_local()) is the inner one's,
+// not forwarded, unless those calls are overridden too.
 #pragma once
 
 #include <functional>
@@ -9,7 +12,7 @@
 
 #include "relaxcc/communicator.h"
 
-namespace relaxcc::test {
+namespace relaxcc {
 
 class ForwardingCommunicator : public Communicator {
  public:
@@ -80,4 +83,4 @@ class ForwardingCommunicator : public Communicator {
   CommunicatorPtr inner_;
 };
 
-}  // namespace relaxcc::test
+}  // namespace relaxcc
