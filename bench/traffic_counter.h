@@ -24,7 +24,8 @@ namespace relaxcc::bench {
 class TrafficCounter final : public ForwardingCommunicator {
  public:
   // Counts what `inner` and the communicators made from this counter send
-  // from now on (bytes_sent() starts at inner's CommStats::bytes_sent).
+  // from now on: bytes_sent() starts at 0. Traffic on host_communicator()
+  // (a device communicator's host side) is not counted.
   explicit TrafficCounter(CommunicatorPtr inner)
       : TrafficCounter(std::move(inner), std::make_shared<Shared>()) {}
   ~TrafficCounter() override {

@@ -162,7 +162,7 @@ void Transport::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI
 
 void Transport::cancel_receives(Operation& op, int64_t slot) {
   require_engine_thread(engine_);
-  for (size_t i = 0; i < engine_.pending_.size(); ++i) {
+  for (int i = 0; i < engine_.slots_in_use_; ++i) {
     auto& p = engine_.pending_[i];
     if (p.op == &op && p.slot == slot && p.cancellable &&
         engine_.requests_[i] != MPI_REQUEST_NULL) {
@@ -474,6 +474,7 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
   // Completions drive the operation (on_complete posts what follows);
   // progress() matters after one, and while a failed operation drains.
   bool progressed = false;
+  bool idle_from_next_poll = false;
   for (;;) {
     if (progressed || op->error()) {
       try {
@@ -486,13 +487,14 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
     test_requests(progressed);
     if (op->done() && !op->error() && op->pending_ == 0 && op->computing_ == 0 && spawned_.empty())
       break;
-    // After progress, the last reading stands for its time: the budget
-    // without progress runs from a little earlier, never later.
+    // No clock reading while completions come: the budget without progress
+    // runs from the first idle poll after them.
     if (progressed) {
-      last_progress = now;
+      idle_from_next_poll = true;
       continue;
     }
     now = Clock::now();
+    if (std::exchange(idle_from_next_poll, false)) last_progress = now;
     if (op->error() || signalled_.load(std::memory_order_relaxed) ||
         !pause(now - last_progress, tested_, budget)) {
       // A failure, a peer that takes its time, or something else to pick up
@@ -677,7 +679,14 @@ void Engine::test_requests(bool& progressed) {
     try {
       p.op->on_complete(p.op->lane_->transport_, p.slot, status, err);
     } catch (...) {
-      p.op->abort(p.op->lane_->transport_, std::current_exception());
+      // An abort that fails (a send it posts throws) must not lose the other
+      // completions of this batch: their requests are freed already.
+      try {
+        p.op->abort(p.op->lane_->transport_, std::current_exception());
+      } catch (...) {
+        poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": abort failed: ",
+                                           abort_cause(std::current_exception()).reason));
+      }
     }
     // The transport gave up on a peer (a lost connection, a dead process):
     // nothing more on this lane can be trusted to complete.

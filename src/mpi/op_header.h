@@ -146,7 +146,7 @@ static_assert(sizeof(PoisonNotice) == 256);
 enum class Channel : int { header = 0, abort = 1, data = 2 };
 inline constexpr uint64_t kLaneSeqs = 4096;
 inline int collective_tag(uint32_t lane, uint64_t seq, Channel channel, int max_tag) {
-  constexpr int kChannels = 3;
+  constexpr int kChannels = static_cast<int>(Channel::data) + 1;  // consecutive tags
   const uint64_t span = static_cast<uint64_t>((max_tag - 1) / kChannels);
   const uint64_t windows = std::max<uint64_t>(span / kLaneSeqs, 1);
   const uint64_t window = lane == 0 || windows == 1 ? 0 : 1 + lane % (windows - 1);
