@@ -2,7 +2,10 @@
 // from it and override the calls to observe or change (test doubles that
 // tamper with payloads, relaxcc-bench's traffic counter). A communicator
 // made from it (group(), split(), split_node_local()) is the inner one's,
-// not forwarded, unless those calls are overridden too.
+// not forwarded, unless those calls are overridden too. As with every
+// Communicator, call it through the base class (a CommunicatorPtr): the
+// base declares the default arguments. A virtual added to Communicator
+// must be forwarded here too.
 #pragma once
 
 #include <functional>
