@@ -107,22 +107,29 @@ int64_t random_count(int64_t n, const CompressorConfig& c) {
                                                          : fraction_of(n, c.ratio);
 }
 
-// The selection of randomk (and of cocktail's first stage), ascending: k
-// indices, one drawn from Philox(seed, step) in each of k equal blocks, or
-// every stride-th from step mod stride.
-std::vector<uint32_t> random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride,
-                                     uint64_t seed, uint64_t step) {
-  std::vector<uint32_t> idx(static_cast<size_t>(k));
+// The selection of randomk (and of cocktail's first stage), ascending: calls
+// fn(j, i) for its k indices i, one drawn from Philox(seed, step) in each of
+// k equal blocks, or every stride-th from step mod stride.
+template <typename Fn>
+void for_random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride, uint64_t seed,
+                        uint64_t step, Fn&& fn) {
   if (mode == RandomKMode::rolling) {
     const int64_t offset = static_cast<int64_t>(step % static_cast<uint64_t>(stride));
-    for (int64_t j = 0; j < k; ++j) idx[j] = static_cast<uint32_t>(offset + j * stride);
-    return idx;
+    for (int64_t j = 0; j < k; ++j) fn(j, offset + j * stride);
+    return;
   }
   for (int64_t b = 0; b < k; ++b) {
     const int64_t lo = b * n / k, hi = (b + 1) * n / k;
     const uint32_t r = philox4x32(seed, step, static_cast<uint64_t>(b)).v[0];
-    idx[b] = static_cast<uint32_t>(lo + static_cast<int64_t>(r % static_cast<uint64_t>(hi - lo)));
+    fn(b, lo + static_cast<int64_t>(r % static_cast<uint64_t>(hi - lo)));
   }
+}
+
+std::vector<uint32_t> random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride,
+                                     uint64_t seed, uint64_t step) {
+  std::vector<uint32_t> idx(static_cast<size_t>(k));
+  for_random_indices(n, k, mode, stride, seed, step,
+                     [&](int64_t j, int64_t i) { idx[j] = static_cast<uint32_t>(i); });
   return idx;
 }
 
@@ -155,6 +162,20 @@ int64_t cocktail_kept(int64_t n, const CompressorConfig& c) {
   return c.keep > 0 ? std::min(c.keep, k1) : fraction_of(k1, c.topk_ratio);
 }
 
+// The header's implicit_stride for cocktail (0: its indices travel): set
+// when top-k keeps the whole random selection.
+uint16_t cocktail_implicit_stride(int64_t n, const CompressorConfig& c) {
+  if (cocktail_kept(n, c) != random_count(n, c)) return 0;
+  if (c.random_mode == RandomKMode::stratified) return 1;
+  const int64_t stride = rolling_stride(c.ratio);
+  return stride <= UINT16_MAX ? static_cast<uint16_t>(stride) : 0;
+}
+
+// Bytes of a cocktail body: k indices (unless implicit), then k values.
+size_t cocktail_body(int64_t k, bool implicit, int bits, int64_t chunk) {
+  return (implicit ? 0 : static_cast<size_t>(k) * 4) + minmax_body(k, bits, chunk);
+}
+
 int64_t topk_kept(int64_t n, const CompressorConfig& c) {
   return c.keep > 0 ? std::min(c.keep, n) : fraction_of(n, c.ratio);
 }
@@ -172,10 +193,9 @@ size_t body_size(int64_t n, const CompressorConfig& c) {
       return static_cast<size_t>(topk_kept(n, c)) * 8;
     case CompressorKind::randomk:
       return static_cast<size_t>(random_count(n, c)) * 4;
-    case CompressorKind::cocktail: {
-      const int64_t k = cocktail_kept(n, c);
-      return static_cast<size_t>(k) * 4 + minmax_body(k, c.bits, c.chunk);
-    }
+    case CompressorKind::cocktail:
+      return cocktail_body(cocktail_kept(n, c), cocktail_implicit_stride(n, c) != 0, c.bits,
+                           c.chunk);
   }
   return 0;
 }
@@ -355,6 +375,7 @@ PayloadHeader header_for(int64_t n, const CompressorConfig& c) {
   else if (c.kind == CompressorKind::topk || c.kind == CompressorKind::f16 ||
            c.kind == CompressorKind::bf16)
     h.chunk = 0;
+  if (c.kind == CompressorKind::cocktail) h.implicit_stride = cocktail_implicit_stride(n, c);
   h.n = n;
   h.k = kept_elements(n, c);
   h.seed = c.seed;
@@ -417,10 +438,18 @@ void decode_impl(std::span<const std::byte> payload, const TensorView& out, bool
       return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
     }
     case CompressorKind::cocktail: {
+      std::vector<float> vals(static_cast<size_t>(h.k));
+      if (h.implicit_stride != 0) {
+        decode_minmax(body, h.k, h.bits, h.chunk, vals.data(), false, ctx, "cocktail");
+        if (!accumulate) std::fill(o, o + h.n, 0.0f);
+        for_random_indices(
+            h.n, h.k, h.random_mode, h.implicit_stride, h.seed, h.step,
+            [&](int64_t j, int64_t i) { o[i] = accumulate ? o[i] + vals[j] : vals[j]; });
+        return;
+      }
       std::vector<uint32_t> idx(static_cast<size_t>(h.k));
       copy_bytes(idx.data(), body, idx.size() * 4);
       check_indices(idx.data(), h.k, h.n, "cocktail");
-      std::vector<float> vals(static_cast<size_t>(h.k));
       decode_minmax(body + idx.size() * 4, h.k, h.bits, h.chunk, vals.data(), false, ctx,
                     "cocktail");
       return scatter(idx.data(), vals.data(), h.k, o, h.n, accumulate);
@@ -491,9 +520,9 @@ void validate_header(const PayloadHeader& h, size_t payload_bytes) {
                   kind);
   RELAXCC_ENFORCE(h.n >= 0 && h.n <= int64_t{UINT32_MAX}, CorruptPayload, "payload: element count ",
                   h.n);
-  RELAXCC_ENFORCE(
-      static_cast<int>(h.rounding) <= 1 && static_cast<int>(h.random_mode) <= 1 && h.reserved == 0,
-      CorruptPayload, "payload: bad flags");
+  RELAXCC_ENFORCE(static_cast<int>(h.rounding) <= 1 && static_cast<int>(h.random_mode) <= 1 &&
+                      (h.implicit_stride == 0 || h.kind == CompressorKind::cocktail),
+                  CorruptPayload, "payload: bad flags");
   const bool quantizes = h.kind == CompressorKind::minmax || h.kind == CompressorKind::cocktail;
   RELAXCC_ENFORCE(!quantizes || h.bits == 8 || h.bits == 4 || h.bits == 2 || h.bits == 1,
                   CorruptPayload, "payload: ", int(h.bits), " bits per element");
@@ -511,6 +540,14 @@ void validate_header(const PayloadHeader& h, size_t payload_bytes) {
     case CompressorKind::cocktail:
       RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "cocktail payload: k ", h.k, " for ",
                       h.n, " elements");
+      if (h.implicit_stride != 0 && h.random_mode == RandomKMode::rolling)
+        RELAXCC_ENFORCE_EQ(h.k, rolling_count(h.n, h.implicit_stride, h.step), CorruptPayload,
+                           "cocktail payload: kept elements for the implicit rolling stride ",
+                           h.implicit_stride, " at step ", h.step);
+      else if (h.implicit_stride != 0)
+        RELAXCC_ENFORCE(h.implicit_stride == 1 && (h.k > 0 || h.n == 0), CorruptPayload,
+                        "stratified cocktail payload: implicit_stride ", h.implicit_stride,
+                        " (expected 0 or 1), k ", h.k);
       break;
     case CompressorKind::randomk:
       RELAXCC_ENFORCE(h.k >= 0 && h.k <= h.n, CorruptPayload, "randomk payload: k ", h.k, " for ",
@@ -548,7 +585,7 @@ void validate_header(const PayloadHeader& h, size_t payload_bytes) {
       expect += static_cast<size_t>(h.k) * 4;
       break;
     case CompressorKind::cocktail:
-      expect += static_cast<size_t>(h.k) * 4 + minmax_body(h.k, h.bits, c.chunk);
+      expect += cocktail_body(h.k, h.implicit_stride != 0, h.bits, c.chunk);
       break;
   }
   RELAXCC_ENFORCE_EQ(payload_bytes, expect, CorruptPayload, compressor_name(h.kind), " payload of ",
@@ -610,10 +647,25 @@ size_t encode(const TensorView& in, std::span<std::byte> out, const CompressorCo
       break;
     }
     case CompressorKind::cocktail: {
+      std::vector<float> values(static_cast<size_t>(h.k));
+      if (h.implicit_stride != 0) {
+        // Top-k keeps the whole selection: its values, in order, no index.
+        for_random_indices(n, h.k, c.random_mode, h.implicit_stride, c.seed, c.step,
+                           [&](int64_t j, int64_t i) { values[j] = x[i]; });
+        const int64_t bad = cpu::first_non_finite(values.data(), h.k, ctx);
+        if (bad >= 0) {
+          int64_t at = 0;
+          for_random_indices(n, h.k, c.random_mode, h.implicit_stride, c.seed, c.step,
+                             [&](int64_t j, int64_t i) { at = j == bad ? i : at; });
+          RELAXCC_THROW(InvalidArgument, "cocktail: element ", at, " is ", values[bad],
+                        "; compressors take finite values (check for overflow first)");
+        }
+        encode_minmax(values.data(), h.k, c, ctx, 0, body);
+        break;
+      }
       // Top-k among the random selection: a rolling one is read in place
       // (one strided pass, nothing gathered); a stratified one is gathered.
       auto* indices = reinterpret_cast<uint32_t*>(body);
-      std::vector<float> values(static_cast<size_t>(h.k));
       if (c.random_mode == RandomKMode::rolling) {
         const int64_t stride = rolling_stride(c.ratio);
         cpu::topk_strided(x, static_cast<int64_t>(c.step % static_cast<uint64_t>(stride)), stride,

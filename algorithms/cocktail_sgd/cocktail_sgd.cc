@@ -16,7 +16,7 @@ struct CocktailSgd::Exchange {
   std::vector<float> own;                  // C(d_r), flat
   std::vector<float> average;              // a, flat
   std::vector<float> server;               // the server residual after this exchange
-  std::vector<float> scratch;              // the owned shard
+  std::vector<float> scratch, work;        // the owned shard; the owner's codec scratch
   std::vector<std::byte> sent, received;   // alltoallv blocks
   std::vector<std::byte> owned, gathered;  // the owner's payload, every owner's payload
   std::vector<int64_t> bytes;              // payload bytes of each shard
@@ -219,9 +219,9 @@ void CocktailSgd::start_exchange(int64_t step) {
           kernels::decode_accumulate(part(e->received, i * mine, mine), acc, owner_ctx);
         const float inv = 1.0f / static_cast<float>(n);
         for (float& v : e->scratch) v *= inv;
-        std::vector<float> work(e->scratch.size());
-        kernels::compress_with_feedback(acc, e->server, work, std::span<std::byte>(e->owned), cfg,
-                                        owner_ctx);
+        e->work.resize(e->scratch.size());
+        kernels::compress_with_feedback(acc, e->server, e->work, std::span<std::byte>(e->owned),
+                                        cfg, owner_ctx);
       },
       o);
   // 4. Every owner's payload to every rank, decoded into the average.
@@ -250,6 +250,12 @@ void CocktailSgd::drain(std::chrono::milliseconds timeout) {
   WorkPtr w = std::move(in_flight_);
   w->wait(timeout);
   pending_ = true;
+}
+
+void CocktailSgd::average_model(std::chrono::milliseconds timeout) {
+  drain(timeout);
+  if (pending_) apply_and_take_delta(*exchange_);
+  average_parameters(ctx_, "cocktail_sgd: exact model average", timeout);
 }
 
 StateDict CocktailSgd::state_dict() const {

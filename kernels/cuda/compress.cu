@@ -436,21 +436,26 @@ void decode(std::span<const std::byte> payload, const TensorView& out, bool accu
         zero_output();
         break;
       }
-      const auto* idx = reinterpret_cast<const uint32_t*>(body);
+      // Implicit indices: the random stage's selection (scatter_kernel
+      // recomputes it).
+      const bool implicit = h.implicit_stride != 0;
+      const auto* idx = implicit ? nullptr : reinterpret_cast<const uint32_t*>(body);
+      const unsigned char* values = body + (implicit ? 0 : h.k * 4);
       float* vals = nullptr;
       check(cudaMallocAsync(reinterpret_cast<void**>(&vals), static_cast<size_t>(h.k) * 4, stream),
             "cudaMallocAsync");
       const int64_t chunks = (h.k + h.chunk - 1) / h.chunk;
-      check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(body + h.k * 4, h.k, h.chunk,
-                                                                       h.bits, flag.ptr);
+      check_minmax_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(values, h.k, h.chunk, h.bits,
+                                                                       flag.ptr);
       dequantize_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-          body + h.k * 4, h.k, h.chunk, h.bits, vals, 0, flag.ptr);
+          values, h.k, h.chunk, h.bits, vals, 0, flag.ptr);
       check_sparse_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, flag.ptr);
       const unsigned long long code = flag.read(stream);
       if (code == 0) {
         zero_output();
-        scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(idx, vals, h.k, n, 0, 1, 0, 0, o,
-                                                                 acc);
+        scatter_kernel<<<blocks_for(h.k), kThreads, 0, stream>>>(
+            idx, vals, h.k, n, h.random_mode == RandomKMode::rolling,
+            implicit ? h.implicit_stride : 1, h.seed, h.step, o, acc);
       }
       cudaFreeAsync(vals, stream);
       report(code, "cocktail");

@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
           c.bits = bits;
           c.chunk = 32;
           c.ratio = 0.25;
+          // cocktail: indices that travel, then (each other mode pair)
+          // implicit ones.
+          c.topk_ratio = seed / 2 % 2 == 1 ? 1.0 : 0.2;
           c.random_mode = mode;
           c.step = static_cast<uint64_t>(seed);
           std::vector<float> x(static_cast<size_t>(n));

@@ -486,6 +486,78 @@ TEST(Cocktail, StridedTopkMatchesTheReferenceSelection) {
   }
 }
 
+// Top-k that keeps the whole random selection sends no index: the body is
+// the min-max body of the selected values, in the selection's order, and
+// decodes to what randomk selects, quantized as min-max quantizes it.
+TEST(Cocktail, WholeRandomSelectionSendsNoIndex) {
+  const int64_t n = 100003;
+  const auto x = gaussian(n, 57);
+  for (auto mode : {RandomKMode::stratified, RandomKMode::rolling}) {
+    for (bool by_keep : {false, true}) {
+      CompressorConfig c = make(CompressorKind::cocktail, 2, 2048);
+      c.ratio = 0.25;
+      c.topk_ratio = by_keep ? 0.2 : 1.0;
+      c.keep = by_keep ? n : 0;  // keep >= the selection: all of it
+      c.random_mode = mode;
+      c.seed = 11;
+      c.step = 5;
+      const Encoded e = encode_vec(x, c);
+      const PayloadHeader h = read_header(e.span());
+      EXPECT_EQ(h.implicit_stride, mode == RandomKMode::rolling ? 4 : 1);
+      CompressorConfig rk = make(CompressorKind::randomk);
+      rk.ratio = c.ratio;
+      rk.random_mode = mode;
+      rk.seed = c.seed;
+      rk.step = c.step;
+      ASSERT_EQ(h.k, kept_elements(n, rk));
+      // The size of a min-max payload of k values: nothing else travels.
+      const CompressorConfig values = make(CompressorKind::minmax, 2, 2048);
+      EXPECT_EQ(e.bytes.size(), encoded_size(h.k, values));
+      // The reference: randomk's positions, then min-max of their values.
+      const auto selected = decode_vec(encode_vec(x, rk), n);
+      std::vector<float> picked;
+      std::vector<int64_t> at;
+      for (int64_t i = 0; i < n; ++i)
+        if (selected[i] != 0.0f) {
+          picked.push_back(x[i]);
+          at.push_back(i);
+        }
+      ASSERT_EQ(static_cast<int64_t>(picked.size()), h.k);
+      const auto quantized = decode_vec(encode_vec(picked, values), h.k);
+      std::vector<float> want(static_cast<size_t>(n), 0.0f);
+      for (size_t j = 0; j < at.size(); ++j) want[at[j]] = quantized[j];
+      ASSERT_EQ(decode_vec(e, n), want) << "mode " << static_cast<int>(mode);
+    }
+  }
+  // A non-finite selected element is named by its index in the tensor.
+  auto z = x;
+  z[4001] = NAN;  // stride 4 from step 5 mod 4 = 1
+  CompressorConfig nan_config = make(CompressorKind::cocktail, 2, 2048);
+  nan_config.ratio = 0.25;
+  nan_config.topk_ratio = 1.0;
+  nan_config.random_mode = RandomKMode::rolling;
+  nan_config.step = 5;
+  std::vector<std::byte> nan_out(encoded_size(n, nan_config));
+  try {
+    encode(TensorView::host(z.data(), n), nan_out, nan_config, ExecContext::host());
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("cocktail: element 4001 is nan"), std::string::npos)
+        << err.what();
+  }
+  // A rolling stride past the header's 16 bits sends its indices.
+  CompressorConfig c = make(CompressorKind::cocktail, 2, 2048);
+  c.ratio = 1.0 / 70000;
+  c.topk_ratio = 1.0;
+  c.random_mode = RandomKMode::rolling;
+  const int64_t big = 300000;
+  const auto y = gaussian(big, 58);
+  const Encoded e = encode_vec(y, c);
+  EXPECT_EQ(read_header(e.span()).implicit_stride, 0);
+  EXPECT_EQ(read_header(e.span()).k, 5);  // 0, 70000, ..., 280000
+  EXPECT_EQ(e.bytes.size(), 5 * 4 + encoded_size(5, make(CompressorKind::minmax, 2, 2048)));
+}
+
 TEST(Compressor, DecodeAccumulateAndRequantize) {
   const int64_t n = 5000;
   const auto x = gaussian(n, 61), local = gaussian(n, 62);
@@ -637,6 +709,28 @@ TEST(HardenedDecoders, RejectHostilePayloads) {
   b = encode_vec(x, rk).bytes;
   poke<uint32_t>(b, 12, 7);
   expect_corrupt(b, n, "rolling stride vs k");
+
+  // cocktail's implicit_stride (header offset 10).
+  b = mm.bytes;
+  poke<uint16_t>(b, 10, 4);
+  EXPECT_NE(expect_corrupt(b, n, "implicit_stride on minmax").find("bad flags"), std::string::npos);
+  CompressorConfig cc = make(CompressorKind::cocktail, 2, 64);
+  cc.ratio = 0.25;
+  cc.topk_ratio = 1.0;
+  cc.random_mode = RandomKMode::rolling;
+  const Encoded rolling = encode_vec(x, cc);
+  b = rolling.bytes;
+  poke<uint16_t>(b, 10, 3);
+  EXPECT_NE(expect_corrupt(b, n, "implicit stride vs k").find("implicit rolling stride 3"),
+            std::string::npos);
+  b = rolling.bytes;
+  poke<uint16_t>(b, 10, 0);
+  expect_corrupt(b, n, "indices expected, none sent");
+  cc.random_mode = RandomKMode::stratified;
+  b = encode_vec(x, cc).bytes;
+  poke<uint16_t>(b, 10, 2);
+  EXPECT_NE(expect_corrupt(b, n, "stratified implicit stride").find("expected 0 or 1"),
+            std::string::npos);
 }
 
 TEST(HardenedDecoders, RandomCorruptionNeverEscapes) {
@@ -1114,6 +1208,27 @@ TEST(CompressorGpu, MatchesCpuBitForBit) {
   dy.copy_to_host(y_gpu.data());
   decode(tk, TensorView::host(y_cpu.data(), n), cpu);
   EXPECT_EQ(std::memcmp(y_gpu.data(), y_cpu.data(), n * 4), 0);
+  // cocktail payloads (encoded on the host), indices sent or implicit: the
+  // device decode equals the host's.
+  for (double topk_ratio : {0.2, 1.0}) {
+    for (auto mode : {RandomKMode::stratified, RandomKMode::rolling}) {
+      CompressorConfig cc = make(CompressorKind::cocktail, 2, 128);
+      cc.ratio = 0.25;
+      cc.topk_ratio = topk_ratio;
+      cc.random_mode = mode;
+      cc.seed = 5;
+      cc.step = 9;
+      std::vector<std::byte> p(encoded_size(n, cc));
+      encode(TensorView::host(const_cast<float*>(x.data()), n), p, cc, cpu);
+      test::GpuBuffer dpc(p.data(), p.size());
+      decode(std::span<const std::byte>(static_cast<const std::byte*>(dpc.get()), p.size()),
+             TensorView(dy.get(), n, DType::f32, gpu.device), gpu);
+      dy.copy_to_host(y_gpu.data());
+      decode(p, TensorView::host(y_cpu.data(), n), cpu);
+      EXPECT_EQ(std::memcmp(y_gpu.data(), y_cpu.data(), n * 4), 0)
+          << "cocktail top-k " << topk_ratio << " mode " << static_cast<int>(mode);
+    }
+  }
   // A hostile index is caught on the device.
   poke<uint32_t>(tk, 48, static_cast<uint32_t>(n + 5));
   test::GpuBuffer bad(tk.data(), tk.size());

@@ -30,7 +30,14 @@
 // alltoallv and the allgatherv), where the encoding keeps about
 // random_ratio * topk_ratio of the elements at 4 bytes of index plus
 // bits / 8 of value each, plus 8 bytes per chunk of kept values and a
-// 48-byte header per shard.
+// 48-byte header per shard. With topk_ratio 1 no index travels (every rank
+// recomputes the random selection from the seed and step): random_ratio 0.25
+// at 2 bits in chunks of 2048, the sparsest setting that passes the
+// convergence harness (docs/algorithms.md), sends about 1/63 of f32
+// gradient_allreduce's bytes.
+//
+// The ranks' models differ by what their payloads missed; average_model()
+// gives every rank their exact average, for evaluation.
 //
 // State (state_dict, after drain): g, the server residual, and the exchange
 // that completed but is not applied yet, so a checkpoint resumes bit for bit.
@@ -92,6 +99,11 @@ class CocktailSgd final : public Algorithm {
   // Needs no exchange in flight (drain first): InvalidArgument otherwise.
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
+  // Applies the exchange in flight (waiting for it with `timeout`), then
+  // replaces every parameter by its exact average over the ranks, for
+  // evaluation. Collective: every rank calls it between steps; training may
+  // go on after it.
+  void average_model(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
   // Exchanges started (compressed steps so far).
   int64_t exchanges() const { return exchanges_; }
 

@@ -16,7 +16,11 @@
 //               step mod stride (CocktailSGD); the header's chunk field holds
 //               the stride
 //   cocktail    randomk, then topk among those, then minmax of the kept
-//               values: k u32 indices, then a minmax body of k values
+//               values: k u32 indices, then a minmax body of k values.
+//               When top-k keeps the whole random selection (topk_ratio 1,
+//               or keep >= its size), no index travels: the header's
+//               implicit_stride is set and the body is the minmax body
+//               alone, the values in the selection's (ascending) order
 //
 // encoded_size(n, config) is a pure function, known on the host before any
 // data moves, and equals the bytes encode() writes.
@@ -138,7 +142,11 @@ struct PayloadHeader {
   uint8_t bits = 0;
   Rounding rounding = Rounding::nearest;
   RandomKMode random_mode = RandomKMode::stratified;
-  uint16_t reserved = 0;
+  // cocktail: 0 when its k indices travel. Otherwise they are the random
+  // stage's selection, recomputed from (n, k, seed, step): 1 in stratified
+  // mode, the rolling stride in rolling mode (strides above 65535 send
+  // their indices). 0 for every other kind.
+  uint16_t implicit_stride = 0;
   uint32_t chunk = 0;
   int64_t n = 0;  // elements of the original tensor
   int64_t k = 0;  // elements that travel (sparse kinds)
