@@ -311,11 +311,75 @@ TEST(Rounds, DifferentCountIsPeerMismatchAndTheCommunicatorStaysUsable) {
   comm->barrier()->wait(30s);
 }
 
+// started_deadline: a batch one of whose messages came by the deadline
+// waits for the rest; one with nothing by then is abandoned at the deadline.
+TEST(Deadlines, AStartedBatchGetsTheLaterDeadline) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = test::world();
+  const int me = comm->rank();
+  comm->barrier()->wait(30s);
+  if (me == 1) {
+    P2POptions options;
+    options.round = 1;
+    Buffer first(DType::i32, 8), rest(DType::i32, 5000), late(DType::i32, 8);
+    fill_round(first, me, 1);
+    fill_round(rest, me, 1);
+    fill_round(late, me, 1);
+    auto sent =
+        comm->point_to_point({P2POp::send(0, first.view(), 7)}, ExecContext::host(), options);
+    std::this_thread::sleep_for(400ms);
+    auto rest_sent =
+        comm->point_to_point({P2POp::send(0, rest.view(), 8), P2POp::send(0, late.view(), 9),
+                              P2POp::send(0, rest.view(), 10)},
+                             ExecContext::host(), options);
+    sent->wait(30s);
+    rest_sent->wait(30s);
+  } else if (me == 0) {
+    Buffer first(DType::i32, 8), rest(DType::i32, 5000), late(DType::i32, 8),
+        late_rest(DType::i32, 5000);
+    fill_untouched(late);
+    fill_untouched(late_rest);
+    P2POptions options;
+    options.round = 1;
+    const auto start = Clock::now();
+    options.deadline = start + 150ms;
+    options.started_deadline = start + 20s;
+    auto begun =
+        comm->point_to_point({P2POp::recv(1, first.view(), 7), P2POp::recv(1, rest.view(), 8)},
+                             ExecContext::host(), options);
+    auto silent =
+        comm->point_to_point({P2POp::recv(1, late.view(), 9), P2POp::recv(1, late_rest.view(), 10)},
+                             ExecContext::host(), options);
+    silent->wait(30s);
+    EXPECT_LT(Clock::now() - start, 390ms) << "nothing came by the deadline: no later one";
+    EXPECT_EQ(silent->missing_peers(), (std::vector<int>{1, 1}));  // per receive
+    EXPECT_EQ(count_wrong(late, 1, 1, true), 0);
+    EXPECT_EQ(count_wrong(late_rest, 1, 1, true), 0);
+    begun->wait(30s);
+    EXPECT_GE(Clock::now() - start, 390ms);
+    EXPECT_FALSE(begun->partial());
+    EXPECT_EQ(begun->contributors(), (std::vector<int>{1, 1}));
+    EXPECT_EQ(count_wrong(first, 1, 1), 0);
+    EXPECT_EQ(count_wrong(rest, 1, 1), 0);
+  }
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(30s);
+}
+
 TEST(Deadlines, NeedARound) {
   auto comm = test::world();
   Buffer b(DType::i32, 4);
   P2POptions options;
   options.deadline = Clock::now() + 1s;
+  EXPECT_THROW(comm->point_to_point({P2POp::send(0, b.view())}, ExecContext::host(), options),
+               InvalidArgument);
+  // started_deadline needs a deadline, and not an earlier one than it.
+  options.round = 1;
+  options.started_deadline = *options.deadline - 1ms;
+  EXPECT_THROW(comm->point_to_point({P2POp::send(0, b.view())}, ExecContext::host(), options),
+               InvalidArgument);
+  options.deadline.reset();
   EXPECT_THROW(comm->point_to_point({P2POp::send(0, b.view())}, ExecContext::host(), options),
                InvalidArgument);
 }

@@ -118,6 +118,11 @@ void check_point_to_point(const std::vector<P2POp>& ops, const P2POptions& optio
   RELAXCC_ENFORCE(!options.deadline || options.round != 0, InvalidArgument, "point_to_point",
                   options.label.empty() ? "" : " of '" + options.label + "'",
                   ": a deadline needs a round (P2POptions::round > 0)");
+  RELAXCC_ENFORCE(!options.started_deadline ||
+                      (options.deadline && *options.started_deadline >= *options.deadline),
+                  InvalidArgument, "point_to_point",
+                  options.label.empty() ? "" : " of '" + options.label + "'",
+                  ": started_deadline needs a deadline, and not a later one");
 }
 
 bool overlap(const TensorView& a, const TensorView& b) noexcept {

@@ -72,6 +72,7 @@ P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options,
       label_(options.label),
       round_(options.round),
       deadline_(options.deadline),
+      started_deadline_(options.started_deadline),
       part_bytes_(std::move(part_bytes)),
       parts_(ops_.size()),
       buffers_(ops_.size()),
@@ -144,13 +145,29 @@ void P2PBatchOp::start(Transport& t) {
 void P2PBatchOp::progress(Transport& t) {
   if (aborted_ || deadline_passed_) return;
   if (rounds() && deadline_ && !done() && Clock::now() >= *deadline_) {
-    deadline_passed_ = true;
-    abandon_receives(t);
-    next_data_send_ = ops_.size();  // sends not posted yet are dropped
-    return;
+    if (started_deadline_) {
+      // What came by the deadline counts: a batch that has begun to
+      // receive gets the later deadline.
+      take_arrived(t);
+      const bool begun = std::any_of(recv_state_.begin(), recv_state_.end(), [](RecvState s) {
+        return s == RecvState::receiving || s == RecvState::arrived;
+      });
+      deadline_ = begun ? *started_deadline_ : *deadline_;
+      started_deadline_.reset();
+    }
+    if (aborted_ || done()) return;
+    if (Clock::now() >= *deadline_) {
+      deadline_passed_ = true;
+      abandon_receives(t);
+      next_data_send_ = ops_.size();  // sends not posted yet are dropped
+      return;
+    }
   }
   post_data_sends(t);
-  if (!rounds()) return;
+  if (rounds()) take_arrived(t);
+}
+
+void P2PBatchOp::take_arrived(Transport& t) {
   for (size_t i = 0; i < ops_.size() && !aborted_; ++i)
     if (streams_[i] != nullptr && recv_state_[i] == RecvState::waiting &&
         streams_[i]->receivers.front() == &ops_[i])

@@ -83,7 +83,13 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   static_cast<OpOptions&>(p2p) = call.op;
   p2p.round = call.round;
   p2p.deadline = call.deadline;
-  if (!p2p.deadline && call.adaptive) p2p.deadline = r->start + call.adaptive->current();
+  if (!p2p.deadline && call.adaptive) {
+    // The learned deadline says by when a peer must have started its round
+    // (its header came); one that has gets until the cap for its data,
+    // however large its tensor.
+    p2p.deadline = r->start + call.adaptive->current();
+    p2p.started_deadline = r->start + call.adaptive->options().cap;
+  }
 
   const TensorView header_out(r->out_header.get(), sizeof(MixHeader), DType::u8, Device::host(),
                               r->out_header);

@@ -6,8 +6,13 @@
 // Wire: per peer, two round messages of point_to_point (collectives/
 // point_to_point.h), a 64-byte MixHeader on `tag` (what the rank calls, the
 // codec included: ranks that disagree get PeerMismatch) and the data (or
-// its compressed payload) on `tag` + 1. A peer
-// contributes when both arrived by the deadline; its weight then counts:
+// its compressed payload) on `tag` + 1, one point_to_point batch per peer. A
+// peer contributes when both arrived by the deadline; its weight then
+// counts. With an adaptive deadline, a peer whose header (or the start of
+// its data) arrived by the learned deadline has until the adaptive cap for
+// the rest (P2POptions::started_deadline): the deadline leaves out peers
+// that have not started, not transfers that take longer than the small
+// tensors' the deadline learned from. Mixing:
 //   x <- (w_self x + sum_j w_j y_j) / (w_self + sum_j w_j), j over arrived.
 // The sum runs in double, in recv_from order, so two ranks that mix each
 // other's values with equal weights get bitwise equal results.

@@ -70,6 +70,13 @@ struct P2POptions : OpOptions {
   // When set (only with a round): the batch completes at this time at the
   // latest, with the receives that have not arrived abandoned (see above).
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  // When set (only with a deadline, and not before it): a batch one of
+  // whose receives has begun to arrive by `deadline` (its message, or the
+  // first part of it, came) is given until this later time instead. With
+  // one batch per peer, `deadline` says by when a peer must have started
+  // sending and this how long its transfer may take (the relaxed rounds'
+  // adaptive deadline: peer_mixing).
+  std::optional<std::chrono::steady_clock::time_point> started_deadline;
 };
 
 }  // namespace relaxcc

@@ -7,8 +7,12 @@
 // min_samples arrivals it is `cap`. An arrival time is measured from the
 // start of this rank's round to the arrival of one peer's message; a peer
 // that missed the deadline adds no sample (it would only pull the deadline
-// towards the straggler). Thread-safe: rounds observe from the engine
-// thread while the caller reads current().
+// towards the straggler). The rounds apply it to the start of a peer's
+// message: a peer whose message has begun to arrive by the deadline is
+// waited for until `cap` (peer_mixing), so one deadline learned across
+// tensors of different sizes leaves out late peers, not large tensors.
+// Thread-safe: rounds observe from the engine thread while the caller reads
+// current().
 #pragma once
 
 #include <chrono>

@@ -80,7 +80,9 @@ struct GossipOptions : OpOptions {
   // The round goes on without peers whose tensor has not arrived by then.
   std::optional<std::chrono::steady_clock::time_point> deadline;
   // Without a fixed deadline: the round's deadline is its start plus
-  // adaptive->current(), and the arrivals update it.
+  // adaptive->current(), and the arrivals update it. A peer whose message
+  // has begun to arrive by then is waited for until the start plus the
+  // adaptive cap.
   AdaptiveDeadline* adaptive = nullptr;
   // Point-to-point tags `tag` and `tag` + 1 carry the round.
   int tag = 30000;
