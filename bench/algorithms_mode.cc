@@ -419,8 +419,9 @@ void run_algorithms(const AlgorithmsArgs& args) {
                  : std::string()));
   char line[512];
   if (straggling) {
-    std::snprintf(line, sizeof line, "%-32s %-36s %10s %10s %10s %10s %9s", "algorithm", "setting",
-                  "even(ms)", "strag(ms)", "rate_x", "slow(ms)", "left_out");
+    std::snprintf(line, sizeof line, "%-32s %-36s %10s %10s %10s %10s %9s %9s", "algorithm",
+                  "setting", "even(ms)", "strag(ms)", "rate_x", "slow(ms)", "left_even",
+                  "left_out");
   } else {
     std::snprintf(line, sizeof line, "%-20s %-32s %12s %10s %12s %10s %10s %10s", "algorithm",
                   "setting", "bytes/step", "bytes_x", "peak/step", "step(ms)", "step_x", "median");
@@ -435,10 +436,10 @@ void run_algorithms(const AlgorithmsArgs& args) {
       // Step rates of the ranks other than the straggler, and their ratio.
       const double rate_even = 1e3 / even.others_step_ms;
       const double rate_slow = 1e3 / slow.others_step_ms;
-      std::snprintf(line, sizeof line, "%-32s %-36s %10.1f %10.1f %10.3f %10.1f %9lld",
+      std::snprintf(line, sizeof line, "%-32s %-36s %10.1f %10.1f %10.3f %10.1f %9lld %9lld",
                     even.name.c_str(), even.setting.c_str(), even.others_step_ms,
                     slow.others_step_ms, rate_slow / rate_even, slow.straggler_step_ms,
-                    static_cast<long long>(slow.left_out));
+                    static_cast<long long>(even.left_out), static_cast<long long>(slow.left_out));
       report.print(line);
       report.add(common_row(even, args, model, world.size)
                      .set("straggler_rank", args.straggler_rank)
@@ -449,6 +450,7 @@ void run_algorithms(const AlgorithmsArgs& args) {
                      .set("step_rate_others", rate_even)
                      .set("step_rate_others_straggler", rate_slow)
                      .set("step_rate_ratio", rate_slow / rate_even)
+                     .set("peers_left_out", even.left_out)
                      .set("peers_left_out_straggler", slow.left_out)
                      .set("compute_ms", args.compute_ms)
                      .set("rate_mbit", args.rate_mbit)
