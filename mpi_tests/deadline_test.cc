@@ -358,10 +358,6 @@ TEST(Deadlines, AStartedBatchGetsTheLaterDeadline) {
     EXPECT_EQ(count_wrong(late_rest, 1, 1, true), 0);
     begun->wait(30s);
     EXPECT_GE(Clock::now() - start, 390ms);
-    // The first message came before the deadline; nothing came for `silent`.
-    ASSERT_TRUE(begun->first_arrival().has_value());
-    EXPECT_LT(*begun->first_arrival(), *options.deadline);
-    EXPECT_FALSE(silent->first_arrival().has_value());
     EXPECT_FALSE(begun->partial());
     EXPECT_EQ(begun->contributors(), (std::vector<int>{1, 1}));
     EXPECT_EQ(count_wrong(first, 1, 1), 0);

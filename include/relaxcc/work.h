@@ -40,7 +40,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,10 +109,6 @@ class Work : public std::enable_shared_from_this<Work> {
   std::vector<int> contributors() const;
   std::vector<int> missing_peers() const;
   bool partial() const;
-  // For a point_to_point batch with a round: when the first of its receives
-  // began to arrive (a peer's first message, or its first part, came);
-  // unset when none did, and for other operations.
-  std::optional<std::chrono::steady_clock::time_point> first_arrival() const;
 
   // "allreduce #12 (ring, tag 49, peers 1,3)": what this Work is for.
   const std::string& description() const noexcept;
@@ -122,11 +117,8 @@ class Work : public std::enable_shared_from_this<Work> {
   // the calling thread. Only the first call has an effect. For code that
   // produces Works: transports, and algorithms that compose them.
   void complete(std::exception_ptr error);
-  // Records which peers contributed and when the first arrival began (see
-  // contributors(), first_arrival()); call before complete().
-  void set_contributions(
-      std::vector<int> contributors, std::vector<int> missing,
-      std::optional<std::chrono::steady_clock::time_point> first_arrival = std::nullopt);
+  // Records which peers contributed (see contributors()); call before complete().
+  void set_contributions(std::vector<int> contributors, std::vector<int> missing);
 
  protected:
   // The description of a Work constructed with an empty one, built on the
@@ -169,7 +161,6 @@ class Work : public std::enable_shared_from_this<Work> {
   std::exception_ptr error_;
   std::vector<int> contributors_;
   std::vector<int> missing_;
-  std::optional<std::chrono::steady_clock::time_point> first_arrival_;
   std::vector<Callback> callbacks_;
 };
 

@@ -110,7 +110,6 @@ void Work::reset(std::string description) {
   error_ = nullptr;
   contributors_.clear();
   missing_.clear();
-  first_arrival_.reset();
   callbacks_.clear();
   done_.store(false, std::memory_order_release);
 }
@@ -120,17 +119,10 @@ std::exception_ptr Work::exception() const {
   return error_;
 }
 
-void Work::set_contributions(std::vector<int> contributors, std::vector<int> missing,
-                             std::optional<std::chrono::steady_clock::time_point> first_arrival) {
+void Work::set_contributions(std::vector<int> contributors, std::vector<int> missing) {
   std::lock_guard<std::mutex> lock(mutex_);
   contributors_ = std::move(contributors);
   missing_ = std::move(missing);
-  first_arrival_ = first_arrival;
-}
-
-std::optional<std::chrono::steady_clock::time_point> Work::first_arrival() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return first_arrival_;
 }
 
 std::vector<int> Work::contributors() const {

@@ -240,7 +240,6 @@ void P2PBatchOp::take_next(Transport& t, size_t i) {
     const size_t bytes = e.bytes;
     stream.early.pop_front();
     recv_state_[i] = RecvState::receiving;
-    if (!first_arrival_) first_arrival_ = Clock::now();
     on_round_message(t, i, bytes);
     return;
   }
@@ -255,7 +254,6 @@ void P2PBatchOp::take_next(Transport& t, size_t i) {
   ++outstanding_;
   ++pending_[i];
   recv_state_[i] = RecvState::receiving;
-  if (!first_arrival_) first_arrival_ = Clock::now();
 }
 
 void P2PBatchOp::on_round_message(Transport& t, size_t i, size_t bytes) {
@@ -449,7 +447,7 @@ void P2PBatchOp::report(Work& work) const {
     (arrived ? contributors : missing).push_back(ops_[i].peer);
   }
   if (error()) missing.clear();  // a failed batch reports its error, not a partial result
-  work.set_contributions(std::move(contributors), std::move(missing), first_arrival_);
+  work.set_contributions(std::move(contributors), std::move(missing));
 }
 
 // ---- RoundSweeper ------------------------------------------------------------

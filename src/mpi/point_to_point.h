@@ -131,7 +131,6 @@ class P2PBatchOp final : public Operation {
   uint64_t round_ = 0;
   std::optional<Clock::time_point> deadline_;
   std::optional<Clock::time_point> started_deadline_;  // cleared once it replaced deadline_
-  std::optional<Clock::time_point> first_arrival_;     // a round receive began to arrive
   bool started_ = false;
   int outstanding_ = 0;
   size_t next_data_send_ = 0;  // ops_ before it: data sent or not a send

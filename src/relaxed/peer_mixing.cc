@@ -116,14 +116,12 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
                                 : bytes_view(data, x.numel, x.dtype),
                      call.tag + 1)},
         ctx, p2p);
-    // The arrival time, for the adaptive deadline: when the peer's first
-    // message began to arrive, as the deadline applies to it.
+    // The arrival time, for the adaptive deadline.
     w->then([r, k](const Work& done) {
       if (done.exception() || done.partial()) return;
-      const Clock::time_point at = done.first_arrival().value_or(Clock::now());
       std::lock_guard<std::mutex> lock(r->mutex);
       r->arrival_us[k] =
-          std::chrono::duration_cast<std::chrono::microseconds>(at - r->start).count();
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start).count();
     });
     r->receives.push_back(w);
     works.push_back(std::move(w));

@@ -5,8 +5,7 @@
 // The deadline is the median of the last `window` arrival times plus k times
 // their median absolute deviation, clamped to [floor, cap]; before
 // min_samples arrivals it is `cap`. An arrival time is measured from the
-// start of this rank's round to when one peer's first message of the round
-// began to arrive (Work::first_arrival); a peer
+// start of this rank's round to the arrival of one peer's message; a peer
 // that missed the deadline adds no sample (it would only pull the deadline
 // towards the straggler). The rounds apply it to the start of a peer's
 // message: a peer whose message has begun to arrive by the deadline is
