@@ -23,7 +23,12 @@ namespace relaxcc {
 
 struct AdaptiveDeadlineOptions {
   double k = 3.0;
-  std::chrono::microseconds floor{2000};
+  // At least the skew between healthy ranks' round starts: on a fast link
+  // the arrivals crowd near zero (half the peers start first), median + k
+  // MAD falls below that skew and healthy peers are left out (2 ms left
+  // them out of about a fifth of the rounds in relaxcc-bench's straggler
+  // runs, unshaped; docs/benchmarks.md).
+  std::chrono::microseconds floor{10000};
   std::chrono::microseconds cap{std::chrono::seconds(2)};
   int window = 64;
   int min_samples = 8;
