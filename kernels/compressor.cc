@@ -119,9 +119,12 @@ void for_random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride, 
     return;
   }
   for (int64_t b = 0; b < k; ++b) {
-    const int64_t lo = b * n / k, hi = (b + 1) * n / k;
-    const uint32_t r = philox4x32(seed, step, static_cast<uint64_t>(b)).v[0];
-    fn(b, lo + static_cast<int64_t>(r % static_cast<uint64_t>(hi - lo)));
+    // b * n < 2^64 (n < 2^32 indices), not 2^63.
+    const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k),
+               ub = static_cast<uint64_t>(b);
+    const uint64_t lo = ub * un / uk, hi = (ub + 1) * un / uk;
+    const uint32_t r = philox4x32(seed, step, ub).v[0];
+    fn(b, static_cast<int64_t>(lo + r % (hi - lo)));
   }
 }
 

@@ -327,7 +327,8 @@ TEST(Deadlines, AStartedBatchGetsTheLaterDeadline) {
     fill_round(rest, me, 1);
     fill_round(late, me, 1);
     auto sent =
-        comm->point_to_point({P2POp::send(0, first.view(), 7)}, ExecContext::host(), options);
+        comm->point_to_point({P2POp::send(0, first.view(), 7), P2POp::send(0, first.view(), 11)},
+                             ExecContext::host(), options);
     std::this_thread::sleep_for(400ms);
     auto rest_sent =
         comm->point_to_point({P2POp::send(0, rest.view(), 8), P2POp::send(0, late.view(), 9),
@@ -356,8 +357,24 @@ TEST(Deadlines, AStartedBatchGetsTheLaterDeadline) {
     EXPECT_EQ(silent->missing_peers(), (std::vector<int>{1, 1}));  // per receive
     EXPECT_EQ(count_wrong(late, 1, 1, true), 0);
     EXPECT_EQ(count_wrong(late_rest, 1, 1, true), 0);
+    // Begun, but the rest never comes: abandoned at started_deadline.
+    Buffer head(DType::i32, 8), never(DType::i32, 8);
+    fill_untouched(never);
+    P2POptions capped = options;
+    capped.started_deadline = start + 700ms;
+    auto cut =
+        comm->point_to_point({P2POp::recv(1, head.view(), 11), P2POp::recv(1, never.view(), 12)},
+                             ExecContext::host(), capped);
+    cut->wait(30s);
+    EXPECT_GE(Clock::now() - start, 600ms) << "its first message came: the later deadline";
+    EXPECT_LT(Clock::now() - start, 15s);
+    EXPECT_TRUE(cut->partial());
+    EXPECT_EQ(cut->contributors(), (std::vector<int>{1}));
+    EXPECT_EQ(cut->missing_peers(), (std::vector<int>{1}));
+    EXPECT_EQ(count_wrong(head, 1, 1), 0);
+    EXPECT_EQ(count_wrong(never, 1, 1, true), 0);
     begun->wait(30s);
-    EXPECT_GE(Clock::now() - start, 390ms);
+    EXPECT_GE(Clock::now() - start, 300ms) << "the rest was sent 400 ms after the first";
     EXPECT_FALSE(begun->partial());
     EXPECT_EQ(begun->contributors(), (std::vector<int>{1, 1}));
     EXPECT_EQ(count_wrong(first, 1, 1), 0);
@@ -374,7 +391,7 @@ TEST(Deadlines, NeedARound) {
   options.deadline = Clock::now() + 1s;
   EXPECT_THROW(comm->point_to_point({P2POp::send(0, b.view())}, ExecContext::host(), options),
                InvalidArgument);
-  // started_deadline needs a deadline, and not an earlier one than it.
+  // started_deadline needs a deadline, and must not be earlier than it.
   options.round = 1;
   options.started_deadline = *options.deadline - 1ms;
   EXPECT_THROW(comm->point_to_point({P2POp::send(0, b.view())}, ExecContext::host(), options),

@@ -203,9 +203,12 @@ __global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t 
 // randomk (stratified): one index per block b of [b*n/k, (b+1)*n/k).
 __device__ uint32_t stratified_index(int64_t n, int64_t k, int64_t b, uint64_t seed,
                                      uint64_t step) {
-  const int64_t lo = b * n / k, hi = (b + 1) * n / k;
-  const uint32_t r = philox4x32(seed, step, static_cast<uint64_t>(b)).v[0];
-  return static_cast<uint32_t>(lo + static_cast<int64_t>(r % static_cast<uint64_t>(hi - lo)));
+  // b * n < 2^64 (n < 2^32 indices), not 2^63.
+  const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k),
+             ub = static_cast<uint64_t>(b);
+  const uint64_t lo = ub * un / uk, hi = (ub + 1) * un / uk;
+  const uint32_t r = philox4x32(seed, step, ub).v[0];
+  return static_cast<uint32_t>(lo + r % (hi - lo));
 }
 
 __global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int rolling,

@@ -115,14 +115,18 @@ void check_point_to_point(const std::vector<P2POp>& ops, const P2POptions& optio
                     op.tag, " outside [0, ", max_tag, "]");
   }
   check_aliasing(ops);
-  RELAXCC_ENFORCE(!options.deadline || options.round != 0, InvalidArgument, "point_to_point",
-                  options.label.empty() ? "" : " of '" + options.label + "'",
+  // Built only when a check fails.
+  const auto what = [&] {
+    return options.label.empty() ? std::string("point_to_point")
+                                 : "point_to_point of '" + options.label + "'";
+  };
+  RELAXCC_ENFORCE(!options.deadline || options.round != 0, InvalidArgument, what(),
                   ": a deadline needs a round (P2POptions::round > 0)");
-  RELAXCC_ENFORCE(!options.started_deadline ||
-                      (options.deadline && *options.started_deadline >= *options.deadline),
-                  InvalidArgument, "point_to_point",
-                  options.label.empty() ? "" : " of '" + options.label + "'",
-                  ": started_deadline needs a deadline, and not a later one");
+  RELAXCC_ENFORCE(!options.started_deadline || options.deadline, InvalidArgument, what(),
+                  ": started_deadline needs a deadline (P2POptions::deadline)");
+  RELAXCC_ENFORCE(!options.started_deadline || *options.started_deadline >= *options.deadline,
+                  InvalidArgument, what(),
+                  ": started_deadline must not be earlier than the deadline");
 }
 
 bool overlap(const TensorView& a, const TensorView& b) noexcept {

@@ -145,18 +145,11 @@ void P2PBatchOp::start(Transport& t) {
 void P2PBatchOp::progress(Transport& t) {
   if (aborted_ || deadline_passed_) return;
   if (rounds() && deadline_ && !done() && Clock::now() >= *deadline_) {
-    if (started_deadline_) {
-      // What came by the deadline counts: a batch that has begun to
-      // receive gets the later deadline.
-      take_arrived(t);
-      const bool begun = std::any_of(recv_state_.begin(), recv_state_.end(), [](RecvState s) {
-        return s == RecvState::receiving || s == RecvState::arrived;
-      });
-      deadline_ = begun ? *started_deadline_ : *deadline_;
-      started_deadline_.reset();
-    }
+    // What came by the deadline counts: while a receive of this batch has
+    // begun, it waits until started_deadline.
+    if (started_deadline_) take_arrived(t);
     if (aborted_ || done()) return;
-    if (Clock::now() >= *deadline_) {
+    if (!started_deadline_ || Clock::now() >= *started_deadline_ || !begun()) {
       deadline_passed_ = true;
       abandon_receives(t);
       next_data_send_ = ops_.size();  // sends not posted yet are dropped
@@ -165,6 +158,21 @@ void P2PBatchOp::progress(Transport& t) {
   }
   post_data_sends(t);
   if (rounds()) take_arrived(t);
+}
+
+bool P2PBatchOp::begun() const {
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (streams_[i] == nullptr) continue;
+    if (recv_state_[i] == RecvState::arrived) return true;
+    if (recv_state_[i] != RecvState::receiving) continue;
+    // A message in parts whose first part came: its header names its round.
+    // One still arriving whole names none yet: it counts until it is sorted
+    // (an older round's goes back to waiting, and no longer counts).
+    RoundHeader h;
+    if (parts_[i].left == 0 || round_of(parts_[i].message.data(), parts_[i].bytes, &h) == round_)
+      return true;
+  }
+  return false;
 }
 
 void P2PBatchOp::take_arrived(Transport& t) {

@@ -120,6 +120,8 @@ class P2PBatchOp final : public Operation {
   void settle(size_t i, RecvState state);
   // Takes what arrived for the round receives at the heads of their streams.
   void take_arrived(Transport& t);
+  // Whether a round receive has begun to take a message of this round.
+  bool begun() const;
   // Abandons every unsettled round receive (the deadline passed, or the
   // batch stops): its stream's sweeper drops its late message.
   void abandon_receives(Transport& t);
@@ -130,7 +132,7 @@ class P2PBatchOp final : public Operation {
   std::string label_;
   uint64_t round_ = 0;
   std::optional<Clock::time_point> deadline_;
-  std::optional<Clock::time_point> started_deadline_;  // cleared once it replaced deadline_
+  std::optional<Clock::time_point> started_deadline_;
   bool started_ = false;
   int outstanding_ = 0;
   size_t next_data_send_ = 0;  // ops_ before it: data sent or not a send

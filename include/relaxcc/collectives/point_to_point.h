@@ -68,11 +68,13 @@ struct P2POptions : OpOptions {
   // Non-zero: the batch's messages carry this round (see above).
   uint64_t round = 0;
   // When set (only with a round): the batch completes at this time at the
-  // latest, with the receives that have not arrived abandoned (see above).
+  // latest (or at started_deadline, below), with the receives that have not
+  // arrived abandoned (see above).
   std::optional<std::chrono::steady_clock::time_point> deadline;
   // When set (only with a deadline, and not before it): a batch one of
-  // whose receives has begun to arrive by `deadline` (its message, or the
-  // first part of it, came) is given until this later time instead. With
+  // whose receives has begun to take a message of this round by `deadline`
+  // (a message, or the first part of one, is coming or came) is given until
+  // this later time instead. With
   // one batch per peer, `deadline` says by when a peer must have started
   // sending and this how long its transfer may take (the relaxed rounds'
   // adaptive deadline: peer_mixing).

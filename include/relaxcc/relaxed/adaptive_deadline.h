@@ -5,12 +5,13 @@
 // The deadline is the median of the last `window` arrival times plus k times
 // their median absolute deviation, clamped to [floor, cap]; before
 // min_samples arrivals it is `cap`. An arrival time is measured from the
-// start of this rank's round to the arrival of one peer's message; a peer
-// that missed the deadline adds no sample (it would only pull the deadline
-// towards the straggler). The rounds apply it to the start of a peer's
-// message: a peer whose message has begun to arrive by the deadline is
-// waited for until `cap` (peer_mixing), so one deadline learned across
-// tensors of different sizes leaves out late peers, not large tensors.
+// start of this rank's round to the arrival of one peer's whole message; a
+// peer left out adds no sample (it would only pull the deadline towards the
+// straggler). The rounds apply it to the start of a peer's message: a peer
+// whose message has begun to arrive by the deadline is waited for until
+// `cap` (peer_mixing) and sampled at its whole arrival, so one deadline
+// learned across tensors of different sizes leaves out late peers, not large
+// tensors.
 // Thread-safe: rounds observe from the engine thread while the caller reads
 // current().
 #pragma once
