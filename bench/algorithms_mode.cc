@@ -183,11 +183,11 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
   // travels.
   if (name == "cocktail_sgd" && *setting == "sparse") {
     algorithms::CocktailSgdOptions o;
-    o.random_ratio = 0.25;
+    o.random_ratio = 0.2;
     o.topk_ratio = 1.0;
     o.bits = 2;
     o.chunk = 2048;
-    *setting = "sparse: p 0.25, top-k 1, 2-bit/2048";
+    *setting = "sparse: p 0.2, top-k 1, 2b/2048";
     return std::make_shared<algorithms::CocktailSgd>(o);
   }
   if (name == "local_sgd" && defaults) return std::make_shared<algorithms::LocalSgd>();

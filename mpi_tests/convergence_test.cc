@@ -76,7 +76,7 @@ Trial qadam_trial(std::string name, QAdamOptions o) {
 // wire.
 CocktailSgdOptions sparse_cocktail() {
   CocktailSgdOptions o;
-  o.random_ratio = 0.25;
+  o.random_ratio = 0.2;
   o.topk_ratio = 1.0;
   o.bits = 2;
   o.chunk = 2048;  // the harness cannot tell (its shards keep 16-32 values)
@@ -135,7 +135,7 @@ TEST(Convergence, SgdAlgorithmsWithinBudget) {
   // reported): at 4 ranks what each rank's payloads missed keeps the models
   // apart by more than the tolerance; average_model() closes that gap before
   // evaluation.
-  Trial sparse = sgd_trial("cocktail_sgd (random 0.25, top-k 1, 2-bit)",
+  Trial sparse = sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit)",
                            [] { return std::make_shared<CocktailSgd>(sparse_cocktail()); });
   sparse.averaged_for_evaluation = true;
   trials.push_back({sparse, 2.0});
@@ -240,7 +240,7 @@ TEST(Checkpoint, ResumesBitForBit) {
                   return std::make_shared<ByteGrad>(o);
                 }),
       sgd_trial("cocktail_sgd", [cocktail] { return std::make_shared<CocktailSgd>(cocktail); }),
-      sgd_trial("cocktail_sgd (random 0.25, top-k 1, 2-bit)",
+      sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit)",
                 [] { return std::make_shared<CocktailSgd>(sparse_cocktail()); }),
       sgd_trial("local_sgd",
                 [] {

@@ -31,9 +31,9 @@
 // random_ratio * topk_ratio of the elements at 4 bytes of index plus
 // bits / 8 of value each, plus 8 bytes per chunk of kept values and a
 // 48-byte header per shard. With topk_ratio 1 no index travels (every rank
-// recomputes the random selection from the seed and step): random_ratio 0.25
+// recomputes the random selection from the seed and step): random_ratio 0.2
 // at 2 bits in chunks of 2048, the sparsest setting that passes the
-// convergence harness (docs/algorithms.md), sends about 1/63 of f32
+// convergence harness (docs/algorithms.md), sends about 1/79 of f32
 // gradient_allreduce's bytes.
 //
 // The ranks' models differ by what their payloads missed; average_model()
