@@ -500,10 +500,22 @@ CompressorConfig config_of(const PayloadHeader& h) {
     c.ratio = 1.0 / static_cast<double>(h.chunk);  // rounds back to the same stride
     c.keep = 0;
   }
-  // cocktail's first-stage ratio does not travel: re-encoding a cocktail
-  // payload keeps its count but draws a fresh first-stage selection
-  // from ratio 1 (every element is a candidate).
-  if (h.kind == CompressorKind::cocktail) c.ratio = 1.0;
+  if (h.kind == CompressorKind::cocktail) {
+    if (h.implicit_stride != 0 && h.k > 0) {
+      // The whole random selection, as sent: the same stride, or (stratified)
+      // a ratio whose count is exactly k, so a re-encode selects the same
+      // elements and sends no index either.
+      c.ratio = h.random_mode == RandomKMode::rolling
+                    ? 1.0 / static_cast<double>(h.implicit_stride)
+                    : (static_cast<double>(h.k) - 0.5) / static_cast<double>(h.n);
+      c.topk_ratio = 1.0;
+    } else {
+      // The first-stage ratio does not travel with the indices: a re-encode
+      // keeps the count but draws its selection from ratio 1 (every element
+      // is a candidate).
+      c.ratio = 1.0;
+    }
+  }
   return c;
 }
 

@@ -527,6 +527,8 @@ TEST(Cocktail, WholeRandomSelectionSendsNoIndex) {
       std::vector<float> want(static_cast<size_t>(n), 0.0f);
       for (size_t j = 0; j < at.size(); ++j) want[at[j]] = quantized[j];
       ASSERT_EQ(decode_vec(e, n), want) << "mode " << static_cast<int>(mode);
+      // Its configuration re-encodes it in the same form, byte for byte.
+      ASSERT_EQ(encode_vec(x, config_of(h)).bytes, e.bytes) << "mode " << static_cast<int>(mode);
     }
   }
   // A non-finite selected element is named by its index in the tensor.

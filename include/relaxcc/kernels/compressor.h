@@ -186,7 +186,10 @@ size_t requantize_sum(std::span<const std::byte> payload_in, const TensorView& l
                       const TensorView& acc, std::span<std::byte> payload_out,
                       const ExecContext& ctx);
 
-// The configuration a payload was encoded with.
+// The configuration a payload was encoded with, as far as its header tells:
+// re-encoding with it gives a payload of the same form and size. A cocktail
+// payload whose indices travel does not carry its first-stage ratio: its
+// configuration keeps the count k with ratio 1.
 CompressorConfig config_of(const PayloadHeader& header);
 
 }  // namespace relaxcc::kernels
