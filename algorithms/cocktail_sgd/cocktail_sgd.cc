@@ -1,5 +1,7 @@
 #include "relaxcc/algorithms/cocktail_sgd.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <type_traits>
 
@@ -253,8 +255,14 @@ void CocktailSgd::drain(std::chrono::milliseconds timeout) {
 }
 
 void CocktailSgd::average_model(std::chrono::milliseconds timeout) {
+  // One budget for the drain and the average (negative: the default each).
+  const auto start = std::chrono::steady_clock::now();
   drain(timeout);
   if (pending_) apply_and_take_delta(*exchange_);
+  if (timeout.count() >= 0)
+    timeout = std::max(std::chrono::milliseconds(0),
+                       timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now() - start));
   average_parameters(ctx_, "cocktail_sgd: exact model average", timeout);
 }
 

@@ -1,5 +1,7 @@
 #include "relaxcc/algorithms/bucket_weights.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "relaxcc/errors.h"
@@ -96,7 +98,17 @@ void average_parameters(const AlgorithmContext& ctx, const std::string& label,
     o.label = label + " " + t.name;
     works.push_back(ctx.comm->allreduce(t.view, ctx.exec, o));
   }
-  for (auto& w : works) w->wait(timeout);
+  // One budget for them all (a negative timeout: each Work's default).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto& w : works) {
+    if (timeout.count() < 0) {
+      w->wait(timeout);
+      continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    w->wait(std::max(left, std::chrono::milliseconds(0)));
+  }
 }
 
 WeightRounds::WeightRounds(std::string who, int interval)

@@ -99,8 +99,8 @@ class CocktailSgd final : public Algorithm {
   // Needs no exchange in flight (drain first): InvalidArgument otherwise.
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
-  // Applies the exchange in flight (waiting for it with `timeout`), then
-  // replaces every parameter by its exact average over the ranks, for
+  // Applies the exchange in flight, then replaces every parameter by its
+  // exact average over the ranks (both within `timeout`), for
   // evaluation. Collective: every rank calls it between steps; training may
   // go on after it.
   void average_model(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
