@@ -501,7 +501,8 @@ CompressorConfig config_of(const PayloadHeader& h) {
     c.keep = 0;
   }
   if (h.kind == CompressorKind::cocktail) {
-    if (h.implicit_stride != 0 && h.k > 0) {
+    // (A stratified selection of k = 0 is only that of n = 0.)
+    if (h.implicit_stride != 0 && (h.k > 0 || h.random_mode == RandomKMode::rolling)) {
       // The whole random selection, as sent: the same stride, or (stratified)
       // a ratio whose count is exactly k, so a re-encode selects the same
       // elements and sends no index either.

@@ -357,28 +357,77 @@ TEST(Deadlines, AStartedBatchGetsTheLaterDeadline) {
     EXPECT_EQ(silent->missing_peers(), (std::vector<int>{1, 1}));  // per receive
     EXPECT_EQ(count_wrong(late, 1, 1, true), 0);
     EXPECT_EQ(count_wrong(late_rest, 1, 1, true), 0);
-    // Begun, but the rest never comes: abandoned at started_deadline.
-    Buffer head(DType::i32, 8), never(DType::i32, 8);
-    fill_untouched(never);
-    P2POptions capped = options;
-    capped.started_deadline = start + 700ms;
-    auto cut =
-        comm->point_to_point({P2POp::recv(1, head.view(), 11), P2POp::recv(1, never.view(), 12)},
-                             ExecContext::host(), capped);
-    cut->wait(30s);
-    EXPECT_GE(Clock::now() - start, 600ms) << "its first message came: the later deadline";
-    EXPECT_LT(Clock::now() - start, 15s);
-    EXPECT_TRUE(cut->partial());
-    EXPECT_EQ(cut->contributors(), (std::vector<int>{1}));
-    EXPECT_EQ(cut->missing_peers(), (std::vector<int>{1}));
-    EXPECT_EQ(count_wrong(head, 1, 1), 0);
-    EXPECT_EQ(count_wrong(never, 1, 1, true), 0);
     begun->wait(30s);
     EXPECT_GE(Clock::now() - start, 300ms) << "the rest was sent 400 ms after the first";
     EXPECT_FALSE(begun->partial());
     EXPECT_EQ(begun->contributors(), (std::vector<int>{1, 1}));
     EXPECT_EQ(count_wrong(first, 1, 1), 0);
     EXPECT_EQ(count_wrong(rest, 1, 1), 0);
+    // Begun (its first message was sent with `first`), but the rest never
+    // comes: abandoned at started_deadline.
+    Buffer head(DType::i32, 8), never(DType::i32, 8);
+    fill_untouched(never);
+    P2POptions capped = options;
+    const auto posted = Clock::now();
+    capped.deadline = posted + 300ms;
+    capped.started_deadline = posted + 1000ms;
+    auto cut =
+        comm->point_to_point({P2POp::recv(1, head.view(), 11), P2POp::recv(1, never.view(), 12)},
+                             ExecContext::host(), capped);
+    cut->wait(30s);
+    EXPECT_GE(Clock::now() - posted, 900ms) << "its first message came: the later deadline";
+    EXPECT_LT(Clock::now() - posted, 15s);
+    EXPECT_TRUE(cut->partial());
+    EXPECT_EQ(cut->contributors(), (std::vector<int>{1}));
+    EXPECT_EQ(cut->missing_peers(), (std::vector<int>{1}));
+    EXPECT_EQ(count_wrong(head, 1, 1), 0);
+    EXPECT_EQ(count_wrong(never, 1, 1, true), 0);
+  }
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(30s);
+}
+
+// A send batch whose deadline passes while its sends are held back behind a
+// higher-priority operation: a peer that has one of its messages gets the
+// rest (its receive batch would wait for them), the others get nothing.
+TEST(Deadlines, HeldBackSendsGoWhereTheBatchBegan) {
+  const int n = test::world_size();
+  if (n != 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = test::world();
+  const int me = comm->rank();
+  Buffer big(DType::i32, 1 << 20), small(DType::i32, 8), urgent_data(DType::f32, 4);
+  comm->barrier()->wait(30s);
+  AllreduceOptions urgent;
+  urgent.priority = 10;
+  P2POptions options;
+  options.round = 1;
+  if (me == 0) {
+    fill_round(big, me, 1);
+    fill_round(small, me, 1);
+    // Active until rank 1 joins it, 400 ms from now.
+    WorkPtr allreduce = comm->allreduce(urgent_data.view(), ExecContext::host(), urgent);
+    options.deadline = Clock::now() + 100ms;
+    // `big` goes by rendezvous and stays in flight until rank 1 takes it, so
+    // `small` is held back past the deadline.
+    WorkPtr sent =
+        comm->point_to_point({P2POp::send(1, big.view(), 20), P2POp::send(1, small.view(), 21)},
+                             ExecContext::host(), options);
+    sent->wait(30s);
+    allreduce->wait(30s);
+  } else {
+    fill_untouched(big);
+    fill_untouched(small);
+    std::this_thread::sleep_for(400ms);
+    WorkPtr allreduce = comm->allreduce(urgent_data.view(), ExecContext::host(), urgent);
+    options.deadline = Clock::now() + 5s;
+    WorkPtr received =
+        comm->point_to_point({P2POp::recv(0, big.view(), 20), P2POp::recv(0, small.view(), 21)},
+                             ExecContext::host(), options);
+    allreduce->wait(30s);
+    received->wait(30s);
+    EXPECT_FALSE(received->partial()) << "the rest of a begun batch was dropped";
+    EXPECT_EQ(count_wrong(big, 0, 1), 0);
+    EXPECT_EQ(count_wrong(small, 0, 1), 0);
   }
   EXPECT_FALSE(comm->poisoned());
   comm->barrier()->wait(30s);

@@ -255,15 +255,10 @@ void CocktailSgd::drain(std::chrono::milliseconds timeout) {
 }
 
 void CocktailSgd::average_model(std::chrono::milliseconds timeout) {
-  // One budget for the drain and the average (negative: the default each).
   const auto start = std::chrono::steady_clock::now();
   drain(timeout);
   if (pending_) apply_and_take_delta(*exchange_);
-  if (timeout.count() >= 0)
-    timeout = std::max(std::chrono::milliseconds(0),
-                       timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::steady_clock::now() - start));
-  average_parameters(ctx_, "cocktail_sgd: exact model average", timeout);
+  average_parameters(ctx_, "cocktail_sgd: exact model average", timeout_left(timeout, start));
 }
 
 StateDict CocktailSgd::state_dict() const {

@@ -98,17 +98,16 @@ void average_parameters(const AlgorithmContext& ctx, const std::string& label,
     o.label = label + " " + t.name;
     works.push_back(ctx.comm->allreduce(t.view, ctx.exec, o));
   }
-  // One budget for them all (a negative timeout: each Work's default).
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (auto& w : works) {
-    if (timeout.count() < 0) {
-      w->wait(timeout);
-      continue;
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    w->wait(std::max(left, std::chrono::milliseconds(0)));
-  }
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& w : works) w->wait(timeout_left(timeout, start));
+}
+
+std::chrono::milliseconds timeout_left(std::chrono::milliseconds timeout,
+                                       std::chrono::steady_clock::time_point start) {
+  if (timeout.count() < 0) return timeout;
+  const auto spent =
+      std::chrono::floor<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  return std::max(std::chrono::milliseconds(0), timeout - spent);
 }
 
 WeightRounds::WeightRounds(std::string who, int interval)

@@ -531,6 +531,19 @@ TEST(Cocktail, WholeRandomSelectionSendsNoIndex) {
       ASSERT_EQ(encode_vec(x, config_of(h)).bytes, e.bytes) << "mode " << static_cast<int>(mode);
     }
   }
+  {  // A rolling selection may be empty (its offset past n): still no index.
+    CompressorConfig c = make(CompressorKind::cocktail, 2, 2048);
+    c.ratio = 0.25;
+    c.topk_ratio = 1.0;
+    c.random_mode = RandomKMode::rolling;
+    c.step = 3;
+    const std::vector<float> y = {1.0f, 2.0f, 3.0f};
+    const Encoded e = encode_vec(y, c);
+    const PayloadHeader h = read_header(e.span());
+    ASSERT_EQ(h.k, 0);
+    ASSERT_EQ(h.implicit_stride, 4);
+    EXPECT_EQ(encode_vec(y, config_of(h)).bytes, e.bytes);
+  }
   // A non-finite selected element is named by its index in the tensor.
   auto z = x;
   z[4001] = NAN;  // stride 4 from step 5 mod 4 = 1

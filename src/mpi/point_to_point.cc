@@ -78,6 +78,7 @@ P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options,
       buffers_(ops_.size()),
       pending_(ops_.size(), 0),
       recv_state_(ops_.size(), RecvState::waiting),
+      dropped_(ops_.size(), false),
       streams_(ops_.size(), nullptr) {
   // At most kMaxRoundParts parts, or the receiver takes the header for corrupt.
   for (size_t i = 0; i < ops_.size(); ++i)
@@ -143,35 +144,55 @@ void P2PBatchOp::start(Transport& t) {
 }
 
 void P2PBatchOp::progress(Transport& t) {
-  if (aborted_ || deadline_passed_) return;
-  if (rounds() && deadline_ && !done() && Clock::now() >= *deadline_) {
-    // What came by the deadline counts: while a receive of this batch has
-    // begun, it waits until started_deadline.
-    if (started_deadline_) take_arrived(t);
+  if (aborted_) return;
+  if (rounds() && deadline_ && !deadline_passed_ && !done() && Clock::now() >= *deadline_) {
+    // What came by the deadline counts: while a receive that had begun by
+    // then is arriving or arrived, the batch waits until started_deadline.
+    if (started_deadline_ && begun_.empty()) {
+      take_arrived(t);
+      begun_.resize(ops_.size());
+      for (size_t i = 0; i < ops_.size(); ++i) begun_[i] = begun(i);
+    }
     if (aborted_ || done()) return;
-    if (!started_deadline_ || Clock::now() >= *started_deadline_ || !begun()) {
+    if (!started_deadline_ || Clock::now() >= *started_deadline_ || !still_begun()) {
       deadline_passed_ = true;
       abandon_receives(t);
-      next_data_send_ = ops_.size();  // sends not posted yet are dropped
-      return;
+      drop_unstarted_sends();
     }
   }
   post_data_sends(t);
-  if (rounds()) take_arrived(t);
+  if (rounds() && !deadline_passed_) take_arrived(t);
 }
 
-bool P2PBatchOp::begun() const {
-  for (size_t i = 0; i < ops_.size(); ++i) {
-    if (streams_[i] == nullptr) continue;
-    if (recv_state_[i] == RecvState::arrived) return true;
-    if (recv_state_[i] != RecvState::receiving) continue;
-    // A message in parts whose first part came: its header names its round.
-    // One still arriving whole names none yet: it counts until it is sorted
-    // (an older round's goes back to waiting, and no longer counts).
-    RoundHeader h;
-    if (parts_[i].left == 0 || round_of(parts_[i].message.data(), parts_[i].bytes, &h) == round_)
-      return true;
-  }
+void P2PBatchOp::drop_unstarted_sends() {
+  // A peer that has a message of this batch gets the rest of it: its batch
+  // has begun, and would wait for the rest until its started_deadline.
+  std::vector<int> started;
+  for (size_t i = 0; i < next_data_send_; ++i)
+    if (ops_[i].kind == P2POp::Kind::send) started.push_back(ops_[i].peer);
+  for (size_t i = next_data_send_; i < ops_.size(); ++i)
+    if (ops_[i].kind == P2POp::Kind::send &&
+        std::find(started.begin(), started.end(), ops_[i].peer) == started.end()) {
+      dropped_[i] = true;
+      buffers_[i] = {};
+    }
+}
+
+bool P2PBatchOp::begun(size_t i) const {
+  if (streams_[i] == nullptr) return false;
+  if (recv_state_[i] == RecvState::arrived) return true;
+  if (recv_state_[i] != RecvState::receiving) return false;
+  // A message in parts whose first part came: its header names its round.
+  // One still arriving whole names none yet: it counts until it is sorted.
+  RoundHeader h;
+  return parts_[i].left == 0 || round_of(parts_[i].message.data(), parts_[i].bytes, &h) == round_;
+}
+
+bool P2PBatchOp::still_begun() const {
+  // Not a message taken after the deadline (an older round's, once sorted,
+  // sends its receive back to waiting: begun_ forgets it).
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (begun_[i] && begun(i)) return true;
   return false;
 }
 
@@ -201,7 +222,7 @@ void P2PBatchOp::post_data_sends(Transport& t) {
   for (; next_data_send_ < ops_.size(); ++next_data_send_) {
     const size_t i = next_data_send_;
     const P2POp& op = ops_[i];
-    if (op.kind != P2POp::Kind::send) continue;
+    if (op.kind != P2POp::Kind::send || dropped_[i]) continue;
     if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
     // A message in parts goes whole, its parts back to back: parts of two
     // messages on one stream never interleave, a deadline never cuts one,
@@ -226,8 +247,10 @@ void P2PBatchOp::post_data_sends(Transport& t) {
 bool P2PBatchOp::done() const {
   if (!started_) return false;
   if (aborted_) return true;
-  const bool sent = data_sends_in_flight_ == 0 && next_data_send_ == ops_.size();
-  if (rounds()) return unsettled_ == 0 && (sent || deadline_passed_);
+  const bool posted = next_data_send_ == ops_.size();
+  const bool sent = data_sends_in_flight_ == 0 && posted;
+  // Past the deadline, sends still in flight stay with the engine.
+  if (rounds()) return unsettled_ == 0 && (sent || (deadline_passed_ && posted));
   return outstanding_ == 0 && sent;
 }
 
@@ -292,7 +315,10 @@ void P2PBatchOp::on_round_message(Transport& t, size_t i, size_t bytes) {
   if (round < round_ || !mine) {
     buffers_[i] = {};
     t.count_late();
-    if (mine) recv_state_[i] = RecvState::waiting;  // probe for the next one
+    if (mine) {
+      recv_state_[i] = RecvState::waiting;  // probe for the next one
+      if (!begun_.empty()) begun_[i] = false;
+    }
     return;
   }
   const auto dtype = static_cast<DType>(h.dtype);
@@ -435,7 +461,7 @@ std::string P2PBatchOp::waiting_for() const {
   const char* sep = "";
   for (size_t i = 0; i < ops_.size(); ++i) {
     const P2POp& op = ops_[i];
-    const bool unposted = op.kind == P2POp::Kind::send && i >= next_data_send_;
+    const bool unposted = op.kind == P2POp::Kind::send && i >= next_data_send_ && !dropped_[i];
     const bool unsettled = streams_[i] != nullptr && recv_state_[i] <= RecvState::receiving;
     if (pending_[i] == 0 && !unposted && !unsettled) continue;
     os << sep << (op.kind == P2POp::Kind::send ? "send to rank " : "receive from rank ") << op.peer

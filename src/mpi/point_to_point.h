@@ -120,8 +120,13 @@ class P2PBatchOp final : public Operation {
   void settle(size_t i, RecvState state);
   // Takes what arrived for the round receives at the heads of their streams.
   void take_arrived(Transport& t);
-  // Whether a round receive has begun to take a message of this round.
-  bool begun() const;
+  // Whether round receive `i` has begun to take a message of this round;
+  // whether one that had by the deadline still has (begun_).
+  bool begun(size_t i) const;
+  bool still_begun() const;
+  // At the deadline: drops the sends not posted yet, but those to a peer
+  // that already has a message of this batch.
+  void drop_unstarted_sends();
   // Abandons every unsettled round receive (the deadline passed, or the
   // batch stops): its stream's sweeper drops its late message.
   void abandon_receives(Transport& t);
@@ -147,6 +152,8 @@ class P2PBatchOp final : public Operation {
   std::vector<ScratchPool::Buffer> buffers_;
   std::vector<int> pending_;
   std::vector<RecvState> recv_state_;
+  std::vector<bool> dropped_;  // sends dropped at the deadline
+  std::vector<bool> begun_;    // receives begun by the deadline (sized then)
   std::vector<RoundStream*> streams_;
   int unsettled_ = 0;  // round receives
 };

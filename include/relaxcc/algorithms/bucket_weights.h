@@ -61,6 +61,10 @@ struct FlatParameters {
 // different models. Collective.
 void average_parameters(const AlgorithmContext& ctx, const std::string& label,
                         std::chrono::milliseconds timeout);
+// What is left of `timeout` since `start`, in whole milliseconds rounded up
+// (never below 0); a negative timeout (each wait's default) stays as it is.
+std::chrono::milliseconds timeout_left(std::chrono::milliseconds timeout,
+                                       std::chrono::steady_clock::time_point start);
 
 // The shape shared by the algorithms that mix weights bucket by bucket
 // (decentralized_sgd, low_precision_decentralized_sgd, moshpit_sgd): every

@@ -27,7 +27,10 @@
 //     the deadline passed, whichever is first, without error and without
 //     poisoning: Work::contributors() names the peers whose message arrived,
 //     Work::missing_peers() those whose receive was abandoned (their tensor
-//     untouched). A late message of an abandoned round is recognised by its
+//     untouched). Sends not posted by then (held back behind higher-priority
+//     operations) are dropped, but those to a peer that already has a
+//     message of the batch: a peer never gets part of a batch, and the Work
+//     completes once they are posted. A late message of an abandoned round is recognised by its
 //     round and dropped: by the next round receive on its (peer, tag), or,
 //     while there is none, by the engine's sweeper, which looks for it every
 //     millisecond for RELAXCC_TIMEOUT_MS after the deadline. So a sender
