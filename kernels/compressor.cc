@@ -118,14 +118,9 @@ void for_random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride, 
     for (int64_t j = 0; j < k; ++j) fn(j, offset + j * stride);
     return;
   }
-  for (int64_t b = 0; b < k; ++b) {
-    // b * n < 2^64 (n < 2^32 indices), not 2^63.
-    const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k),
-               ub = static_cast<uint64_t>(b);
-    const uint64_t lo = ub * un / uk, hi = (ub + 1) * un / uk;
-    const uint32_t r = philox4x32(seed, step, ub).v[0];
-    fn(b, static_cast<int64_t>(lo + r % (hi - lo)));
-  }
+  for (int64_t b = 0; b < k; ++b)
+    fn(b, static_cast<int64_t>(stratified_index(static_cast<uint64_t>(n), static_cast<uint64_t>(k),
+                                                static_cast<uint64_t>(b), seed, step)));
 }
 
 std::vector<uint32_t> random_indices(int64_t n, int64_t k, RandomKMode mode, int64_t stride,

@@ -200,15 +200,12 @@ __global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t 
 
 // ---- sparse -----------------------------------------------------------------
 
-// randomk (stratified): one index per block b of [b*n/k, (b+1)*n/k).
-__device__ uint32_t stratified_index(int64_t n, int64_t k, int64_t b, uint64_t seed,
-                                     uint64_t step) {
-  // b * n < 2^64 (n < 2^32 indices), not 2^63.
-  const auto un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k),
-             ub = static_cast<uint64_t>(b);
-  const uint64_t lo = ub * un / uk, hi = (ub + 1) * un / uk;
-  const uint32_t r = philox4x32(seed, step, ub).v[0];
-  return static_cast<uint32_t>(lo + r % (hi - lo));
+// The selection's index j (philox.h: the same on the host).
+__device__ int64_t random_index(int64_t n, int64_t k, int64_t j, int rolling, int64_t stride,
+                                uint64_t seed, uint64_t step) {
+  if (rolling) return static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride;
+  return static_cast<int64_t>(stratified_index(static_cast<uint64_t>(n), static_cast<uint64_t>(k),
+                                               static_cast<uint64_t>(j), seed, step));
 }
 
 __global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int rolling,
@@ -216,9 +213,7 @@ __global__ void random_gather_kernel(const float* x, int64_t n, int64_t k, int r
                                      unsigned long long* flag) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= k) return;
-  const int64_t i = rolling
-                        ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
-                        : stratified_index(n, k, j, seed, step);
+  const int64_t i = random_index(n, k, j, rolling, stride, seed, step);
   const float v = x[i];
   if (!finite(v)) raise_flag(flag, kNonFiniteInput << 40 | static_cast<unsigned long long>(i));
   vals[j] = v;
@@ -240,12 +235,8 @@ __global__ void scatter_kernel(const uint32_t* idx, const float* vals, int64_t k
                                float* out, int accumulate) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= k) return;
-  int64_t i;
-  if (idx != nullptr)
-    i = idx[j];
-  else
-    i = rolling ? static_cast<int64_t>(step % static_cast<uint64_t>(stride)) + j * stride
-                : stratified_index(n, k, j, seed, step);
+  const int64_t i = idx != nullptr ? static_cast<int64_t>(idx[j])
+                                   : random_index(n, k, j, rolling, stride, seed, step);
   out[i] = accumulate ? __fadd_rn(out[i], vals[j]) : vals[j];
 }
 

@@ -133,7 +133,7 @@ struct CompressorConfig {
 };
 
 inline constexpr uint32_t kPayloadMagic = 0x50435852;  // "RXCP"
-inline constexpr uint16_t kPayloadVersion = 2;  // 2: cocktail's implicit_stride
+inline constexpr uint16_t kPayloadVersion = 2;         // 2: cocktail's implicit_stride
 
 struct PayloadHeader {
   uint32_t magic = kPayloadMagic;

@@ -63,4 +63,14 @@ RELAXCC_HD constexpr float rounding_uniform(uint64_t seed, uint64_t offset, uint
   return rounding_uniform_of(philox4x32(seed, 0, rounding_counter(offset, index)), index);
 }
 
+// Stratified random-k (randomk and cocktail's first stage) of k of n
+// elements (1 <= k <= n < 2^32): the index drawn in block b of
+// [b n / k, (b + 1) n / k), from word 0 of philox4x32(seed, step, b). The
+// products stay below 2^64.
+RELAXCC_HD constexpr uint64_t stratified_index(uint64_t n, uint64_t k, uint64_t b, uint64_t seed,
+                                               uint64_t step) {
+  const uint64_t lo = b * n / k, hi = (b + 1) * n / k;
+  return lo + philox4x32(seed, step, b).v[0] % (hi - lo);
+}
+
 }  // namespace relaxcc::kernels
