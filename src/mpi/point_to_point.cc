@@ -165,8 +165,9 @@ void P2PBatchOp::progress(Transport& t) {
 }
 
 void P2PBatchOp::drop_unstarted_sends() {
-  // A peer that has a message of this batch gets the rest of it: its batch
-  // has begun, and would wait for the rest until its started_deadline.
+  // A peer that has a message of this batch gets the rest of it, posted at
+  // once: its batch has begun, and would wait for the rest until its
+  // started_deadline (or drops it as late, if it gave up).
   std::vector<int> started;
   for (size_t i = 0; i < next_data_send_; ++i)
     if (ops_[i].kind == P2POp::Kind::send) started.push_back(ops_[i].peer);
@@ -223,7 +224,8 @@ void P2PBatchOp::post_data_sends(Transport& t) {
     const size_t i = next_data_send_;
     const P2POp& op = ops_[i];
     if (op.kind != P2POp::Kind::send || dropped_[i]) continue;
-    if (data_sends_in_flight_ > 0 && t.throttled(*this)) return;
+    // Past the deadline the sends kept go at once: the Work completes then.
+    if (data_sends_in_flight_ > 0 && !deadline_passed_ && t.throttled(*this)) return;
     // A message in parts goes whole, its parts back to back: parts of two
     // messages on one stream never interleave, a deadline never cuts one,
     // and its buffer is released only once every part completed.
@@ -466,7 +468,7 @@ std::string P2PBatchOp::waiting_for() const {
     if (pending_[i] == 0 && !unposted && !unsettled) continue;
     os << sep << (op.kind == P2POp::Kind::send ? "send to rank " : "receive from rank ") << op.peer
        << " (tag " << op.tag << (rounds() ? detail::concat(", round ", round_) : std::string())
-       << ")";
+       << (unposted ? ", held back: not posted yet" : "") << ")";
     sep = ", ";
   }
   return os.str();

@@ -28,18 +28,19 @@
 //     poisoning: Work::contributors() names the peers whose message arrived,
 //     Work::missing_peers() those whose receive was abandoned (their tensor
 //     untouched). Sends not posted by then (held back behind higher-priority
-//     operations) are dropped, but those to a peer that already has a
-//     message of the batch: a peer never gets part of a batch, and the Work
-//     completes once they are posted. A late message of an abandoned round is recognised by its
-//     round and dropped: by the next round receive on its (peer, tag), or,
-//     while there is none, by the engine's sweeper, which looks for it every
-//     millisecond for RELAXCC_TIMEOUT_MS after the deadline. So a sender
-//     whose peer gave up has its send completed (and its copy freed) once
-//     the message reaches the peer, within that bound of the deadline,
-//     while the peer lives; sends still in flight at the deadline stay with
-//     the engine until then, not with the Work. Errors other than lateness
-//     (PeerMismatch for a different dtype or count, CorruptPayload, a
-//     transport error) still fail the Work.
+//     operations) are dropped, but those to a peer that was already sent a
+//     message of the batch, which are posted at once (its batch has begun
+//     and waits for the rest; if it gave up, it drops them as late). A late
+//     message of an abandoned round is recognised by its round and dropped:
+//     by the next round receive on its (peer, tag), or, while there is none,
+//     by the engine's sweeper, which looks for it every millisecond for
+//     RELAXCC_TIMEOUT_MS after the deadline. So a sender whose peer gave up
+//     has its send completed (and its copy freed) once the message reaches
+//     the peer, within that bound of the deadline, while the peer lives;
+//     sends still in flight at the deadline stay with the engine until then,
+//     not with the Work. Errors other than lateness (PeerMismatch for a
+//     different dtype or count, CorruptPayload, a transport error) still
+//     fail the Work.
 #pragma once
 
 #include <chrono>
