@@ -125,7 +125,7 @@ class P2PBatchOp final : public Operation {
   bool begun(size_t i) const;
   bool still_begun() const;
   // At the deadline: drops the sends not posted yet, but those to a peer
-  // that already has a message of this batch.
+  // that was already sent a message of this batch.
   void drop_unstarted_sends();
   // Abandons every unsettled round receive (the deadline passed, or the
   // batch stops): its stream's sweeper drops its late message.

@@ -78,10 +78,10 @@ struct P2POptions : OpOptions {
   // When set (only with a deadline, and not before it): a batch one of
   // whose receives has begun to take a message of this round by `deadline`
   // (a message, or the first part of one, is coming or came) is given until
-  // this later time instead. With
-  // one batch per peer, `deadline` says by when a peer must have started
-  // sending and this how long its transfer may take (the relaxed rounds'
-  // adaptive deadline: peer_mixing).
+  // this later time instead, while that receive still takes it. With one
+  // batch per peer, `deadline` says by when a peer must have started sending
+  // and this how long its transfer may take (the relaxed rounds' adaptive
+  // deadline: peer_mixing).
   std::optional<std::chrono::steady_clock::time_point> started_deadline;
 };
 
