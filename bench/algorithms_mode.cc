@@ -74,6 +74,7 @@ struct AlgorithmsArgs {
   int iters = 8, warmup = 2;
   int straggler_rank = -1;  // < 0: no straggler runs
   double straggler_factor = 3;
+  std::string gradients = "normal";  // the emulated gradients' distribution
   std::string json;
 };
 
@@ -84,7 +85,8 @@ struct Model {
   std::vector<TensorSpec> specs;
   int64_t total = 0;
 
-  Model(const std::string& name, double scale, int rank) : layers(model_layers(name)) {
+  Model(const std::string& name, double scale, int rank, bool normal)
+      : layers(model_layers(name)) {
     for (Layer& l : layers)
       l.numel = std::max<int64_t>(1, std::llround(static_cast<double>(l.numel) * scale));
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -99,20 +101,32 @@ struct Model {
       specs.push_back({layers[i].name, TensorView::host(params[i].data(), layers[i].numel),
                        TensorRole::parameter});
     }
-    fill_gradients(rank);
+    fill_gradients(rank, normal);
   }
   // Gradients of varied magnitude (a top-k has something to choose), a
-  // different pattern per rank. Written once: the steps reuse them as the
-  // algorithms leave them (regenerating 25.6M values costs about 0.3 s of
-  // CPU per step here, which the timed steps must not carry).
-  void fill_gradients(int rank) {
+  // different pattern per rank: normal with standard deviation 1e-3 (trained
+  // networks' gradients are bell-shaped), or uniform on [-1e-3, 1e-3] (the
+  // worst case for packed payloads: the most even codes). Written once: the
+  // steps reuse them as the algorithms leave them (regenerating 25.6M values
+  // costs about 0.3 s of CPU per step here, which the timed steps must not
+  // carry).
+  void fill_gradients(int rank, bool normal) {
     uint64_t h = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(rank * 1009 + 1);
+    const auto next = [&h] {
+      h ^= h << 13;
+      h ^= h >> 7;
+      h ^= h << 17;
+      return h;
+    };
+    // A uniform in (0, 1) from the top 53 bits.
+    const auto unit = [&next] { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; };
     for (auto& g : grads)
       for (float& v : g) {
-        h ^= h << 13;
-        h ^= h >> 7;
-        h ^= h << 17;
-        v = static_cast<float>(static_cast<int64_t>(h % 2001) - 1000) * 1e-6f;
+        if (normal)  // Box-Muller, one of the pair
+          v = static_cast<float>(1e-3 * std::sqrt(-2.0 * std::log(unit())) *
+                                 std::cos(6.283185307179586 * unit()));
+        else
+          v = static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) * 1e-6f;
       }
   }
 };
@@ -188,6 +202,17 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
     o.bits = 2;
     o.chunk = 2048;
     *setting = "sparse: p 0.2, top-k 1, 2b/2048";
+    return std::make_shared<algorithms::CocktailSgd>(o);
+  }
+  // The same, every payload packed with zstd (the same trajectory).
+  if (name == "cocktail_sgd" && *setting == "sparse-packed") {
+    algorithms::CocktailSgdOptions o;
+    o.random_ratio = 0.2;
+    o.topk_ratio = 1.0;
+    o.bits = 2;
+    o.chunk = 2048;
+    o.pack_payloads = true;
+    *setting = "sparse, packed: p 0.2, top-k 1, 2b/2048, zstd";
     return std::make_shared<algorithms::CocktailSgd>(o);
   }
   if (name == "local_sgd" && defaults) return std::make_shared<algorithms::LocalSgd>();
@@ -284,7 +309,7 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
   }
   RELAXCC_THROW(InvalidArgument, "algorithms: unknown algorithm '", spec,
                 "' (gradient_allreduce, bytegrad, qadam, cocktail_sgd, "
-                "cocktail_sgd:paper|sparse, local_sgd, "
+                "cocktail_sgd:paper|sparse|sparse-packed, local_sgd, "
                 "decentralized_sgd[:<mode>[-adaptive[-k<tenths>]|-deadline<ms>]], "
                 "low_precision_decentralized_sgd, moshpit_sgd[:no-deadline|:k<tenths>], "
                 "async_model_average, "
@@ -382,6 +407,7 @@ Row common_row(const Pass& p, const AlgorithmsArgs& args, const Model& model, in
       .set("model", args.model)
       .set("model_scale", args.model_scale)
       .set("params", model.total)
+      .set("gradients", args.gradients)
       .set("ranks", ranks)
       .set("bytes_per_step", p.bytes)
       .set("peak_bytes_per_step", p.peak_bytes)
@@ -406,7 +432,9 @@ void run_algorithms(const AlgorithmsArgs& args) {
   CommunicatorPtr comm = create_mpi_communicator(mo);
   RELAXCC_ENFORCE(args.model_scale > 0 && args.model_scale <= 1, InvalidArgument,
                   "algorithms: --model-scale must be in (0, 1], got ", args.model_scale);
-  Model model(args.model, args.model_scale, world.rank);
+  RELAXCC_ENFORCE(args.gradients == "normal" || args.gradients == "uniform", InvalidArgument,
+                  "algorithms: --gradients must be normal or uniform, got '", args.gradients, "'");
+  Model model(args.model, args.model_scale, world.rank, args.gradients == "normal");
   report.print(detail::concat(
       "# relaxcc-bench algorithms: ", world.size, " ranks, ", args.model,
       args.model_scale != 1 ? detail::concat(" scaled by ", args.model_scale) : std::string(), " (",
@@ -509,6 +537,10 @@ void add_algorithms_mode(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--straggler-factor", args->straggler_factor,
                   "The straggler's compute time over the others'")
+      ->capture_default_str();
+  sub->add_option("--gradients", args->gradients,
+                  "The emulated gradients' distribution: normal or uniform (what packed payloads "
+                  "save depends on it)")
       ->capture_default_str();
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
   sub->callback([args] { run_algorithms(*args); });

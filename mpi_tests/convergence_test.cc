@@ -214,6 +214,29 @@ void expect_resumes_bit_for_bit(const Trial& t, int64_t save_at, int64_t steps) 
   EXPECT_GT(norm, 1.0) << t.name;
 }
 
+// Packing is lossless: cocktail_sgd with packed payloads follows the
+// trajectory of the same setting without, bit for bit, on every rank.
+TEST(Convergence, PackedCocktailFollowsTheSameTrajectory) {
+  CocktailSgdOptions packed = sparse_cocktail();
+  packed.pack_payloads = true;
+  const Trial plain_trial = sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit)", [] {
+    return std::make_shared<CocktailSgd>(sparse_cocktail());
+  });
+  const Trial packed_trial = sgd_trial("cocktail_sgd (packed payloads)",
+                                       [packed] { return std::make_shared<CocktailSgd>(packed); });
+  const auto train = [](const Trial& trial) {
+    Training t(problem(), trial, trial.algorithm());
+    while (t.steps() < 300) t.step();
+    EXPECT_EQ(dynamic_cast<CocktailSgd&>(t.module()).exchanges(), 300) << trial.name;
+    t.reducer().algorithm().shutdown(std::chrono::seconds(60));
+    return t.x();
+  };
+  const std::vector<float> plain = train(plain_trial), with_packing = train(packed_trial);
+  ASSERT_EQ(plain.size(), with_packing.size());
+  EXPECT_EQ(std::memcmp(plain.data(), with_packing.data(), plain.size() * sizeof(float)), 0)
+      << "rank " << world()->rank() << ": packed payloads changed the model";
+}
+
 // Every algorithm with every piece of state in use at the checkpoint: error
 // feedback on, warmup over, an exchange unapplied, a period half done.
 TEST(Checkpoint, ResumesBitForBit) {
@@ -242,6 +265,12 @@ TEST(Checkpoint, ResumesBitForBit) {
       sgd_trial("cocktail_sgd", [cocktail] { return std::make_shared<CocktailSgd>(cocktail); }),
       sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit)",
                 [] { return std::make_shared<CocktailSgd>(sparse_cocktail()); }),
+      sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit, packed payloads)",
+                [] {
+                  CocktailSgdOptions o = sparse_cocktail();
+                  o.pack_payloads = true;
+                  return std::make_shared<CocktailSgd>(o);
+                }),
       sgd_trial("local_sgd",
                 [] {
                   return std::make_shared<LocalSgd>(LocalSgdOptions{4, 3});

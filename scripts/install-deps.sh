@@ -9,6 +9,8 @@ packages=(
   build-essential cmake ninja-build git pkg-config
   # distributed engine and topology
   openmpi-bin libopenmpi-dev libhwloc-dev hwloc
+  # lossless packing of compressed payloads
+  libzstd-dev
   # command line, tests
   libcli11-dev googletest libgtest-dev
   # fuzzing the kernel decoders (clang + libFuzzer runtime), the format check

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the decoder fuzzers (CMake preset "fuzz": clang-14, libFuzzer,
 # AddressSanitizer, UBSan) and runs each one from its committed seed corpus
-# for a bounded time: RELAXCC_FUZZ_SECONDS each (default 30; 8 targets stay
+# for a bounded time: RELAXCC_FUZZ_SECONDS each (default 30; 9 targets stay
 # under 5 minutes). Fails on any crash, leak or sanitizer report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ cmake --build --preset fuzz
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
-for kind in f16 bf16 minmax sign topk randomk cocktail chunk_topk; do
+for kind in f16 bf16 minmax sign topk randomk cocktail chunk_topk packed; do
   mkdir -p "$work/$kind"
   echo "=== fuzz_decode_${kind}: ${seconds} s"
   # New inputs go to the scratch directory; the committed corpus is read only.

@@ -7,22 +7,11 @@
 
 #include "relaxcc/algorithms/bucket_weights.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/kernels/error_feedback.h"
+#include "relaxcc/kernels/payload_packing.h"
 
 namespace relaxcc::algorithms {
-
-// The buffers of one exchange, shared with its stages (which run on the
-// communicator's threads) so they outlive the algorithm if need be.
-struct CocktailSgd::Exchange {
-  std::vector<float> delta;                // d_r, flat
-  std::vector<float> own;                  // C(d_r), flat
-  std::vector<float> average;              // a, flat
-  std::vector<float> server;               // the server residual after this exchange
-  std::vector<float> scratch, work;        // the owned shard; the owner's codec scratch
-  std::vector<std::byte> sent, received;   // alltoallv blocks
-  std::vector<std::byte> owned, gathered;  // the owner's payload, every owner's payload
-  std::vector<int64_t> bytes;              // payload bytes of each shard
-};
 
 namespace {
 
@@ -36,6 +25,98 @@ std::span<std::byte> part(std::vector<std::byte>& v, int64_t offset, int64_t byt
 }
 
 }  // namespace
+
+// The buffers and stages of one exchange, shared with its stages (which run
+// on the communicator's threads) so they outlive the algorithm if need be.
+struct CocktailSgd::Exchange {
+  kernels::CompressorConfig cfg;
+  ExecContext worker_ctx, owner_ctx;  // the worker's and the owner's random streams
+  std::vector<int64_t> begin, count;  // the shards
+  int rank = 0;
+  std::string label;                       // "cocktail_sgd step <t>"
+  std::vector<float> delta;                // d_r, flat
+  std::vector<float> own;                  // C(d_r), flat
+  std::vector<float> average;              // a, flat
+  std::vector<float> server;               // the server residual after this exchange
+  std::vector<float> scratch, work;        // the owned shard; the owner's codec scratch
+  std::vector<std::byte> sent, received;   // alltoallv blocks
+  std::vector<std::byte> owned, gathered;  // the owner's payload, every owner's payload
+  std::vector<int64_t> bytes;              // payload bytes of each shard
+  // With pack_payloads: the packed blocks and their sizes.
+  std::vector<std::byte> packed_sent, packed_received, packed_owned, packed_gathered;
+  std::vector<int64_t> packed_sizes_out, packed_sizes_in, packed_gathered_sizes;
+  int64_t packed_owned_size = 0;
+
+  int ranks() const { return static_cast<int>(bytes.size()); }
+  int64_t offset(int j) const {
+    int64_t at = 0;
+    for (int i = 0; i < j; ++i) at += bytes[i];
+    return at;
+  }
+
+  // 1. Encodes every shard of the delta into `sent`, and decodes them into
+  // `own`.
+  void encode_shards() {
+    int64_t at = 0;
+    for (int j = 0; j < ranks(); at += bytes[j], ++j) {
+      const auto shard = TensorView::host(delta.data() + begin[j], count[j]);
+      kernels::encode(shard, part(sent, at, bytes[j]), cfg, worker_ctx);
+      kernels::decode(part(sent, at, bytes[j]), TensorView::host(own.data() + begin[j], count[j]),
+                      worker_ctx);
+    }
+  }
+  // 3. The owner averages the payloads of its shard in `received` and
+  // re-encodes the average with its residual into `owned`.
+  void reduce_owned() {
+    const int64_t mine = bytes[rank];
+    const auto acc = TensorView::host(scratch.data(), count[rank]);
+    std::fill(scratch.begin(), scratch.end(), 0.0f);
+    for (int i = 0; i < ranks(); ++i)
+      kernels::decode_accumulate(part(received, i * mine, mine), acc, owner_ctx);
+    const float inv = 1.0f / static_cast<float>(ranks());
+    for (float& v : scratch) v *= inv;
+    work.resize(scratch.size());
+    kernels::compress_with_feedback(acc, server, work, std::span<std::byte>(owned), cfg, owner_ctx);
+  }
+  // 5. Decodes every owner's payload in `gathered` into the average.
+  void decode_gathered() {
+    for (int j = 0; j < ranks(); ++j)
+      kernels::decode(part(gathered, offset(j), bytes[j]),
+                      TensorView::host(average.data() + begin[j], count[j]), worker_ctx);
+  }
+
+  // Packing (pack_payloads): `sent` shard by shard into `packed_sent`.
+  void pack_shards() {
+    size_t bound = 0;
+    for (int j = 0; j < ranks(); ++j) bound += kernels::packed_bound(static_cast<size_t>(bytes[j]));
+    packed_sent.resize(bound);
+    int64_t out = 0;
+    for (int j = 0; j < ranks(); ++j) {
+      const size_t got = kernels::pack_payload(
+          part(sent, offset(j), bytes[j]),
+          std::span<std::byte>(packed_sent).subspan(static_cast<size_t>(out)));
+      packed_sizes_out[j] = static_cast<int64_t>(got);
+      out += packed_sizes_out[j];
+    }
+  }
+  void unpack_received() {
+    const int64_t mine = bytes[rank];
+    int64_t in = 0;
+    for (int i = 0; i < ranks(); in += packed_sizes_in[i], ++i)
+      kernels::unpack_payload(part(packed_received, in, packed_sizes_in[i]),
+                              part(received, i * mine, mine));
+  }
+  void pack_owned() {
+    packed_owned.resize(kernels::packed_bound(owned.size()));
+    packed_owned_size = static_cast<int64_t>(kernels::pack_payload(owned, packed_owned));
+  }
+  void unpack_gathered() {
+    int64_t in = 0;
+    for (int j = 0; j < ranks(); in += packed_gathered_sizes[j], ++j)
+      kernels::unpack_payload(part(packed_gathered, in, packed_gathered_sizes[j]),
+                              part(gathered, offset(j), bytes[j]));
+  }
+};
 
 CocktailSgd::CocktailSgd(CocktailSgdOptions options) : options_(options) {
   const CocktailSgdOptions& o = options_;
@@ -85,6 +166,13 @@ void CocktailSgd::init(const AlgorithmContext& ctx) {
   for (int j = 0; j < n; ++j) {
     shard_count_[j] = numel_ / n + (j < numel_ % n ? 1 : 0);
     if (j > 0) shard_begin_[j] = shard_begin_[j - 1] + shard_count_[j - 1];
+  }
+  if (options_.pack_payloads) {
+    std::vector<int> everyone(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) everyone[j] = j;
+    GroupOptions g;
+    g.key = Fnv1a().bytes("cocktail_sgd packed exchange").value() >> 1;  // top bit clear
+    packed_group_ = ctx.comm->group(everyone, g);
   }
   if (server_.empty()) server_.assign(static_cast<size_t>(shard_count_[ctx.comm->rank()]), 0.0f);
   RELAXCC_ENFORCE_EQ(static_cast<int64_t>(server_.size()), shard_count_[ctx.comm->rank()],
@@ -166,11 +254,11 @@ void CocktailSgd::start_exchange(int64_t step) {
   // Written whole by the decodes (zeros where nothing was kept).
   e->own.resize(static_cast<size_t>(numel_));
   e->average.resize(static_cast<size_t>(numel_));
-  const kernels::CompressorConfig cfg = codec(step);
+  e->cfg = codec(step);
   e->bytes.assign(static_cast<size_t>(n), 0);
   int64_t total = 0;
   for (int j = 0; j < n; ++j) {
-    e->bytes[j] = static_cast<int64_t>(kernels::encoded_size(shard_count_[j], cfg));
+    e->bytes[j] = static_cast<int64_t>(kernels::encoded_size(shard_count_[j], e->cfg));
     total += e->bytes[j];
   }
   const int64_t mine = e->bytes[r];
@@ -180,71 +268,149 @@ void CocktailSgd::start_exchange(int64_t step) {
   e->gathered.resize(static_cast<size_t>(total));
   e->server = server_;
   e->scratch.resize(static_cast<size_t>(shard_count_[r]));
-
-  ExecContext worker_ctx = ctx_.exec, owner_ctx = ctx_.exec;
-  worker_ctx.rng = {options_.seed + 1 + static_cast<uint64_t>(r),
-                    static_cast<uint64_t>(step) * static_cast<uint64_t>(numel_)};
-  owner_ctx.rng = {options_.seed, worker_ctx.rng.offset};
-  const std::vector<int64_t> begin = shard_begin_, count = shard_count_;
-  const std::string label = "cocktail_sgd step " + std::to_string(step);
+  e->worker_ctx = e->owner_ctx = ctx_.exec;
+  e->worker_ctx.rng = {options_.seed + 1 + static_cast<uint64_t>(r),
+                       static_cast<uint64_t>(step) * static_cast<uint64_t>(numel_)};
+  e->owner_ctx.rng = {options_.seed, e->worker_ctx.rng.offset};
+  e->begin = shard_begin_;
+  e->count = shard_count_;
+  e->rank = r;
+  e->label = "cocktail_sgd step " + std::to_string(step);
+  ++exchanges_;
+  if (options_.pack_payloads) {
+    in_flight_ = start_packed_exchange(e);
+    return;
+  }
 
   // 1. Encode every shard of the delta, and decode what was sent.
   OpOptions o;
-  o.label = label + " encode";
-  WorkPtr encoded = comm.compute(
-      [e, cfg, worker_ctx, begin, count, n] {
-        int64_t at = 0;
-        for (int j = 0; j < n; ++j) {
-          const auto shard = TensorView::host(e->delta.data() + begin[j], count[j]);
-          kernels::encode(shard, part(e->sent, at, e->bytes[j]), cfg, worker_ctx);
-          kernels::decode(part(e->sent, at, e->bytes[j]),
-                          TensorView::host(e->own.data() + begin[j], count[j]), worker_ctx);
-          at += e->bytes[j];
-        }
-      },
-      o);
+  o.label = e->label + " encode";
+  WorkPtr encoded = comm.compute([e] { e->encode_shards(); }, o);
   // 2. Each shard's payload to its owner.
   AlltoallOptions a2a;
-  a2a.label = label + " to owners";
+  a2a.label = e->label + " to owners";
   a2a.after = encoded;
   WorkPtr exchanged =
       comm.alltoallv(bytes_view(e->sent, e), e->bytes, bytes_view(e->received, e),
                      std::vector<int64_t>(static_cast<size_t>(n), mine), ctx_.exec, a2a);
   // 3. The owner averages its shard and re-encodes it with its residual.
-  o.label = label + " owner";
+  o.label = e->label + " owner";
   o.after = exchanged;
-  WorkPtr reduced = comm.compute(
-      [e, cfg, owner_ctx, mine, n, r, count] {
-        const auto acc = TensorView::host(e->scratch.data(), count[r]);
-        std::fill(e->scratch.begin(), e->scratch.end(), 0.0f);
-        for (int i = 0; i < n; ++i)
-          kernels::decode_accumulate(part(e->received, i * mine, mine), acc, owner_ctx);
-        const float inv = 1.0f / static_cast<float>(n);
-        for (float& v : e->scratch) v *= inv;
-        e->work.resize(e->scratch.size());
-        kernels::compress_with_feedback(acc, e->server, e->work, std::span<std::byte>(e->owned),
-                                        cfg, owner_ctx);
-      },
-      o);
+  WorkPtr reduced = comm.compute([e] { e->reduce_owned(); }, o);
   // 4. Every owner's payload to every rank, decoded into the average.
   AllgatherOptions ag;
-  ag.label = label + " from owners";
+  ag.label = e->label + " from owners";
   ag.after = reduced;
   WorkPtr gathered =
       comm.allgatherv(bytes_view(e->owned, e), bytes_view(e->gathered, e), e->bytes, ctx_.exec, ag);
-  o.label = label + " decode";
+  o.label = e->label + " decode";
   o.after = gathered;
-  in_flight_ = comm.compute(
-      [e, worker_ctx, begin, count, n] {
-        int64_t at = 0;
-        for (int j = 0; j < n; ++j) {
-          kernels::decode(part(e->gathered, at, e->bytes[j]),
-                          TensorView::host(e->average.data() + begin[j], count[j]), worker_ctx);
-          at += e->bytes[j];
-        }
+  in_flight_ = comm.compute([e] { e->decode_gathered(); }, o);
+}
+
+WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
+  // The same stages, each payload packed before it travels. Packed sizes
+  // are known only once packed, so each transfer follows an exchange of
+  // sizes and is submitted from that exchange's completion callback. The
+  // stages run on a group of their own (every rank, in order), whose
+  // operations only this chain submits: every rank submits them in the same
+  // order whatever else runs on the communicator meanwhile.
+  const CommunicatorPtr comm = packed_group_;
+  const int n = comm->size();
+  const ExecContext exec = ctx_.exec;
+  auto done = std::make_shared<Work>(e->label + " (packed payloads)");
+  const auto fail = [done](const Work& w) {
+    if (!w.exception()) return false;
+    done->complete(w.exception());
+    return true;
+  };
+  e->packed_sizes_out.assign(static_cast<size_t>(n), 0);
+  e->packed_sizes_in.assign(static_cast<size_t>(n), 0);
+  const auto i64_view = [&e](std::vector<int64_t>& v) {
+    return TensorView(v.data(), static_cast<int64_t>(v.size()), DType::i64, Device::host(), e);
+  };
+
+  // 1. Encode and pack every shard; 2. their sizes to the owners.
+  OpOptions o;
+  o.label = e->label + " encode";
+  WorkPtr encoded = comm->compute(
+      [e] {
+        e->encode_shards();
+        e->pack_shards();
       },
       o);
-  ++exchanges_;
+  AlltoallOptions sizes;
+  sizes.label = e->label + " sizes to owners";
+  sizes.after = encoded;
+  WorkPtr sized =
+      comm->alltoall(i64_view(e->packed_sizes_out), i64_view(e->packed_sizes_in), exec, sizes);
+  sized->then([e, comm, exec, done, fail, n](const Work& sizes_in) {
+    if (fail(sizes_in)) return;
+    try {
+      // 3. The packed shards to their owners; the owner unpacks, averages,
+      // re-encodes and packs; 4. the owners' packed sizes to every rank.
+      int64_t in = 0, out = 0;
+      for (int j = 0; j < n; ++j) {
+        in += e->packed_sizes_in[j];
+        out += e->packed_sizes_out[j];
+      }
+      e->packed_received.resize(static_cast<size_t>(in));
+      AlltoallOptions a2a;
+      a2a.label = e->label + " to owners";
+      WorkPtr exchanged = comm->alltoallv(
+          TensorView(e->packed_sent.data(), out, DType::u8, Device::host(), e), e->packed_sizes_out,
+          bytes_view(e->packed_received, e), e->packed_sizes_in, exec, a2a);
+      OpOptions owner;
+      owner.label = e->label + " owner";
+      owner.after = exchanged;
+      WorkPtr reduced = comm->compute(
+          [e] {
+            e->unpack_received();
+            e->reduce_owned();
+            e->pack_owned();
+          },
+          owner);
+      AllgatherOptions gather_sizes;
+      gather_sizes.label = e->label + " sizes from owners";
+      gather_sizes.after = reduced;
+      e->packed_gathered_sizes.assign(static_cast<size_t>(n), 0);
+      WorkPtr owner_sizes = comm->allgather(
+          TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
+          TensorView(e->packed_gathered_sizes.data(), n, DType::i64, Device::host(), e), exec,
+          gather_sizes);
+      owner_sizes->then([e, comm, exec, done, fail](const Work& sizes_gathered) {
+        if (fail(sizes_gathered)) return;
+        try {
+          // 5. Every owner's packed payload to every rank, unpacked and
+          // decoded into the average.
+          int64_t all = 0;
+          for (int64_t b : e->packed_gathered_sizes) all += b;
+          e->packed_gathered.resize(static_cast<size_t>(all));
+          AllgatherOptions ag;
+          ag.label = e->label + " from owners";
+          WorkPtr gathered = comm->allgatherv(
+              TensorView(e->packed_owned.data(), e->packed_owned_size, DType::u8, Device::host(),
+                         e),
+              bytes_view(e->packed_gathered, e), e->packed_gathered_sizes, exec, ag);
+          OpOptions decode;
+          decode.label = e->label + " decode";
+          decode.after = gathered;
+          WorkPtr decoded = comm->compute(
+              [e] {
+                e->unpack_gathered();
+                e->decode_gathered();
+              },
+              decode);
+          decoded->then([done](const Work& last) { done->complete(last.exception()); });
+        } catch (...) {
+          done->complete(std::current_exception());
+        }
+      });
+    } catch (...) {
+      done->complete(std::current_exception());
+    }
+  });
+  return done;
 }
 
 void CocktailSgd::drain(std::chrono::milliseconds timeout) {

@@ -9,6 +9,7 @@
 
 #include "relaxcc/kernels/chunk_topk.h"
 #include "relaxcc/kernels/compressor.h"
+#include "relaxcc/kernels/payload_packing.h"
 
 using namespace relaxcc;
 using namespace relaxcc::kernels;
@@ -74,6 +75,24 @@ int main(int argc, char** argv) {
         ++written;
       }
     }
+  }
+  // packed: 2-bit min-max payloads of a few sizes, packed.
+  const auto packed_dir = root / "packed";
+  std::filesystem::create_directories(packed_dir);
+  for (int64_t n : {0, 1, 64, 3000}) {
+    CompressorConfig c;
+    c.kind = CompressorKind::minmax;
+    c.bits = 2;
+    c.chunk = 2048;
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.7f * static_cast<float>(i)) * (1 + i % 5);
+    std::vector<std::byte> raw(encoded_size(n, c));
+    encode(TensorView::host(x.data(), n), raw, c, ExecContext::host());
+    std::vector<std::byte> out(packed_bound(raw.size()));
+    out.resize(pack_payload(raw, out));
+    std::ofstream f(packed_dir / ("seed_" + std::to_string(n)), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+    ++written;
   }
   std::printf("wrote %d seeds under %s\n", written, root.c_str());
   return 0;
