@@ -85,8 +85,7 @@ struct Model {
   std::vector<TensorSpec> specs;
   int64_t total = 0;
 
-  Model(const std::string& name, double scale, int rank, bool normal)
-      : layers(model_layers(name)) {
+  Model(const std::string& name, double scale, int rank, bool normal) : layers(model_layers(name)) {
     for (Layer& l : layers)
       l.numel = std::max<int64_t>(1, std::llround(static_cast<double>(l.numel) * scale));
     for (size_t i = 0; i < layers.size(); ++i) {

@@ -38,7 +38,9 @@ PackedHeader read_packed_header(std::span<const std::byte> packed) {
 
 }  // namespace
 
-size_t packed_bound(size_t raw_bytes) { return sizeof(PackedHeader) + ZSTD_compressBound(raw_bytes); }
+size_t packed_bound(size_t raw_bytes) {
+  return sizeof(PackedHeader) + ZSTD_compressBound(raw_bytes);
+}
 
 size_t pack_payload(std::span<const std::byte> raw, std::span<std::byte> out) {
   RELAXCC_ENFORCE_GE(out.size(), packed_bound(raw.size()), InvalidArgument,
@@ -71,14 +73,15 @@ void unpack_payload(std::span<const std::byte> packed, std::span<std::byte> raw)
   const unsigned long long content = ZSTD_getFrameContentSize(frame, h.frame_bytes);
   RELAXCC_ENFORCE(content == h.raw_bytes, CorruptPayload,
                   "packed payload: the zstd frame's content size is ",
-                  content == ZSTD_CONTENTSIZE_UNKNOWN  ? std::string("unknown")
+                  content == ZSTD_CONTENTSIZE_UNKNOWN ? std::string("unknown")
                   : content == ZSTD_CONTENTSIZE_ERROR ? std::string("unreadable")
-                                                       : std::to_string(content),
+                                                      : std::to_string(content),
                   ", expected ", h.raw_bytes);
   const size_t got = ZSTD_decompress(raw.data(), raw.size(), frame, h.frame_bytes);
   RELAXCC_ENFORCE(!ZSTD_isError(got), CorruptPayload, "packed payload: zstd frame of ",
                   h.frame_bytes, " bytes: ", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "");
-  RELAXCC_ENFORCE_EQ(got, h.raw_bytes, CorruptPayload, "packed payload: bytes the frame decoded to");
+  RELAXCC_ENFORCE_EQ(got, h.raw_bytes, CorruptPayload,
+                     "packed payload: bytes the frame decoded to");
 }
 
 }  // namespace relaxcc::kernels

@@ -71,7 +71,8 @@ TEST(PayloadPacking, RejectsBadArguments) {
     unpack_payload(packed, wrong);
     FAIL() << "an output of the wrong size was accepted";
   } catch (const CorruptPayload& e) {
-    EXPECT_NE(std::string(e.what()).find(std::to_string(raw.size())), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(raw.size())), std::string::npos)
+        << e.what();
   }
 }
 
@@ -80,8 +81,8 @@ TEST(PayloadPacking, EveryCorruptionIsCorruptPayload) {
   const std::vector<std::byte> packed = pack(raw);
   std::vector<std::byte> out(raw.size());
   // Truncated anywhere.
-  for (size_t len : {size_t{0}, size_t{10}, sizeof(PackedHeader), packed.size() / 2,
-                     packed.size() - 1}) {
+  for (size_t len :
+       {size_t{0}, size_t{10}, sizeof(PackedHeader), packed.size() / 2, packed.size() - 1}) {
     EXPECT_THROW(unpack_payload(std::span(packed).first(len), out), CorruptPayload) << len;
   }
   // Every single-bit flip in the header and a sample of the frame: either
