@@ -55,8 +55,8 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/reducer.h"
+#include "relaxcc/traffic_counter.h"
 #include "report.h"
-#include "traffic_counter.h"
 
 namespace relaxcc::bench {
 namespace {
@@ -195,21 +195,12 @@ AlgorithmPtr make_algorithm(const std::string& spec, int tag, std::string* setti
   // The sparsest setting that passes the convergence harness: no index
   // travels.
   if (name == "cocktail_sgd" && *setting == "sparse") {
-    algorithms::CocktailSgdOptions o;
-    o.random_ratio = 0.2;
-    o.topk_ratio = 1.0;
-    o.bits = 2;
-    o.chunk = 2048;
     *setting = "sparse: p 0.2, top-k 1, 2b/2048";
-    return std::make_shared<algorithms::CocktailSgd>(o);
+    return std::make_shared<algorithms::CocktailSgd>(algorithms::CocktailSgdOptions::sparse());
   }
   // The same, every payload packed with zstd (the same trajectory).
   if (name == "cocktail_sgd" && *setting == "sparse-packed") {
-    algorithms::CocktailSgdOptions o;
-    o.random_ratio = 0.2;
-    o.topk_ratio = 1.0;
-    o.bits = 2;
-    o.chunk = 2048;
+    algorithms::CocktailSgdOptions o = algorithms::CocktailSgdOptions::sparse();
     o.pack_payloads = true;
     *setting = "sparse, packed: p 0.2, top-k 1, 2b/2048, zstd";
     return std::make_shared<algorithms::CocktailSgd>(o);

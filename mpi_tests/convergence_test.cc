@@ -72,15 +72,10 @@ Trial qadam_trial(std::string name, QAdamOptions o) {
 }
 
 // cocktail_sgd's sparsest setting that passes here (docs/algorithms.md):
-// the whole random quarter at 2 bits in chunks of 2048, no index on the
-// wire.
+// the whole random fifth at 2 bits in chunks of 2048 (the harness cannot
+// tell the chunk: its shards keep 16-32 values), no index on the wire.
 CocktailSgdOptions sparse_cocktail() {
-  CocktailSgdOptions o;
-  o.random_ratio = 0.2;
-  o.topk_ratio = 1.0;
-  o.bits = 2;
-  o.chunk = 2048;  // the harness cannot tell (its shards keep 16-32 values)
-  return o;
+  return CocktailSgdOptions::sparse();
 }
 
 ByteGradOptions flat_bytegrad() {
@@ -139,6 +134,13 @@ TEST(Convergence, SgdAlgorithmsWithinBudget) {
                            [] { return std::make_shared<CocktailSgd>(sparse_cocktail()); });
   sparse.averaged_for_evaluation = true;
   trials.push_back({sparse, 2.0});
+  Trial packed = sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit, packed payloads)", [] {
+    CocktailSgdOptions o = sparse_cocktail();
+    o.pack_payloads = true;
+    return std::make_shared<CocktailSgd>(o);
+  });
+  packed.averaged_for_evaluation = true;
+  trials.push_back({packed, 2.0});
   trials.push_back(
       {sgd_trial("local_sgd (period 4)", [] { return std::make_shared<LocalSgd>(); }), 4.0});
   expect_within_budget(

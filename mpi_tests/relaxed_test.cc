@@ -15,7 +15,6 @@
 
 #include <gtest/gtest.h>
 
-#include "../bench/traffic_counter.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/forwarding_communicator.h"
 #include "relaxcc/mpi_communicator.h"
@@ -24,6 +23,7 @@
 #include "relaxcc/relaxed/choco_gossip.h"
 #include "relaxcc/relaxed/gossip.h"
 #include "relaxcc/relaxed/group_average.h"
+#include "relaxcc/traffic_counter.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -254,7 +254,7 @@ TEST(Stats, AllreduceRoundsCountWhatTheTransportMoved) {
   }
 }
 
-// relaxcc-bench's TrafficCounter (bench/traffic_counter.h), which its
+// TrafficCounter (relaxcc/traffic_counter.h), which relaxcc-bench's
 // algorithms mode reads bytes_per_step from, counts what the communicators
 // made from it send: a group_average round without a deadline (as in
 // moshpit_sgd:no-deadline) runs on a group of its own, which the given
@@ -271,7 +271,7 @@ TEST(Stats, BenchTrafficCounterCountsTheGroupsMadeFromIt) {
   auto keeper = std::make_shared<GroupKeeper>(comm);
   comm->barrier()->wait(30s);
   const uint64_t own_before = comm->stats().bytes_sent;
-  auto counter = std::make_shared<bench::TrafficCounter>(keeper);
+  auto counter = std::make_shared<TrafficCounter>(keeper);
   EXPECT_EQ(counter->bytes_sent(), 0u);
 
   group_average(*counter, v, ExecContext::host(), {})->wait(30s);

@@ -44,6 +44,7 @@
 #include "fashion_mnist.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/torch/ddp.h"
+#include "relaxcc/traffic_counter.h"
 
 namespace {
 
@@ -98,7 +99,8 @@ struct Options {
                "[--init-out PATH]\n"
                "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
                "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
-               "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd local_sgd "
+               "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd "
+               "cocktail_sgd:sparse cocktail_sgd:sparse-packed local_sgd "
                "decentralized_sgd low_precision_decentralized_sgd moshpit_sgd "
                "async_model_average diloco\n",
                error.c_str());
@@ -287,8 +289,11 @@ relaxcc::AlgorithmPtr make_algorithm(const std::string& name, const Options& o) 
     q.adam.eps = 1e-4f;
     return std::make_shared<QAdam>(q);
   }
-  if (name == "cocktail_sgd") {
-    CocktailSgdOptions c;
+  if (name == "cocktail_sgd" || name == "cocktail_sgd:sparse" ||
+      name == "cocktail_sgd:sparse-packed") {
+    CocktailSgdOptions c =
+        name == "cocktail_sgd" ? CocktailSgdOptions{} : CocktailSgdOptions::sparse();
+    c.pack_payloads = name == "cocktail_sgd:sparse-packed";
     c.seed = o.seed;
     return std::make_shared<CocktailSgd>(c);
   }
@@ -310,7 +315,10 @@ template <typename Model>
 int train(const Options& o, Model model) {
   using relaxcc::TensorView;
   torch::set_num_threads(o.threads);
-  relaxcc::CommunicatorPtr comm = relaxcc::create_mpi_communicator();
+  // Counts what the algorithm's groups and splits send too.
+  const auto counter =
+      std::make_shared<relaxcc::TrafficCounter>(relaxcc::create_mpi_communicator());
+  const relaxcc::CommunicatorPtr comm = counter;
   const int rank = comm->rank(), ranks = comm->size();
   const relaxcc::train::FashionMnist data = relaxcc::train::load_fashion_mnist(o.data);
 
@@ -368,7 +376,7 @@ int train(const Options& o, Model model) {
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     const std::vector<int64_t> order = permutation(data.train.count, o.seed, epoch);
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      const uint64_t sent0 = comm->stats().bytes_sent;
+      const uint64_t sent0 = counter->bytes_sent();
       const auto t0 = Clock::now();
       auto [x, y] = batch(data.train, order, (s * ranks + rank) * o.batch, o.batch);
       sgd.zero_grad();
@@ -376,7 +384,7 @@ int train(const Options& o, Model model) {
       loss.backward();
       ddp.step();
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      bytes += comm->stats().bytes_sent - sent0;
+      bytes += counter->bytes_sent() - sent0;
       train_s += ms / 1e3;
       step_ms.push_back(ms);
       loss_sum += loss.template item<float>();

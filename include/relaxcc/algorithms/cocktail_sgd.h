@@ -81,6 +81,18 @@ struct CocktailSgdOptions {
   // follow the same trajectory, bit for bit; the bytes shrink where the
   // codes are skewed (2-bit codes of bell-shaped deltas: to about 60%).
   bool pack_payloads = false;
+
+  // The sparsest setting that passes the convergence harness
+  // (docs/algorithms.md): random_ratio 0.2, topk_ratio 1 (no index travels),
+  // 2 bits, chunks of 2048; the other fields at their defaults.
+  static CocktailSgdOptions sparse() {
+    CocktailSgdOptions o;
+    o.random_ratio = 0.2;
+    o.topk_ratio = 1.0;
+    o.bits = 2;
+    o.chunk = 2048;
+    return o;
+  }
 };
 
 class CocktailSgd final : public Algorithm {

@@ -19,7 +19,7 @@
 
 #include "relaxcc/forwarding_communicator.h"
 
-namespace relaxcc::bench {
+namespace relaxcc {
 
 class TrafficCounter final : public ForwardingCommunicator {
  public:
@@ -88,4 +88,4 @@ class TrafficCounter final : public ForwardingCommunicator {
   uint64_t start_;
 };
 
-}  // namespace relaxcc::bench
+}  // namespace relaxcc
