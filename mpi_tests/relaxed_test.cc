@@ -260,7 +260,7 @@ TEST(Stats, AllreduceRoundsCountWhatTheTransportMoved) {
 // moshpit_sgd:no-deadline) runs on a group of its own, which the given
 // communicator's CommStats do not see. A group counts while it lives and
 // after it was released, and the counter's own traffic counts too.
-TEST(Stats, BenchTrafficCounterCountsTheGroupsMadeFromIt) {
+TEST(Stats, TrafficCounterCountsTheGroupsMadeFromIt) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
