@@ -107,6 +107,12 @@ std::string concat(const Args&... args) {
   (append(out, args), ...);
   return out;
 }
+
+// How a description names a call's label: " of '<label>'", or nothing for
+// an empty label ("allreduce #3 of 'bucket 2'").
+inline std::string of_label(const std::string& label) {
+  return label.empty() ? std::string() : concat(" of '", label, "'");
+}
 }  // namespace detail
 
 }  // namespace relaxcc

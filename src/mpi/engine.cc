@@ -1346,7 +1346,7 @@ void Engine::drain_on_shutdown() {
 // ---- EngineWork --------------------------------------------------------------
 
 std::string EngineWork::describe() const {
-  return detail::concat(name_, " #", seq_, label_.empty() ? "" : " of '" + label_ + "'", " (tag ",
+  return detail::concat(name_, " #", seq_, detail::of_label(label_), " (tag ",
                         tag_, ", ", details_ ? details_() : std::string(), ")");
 }
 

@@ -632,7 +632,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr completed(const char* name, const OpOptions& options, std::function<void()> run) {
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, name, ": the communicator is poisoned");
     const std::string description = detail::concat(
-        name, options.label.empty() ? "" : " of '" + options.label + "'", " (single rank)");
+        name, detail::of_label(options.label), " (single rank)");
     if (options.after) {
       return options.after->then(
           [run = std::move(run), description](const Work& after) {

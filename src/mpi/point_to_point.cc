@@ -97,7 +97,7 @@ P2PBatchOp::~P2PBatchOp() {
 
 std::string P2PBatchOp::where(size_t i) const {
   const P2POp& op = ops_[i];
-  return detail::concat("point_to_point", label_.empty() ? "" : " of '" + label_ + "'",
+  return detail::concat("point_to_point", detail::of_label(label_),
                         op.kind == P2POp::Kind::send ? ": send to rank " : ": receive from rank ",
                         op.peer, " (tag ", op.tag,
                         rounds() ? detail::concat(", round ", round_) : std::string(), ")");

@@ -41,8 +41,7 @@ using std::chrono::milliseconds;
 
 // "rank 1 (cuda:0): ncclAllReduce of 'bucket 3'"
 std::string subject(const std::string& who, const char* call, const std::string& label) {
-  return label.empty() ? detail::concat(who, ": ", call)
-                       : detail::concat(who, ": ", call, " of '", label, "'");
+  return detail::concat(who, ": ", call, detail::of_label(label));
 }
 
 std::string cuda_message(cudaError_t e) {

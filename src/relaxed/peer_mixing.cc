@@ -187,7 +187,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
         result.set_contributions(std::move(arrived), std::move(missing));
       },
       detail::concat(call.what, " round ", call.round,
-                     call.op.label.empty() ? "" : " of '" + call.op.label + "'"));
+                     detail::of_label(call.op.label)));
 }
 
 }  // namespace relaxcc::relaxed
