@@ -2,7 +2,9 @@
 
 #include <zstd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "relaxcc/errors.h"
 
@@ -10,16 +12,28 @@ namespace relaxcc::kernels {
 
 namespace {
 
-// One compression context per thread: zstd's contexts are not thread-safe,
-// and making one per call costs more than packing a small payload.
-ZSTD_CCtx* compression_context() {
+// One zstd context of each kind per thread: they are not thread-safe, and
+// making one per call costs more than packing a small payload.
+template <typename Ctx, Ctx* (*create)(), size_t (*release)(Ctx*)>
+Ctx* thread_context(const char* what) {
   struct Owner {
-    ZSTD_CCtx* cctx = ZSTD_createCCtx();
-    ~Owner() { ZSTD_freeCCtx(cctx); }
+    Ctx* ctx = create();
+    ~Owner() { release(ctx); }
   };
   thread_local Owner owner;
-  RELAXCC_ENFORCE(owner.cctx != nullptr, InternalError, "pack_payload: ZSTD_createCCtx failed");
-  return owner.cctx;
+  RELAXCC_ENFORCE(owner.ctx != nullptr, InternalError, what, ": zstd could not make a context");
+  return owner.ctx;
+}
+
+std::string hex32(uint32_t v) {
+  char b[9];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+void check_zstd(size_t rc, const char* call) {
+  RELAXCC_ENFORCE(!ZSTD_isError(rc), InternalError, "pack_payload: ", call,
+                  " failed: ", ZSTD_isError(rc) ? ZSTD_getErrorName(rc) : "");
 }
 
 PackedHeader read_packed_header(std::span<const std::byte> packed) {
@@ -45,11 +59,12 @@ size_t packed_bound(size_t raw_bytes) {
 size_t pack_payload(std::span<const std::byte> raw, std::span<std::byte> out) {
   RELAXCC_ENFORCE_GE(out.size(), packed_bound(raw.size()), InvalidArgument,
                      "pack_payload: output bytes for a payload of ", raw.size(), " bytes");
-  ZSTD_CCtx* cctx = compression_context();
-  ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
-  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, kPackLevel);
-  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
-  ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+  ZSTD_CCtx* cctx = thread_context<ZSTD_CCtx, ZSTD_createCCtx, ZSTD_freeCCtx>("pack_payload");
+  check_zstd(ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters), "ZSTD_CCtx_reset");
+  check_zstd(ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, kPackLevel),
+             "ZSTD_CCtx_setParameter");
+  check_zstd(ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1), "ZSTD_CCtx_setParameter");
+  check_zstd(ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1), "ZSTD_CCtx_setParameter");
   const size_t frame = ZSTD_compress2(cctx, out.data() + sizeof(PackedHeader),
                                       out.size() - sizeof(PackedHeader), raw.data(), raw.size());
   RELAXCC_ENFORCE(!ZSTD_isError(frame), InternalError, "pack_payload: zstd failed on ", raw.size(),
@@ -70,6 +85,16 @@ void unpack_payload(std::span<const std::byte> packed, std::span<std::byte> raw)
   RELAXCC_ENFORCE_EQ(h.raw_bytes, raw.size(), CorruptPayload,
                      "packed payload: unpacked bytes in the header against the payload expected");
   const std::byte* frame = packed.data() + sizeof(PackedHeader);
+  // Exactly one frame, with its content size and a checksum, as pack_payload
+  // writes it (RFC 8878: the magic number, then the frame header descriptor,
+  // whose bit 2 is the checksum flag); no skippable or trailing frames.
+  uint32_t magic = 0;
+  if (h.frame_bytes >= 5) std::memcpy(&magic, frame, sizeof(magic));
+  RELAXCC_ENFORCE(magic == ZSTD_MAGICNUMBER, CorruptPayload,
+                  "packed payload: expected a zstd frame (magic 0xfd2fb528), found ",
+                  h.frame_bytes < 5 ? std::string("too few bytes") : "magic 0x" + hex32(magic));
+  RELAXCC_ENFORCE((static_cast<unsigned>(frame[4]) & 4u) != 0, CorruptPayload,
+                  "packed payload: the zstd frame has no checksum, expected one");
   const unsigned long long content = ZSTD_getFrameContentSize(frame, h.frame_bytes);
   RELAXCC_ENFORCE(content == h.raw_bytes, CorruptPayload,
                   "packed payload: the zstd frame's content size is ",
@@ -77,7 +102,13 @@ void unpack_payload(std::span<const std::byte> packed, std::span<std::byte> raw)
                   : content == ZSTD_CONTENTSIZE_ERROR ? std::string("unreadable")
                                                       : std::to_string(content),
                   ", expected ", h.raw_bytes);
-  const size_t got = ZSTD_decompress(raw.data(), raw.size(), frame, h.frame_bytes);
+  const size_t frame_size = ZSTD_findFrameCompressedSize(frame, h.frame_bytes);
+  RELAXCC_ENFORCE(!ZSTD_isError(frame_size) && frame_size == h.frame_bytes, CorruptPayload,
+                  "packed payload: expected one zstd frame of ", h.frame_bytes, " bytes, found ",
+                  ZSTD_isError(frame_size) ? std::string(ZSTD_getErrorName(frame_size))
+                                           : std::to_string(frame_size) + " bytes");
+  ZSTD_DCtx* dctx = thread_context<ZSTD_DCtx, ZSTD_createDCtx, ZSTD_freeDCtx>("unpack_payload");
+  const size_t got = ZSTD_decompressDCtx(dctx, raw.data(), raw.size(), frame, h.frame_bytes);
   RELAXCC_ENFORCE(!ZSTD_isError(got), CorruptPayload, "packed payload: zstd frame of ",
                   h.frame_bytes, " bytes: ", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "");
   RELAXCC_ENFORCE_EQ(got, h.raw_bytes, CorruptPayload,

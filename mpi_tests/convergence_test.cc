@@ -239,6 +239,38 @@ TEST(Convergence, PackedCocktailFollowsTheSameTrajectory) {
       << "rank " << world()->rank() << ": packed payloads changed the model";
 }
 
+// A peer that never starts its exchange: the packed exchange's wait names
+// the stage and times out within the timeout given (poisoning the group, so
+// the peers learn it too), and the instance refuses further steps and
+// checkpoints, since the ranks' synchronised models may now differ.
+TEST(Convergence, PackedCocktailTimesOutOnAPeerThatNeverComes) {
+  if (world_size() < 2) GTEST_SKIP() << "needs a peer";
+  CocktailSgdOptions o = sparse_cocktail();
+  o.pack_payloads = true;
+  const Trial trial =
+      sgd_trial("cocktail_sgd (packed payloads)", [o] { return std::make_shared<CocktailSgd>(o); });
+  Training t(problem(), trial, trial.algorithm());
+  for (int i = 0; i < 5; ++i) t.step();
+  auto& cocktail = dynamic_cast<CocktailSgd&>(t.module());
+  if (world()->rank() == 0) {
+    t.step();  // its exchange waits for the others' sizes, which never come
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      cocktail.drain(std::chrono::milliseconds(300));
+      ADD_FAILURE() << "drain completed without the peers";
+    } catch (const Timeout& e) {
+      EXPECT_NE(std::string(e.what()).find("cocktail_sgd step 5 sizes to owners"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    EXPECT_THROW(cocktail.state_dict(), CommunicationError);
+    EXPECT_THROW(t.step(), CommunicationError);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  t.reducer().algorithm().shutdown(std::chrono::seconds(10));
+}
+
 // Every algorithm with every piece of state in use at the checkpoint: error
 // feedback on, warmup over, an exchange unapplied, a period half done.
 TEST(Checkpoint, ResumesBitForBit) {

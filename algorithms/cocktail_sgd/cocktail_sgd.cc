@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <type_traits>
 
 #include "relaxcc/algorithms/bucket_weights.h"
 #include "relaxcc/errors.h"
-#include "relaxcc/hash.h"
 #include "relaxcc/kernels/error_feedback.h"
 #include "relaxcc/kernels/payload_packing.h"
 
@@ -46,8 +47,36 @@ struct CocktailSgd::Exchange {
   std::vector<std::byte> packed_sent, packed_received, packed_owned, packed_gathered;
   std::vector<int64_t> packed_sizes_out, packed_sizes_in, packed_gathered_sizes;
   int64_t packed_owned_size = 0;
+  // The packed exchange's operations in submission order (its callbacks
+  // add to them), for a waiter to wait on one after the other.
+  std::mutex stages_mutex;
+  std::vector<WorkPtr> stages;
 
   int ranks() const { return static_cast<int>(bytes.size()); }
+  WorkPtr add_stage(WorkPtr w) {
+    std::lock_guard<std::mutex> lock(stages_mutex);
+    stages.push_back(w);
+    return w;
+  }
+  WorkPtr stage_at(size_t i) {
+    std::lock_guard<std::mutex> lock(stages_mutex);
+    return i < stages.size() ? stages[i] : nullptr;
+  }
+  // Packed sizes from peers are not trusted: each within [header, bound of
+  // its payload's raw bytes]; returns their sum.
+  static int64_t checked_sizes(const std::vector<int64_t>& sizes,
+                               const std::function<int64_t(int)>& raw, const std::string& what) {
+    int64_t sum = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const auto bound = static_cast<int64_t>(kernels::packed_bound(static_cast<size_t>(raw(i))));
+      RELAXCC_ENFORCE(
+          sizes[i] >= static_cast<int64_t>(sizeof(kernels::PackedHeader)) && sizes[i] <= bound,
+          CorruptPayload, what, ": rank ", i, " announced a packed payload of ", sizes[i],
+          " bytes, expected ", sizeof(kernels::PackedHeader), " to ", bound);
+      sum += sizes[i];
+    }
+    return sum;
+  }
   int64_t offset(int j) const {
     int64_t at = 0;
     for (int i = 0; i < j; ++i) at += bytes[i];
@@ -167,13 +196,10 @@ void CocktailSgd::init(const AlgorithmContext& ctx) {
     shard_count_[j] = numel_ / n + (j < numel_ % n ? 1 : 0);
     if (j > 0) shard_begin_[j] = shard_begin_[j - 1] + shard_count_[j - 1];
   }
-  if (options_.pack_payloads) {
-    std::vector<int> everyone(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j) everyone[j] = j;
-    GroupOptions g;
-    g.key = Fnv1a().bytes("cocktail_sgd packed exchange").value() >> 1;  // top bit clear
-    packed_group_ = ctx.comm->group(everyone, g);
-  }
+  // Made once (init runs again when the Reducer re-plans its buckets): a
+  // split, collective, so its key is this instance's alone.
+  if (options_.pack_payloads && !packed_group_)
+    packed_group_ = ctx.comm->split(0, ctx.comm->rank());
   if (server_.empty()) server_.assign(static_cast<size_t>(shard_count_[ctx.comm->rank()]), 0.0f);
   RELAXCC_ENFORCE_EQ(static_cast<int64_t>(server_.size()), shard_count_[ctx.comm->rank()],
                      InvalidArgument, "cocktail_sgd: the parameters changed size since init");
@@ -203,11 +229,8 @@ void CocktailSgd::before_optimizer_step(const StepInfo& step) {
 
 WorkPtr CocktailSgd::after_optimizer_step(const StepInfo& step) {
   if (warming_up(step)) return nullptr;
-  if (in_flight_) {
-    WorkPtr w = std::move(in_flight_);
-    w->wait(std::chrono::milliseconds(-1));
-    pending_ = true;
-  }
+  check_not_failed();
+  if (in_flight_) wait_exchange(std::chrono::milliseconds(-1));
   RELAXCC_ENFORCE_EQ(static_cast<int64_t>(global_.size()), numel_, InvalidArgument,
                      "cocktail_sgd: no synchronised model at step ", step.step,
                      " (resumed after warmup without load_state_dict?)");
@@ -276,9 +299,9 @@ void CocktailSgd::start_exchange(int64_t step) {
   e->count = shard_count_;
   e->rank = r;
   e->label = "cocktail_sgd step " + std::to_string(step);
-  ++exchanges_;
   if (options_.pack_payloads) {
     in_flight_ = start_packed_exchange(e);
+    ++exchanges_;
     return;
   }
 
@@ -306,7 +329,20 @@ void CocktailSgd::start_exchange(int64_t step) {
   o.label = e->label + " decode";
   o.after = gathered;
   in_flight_ = comm.compute([e] { e->decode_gathered(); }, o);
+  ++exchanges_;
 }
+
+namespace {
+
+// A Work that failed with `error`: an operation submitted after it fails at
+// once and tells its peers (its start sends them abort records).
+WorkPtr failed_work(const std::string& what, std::exception_ptr error) {
+  auto w = std::make_shared<Work>(what);
+  w->complete(std::move(error));
+  return w;
+}
+
+}  // namespace
 
 WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
   // The same stages, each payload packed before it travels. Packed sizes
@@ -314,93 +350,116 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
   // sizes and is submitted from that exchange's completion callback. The
   // stages run on a group of their own (every rank, in order), whose
   // operations only this chain submits: every rank submits them in the same
-  // order whatever else runs on the communicator meanwhile.
+  // order whatever else runs on the communicator meanwhile. A rank that
+  // cannot go on (sizes it does not trust, a failed allocation) still
+  // submits the transfer, failed, so that its peers fail at once too.
   const CommunicatorPtr comm = packed_group_;
   const int n = comm->size();
   const ExecContext exec = ctx_.exec;
   auto done = std::make_shared<Work>(e->label + " (packed payloads)");
-  const auto fail = [done](const Work& w) {
-    if (!w.exception()) return false;
-    done->complete(w.exception());
-    return true;
-  };
+  {
+    std::lock_guard<std::mutex> lock(e->stages_mutex);
+    e->stages.clear();
+  }
   e->packed_sizes_out.assign(static_cast<size_t>(n), 0);
   e->packed_sizes_in.assign(static_cast<size_t>(n), 0);
-  const auto i64_view = [&e](std::vector<int64_t>& v) {
+  e->packed_gathered_sizes.assign(static_cast<size_t>(n), 0);
+  // Reserved once: a resize within them never moves a buffer that an
+  // abandoned receive may still write.
+  const int64_t mine = e->bytes[e->rank];
+  e->packed_received.reserve(static_cast<size_t>(n) *
+                             kernels::packed_bound(static_cast<size_t>(mine)));
+  size_t all_bound = 0;
+  for (int j = 0; j < n; ++j) all_bound += kernels::packed_bound(static_cast<size_t>(e->bytes[j]));
+  e->packed_gathered.reserve(all_bound);
+  const auto i64_view = [e](std::vector<int64_t>& v) {
     return TensorView(v.data(), static_cast<int64_t>(v.size()), DType::i64, Device::host(), e);
   };
 
   // 1. Encode and pack every shard; 2. their sizes to the owners.
   OpOptions o;
   o.label = e->label + " encode";
-  WorkPtr encoded = comm->compute(
+  WorkPtr encoded = e->add_stage(comm->compute(
       [e] {
         e->encode_shards();
         e->pack_shards();
       },
-      o);
+      o));
   AlltoallOptions sizes;
   sizes.label = e->label + " sizes to owners";
   sizes.after = encoded;
-  WorkPtr sized =
-      comm->alltoall(i64_view(e->packed_sizes_out), i64_view(e->packed_sizes_in), exec, sizes);
-  sized->then([e, comm, exec, done, fail, n](const Work& sizes_in) {
-    if (fail(sizes_in)) return;
+  WorkPtr sized = e->add_stage(
+      comm->alltoall(i64_view(e->packed_sizes_out), i64_view(e->packed_sizes_in), exec, sizes));
+  sized->then([e, comm, exec, done, n, mine, i64_view](const Work& sizes_in) {
+    if (sizes_in.exception()) return done->complete(sizes_in.exception());
     try {
       // 3. The packed shards to their owners; the owner unpacks, averages,
       // re-encodes and packs; 4. the owners' packed sizes to every rank.
-      int64_t in = 0, out = 0;
-      for (int j = 0; j < n; ++j) {
-        in += e->packed_sizes_in[j];
-        out += e->packed_sizes_out[j];
-      }
-      e->packed_received.resize(static_cast<size_t>(in));
       AlltoallOptions a2a;
       a2a.label = e->label + " to owners";
-      WorkPtr exchanged = comm->alltoallv(
+      int64_t in = 0, out = 0;
+      try {
+        in = Exchange::checked_sizes(
+            e->packed_sizes_in, [mine](int) { return mine; }, a2a.label);
+        for (int j = 0; j < n; ++j) out += e->packed_sizes_out[j];
+        e->packed_received.resize(static_cast<size_t>(in));
+      } catch (...) {
+        a2a.after = failed_work(a2a.label, std::current_exception());
+        std::vector<int64_t> none(static_cast<size_t>(n), 0);
+        e->add_stage(comm->alltoallv(TensorView(nullptr, 0, DType::u8), none,
+                                     TensorView(nullptr, 0, DType::u8), none, exec, a2a));
+        throw;
+      }
+      WorkPtr exchanged = e->add_stage(comm->alltoallv(
           TensorView(e->packed_sent.data(), out, DType::u8, Device::host(), e), e->packed_sizes_out,
-          bytes_view(e->packed_received, e), e->packed_sizes_in, exec, a2a);
+          bytes_view(e->packed_received, e), e->packed_sizes_in, exec, a2a));
       OpOptions owner;
       owner.label = e->label + " owner";
       owner.after = exchanged;
-      WorkPtr reduced = comm->compute(
+      WorkPtr reduced = e->add_stage(comm->compute(
           [e] {
             e->unpack_received();
             e->reduce_owned();
             e->pack_owned();
           },
-          owner);
+          owner));
       AllgatherOptions gather_sizes;
       gather_sizes.label = e->label + " sizes from owners";
       gather_sizes.after = reduced;
-      e->packed_gathered_sizes.assign(static_cast<size_t>(n), 0);
-      WorkPtr owner_sizes = comm->allgather(
-          TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
-          TensorView(e->packed_gathered_sizes.data(), n, DType::i64, Device::host(), e), exec,
-          gather_sizes);
-      owner_sizes->then([e, comm, exec, done, fail](const Work& sizes_gathered) {
-        if (fail(sizes_gathered)) return;
+      WorkPtr owner_sizes = e->add_stage(
+          comm->allgather(TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
+                          i64_view(e->packed_gathered_sizes), exec, gather_sizes));
+      owner_sizes->then([e, comm, exec, done, n](const Work& sizes_gathered) {
+        if (sizes_gathered.exception()) return done->complete(sizes_gathered.exception());
         try {
           // 5. Every owner's packed payload to every rank, unpacked and
           // decoded into the average.
-          int64_t all = 0;
-          for (int64_t b : e->packed_gathered_sizes) all += b;
-          e->packed_gathered.resize(static_cast<size_t>(all));
           AllgatherOptions ag;
           ag.label = e->label + " from owners";
-          WorkPtr gathered = comm->allgatherv(
+          try {
+            const int64_t all = Exchange::checked_sizes(
+                e->packed_gathered_sizes, [&e](int j) { return e->bytes[j]; }, ag.label);
+            e->packed_gathered.resize(static_cast<size_t>(all));
+          } catch (...) {
+            ag.after = failed_work(ag.label, std::current_exception());
+            e->add_stage(comm->allgatherv(
+                TensorView(nullptr, 0, DType::u8), TensorView(nullptr, 0, DType::u8),
+                std::vector<int64_t>(static_cast<size_t>(n), 0), exec, ag));
+            throw;
+          }
+          WorkPtr gathered = e->add_stage(comm->allgatherv(
               TensorView(e->packed_owned.data(), e->packed_owned_size, DType::u8, Device::host(),
                          e),
-              bytes_view(e->packed_gathered, e), e->packed_gathered_sizes, exec, ag);
+              bytes_view(e->packed_gathered, e), e->packed_gathered_sizes, exec, ag));
           OpOptions decode;
           decode.label = e->label + " decode";
           decode.after = gathered;
-          WorkPtr decoded = comm->compute(
+          WorkPtr decoded = e->add_stage(comm->compute(
               [e] {
                 e->unpack_gathered();
                 e->decode_gathered();
               },
-              decode);
+              decode));
           decoded->then([done](const Work& last) { done->complete(last.exception()); });
         } catch (...) {
           done->complete(std::current_exception());
@@ -413,11 +472,45 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
   return done;
 }
 
-void CocktailSgd::drain(std::chrono::milliseconds timeout) {
-  if (!in_flight_) return;
-  WorkPtr w = std::move(in_flight_);
-  w->wait(timeout);
+void CocktailSgd::wait_exchange(std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const WorkPtr w = std::move(in_flight_);
+  try {
+    if (options_.pack_payloads) {
+      // Each stage in turn: this thread drives its progress, and an
+      // expiring wait poisons the group and names the stage. Between two,
+      // the callback of the one before is submitting the next.
+      for (size_t next = 0; !w->is_completed();) {
+        if (WorkPtr stage = exchange_->stage_at(next)) {
+          ++next;
+          stage->wait(timeout_left(timeout, start));
+        } else {
+          w->wait_for(std::chrono::milliseconds(1));
+          RELAXCC_ENFORCE(
+              timeout.count() < 0 || timeout_left(timeout, start).count() > 0 || w->is_completed(),
+              Timeout, w->description(), " did not complete within ", timeout.count(), " ms");
+        }
+      }
+    }
+    w->wait(timeout_left(timeout, start));
+  } catch (const std::exception& e) {
+    // Its stages may still run and write the buffers: the next exchange
+    // gets new ones. The ranks may now disagree on g: no more exchanges.
+    exchange_.reset();
+    failed_ = detail::concat(w->description(), " failed: ", e.what());
+    throw;
+  }
   pending_ = true;
+}
+
+void CocktailSgd::drain(std::chrono::milliseconds timeout) {
+  if (in_flight_) wait_exchange(timeout);
+}
+
+void CocktailSgd::check_not_failed() const {
+  RELAXCC_ENFORCE(failed_.empty(), CommunicationError, "cocktail_sgd: ", failed_,
+                  "; the ranks' synchronised models may differ now, so this instance makes no "
+                  "more exchanges (resume from a checkpoint in a new one)");
 }
 
 void CocktailSgd::average_model(std::chrono::milliseconds timeout) {
@@ -428,6 +521,7 @@ void CocktailSgd::average_model(std::chrono::milliseconds timeout) {
 }
 
 StateDict CocktailSgd::state_dict() const {
+  check_not_failed();
   RELAXCC_ENFORCE(!in_flight_, InvalidArgument,
                   "cocktail_sgd: state_dict() with an exchange in flight (call drain() first)");
   StateDict sd;

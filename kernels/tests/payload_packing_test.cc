@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
@@ -89,8 +90,8 @@ TEST(PayloadPacking, EveryCorruptionIsCorruptPayload) {
   // CorruptPayload or, for a bit the frame does not depend on, the same
   // bytes; never other bytes.
   int detected = 0, flips = 0;
-  for (size_t at = 0; at < packed.size(); at += at < 64 ? 1 : 97) {
-    for (int bit = 0; bit < 8; bit += at < sizeof(PackedHeader) ? 1 : 3) {
+  for (size_t at = 0; at < packed.size(); ++at) {
+    for (int bit = 0; bit < 8; ++bit) {
       std::vector<std::byte> bad = packed;
       bad[at] ^= static_cast<std::byte>(1 << bit);
       ++flips;
@@ -103,6 +104,48 @@ TEST(PayloadPacking, EveryCorruptionIsCorruptPayload) {
     }
   }
   EXPECT_GT(detected, flips * 9 / 10);
+}
+
+// Frames pack_payload never writes: each is CorruptPayload.
+TEST(PayloadPacking, RejectsOtherFrames) {
+  const std::vector<std::byte> raw = minmax_payload(5000, 4);
+  const auto framed = [](const std::vector<std::byte>& frame, size_t raw_bytes) {
+    PackedHeader h;
+    h.raw_bytes = raw_bytes;
+    h.frame_bytes = frame.size();
+    std::vector<std::byte> out(sizeof(h) + frame.size());
+    std::memcpy(out.data(), &h, sizeof(h));
+    std::memcpy(out.data() + sizeof(h), frame.data(), frame.size());
+    return out;
+  };
+  const auto frame_of = [&raw](int checksum) {
+    ZSTD_CCtx* c = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, checksum);
+    std::vector<std::byte> f(ZSTD_compressBound(raw.size()));
+    f.resize(ZSTD_compress2(c, f.data(), f.size(), raw.data(), raw.size()));
+    ZSTD_freeCCtx(c);
+    return f;
+  };
+  std::vector<std::byte> out(raw.size());
+  // A valid frame as pack_payload writes it unpacks.
+  EXPECT_NO_THROW(unpack_payload(framed(frame_of(1), raw.size()), out));
+  EXPECT_EQ(out, raw);
+  // No checksum.
+  EXPECT_THROW(unpack_payload(framed(frame_of(0), raw.size()), out), CorruptPayload);
+  // A second frame (of nothing) behind the first.
+  std::vector<std::byte> two = frame_of(1);
+  std::vector<std::byte> empty(ZSTD_compressBound(0));
+  empty.resize(ZSTD_compress(empty.data(), empty.size(), nullptr, 0, 1));
+  two.insert(two.end(), empty.begin(), empty.end());
+  EXPECT_THROW(unpack_payload(framed(two, raw.size()), out), CorruptPayload);
+  // A skippable frame (magic 0x184D2A50, 4 bytes of size, then the bytes).
+  std::vector<std::byte> skippable(8 + 4);
+  const uint32_t skip_magic = 0x184D2A50, skip_size = 4;
+  std::memcpy(skippable.data(), &skip_magic, 4);
+  std::memcpy(skippable.data() + 4, &skip_size, 4);
+  EXPECT_THROW(unpack_payload(framed(skippable, 0), std::span<std::byte>()), CorruptPayload);
+  // Raw bytes where the frame should be.
+  EXPECT_THROW(unpack_payload(framed(raw, raw.size()), out), CorruptPayload);
 }
 
 }  // namespace

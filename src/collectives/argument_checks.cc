@@ -116,9 +116,7 @@ void check_point_to_point(const std::vector<P2POp>& ops, const P2POptions& optio
   }
   check_aliasing(ops);
   // Built only when a check fails.
-  const auto what = [&] {
-    return "point_to_point" + detail::of_label(options.label);
-  };
+  const auto what = [&] { return "point_to_point" + detail::of_label(options.label); };
   RELAXCC_ENFORCE(!options.deadline || options.round != 0, InvalidArgument, what(),
                   ": a deadline needs a round (P2POptions::round > 0)");
   RELAXCC_ENFORCE(!options.started_deadline || options.deadline, InvalidArgument, what(),

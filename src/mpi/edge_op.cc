@@ -262,9 +262,9 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
         p.mismatch = true;
         if (p.inline_in) p.posted_in = p.completed_in = 1;
         post_abort_recv(t, pi);
-        const std::string what = detail::concat(
-            name(), detail::of_label(label_), ": ranks disagree: ",
-            describe_mismatch(t.rank(), edge_header(pi), p.rank, p.header_in));
+        const std::string what =
+            detail::concat(name(), detail::of_label(label_), ": ranks disagree: ",
+                           describe_mismatch(t.rank(), edge_header(pi), p.rank, p.header_in));
         fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what,
              AbortKind::mismatch);
         send_abort(t, pi);
@@ -276,8 +276,8 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       p.abort_received = true;
       p.abort_in.reason[sizeof(p.abort_in.reason) - 1] = '\0';
       const std::string what =
-          detail::concat(name(), " #", seq(), detail::of_label(label_),
-                         ": rank ", p.abort_in.origin, " failed: ", p.abort_in.reason);
+          detail::concat(name(), " #", seq(), detail::of_label(label_), ": rank ",
+                         p.abort_in.origin, " failed: ", p.abort_in.reason);
       // A peer whose communicator was poisoned: its notice poisons this
       // rank's copy too, so the operation fails as the contract says.
       std::exception_ptr err;

@@ -1346,8 +1346,8 @@ void Engine::drain_on_shutdown() {
 // ---- EngineWork --------------------------------------------------------------
 
 std::string EngineWork::describe() const {
-  return detail::concat(name_, " #", seq_, detail::of_label(label_), " (tag ",
-                        tag_, ", ", details_ ? details_() : std::string(), ")");
+  return detail::concat(name_, " #", seq_, detail::of_label(label_), " (tag ", tag_, ", ",
+                        details_ ? details_() : std::string(), ")");
 }
 
 bool EngineWork::await(Clock::time_point deadline) {

@@ -631,8 +631,8 @@ class MpiCommunicator final : public Communicator {
   // options.after completed (if it failed, fails as Engine::start would).
   WorkPtr completed(const char* name, const OpOptions& options, std::function<void()> run) {
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, name, ": the communicator is poisoned");
-    const std::string description = detail::concat(
-        name, detail::of_label(options.label), " (single rank)");
+    const std::string description =
+        detail::concat(name, detail::of_label(options.label), " (single rank)");
     if (options.after) {
       return options.after->then(
           [run = std::move(run), description](const Work& after) {

@@ -186,8 +186,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
                            wire_bytes + sizeof(MixHeader), missing.size());
         result.set_contributions(std::move(arrived), std::move(missing));
       },
-      detail::concat(call.what, " round ", call.round,
-                     detail::of_label(call.op.label)));
+      detail::concat(call.what, " round ", call.round, detail::of_label(call.op.label)));
 }
 
 }  // namespace relaxcc::relaxed

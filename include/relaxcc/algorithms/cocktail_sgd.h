@@ -113,7 +113,11 @@ class CocktailSgd final : public Algorithm {
     return step.step == options_.warmup_steps;
   }
   // Waits for the exchange in flight (it stays unapplied until the next
-  // step); Timeout when it does not complete in time.
+  // step); Timeout when it does not complete in time (with packed
+  // payloads too: the stage in flight poisons its group and is named).
+  // An exchange that failed or timed out leaves the instance failed: the
+  // ranks' synchronised models may differ, so later steps and state_dict()
+  // throw CommunicationError (resume from a checkpoint in a new instance).
   void drain(std::chrono::milliseconds timeout) override;
   // Needs no exchange in flight (drain first): InvalidArgument otherwise.
   StateDict state_dict() const override;
@@ -139,6 +143,11 @@ class CocktailSgd final : public Algorithm {
   void start_exchange(int64_t step);
   // Its stages with packed payloads; the Work completes after the last.
   WorkPtr start_packed_exchange(const std::shared_ptr<Exchange>& e);
+  // Waits for the exchange in flight within `timeout` (negative: each
+  // wait's default) and marks it pending. On failure the instance is
+  // failed (failed_): the exception propagates, and later calls throw.
+  void wait_exchange(std::chrono::milliseconds timeout);
+  void check_not_failed() const;
 
   CocktailSgdOptions options_;
   AlgorithmContext ctx_;
@@ -149,9 +158,10 @@ class CocktailSgd final : public Algorithm {
   std::vector<float> global_;  // g (empty until compression starts)
   std::vector<float> server_;  // server residual of the owned shard
   std::shared_ptr<Exchange> exchange_;
-  CommunicatorPtr packed_group_;  // every rank: the packed exchanges' own order
+  CommunicatorPtr packed_group_;  // every rank, split once: the packed exchanges' own order
   WorkPtr in_flight_;             // the exchange's Work
   bool pending_ = false;          // an exchange waits to be applied
+  std::string failed_;            // why an exchange failed (then no more run)
   int64_t exchanges_ = 0;
 };
 
