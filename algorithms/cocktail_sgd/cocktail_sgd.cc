@@ -196,10 +196,12 @@ void CocktailSgd::init(const AlgorithmContext& ctx) {
     shard_count_[j] = numel_ / n + (j < numel_ % n ? 1 : 0);
     if (j > 0) shard_begin_[j] = shard_begin_[j - 1] + shard_count_[j - 1];
   }
-  // Made once (init runs again when the Reducer re-plans its buckets): a
-  // split, collective, so its key is this instance's alone.
-  if (options_.pack_payloads && !packed_group_)
+  // Made once per communicator (init runs again when the Reducer re-plans
+  // its buckets): a split, collective, so its key is this instance's alone.
+  if (options_.pack_payloads && packed_parent_ != ctx.comm.get()) {
     packed_group_ = ctx.comm->split(0, ctx.comm->rank());
+    packed_parent_ = ctx.comm.get();
+  }
   if (server_.empty()) server_.assign(static_cast<size_t>(shard_count_[ctx.comm->rank()]), 0.0f);
   RELAXCC_ENFORCE_EQ(static_cast<int64_t>(server_.size()), shard_count_[ctx.comm->rank()],
                      InvalidArgument, "cocktail_sgd: the parameters changed size since init");
@@ -236,7 +238,13 @@ WorkPtr CocktailSgd::after_optimizer_step(const StepInfo& step) {
                      " (resumed after warmup without load_state_dict?)");
   if (!exchange_) exchange_ = std::make_shared<Exchange>();
   apply_and_take_delta(*exchange_);
-  start_exchange(step.step);
+  try {
+    start_exchange(step.step);
+  } catch (const std::exception& error) {
+    // A stage submitted before the failure may still run.
+    fail_exchange("cocktail_sgd step " + std::to_string(step.step), error.what());
+    throw;
+  }
   return nullptr;
 }
 
@@ -404,10 +412,18 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
         for (int j = 0; j < n; ++j) out += e->packed_sizes_out[j];
         e->packed_received.resize(static_cast<size_t>(in));
       } catch (...) {
-        a2a.after = failed_work(a2a.label, std::current_exception());
+        // Both collectives the peers submit now, failed: theirs fail too.
+        const WorkPtr failed = failed_work(a2a.label, std::current_exception());
+        a2a.after = failed;
         std::vector<int64_t> none(static_cast<size_t>(n), 0);
         e->add_stage(comm->alltoallv(TensorView(nullptr, 0, DType::u8), none,
                                      TensorView(nullptr, 0, DType::u8), none, exec, a2a));
+        AllgatherOptions owner_sizes;
+        owner_sizes.label = e->label + " sizes from owners";
+        owner_sizes.after = failed;
+        e->add_stage(
+            comm->allgather(TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
+                            i64_view(e->packed_gathered_sizes), exec, owner_sizes));
         throw;
       }
       WorkPtr exchanged = e->add_stage(comm->alltoallv(
@@ -475,32 +491,42 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
 void CocktailSgd::wait_exchange(std::chrono::milliseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   const WorkPtr w = std::move(in_flight_);
+  const std::shared_ptr<Exchange> e = exchange_;
   try {
     if (options_.pack_payloads) {
       // Each stage in turn: this thread drives its progress, and an
       // expiring wait poisons the group and names the stage. Between two,
-      // the callback of the one before is submitting the next.
+      // the callback of the one before is submitting the next (callbacks do
+      // not block: that gap is not held against the timeout).
       for (size_t next = 0; !w->is_completed();) {
-        if (WorkPtr stage = exchange_->stage_at(next)) {
+        if (WorkPtr stage = e->stage_at(next)) {
           ++next;
           stage->wait(timeout_left(timeout, start));
         } else {
           w->wait_for(std::chrono::milliseconds(1));
-          RELAXCC_ENFORCE(
-              timeout.count() < 0 || timeout_left(timeout, start).count() > 0 || w->is_completed(),
-              Timeout, w->description(), " did not complete within ", timeout.count(), " ms");
         }
       }
     }
     w->wait(timeout_left(timeout, start));
-  } catch (const std::exception& e) {
-    // Its stages may still run and write the buffers: the next exchange
-    // gets new ones. The ranks may now disagree on g: no more exchanges.
-    exchange_.reset();
-    failed_ = detail::concat(w->description(), " failed: ", e.what());
+  } catch (const Timeout& error) {
+    fail_exchange(w->description(), error.what());
+    throw;
+  } catch (const std::exception& error) {
+    fail_exchange(w->description(), error.what());
+    // Otherwise the exchange's own error where it has one: a stage's may
+    // only echo it (a stand-in submitted failed).
+    if (w->is_completed() && w->exception()) std::rethrow_exception(w->exception());
     throw;
   }
   pending_ = true;
+}
+
+void CocktailSgd::fail_exchange(const std::string& what, const std::string& why) {
+  // Its stages may still run and write the buffers: the next exchange gets
+  // new ones. The ranks may now disagree on g: no more exchanges.
+  exchange_.reset();
+  in_flight_.reset();
+  failed_ = detail::concat(what, " failed: ", why);
 }
 
 void CocktailSgd::drain(std::chrono::milliseconds timeout) {
@@ -548,6 +574,7 @@ void CocktailSgd::load_state_dict(const StateDict& state) {
     return v;
   };
   const int64_t owned = shard_count_[ctx_.comm->rank()];
+  failed_.clear();  // the state every rank resumes from
   exchanges_ = state.get_int("cocktail_sgd/exchanges");
   global_ = sized("cocktail_sgd/global", numel_);
   server_ = sized("cocktail_sgd/server", owned);

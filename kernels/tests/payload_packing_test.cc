@@ -86,7 +86,7 @@ TEST(PayloadPacking, EveryCorruptionIsCorruptPayload) {
        {size_t{0}, size_t{10}, sizeof(PackedHeader), packed.size() / 2, packed.size() - 1}) {
     EXPECT_THROW(unpack_payload(std::span(packed).first(len), out), CorruptPayload) << len;
   }
-  // Every single-bit flip in the header and a sample of the frame: either
+  // Every single-bit flip, header and frame: either
   // CorruptPayload or, for a bit the frame does not depend on, the same
   // bytes; never other bytes.
   int detected = 0, flips = 0;

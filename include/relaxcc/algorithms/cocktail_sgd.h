@@ -117,7 +117,9 @@ class CocktailSgd final : public Algorithm {
   // payloads too: the stage in flight poisons its group and is named).
   // An exchange that failed or timed out leaves the instance failed: the
   // ranks' synchronised models may differ, so later steps and state_dict()
-  // throw CommunicationError (resume from a checkpoint in a new instance).
+  // throw CommunicationError until load_state_dict() restores a checkpoint
+  // (drain() has nothing left to wait for; average_model() still averages
+  // the models exactly).
   void drain(std::chrono::milliseconds timeout) override;
   // Needs no exchange in flight (drain first): InvalidArgument otherwise.
   StateDict state_dict() const override;
@@ -147,6 +149,8 @@ class CocktailSgd final : public Algorithm {
   // wait's default) and marks it pending. On failure the instance is
   // failed (failed_): the exception propagates, and later calls throw.
   void wait_exchange(std::chrono::milliseconds timeout);
+  // Marks the instance failed (`what` failed: `why`) and drops the exchange.
+  void fail_exchange(const std::string& what, const std::string& why);
   void check_not_failed() const;
 
   CocktailSgdOptions options_;
@@ -159,9 +163,10 @@ class CocktailSgd final : public Algorithm {
   std::vector<float> server_;  // server residual of the owned shard
   std::shared_ptr<Exchange> exchange_;
   CommunicatorPtr packed_group_;  // every rank, split once: the packed exchanges' own order
-  WorkPtr in_flight_;             // the exchange's Work
-  bool pending_ = false;          // an exchange waits to be applied
-  std::string failed_;            // why an exchange failed (then no more run)
+  const Communicator* packed_parent_ = nullptr;  // what packed_group_ was split from
+  WorkPtr in_flight_;                            // the exchange's Work
+  bool pending_ = false;                         // an exchange waits to be applied
+  std::string failed_;                           // why an exchange failed (then no more run)
   int64_t exchanges_ = 0;
 };
 
