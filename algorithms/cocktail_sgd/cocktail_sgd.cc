@@ -405,6 +405,14 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
       // re-encodes and packs; 4. the owners' packed sizes to every rank.
       AlltoallOptions a2a;
       a2a.label = e->label + " to owners";
+      const auto gather_owner_sizes = [&](WorkPtr after) {
+        AllgatherOptions ag;
+        ag.label = e->label + " sizes from owners";
+        ag.after = std::move(after);
+        return e->add_stage(
+            comm->allgather(TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
+                            i64_view(e->packed_gathered_sizes), exec, ag));
+      };
       int64_t in = 0, out = 0;
       try {
         in = Exchange::checked_sizes(
@@ -418,12 +426,7 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
         std::vector<int64_t> none(static_cast<size_t>(n), 0);
         e->add_stage(comm->alltoallv(TensorView(nullptr, 0, DType::u8), none,
                                      TensorView(nullptr, 0, DType::u8), none, exec, a2a));
-        AllgatherOptions owner_sizes;
-        owner_sizes.label = e->label + " sizes from owners";
-        owner_sizes.after = failed;
-        e->add_stage(
-            comm->allgather(TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
-                            i64_view(e->packed_gathered_sizes), exec, owner_sizes));
+        gather_owner_sizes(failed);
         throw;
       }
       WorkPtr exchanged = e->add_stage(comm->alltoallv(
@@ -439,12 +442,7 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
             e->pack_owned();
           },
           owner));
-      AllgatherOptions gather_sizes;
-      gather_sizes.label = e->label + " sizes from owners";
-      gather_sizes.after = reduced;
-      WorkPtr owner_sizes = e->add_stage(
-          comm->allgather(TensorView(&e->packed_owned_size, 1, DType::i64, Device::host(), e),
-                          i64_view(e->packed_gathered_sizes), exec, gather_sizes));
+      WorkPtr owner_sizes = gather_owner_sizes(reduced);
       owner_sizes->then([e, comm, exec, done, n](const Work& sizes_gathered) {
         if (sizes_gathered.exception()) return done->complete(sizes_gathered.exception());
         try {
