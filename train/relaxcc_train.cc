@@ -653,7 +653,8 @@ int compare(const Options& o, const char* self) {
          << (o.max_steps > 0 ? ", at most " + std::to_string(o.max_steps) + " steps per epoch" : "")
          << ". Wall time excludes evaluation; step time is the median after 10 steps, slowest "
             "rank; bytes are what each rank's communicator and the groups and splits made from "
-            "it sent (torch_ddp rows: the bytes of its allreduces, counted by the peer). Means and spreads are over the seeds column's "
+            "it sent (torch_ddp rows: the bytes of its allreduces, counted by the peer). Means and "
+            "spreads are over the seeds column's "
             "seeds; a missing seed's run failed (see the list below the table).\n\n";
   bool table_written = true;
   try {
