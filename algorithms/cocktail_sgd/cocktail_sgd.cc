@@ -360,7 +360,8 @@ WorkPtr CocktailSgd::start_packed_exchange(const std::shared_ptr<Exchange>& e) {
   // operations only this chain submits: every rank submits them in the same
   // order whatever else runs on the communicator meanwhile. A rank that
   // cannot go on (sizes it does not trust, a failed allocation) still
-  // submits the transfer, failed, so that its peers fail at once too.
+  // submits the collectives its peers submit at that point, failed, so that
+  // theirs fail at once too.
   const CommunicatorPtr comm = packed_group_;
   const int n = comm->size();
   const ExecContext exec = ctx_.exec;
