@@ -73,9 +73,12 @@ Trial qadam_trial(std::string name, QAdamOptions o) {
 
 // cocktail_sgd's sparsest setting that passes here (docs/algorithms.md):
 // the whole random fifth at 2 bits in chunks of 2048 (the harness cannot
-// tell the chunk: its shards keep 16-32 values), no index on the wire.
-CocktailSgdOptions sparse_cocktail() {
-  return CocktailSgdOptions::sparse();
+// tell the chunk: its shards keep 16-32 values), no index on the wire;
+// `packed`: with pack_payloads (the same trajectory).
+CocktailSgdOptions sparse_cocktail(bool packed = false) {
+  CocktailSgdOptions o = CocktailSgdOptions::sparse();
+  o.pack_payloads = packed;
+  return o;
 }
 
 ByteGradOptions flat_bytegrad() {
@@ -134,11 +137,8 @@ TEST(Convergence, SgdAlgorithmsWithinBudget) {
                            [] { return std::make_shared<CocktailSgd>(sparse_cocktail()); });
   sparse.averaged_for_evaluation = true;
   trials.push_back({sparse, 2.0});
-  Trial packed = sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit, packed payloads)", [] {
-    CocktailSgdOptions o = sparse_cocktail();
-    o.pack_payloads = true;
-    return std::make_shared<CocktailSgd>(o);
-  });
+  Trial packed = sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit, packed payloads)",
+                           [] { return std::make_shared<CocktailSgd>(sparse_cocktail(true)); });
   packed.averaged_for_evaluation = true;
   trials.push_back({packed, 2.0});
   trials.push_back(
@@ -219,13 +219,12 @@ void expect_resumes_bit_for_bit(const Trial& t, int64_t save_at, int64_t steps) 
 // Packing is lossless: cocktail_sgd with packed payloads follows the
 // trajectory of the same setting without, bit for bit, on every rank.
 TEST(Convergence, PackedCocktailFollowsTheSameTrajectory) {
-  CocktailSgdOptions packed = sparse_cocktail();
-  packed.pack_payloads = true;
   const Trial plain_trial = sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit)", [] {
     return std::make_shared<CocktailSgd>(sparse_cocktail());
   });
-  const Trial packed_trial = sgd_trial("cocktail_sgd (packed payloads)",
-                                       [packed] { return std::make_shared<CocktailSgd>(packed); });
+  const Trial packed_trial = sgd_trial("cocktail_sgd (packed payloads)", [] {
+    return std::make_shared<CocktailSgd>(sparse_cocktail(true));
+  });
   const auto train = [](const Trial& trial) {
     Training t(problem(), trial, trial.algorithm());
     while (t.steps() < 300) t.step();
@@ -245,10 +244,9 @@ TEST(Convergence, PackedCocktailFollowsTheSameTrajectory) {
 // checkpoints, since the ranks' synchronised models may now differ.
 TEST(Convergence, PackedCocktailTimesOutOnAPeerThatNeverComes) {
   if (world_size() < 2) GTEST_SKIP() << "needs a peer";
-  CocktailSgdOptions o = sparse_cocktail();
-  o.pack_payloads = true;
-  const Trial trial =
-      sgd_trial("cocktail_sgd (packed payloads)", [o] { return std::make_shared<CocktailSgd>(o); });
+  const Trial trial = sgd_trial("cocktail_sgd (packed payloads)", [] {
+    return std::make_shared<CocktailSgd>(sparse_cocktail(true));
+  });
   Training t(problem(), trial, trial.algorithm());
   for (int i = 0; i < 5; ++i) t.step();
   auto& cocktail = dynamic_cast<CocktailSgd&>(t.module());
@@ -300,11 +298,7 @@ TEST(Checkpoint, ResumesBitForBit) {
       sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit)",
                 [] { return std::make_shared<CocktailSgd>(sparse_cocktail()); }),
       sgd_trial("cocktail_sgd (random 0.2, top-k 1, 2-bit, packed payloads)",
-                [] {
-                  CocktailSgdOptions o = sparse_cocktail();
-                  o.pack_payloads = true;
-                  return std::make_shared<CocktailSgd>(o);
-                }),
+                [] { return std::make_shared<CocktailSgd>(sparse_cocktail(true)); }),
       sgd_trial("local_sgd",
                 [] {
                   return std::make_shared<LocalSgd>(LocalSgdOptions{4, 3});

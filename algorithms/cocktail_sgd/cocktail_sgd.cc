@@ -86,12 +86,11 @@ struct CocktailSgd::Exchange {
   // 1. Encodes every shard of the delta into `sent`, and decodes them into
   // `own`.
   void encode_shards() {
-    int64_t at = 0;
-    for (int j = 0; j < ranks(); at += bytes[j], ++j) {
+    for (int j = 0; j < ranks(); ++j) {
       const auto shard = TensorView::host(delta.data() + begin[j], count[j]);
-      kernels::encode(shard, part(sent, at, bytes[j]), cfg, worker_ctx);
-      kernels::decode(part(sent, at, bytes[j]), TensorView::host(own.data() + begin[j], count[j]),
-                      worker_ctx);
+      kernels::encode(shard, part(sent, offset(j), bytes[j]), cfg, worker_ctx);
+      kernels::decode(part(sent, offset(j), bytes[j]),
+                      TensorView::host(own.data() + begin[j], count[j]), worker_ctx);
     }
   }
   // 3. The owner averages the payloads of its shard in `received` and

@@ -80,7 +80,7 @@ struct CocktailSgdOptions {
   // (relaxcc/kernels/payload_packing.h) before it travels, and each
   // transfer is preceded by an exchange of the packed sizes. The models
   // follow the same trajectory, bit for bit; the bytes shrink where the
-  // codes are skewed (2-bit codes of bell-shaped deltas: to about 60%).
+  // codes are skewed (2-bit codes of bell-shaped deltas: to about 65%).
   bool pack_payloads = false;
 
   // The sparsest setting that passes the convergence harness
