@@ -38,6 +38,8 @@ void EdgeOp::reset_edges(const std::string& label) {
   }
   collecting_inline_ = false;
   deferred_.clear();
+  exchanged_header_ = 0;
+  exchanged_posted_ = 0;
   started_ = aborted_ = hard_abort_ = finished_ = false;
   abort_reason_.clear();
   abort_kind_ = AbortKind::error;
@@ -88,6 +90,74 @@ void EdgeOp::start(Transport& t) {
   }
   receive_headers(t);
   check_finished(t);
+}
+
+void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x) {
+  // Of two ranks, the peer is the only first contact.
+  RELAXCC_ENFORCE(t.size() == 2 && peers_.size() == 1 && peers_[0].msgs_to == count &&
+                      peers_[0].msgs_from == count && count >= 1 &&
+                      2 * count <= DirectExchange::kMaxRequests && parts[0].bytes <= kInlineBytes,
+                  InternalError, name(), ": no direct exchange for this schedule");
+  open_edges(t);
+  Peer& p = peers_[0];
+  OpHeader h = edge_header(0);
+  h.flags |= kHeaderInlineData;
+  std::memcpy(p.header_out, &h, sizeof(OpHeader));
+  if (parts[0].bytes > 0)
+    std::memcpy(p.header_out + sizeof(OpHeader), parts[0].data, parts[0].bytes);
+  p.header_out_len = sizeof(OpHeader) + parts[0].bytes;
+  p.inline_out = true;
+  x.peer = p.rank;
+  // As in start(): the peer's header message is received whatever happens.
+  try {
+    x.add(t.post_isend(p.header_out, p.header_out_len, p.rank, tag(Channel::header)),
+          slot(kHeaderSend, 0, 0), p.header_out_len, true);
+    p.header_sent = true;
+    ++p.posted_out;
+    for (int m = 1; m < count; ++m) {
+      x.add(t.post_isend(parts[m].data, parts[m].bytes, p.rank, tag(Channel::data)),
+            slot(kDataSend, 0, m), parts[m].bytes, true);
+      ++p.posted_out;
+    }
+  } catch (...) {
+    x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(Channel::header)),
+          slot(kHeaderRecv, 0, 0), p.header_len, false);
+    throw;
+  }
+  x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(Channel::header)),
+        slot(kHeaderRecv, 0, 0), p.header_len, false);
+}
+
+unsigned char* EdgeOp::exchanged_data(size_t got, size_t bytes) {
+  Peer& p = peers_[0];
+  if (got != sizeof(OpHeader) + bytes) return nullptr;
+  OpHeader in;
+  std::memcpy(&in, p.header_buf.data(), sizeof(OpHeader));
+  if ((in.flags & kHeaderInlineData) == 0 || !same_call(edge_header(0), in)) return nullptr;
+  return p.header_buf.data() + sizeof(OpHeader);
+}
+
+void EdgeOp::receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes,
+                               DirectExchange& x) {
+  const Peer& p = peers_[0];
+  x.add(t.post_irecv(buf, bytes, p.rank, tag(Channel::data)), slot(kDataRecv, 0, msg), bytes,
+        false);
+  ++exchanged_posted_;
+}
+
+void EdgeOp::leave_exchange(Transport& t) {
+  if (exchanged_header_ == 0) return;
+  // What on_complete does with a matching header message, then recv_data
+  // and deliver_inline.
+  Peer& p = peers_[0];
+  p.header_received = true;
+  std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
+  p.inline_in = true;
+  p.header_len = exchanged_header_;
+  p.live = true;
+  p.posted_in = 1 + exchanged_posted_;
+  p.completed_in = 1;
+  post_abort_recv(t, 0);
 }
 
 void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {

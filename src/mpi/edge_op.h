@@ -112,6 +112,32 @@ class EdgeOp : public Operation {
   void send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes);
   void recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes);
 
+  // The direct path (Operation::begin_direct) of an operation of two ranks
+  // that sends the other `count` data messages (the first at most kInlineBytes)
+  // and expects as many back: what start() does, the first message inline
+  // in the header message, the others behind it, and the receive of the
+  // peer's header message, all posted outside the engine's table. The
+  // subclass records that it sent them before calling this.
+  struct Part {
+    const void* data;
+    size_t bytes;
+  };
+  void begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x);
+  // The peer's inline data message of `bytes`, once the header message of
+  // `got` bytes arrived; null, changing nothing, unless the peer's header
+  // matches this rank's and carries exactly that message.
+  unsigned char* exchanged_data(size_t got, size_t bytes);
+  // The direct path takes the header message (of `got` bytes) that
+  // exchanged_data() accepted, and receives the peer's data message `msg`
+  // (1 and up) into `buf`, outside the engine's table, as request `x`.
+  void take_exchanged_header(size_t got) { exchanged_header_ = got; }
+  void receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes, DirectExchange& x);
+  // Operation::leave_direct after take_exchanged_header: the edge as the
+  // protocol leaves it when the header message arrives and the data
+  // receives are posted (message 0 delivered; the abort record's receive
+  // posted now).
+  void leave_exchange(Transport& t);
+
  private:
   struct Peer {
     int rank = -1;
@@ -189,6 +215,10 @@ class EdgeOp : public Operation {
     size_t bytes;
   };
   std::vector<Deferred> deferred_;
+  // The direct path: bytes of the peer's header message it took (0: none),
+  // data receives it posted.
+  size_t exchanged_header_ = 0;
+  int64_t exchanged_posted_ = 0;
   std::vector<Peer> peers_;
   bool contacts_added_ = false;  // open_edges added the first contacts (reuse keeps them)
   bool started_ = false;

@@ -117,24 +117,33 @@ int byte_count(size_t bytes) {
 }
 }  // namespace
 
-void Transport::isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer, int tag,
-                      bool coll) {
+MPI_Request Transport::post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll) {
   require_engine_thread(engine_);
   MPI_Request req;
   check_mpi(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
                       coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
             "MPI_Isend");
-  engine_.add_request(op, slot, req, bytes, peer, true, false);
+  return req;
 }
 
-void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
-                      bool coll) {
+MPI_Request Transport::post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll) {
   require_engine_thread(engine_);
   MPI_Request req;
   check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
                       coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
             "MPI_Irecv");
-  const int index = engine_.add_request(op, slot, req, bytes, peer, false, true);
+  return req;
+}
+
+void Transport::isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer, int tag,
+                      bool coll) {
+  engine_.add_request(op, slot, post_isend(buf, bytes, peer, tag, coll), bytes, peer, true, false);
+}
+
+void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
+                      bool coll) {
+  const int index = engine_.add_request(op, slot, post_irecv(buf, bytes, peer, tag, coll), bytes,
+                                        peer, false, true);
   engine_.pending_[index].cancellable = true;
 }
 
@@ -465,7 +474,14 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
     awaited_submission_.store(submission, std::memory_order_relaxed);
   }
   op->started_ = now;
-  start(op);
+  const Direct direct = run_direct(*lane, op, now);
+  if (direct == Direct::completed) {
+    record_finished(*op);
+    op->work_completed_ = true;
+    op->release_seq();
+    return done;
+  }
+  if (direct == Direct::unavailable) start(op);
   Transport& t = lane->transport_;
   // A short budget: a late peer must not hold the caller (who may hold
   // locks of its own) longer than the engine's busy polling would.
@@ -473,7 +489,7 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
   auto last_progress = now;
   // Completions drive the operation (on_complete posts what follows);
   // progress() matters after one, and while a failed operation drains.
-  bool progressed = false;
+  bool progressed = direct == Direct::adopted;
   bool idle_from_next_poll = false;
   for (;;) {
     if (progressed || op->error()) {
@@ -516,6 +532,117 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
   active_.erase(std::find(active_.begin(), active_.end(), op));
   op->release_seq();
   return done;
+}
+
+Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& op,
+                                  Clock::time_point started) {
+  // Traced runs show every request; a prologue or a dependency means start().
+  if (trace_.is_open() || op->prologue_ || op->after_) return Direct::unavailable;
+  Transport& t = lane.transport_;
+  DirectExchange x;
+  // As when start() or on_complete() throws: what was posted goes on, the
+  // operation aborts.
+  const auto adopt_failed = [&](std::exception_ptr error) {
+    adopt_direct(op, x);
+    try {
+      op->abort(t, std::move(error));
+    } catch (...) {
+      poison(op->lane_, detail::concat(op->name(), " #", op->seq(), ": abort failed: ",
+                                       abort_cause(std::current_exception()).reason));
+    }
+    return Direct::adopted;
+  };
+  try {
+    if (!op->begin_direct(t, x)) return Direct::unavailable;
+  } catch (...) {
+    return adopt_failed(std::current_exception());
+  }
+  // Each request tested in turn (eager sends are complete at once): an
+  // MPI_Test runs MPI's progress once when its request is not complete.
+  // The same back-off and budget as run_now's.
+  const auto budget = std::chrono::microseconds(tunables_.spin_us);
+  int tested = 0;  // requests [0, tested) completed
+  bool failed = false;
+  auto last_progress = started;
+  bool idle_from_next_poll = false;
+  for (;;) {
+    bool moved = false;
+    for (int k = tested; k < x.count; ++k) {
+      DirectExchange::Request& r = x.requests[k];
+      if (r.completed) continue;
+      int flag = 0;
+      r.error = MPI_Test(&r.request, &flag, r.send ? MPI_STATUS_IGNORE : &r.status);
+      if (flag == 0 && r.error == MPI_SUCCESS) continue;
+      // A request whose test failed is done with (MPI freed or never had it).
+      r.request = MPI_REQUEST_NULL;
+      r.completed = moved = true;
+      failed = failed || r.error != MPI_SUCCESS;
+    }
+    if (failed) break;
+    while (tested < x.count && x.requests[tested].completed) ++tested;
+    if (tested == x.count) {
+      Operation::DirectStep step;
+      try {
+        step = op->continue_direct(t, x);
+      } catch (...) {
+        return adopt_failed(std::current_exception());
+      }
+      if (step == Operation::DirectStep::finished) {
+        LaneCounters& c = lane.counters_;
+        for (int k = 0; k < x.count; ++k) {
+          const DirectExchange::Request& r = x.requests[k];
+          const uint64_t bytes = r.send ? r.bytes : x.received(k);
+          LaneCounters::add(r.send ? c.bytes_sent : c.bytes_received, bytes);
+          LaneCounters::add(r.send ? c.sent_to[x.peer] : c.received_from[x.peer], bytes);
+        }
+        return Direct::completed;
+      }
+      if (step == Operation::DirectStep::refused) break;
+      continue;  // more: test what it posted
+    }
+    if (moved) {
+      idle_from_next_poll = true;
+      continue;
+    }
+    const auto now = Clock::now();
+    if (std::exchange(idle_from_next_poll, false)) last_progress = now;
+    if (signalled_.load(std::memory_order_relaxed) || !pause(now - last_progress, true, budget))
+      break;
+  }
+  adopt_direct(op, x);
+  return Direct::adopted;
+}
+
+void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x) {
+  op->leave_direct(op->lane_->transport_);
+  auto pos = std::find_if(active_.begin(), active_.end(),
+                          [&](const auto& other) { return other->priority() < op->priority(); });
+  active_.insert(pos, op);
+  for (int k = 0; k < x.count; ++k) {
+    DirectExchange::Request& r = x.requests[k];
+    if (r.completed || r.request == MPI_REQUEST_NULL) continue;
+    const int index = add_request(*op, r.slot, std::exchange(r.request, MPI_REQUEST_NULL), r.bytes,
+                                  x.peer, r.send, !r.send);
+    pending_[index].cancellable = !r.send;
+  }
+  // Completed ones as test_requests hands them over (a send is counted when
+  // posted into the table, so here when it completed).
+  for (int k = 0; k < x.count; ++k) {
+    const DirectExchange::Request& r = x.requests[k];
+    if (r.send && r.completed) {
+      LaneCounters& c = op->lane_->counters_;
+      LaneCounters::add(c.bytes_sent, r.bytes);
+      LaneCounters::add(c.sent_to[x.peer], r.bytes);
+    }
+    if (r.consumed) {  // taken by continue_direct: counted only
+      LaneCounters& c = op->lane_->counters_;
+      LaneCounters::add(c.bytes_received, x.received(k));
+      LaneCounters::add(c.received_from[x.peer], x.received(k));
+    } else if (r.completed) {
+      complete_request(Pending{op.get(), r.slot, r.bytes, x.peer, r.send, !r.send, {}}, r.status,
+                       r.error);
+    }
+  }
 }
 
 void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
@@ -663,39 +790,43 @@ void Engine::test_requests(bool& progressed) {
     --num_pending_;
     --p.op->pending_;
     p.op->lane_->requests_pending_.fetch_sub(1, std::memory_order_relaxed);
-    if (p.recv && err == MPI_SUCCESS) {
-      int cancelled = 0;
-      MPI_Test_cancelled(&status, &cancelled);
-      int got = 0;
-      if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
-      LaneCounters& c = p.op->lane_->counters_;
-      LaneCounters::add(c.bytes_received, static_cast<uint64_t>(got));
-      LaneCounters::add(c.received_from[p.peer], static_cast<uint64_t>(got));
-    }
-    if (trace_.is_open() && (p.send || p.recv))
-      trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
-                  detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"",
-                                 p.op->name(), "\",\"seq\":", p.op->seq()));
-    try {
-      p.op->on_complete(p.op->lane_->transport_, p.slot, status, err);
-    } catch (...) {
-      // An abort that fails (a send it posts throws) must not lose the other
-      // completions of this batch: their requests are freed already.
-      try {
-        p.op->abort(p.op->lane_->transport_, std::current_exception());
-      } catch (...) {
-        poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": abort failed: ",
-                                           abort_cause(std::current_exception()).reason));
-      }
-    }
-    // The transport gave up on a peer (a lost connection, a dead process):
-    // nothing more on this lane can be trusted to complete.
-    if (err != MPI_SUCCESS && p.peer >= 0)
-      poison(p.op->lane_,
-             detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
-                            ": ", mpi_error_string(err)));
+    complete_request(p, status, err);
   }
   while (slots_in_use_ > 0 && requests_[slots_in_use_ - 1] == MPI_REQUEST_NULL) --slots_in_use_;
+}
+
+void Engine::complete_request(const Pending& p, const MPI_Status& status, int err) {
+  if (p.recv && err == MPI_SUCCESS) {
+    int cancelled = 0;
+    MPI_Test_cancelled(&status, &cancelled);
+    int got = 0;
+    if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
+    LaneCounters& c = p.op->lane_->counters_;
+    LaneCounters::add(c.bytes_received, static_cast<uint64_t>(got));
+    LaneCounters::add(c.received_from[p.peer], static_cast<uint64_t>(got));
+  }
+  if (trace_.is_open() && (p.send || p.recv))
+    trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
+                detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"",
+                               p.op->name(), "\",\"seq\":", p.op->seq()));
+  try {
+    p.op->on_complete(p.op->lane_->transport_, p.slot, status, err);
+  } catch (...) {
+    // An abort that fails (a send it posts throws) must not lose the other
+    // completions of this batch: their requests are freed already.
+    try {
+      p.op->abort(p.op->lane_->transport_, std::current_exception());
+    } catch (...) {
+      poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": abort failed: ",
+                                         abort_cause(std::current_exception()).reason));
+    }
+  }
+  // The transport gave up on a peer (a lost connection, a dead process):
+  // nothing more on this lane can be trusted to complete.
+  if (err != MPI_SUCCESS && p.peer >= 0)
+    poison(p.op->lane_,
+           detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
+                          ": ", mpi_error_string(err)));
 }
 
 void Engine::retire_finished() {

@@ -40,6 +40,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <bitset>
 #include <chrono>
@@ -71,6 +72,40 @@ struct TimeoutReport;
 
 using Clock = std::chrono::steady_clock;
 
+// The requests of a direct exchange (Operation::begin_direct), posted
+// outside the engine's request table, in the order they were posted: this
+// rank's messages to one peer, the receive of the peer's header message,
+// then any receives continue_direct adds. Each has the slot under which
+// on_complete knows it.
+struct DirectExchange {
+  static constexpr int kMaxRequests = 24;
+  struct Request {
+    MPI_Request request;
+    int64_t slot;
+    size_t bytes;
+    bool send;
+    bool completed;  // tested complete (or failed): MPI released it
+    bool consumed;   // continue_direct took it: not for on_complete
+    int error;
+    MPI_Status status;
+  };
+  int peer = -1;  // lane rank
+  // Requests [0, count) are set (the others are not initialized: a small
+  // exchange does not pay for clearing them).
+  std::array<Request, kMaxRequests> requests;
+  int count = 0;
+  void add(MPI_Request request, int64_t slot, size_t bytes, bool send) {
+    requests.at(static_cast<size_t>(count++)) =
+        Request{request, slot, bytes, send, false, false, MPI_SUCCESS, MPI_Status{}};
+  }
+  // Bytes received by completed receive `k`.
+  size_t received(int k) const {
+    int got = 0;
+    MPI_Get_count(&requests[static_cast<size_t>(k)].status, MPI_BYTE, &got);
+    return static_cast<size_t>(got);
+  }
+};
+
 // Posts MPI requests for the operations of one lane. Peers are ranks of the
 // lane; tags are the lane's. Valid only on the thread that holds the
 // engine's progress token.
@@ -84,6 +119,11 @@ class Transport {
              bool coll = true);
   void irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
              bool coll = true);
+  // isend/irecv outside the engine's request table, for
+  // Operation::begin_direct: run_now() tests the request itself or hands it
+  // to the table.
+  MPI_Request post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll = true);
+  MPI_Request post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll = true);
   // Matched probe on the collective (or point-to-point) communicator: when a
   // message from `peer` with `tag` is waiting, returns true with its handle
   // and size, so the receive can be sized to the message and nothing is
@@ -275,6 +315,24 @@ class Operation {
   // Before the Work completes: records what the Work reports beyond success
   // (Work::set_contributions).
   virtual void report(Work&) const {}
+  // The direct path of Engine::run_now, for an operation that exchanges a
+  // few messages with one peer. begin_direct() does what start() would, but
+  // posts with Transport::post_isend/post_irecv into `x`; it returns false,
+  // having done nothing, when the operation has no direct path (start()
+  // then). Each time every request of `x` completed, continue_direct()
+  // either completes the operation (finished), or posts further receives
+  // into `x` and marks the completions it took as consumed (more), or, when
+  // a message is not the one a successful call receives (a mismatch, an
+  // abort, a short message), changes nothing and refuses. The engine then
+  // hands the requests to the protocol (completions not consumed to
+  // on_complete, pending ones to its table), after leave_direct() brought
+  // the operation's state to what the protocol expects of the consumed
+  // completions and the receives posted. An operation that continued
+  // (more) at least once must not refuse.
+  enum class DirectStep { finished, more, refused };
+  virtual bool begin_direct(Transport&, DirectExchange&) { return false; }
+  virtual DirectStep continue_direct(Transport&, DirectExchange&) { return DirectStep::refused; }
+  virtual void leave_direct(Transport&) {}
 
   // A local step the operation needs before start() (a copy of its input
   // into its output, say); runs on the token holder, not before
@@ -546,6 +604,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer, bool send,
                   bool recv);
   void test_requests(bool& progressed);
+  // Hands a completed request (out of the table already) to its operation:
+  // counts received bytes, traces, calls on_complete (aborting the
+  // operation when that throws) and poisons the lane on a transport error.
+  void complete_request(const Pending& p, const MPI_Status& status, int err);
+  // run_now()'s direct path (Operation::begin_direct), from `started`.
+  enum class Direct { unavailable, completed, adopted };
+  Direct run_direct(Lane& lane, const std::shared_ptr<Operation>& op, Clock::time_point started);
+  // Makes a direct exchange an active operation of the engine: requests
+  // still pending go into the table, those that completed to
+  // complete_request, in the order they were posted.
+  void adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x);
   // Completes the Works of finished operations and drops those the
   // transport released.
   void retire_finished();

@@ -62,6 +62,10 @@ class RecursiveDoublingOp final : public EdgeOp {
     return {1, bytes};
   }
 
+  // Two ranks whose first part rides in the header message.
+  bool begin_direct(Transport& t, DirectExchange& x) override;
+  DirectStep continue_direct(Transport& t, DirectExchange& x) override;
+  void leave_direct(Transport& t) override;
   void run(Transport& t) override;
   void on_sent(Transport& t, int pi, int64_t msg) override;
   void on_received(Transport& t, int pi, int64_t msg) override;
@@ -74,6 +78,9 @@ class RecursiveDoublingOp final : public EdgeOp {
   OpHeader make_header() const;
   // Combines the step's received data and moves to the next step.
   void finish_step();
+  // Combines `theirs` (the partner's elements [first, first + theirs.numel)
+  // of step `m`) into data_, lower rank first.
+  void combine(const ButterflyMove& m, const TensorView& theirs, int64_t first = 0);
 
   TensorView data_;
   OpType type_;
@@ -88,6 +95,8 @@ class RecursiveDoublingOp final : public EdgeOp {
   bool inline_first_ = false;  // a step's first message rides in the header message
   size_t part_bytes_ = 0;      // bytes per message (the last may be shorter)
   bool send_posted_ = false, recv_posted_ = false;
+  // The direct path took the peer's header message: its first part is there.
+  unsigned char* direct_first_ = nullptr;
   int sends_done_ = 0, recvs_done_ = 0;
   ScratchPool::Buffer theirs_;
 };

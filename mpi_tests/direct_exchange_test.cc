@@ -1,0 +1,167 @@
+// The direct exchange of two ranks (Engine::run_now's direct path,
+// Operation::begin_direct) handed over to the protocol after the peer's
+// header message arrived and the receives of the further parts were posted.
+// Rank 0 runs a recursive-doubling allreduce of 4 KiB (two parts: one inside
+// the header message, one on the data channel) on an engine of its own; rank
+// 1 plays its peer by hand, with raw MPI on the lane's communicator, and
+// holds back what follows its header message far longer than rank 0's
+// polling budget, so the hand-over happens at that stage every time.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "mpi/engine.h"
+#include "mpi/op_header.h"
+#include "mpi/recursive_doubling.h"
+#include "relaxcc/collectives/allreduce.h"
+#include "relaxcc/errors.h"
+#include "test_util.h"
+
+namespace relaxcc::mpi {
+namespace {
+
+using namespace std::chrono_literals;
+using test::Buffer;
+
+constexpr int64_t kCount = 1024;  // i32: 4096 bytes, two parts
+constexpr size_t kSecondPart = kCount * sizeof(int32_t) - kInlineBytes;
+
+// Both ranks' view of one lane of two ranks over a duplicate of
+// MPI_COMM_WORLD (collective: both ranks build it).
+class DirectExchangeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    if (size_ != 2) GTEST_SKIP() << "plays the peer of a lane of exactly two ranks";
+    MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &coll);
+    MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
+    comms_ = std::make_shared<CommPair>(coll, p2p);
+    if (rank_ == 0) {
+      engine_ = std::make_shared<Engine>(tunables_, Engine::Polling{});
+      lane_ = engine_->add_lane(comms_, {}, 0, 0, tunables_);
+    }
+  }
+  void TearDown() override {
+    if (size_ != 2) return;
+    MPI_Barrier(comms_->coll);
+    lane_.reset();
+    engine_.reset();
+  }
+  // Rank 0: the allreduce of `data` through run_now; returns its Work (the
+  // `done` Work when it completed within the call).
+  WorkPtr run_allreduce(Buffer& data, const WorkPtr& done) {
+    auto op = std::make_shared<RecursiveDoublingOp>(
+        "allreduce", 0, "", data.view(), ReduceOp::sum, 0, 2, ExecContext::host(),
+        static_cast<int>(AllreduceAlgo::recursive_doubling));
+    return engine_->run_now(lane_, op, [] { return std::string("by hand"); }, OpOptions{}, done);
+  }
+  int tag(Channel c) const { return collective_tag(0, 1, c, comms_->max_tag); }
+  // Rank 1: receives rank 0's header message and answers with a matching
+  // one that carries this rank's first part; returns this rank's data.
+  Buffer answer_header() {
+    std::vector<unsigned char> in(kHeaderMessageBytes);
+    MPI_Recv(in.data(), static_cast<int>(in.size()), MPI_BYTE, 0, tag(Channel::header),
+             comms_->coll, MPI_STATUS_IGNORE);
+    OpHeader h;
+    std::memcpy(&h, in.data(), sizeof(OpHeader));
+    EXPECT_EQ(h.flags & kHeaderInlineData, kHeaderInlineData);
+    EXPECT_EQ(h.count, kCount);
+    Buffer mine(DType::i32, kCount);
+    test::fill(mine, 1);
+    std::vector<unsigned char> out(sizeof(OpHeader) + kInlineBytes);
+    std::memcpy(out.data(), &h, sizeof(OpHeader));  // the same call, seen from here
+    std::memcpy(out.data() + sizeof(OpHeader), mine.view().data, kInlineBytes);
+    MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, tag(Channel::header),
+             comms_->coll);
+    // Rank 0's second part, sent behind its header message.
+    std::vector<unsigned char> second(kSecondPart);
+    MPI_Recv(second.data(), static_cast<int>(second.size()), MPI_BYTE, 0, tag(Channel::data),
+             comms_->coll, MPI_STATUS_IGNORE);
+    return mine;
+  }
+
+  // A polling budget of 100 ms without progress: the peer's header message
+  // arrives well within it, the held-back part well after it.
+  Tunables tunables_ = [] {
+    Tunables t = Tunables::from_env();
+    t.spin_us = 100'000;
+    return t;
+  }();
+  int size_ = 1, rank_ = 0;
+  std::shared_ptr<CommPair> comms_;
+  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<Lane> lane_;
+};
+
+// The second part comes 400 ms late: rank 0's call returns a Work of its
+// own, which completes with the exact sum once it arrives; every byte is
+// counted once.
+TEST_F(DirectExchangeTest, HandedOverWithAPartToComeCompletesExactly) {
+  if (rank_ == 1) {
+    Buffer mine = answer_header();
+    std::this_thread::sleep_for(500ms);
+    MPI_Send(static_cast<unsigned char*>(mine.view().data) + kInlineBytes,
+             static_cast<int>(kSecondPart), MPI_BYTE, 0, tag(Channel::data), comms_->coll);
+    return;
+  }
+  auto done = std::make_shared<Work>("done");
+  done->complete(nullptr);
+  Buffer data(DType::i32, kCount);
+  test::fill(data, 0);
+  WorkPtr work = run_allreduce(data, done);
+  ASSERT_NE(work, done) << "completed within the call: the peer's part was not held back";
+  // Handed over after the header: the second part's receive and the abort
+  // record's are pending.
+  EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
+  work->wait(10s);
+  for (int64_t i = 0; i < kCount; ++i)
+    ASSERT_EQ(data.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, 2)) << i;
+  const CommStats stats = engine_->stats(*lane_);
+  const uint64_t bytes = sizeof(OpHeader) + kInlineBytes + kSecondPart;
+  EXPECT_EQ(stats.bytes_sent, bytes);
+  EXPECT_EQ(stats.bytes_received, bytes);
+  EXPECT_EQ(stats.operations, 1u);
+  EXPECT_EQ(stats.requests_pending, 0);
+}
+
+// Instead of its second part the peer sends an abort record (it failed
+// after its header message went out): rank 0's call fails with the peer's
+// reason, and its receive of the part that never comes is cancelled.
+TEST_F(DirectExchangeTest, HandedOverThenAnAbortRecordFailsTheCall) {
+  if (rank_ == 1) {
+    answer_header();
+    std::this_thread::sleep_for(500ms);
+    AbortRecord abort;
+    abort.origin = 1;
+    abort.sent = 1;  // the part inside the header message
+    abort.set_reason("out of memory by hand");
+    MPI_Send(&abort, sizeof(AbortRecord), MPI_BYTE, 0, tag(Channel::abort), comms_->coll);
+    return;
+  }
+  auto done = std::make_shared<Work>("done");
+  done->complete(nullptr);
+  Buffer data(DType::i32, kCount);
+  test::fill(data, 0);
+  WorkPtr work = run_allreduce(data, done);
+  ASSERT_NE(work, done);
+  EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
+  try {
+    work->wait(10s);
+    FAIL() << "the call succeeded without the peer's second part";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(e.message().find("rank 1 failed: out of memory by hand"), std::string::npos)
+        << e.message();
+  }
+  EXPECT_EQ(engine_->stats(*lane_).requests_pending, 0);
+}
+
+}  // namespace
+}  // namespace relaxcc::mpi
