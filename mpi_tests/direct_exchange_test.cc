@@ -55,13 +55,22 @@ class DirectExchangeTest : public ::testing::Test {
     lane_.reset();
     engine_.reset();
   }
-  // Rank 0: the allreduce of `data` through run_now; returns its Work (the
-  // `done` Work when it completed within the call).
-  WorkPtr run_allreduce(Buffer& data, const WorkPtr& done) {
+  // Rank 0: the allreduce of its `data` (rank and index encoded) through
+  // run_now, which must hand it over after the peer's header message:
+  // returns its Work (null when it completed within the call).
+  WorkPtr run_handed_over(Buffer& data) {
+    test::fill(data, 0);
+    auto done = std::make_shared<Work>("done");
+    done->complete(nullptr);
     auto op = std::make_shared<RecursiveDoublingOp>(
         "allreduce", 0, "", data.view(), ReduceOp::sum, 0, 2, ExecContext::host(),
         static_cast<int>(AllreduceAlgo::recursive_doubling));
-    return engine_->run_now(lane_, op, [] { return std::string("by hand"); }, OpOptions{}, done);
+    WorkPtr work =
+        engine_->run_now(lane_, op, [] { return std::string("by hand"); }, OpOptions{}, done);
+    EXPECT_NE(work, done) << "completed within the call: the peer's part was not held back";
+    // The second part's receive and the abort record's are pending.
+    EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
+    return work == done ? nullptr : work;
   }
   int tag(Channel c) const { return collective_tag(0, 1, c, comms_->max_tag); }
   // Rank 1: receives rank 0's header message and answers with a matching
@@ -112,15 +121,9 @@ TEST_F(DirectExchangeTest, HandedOverWithAPartToComeCompletesExactly) {
              static_cast<int>(kSecondPart), MPI_BYTE, 0, tag(Channel::data), comms_->coll);
     return;
   }
-  auto done = std::make_shared<Work>("done");
-  done->complete(nullptr);
   Buffer data(DType::i32, kCount);
-  test::fill(data, 0);
-  WorkPtr work = run_allreduce(data, done);
-  ASSERT_NE(work, done) << "completed within the call: the peer's part was not held back";
-  // Handed over after the header: the second part's receive and the abort
-  // record's are pending.
-  EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
+  WorkPtr work = run_handed_over(data);
+  ASSERT_TRUE(work);
   work->wait(10s);
   for (int64_t i = 0; i < kCount; ++i)
     ASSERT_EQ(data.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, 2)) << i;
@@ -146,13 +149,9 @@ TEST_F(DirectExchangeTest, HandedOverThenAnAbortRecordFailsTheCall) {
     MPI_Send(&abort, sizeof(AbortRecord), MPI_BYTE, 0, tag(Channel::abort), comms_->coll);
     return;
   }
-  auto done = std::make_shared<Work>("done");
-  done->complete(nullptr);
   Buffer data(DType::i32, kCount);
-  test::fill(data, 0);
-  WorkPtr work = run_allreduce(data, done);
-  ASSERT_NE(work, done);
-  EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
+  WorkPtr work = run_handed_over(data);
+  ASSERT_TRUE(work);
   try {
     work->wait(10s);
     FAIL() << "the call succeeded without the peer's second part";
