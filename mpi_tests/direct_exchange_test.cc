@@ -65,8 +65,8 @@ class DirectExchangeTest : public ::testing::Test {
     auto op = std::make_shared<RecursiveDoublingOp>(
         "allreduce", 0, "", data.view(), ReduceOp::sum, 0, 2, ExecContext::host(),
         static_cast<int>(AllreduceAlgo::recursive_doubling));
-    WorkPtr work =
-        engine_->run_now(lane_, op, [] { return std::string("by hand"); }, OpOptions{}, done);
+    WorkPtr work = engine_->run_now(
+        lane_, op, [] { return std::string("by hand"); }, OpOptions{}, done);
     EXPECT_NE(work, done) << "completed within the call: the peer's part was not held back";
     // The second part's receive and the abort record's are pending.
     EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
