@@ -586,16 +586,16 @@ TEST(SmallAllreduce, TwoThreadsOnTwoLanesOfOneEngineAreExact) {
 }
 
 // The direct exchange of two ranks (Engine::run_now, Operation::
-// begin_direct), handed over to the protocol at every stage. Without a
-// polling budget (spin_us 0) the exchange goes the common way as soon as a
-// poll finds nothing: before the peer's header message arrived, or after
-// it and with the receives of the further parts posted. Random delays mix
-// ranks that exchange directly with ranks whose engine is still busy (their
-// call is queued). One part (2 and 980 elements), two (1024, 4 KiB), six
-// (5000) and nine (8820); sums and maxima of i32 and averages of f32 exact,
-// every call counted once, then a mismatch in the middle of a part fails
-// both ranks and leaves the pair usable.
-TEST(SmallAllreduce, DirectExchangeHandedOverAtEveryStageIsExact) {
+// begin_direct) without a polling budget (spin_us 0): the exchange goes
+// back to the protocol as soon as a poll finds nothing, mostly before the
+// peer's header message arrived (direct_exchange_test forces the stage
+// after it). Random delays mix ranks that exchange directly with ranks
+// whose engine is still busy (their call is queued). One part (2 and 980
+// elements), two (1024, 4 KiB), six (5000) and nine (8820); sums and maxima
+// of i32 and averages of f32 exact, every call counted once, then a
+// mismatch in the middle of a part fails both ranks and leaves the pair
+// usable.
+TEST(SmallAllreduce, DirectExchangeWithoutPollingBudgetIsExact) {
   using namespace std::chrono_literals;
   const int n = world()->size(), r = world()->rank();
   if (n < 2) GTEST_SKIP() << "the direct exchange needs two ranks";

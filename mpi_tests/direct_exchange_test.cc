@@ -3,9 +3,10 @@
 // header message arrived and the receives of the further parts were posted.
 // Rank 0 runs a recursive-doubling allreduce of 4 KiB (two parts: one inside
 // the header message, one on the data channel) on an engine of its own; rank
-// 1 plays its peer by hand, with raw MPI on the lane's communicator, and
-// holds back what follows its header message far longer than rank 0's
-// polling budget, so the hand-over happens at that stage every time.
+// 1 plays its peer by hand, with raw MPI on the lane's communicator: its
+// header message is there before rank 0 calls, and what follows it comes
+// far later than rank 0's polling budget, so the hand-over happens at that
+// stage every time.
 #include <mpi.h>
 
 #include <chrono>
@@ -56,8 +57,9 @@ class DirectExchangeTest : public ::testing::Test {
     engine_.reset();
   }
   // Rank 0: the allreduce of its `data` (rank and index encoded) through
-  // run_now, which must hand it over after the peer's header message:
-  // returns its Work (null when it completed within the call).
+  // run_now, once the peer's header message is there; the call must hand
+  // it over after taking that message. Returns its Work (null when it
+  // completed within the call).
   WorkPtr run_handed_over(Buffer& data) {
     test::fill(data, 0);
     auto done = std::make_shared<Work>("done");
@@ -65,32 +67,42 @@ class DirectExchangeTest : public ::testing::Test {
     auto op = std::make_shared<RecursiveDoublingOp>(
         "allreduce", 0, "", data.view(), ReduceOp::sum, 0, 2, ExecContext::host(),
         static_cast<int>(AllreduceAlgo::recursive_doubling));
+    MPI_Barrier(MPI_COMM_WORLD);  // behind the peer's header message
     WorkPtr work = engine_->run_now(
         lane_, op, [] { return std::string("by hand"); }, OpOptions{}, done);
     EXPECT_NE(work, done) << "completed within the call: the peer's part was not held back";
-    // The second part's receive and the abort record's are pending.
+    // The second part's receive and the abort record's are pending (before
+    // the header was taken only its receive would be).
     EXPECT_EQ(engine_->stats(*lane_).requests_pending, 2);
     return work == done ? nullptr : work;
   }
   int tag(Channel c) const { return collective_tag(0, 1, c, comms_->max_tag); }
-  // Rank 1: receives rank 0's header message and answers with a matching
-  // one that carries this rank's first part; returns this rank's data.
-  Buffer answer_header() {
-    std::vector<unsigned char> in(kHeaderMessageBytes);
-    MPI_Recv(in.data(), static_cast<int>(in.size()), MPI_BYTE, 0, tag(Channel::header),
-             comms_->coll, MPI_STATUS_IGNORE);
-    OpHeader h;
-    std::memcpy(&h, in.data(), sizeof(OpHeader));
-    EXPECT_EQ(h.flags & kHeaderInlineData, kHeaderInlineData);
-    EXPECT_EQ(h.count, kCount);
+  // Rank 1: sends the header message of the call rank 0 makes, with this
+  // rank's first part, before rank 0 makes it; then takes rank 0's header
+  // message and second part. Returns this rank's data.
+  Buffer send_header_first() {
     Buffer mine(DType::i32, kCount);
     test::fill(mine, 1);
+    OpHeader h;
+    h.type = OpType::allreduce;
+    h.dtype = DType::i32;
+    h.op = ReduceOp::sum;
+    h.algo = static_cast<uint8_t>(AllreduceAlgo::recursive_doubling);
+    h.flags = kHeaderInlineData;
+    h.seq = 1;
+    h.count = kCount;
     std::vector<unsigned char> out(sizeof(OpHeader) + kInlineBytes);
-    std::memcpy(out.data(), &h, sizeof(OpHeader));  // the same call, seen from here
+    std::memcpy(out.data(), &h, sizeof(OpHeader));
     std::memcpy(out.data() + sizeof(OpHeader), mine.view().data, kInlineBytes);
     MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, tag(Channel::header),
              comms_->coll);
-    // Rank 0's second part, sent behind its header message.
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::vector<unsigned char> in(kHeaderMessageBytes);
+    MPI_Recv(in.data(), static_cast<int>(in.size()), MPI_BYTE, 0, tag(Channel::header),
+             comms_->coll, MPI_STATUS_IGNORE);
+    OpHeader theirs;
+    std::memcpy(&theirs, in.data(), sizeof(OpHeader));
+    EXPECT_TRUE(same_call(h, theirs)) << describe(theirs, 0);
     std::vector<unsigned char> second(kSecondPart);
     MPI_Recv(second.data(), static_cast<int>(second.size()), MPI_BYTE, 0, tag(Channel::data),
              comms_->coll, MPI_STATUS_IGNORE);
@@ -110,12 +122,12 @@ class DirectExchangeTest : public ::testing::Test {
   std::shared_ptr<Lane> lane_;
 };
 
-// The second part comes 400 ms late: rank 0's call returns a Work of its
+// The second part comes 500 ms late: rank 0's call returns a Work of its
 // own, which completes with the exact sum once it arrives; every byte is
 // counted once.
 TEST_F(DirectExchangeTest, HandedOverWithAPartToComeCompletesExactly) {
   if (rank_ == 1) {
-    Buffer mine = answer_header();
+    Buffer mine = send_header_first();
     std::this_thread::sleep_for(500ms);
     MPI_Send(static_cast<unsigned char*>(mine.view().data) + kInlineBytes,
              static_cast<int>(kSecondPart), MPI_BYTE, 0, tag(Channel::data), comms_->coll);
@@ -140,7 +152,7 @@ TEST_F(DirectExchangeTest, HandedOverWithAPartToComeCompletesExactly) {
 // reason, and its receive of the part that never comes is cancelled.
 TEST_F(DirectExchangeTest, HandedOverThenAnAbortRecordFailsTheCall) {
   if (rank_ == 1) {
-    answer_header();
+    send_header_first();
     std::this_thread::sleep_for(500ms);
     AbortRecord abort;
     abort.origin = 1;

@@ -92,12 +92,13 @@ void EdgeOp::start(Transport& t) {
   check_finished(t);
 }
 
-void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x) {
+bool EdgeOp::can_exchange(Transport& t, int count) const {
   // Of two ranks, the peer is the only first contact.
-  RELAXCC_ENFORCE(t.size() == 2 && peers_.size() == 1 && peers_[0].msgs_to == count &&
-                      peers_[0].msgs_from == count && count >= 1 &&
-                      2 * count <= DirectExchange::kMaxRequests && parts[0].bytes <= kInlineBytes,
-                  InternalError, name(), ": no direct exchange for this schedule");
+  return t.size() == 2 && peers_.size() == 1 && peers_[0].msgs_to == count &&
+         peers_[0].msgs_from == count && count >= 1 && 2 * count <= DirectExchange::kMaxRequests;
+}
+
+void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x) {
   open_edges(t);
   Peer& p = peers_[0];
   OpHeader h = edge_header(0);
@@ -107,34 +108,42 @@ void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectEx
     std::memcpy(p.header_out + sizeof(OpHeader), parts[0].data, parts[0].bytes);
   p.header_out_len = sizeof(OpHeader) + parts[0].bytes;
   p.inline_out = true;
+  ++p.posted_out;  // as send_data counts a message that rides in the header
   x.peer = p.rank;
   // As in start(): the peer's header message is received whatever happens.
+  const auto receive_header = [&] {
+    exchange_header_request_ = x.count;
+    x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(Channel::header)),
+          slot(kHeaderRecv, 0, 0), p.header_len, false);
+  };
   try {
     x.add(t.post_isend(p.header_out, p.header_out_len, p.rank, tag(Channel::header)),
           slot(kHeaderSend, 0, 0), p.header_out_len, true);
     p.header_sent = true;
-    ++p.posted_out;
     for (int m = 1; m < count; ++m) {
       x.add(t.post_isend(parts[m].data, parts[m].bytes, p.rank, tag(Channel::data)),
             slot(kDataSend, 0, m), parts[m].bytes, true);
       ++p.posted_out;
     }
   } catch (...) {
-    x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(Channel::header)),
-          slot(kHeaderRecv, 0, 0), p.header_len, false);
+    receive_header();
     throw;
   }
-  x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(Channel::header)),
-        slot(kHeaderRecv, 0, 0), p.header_len, false);
+  receive_header();
 }
 
-unsigned char* EdgeOp::exchanged_data(size_t got, size_t bytes) {
-  Peer& p = peers_[0];
-  if (got != sizeof(OpHeader) + bytes) return nullptr;
+unsigned char* EdgeOp::exchanged_data(const DirectExchange& x, size_t bytes) const {
+  const Peer& p = peers_[0];
+  if (x.received(exchange_header_request_) != sizeof(OpHeader) + bytes) return nullptr;
   OpHeader in;
   std::memcpy(&in, p.header_buf.data(), sizeof(OpHeader));
   if ((in.flags & kHeaderInlineData) == 0 || !same_call(edge_header(0), in)) return nullptr;
-  return p.header_buf.data() + sizeof(OpHeader);
+  return exchanged_first();
+}
+
+void EdgeOp::take_exchanged_header(DirectExchange& x) {
+  x.requests[exchange_header_request_].consumed = true;
+  exchanged_header_ = x.received(exchange_header_request_);
 }
 
 void EdgeOp::receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes,
@@ -439,9 +448,9 @@ void EdgeOp::send_abort(Transport& t, int pi) {
 void EdgeOp::post_abort_recv(Transport& t, int pi) {
   Peer& p = peers_[pi];
   if (p.abort_recv_posted) return;
-  p.abort_recv_posted = true;
   t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank,
           tag(Channel::abort));
+  p.abort_recv_posted = true;
 }
 
 void EdgeOp::drain(Transport& t) {

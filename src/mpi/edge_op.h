@@ -113,26 +113,31 @@ class EdgeOp : public Operation {
   void recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes);
 
   // The direct path (Operation::begin_direct) of an operation of two ranks
-  // that sends the other `count` data messages (the first at most kInlineBytes)
-  // and expects as many back: what start() does, the first message inline
-  // in the header message, the others behind it, and the receive of the
-  // peer's header message, all posted outside the engine's table. The
-  // subclass records that it sent them before calling this.
+  // that sends the other `count` data messages (the first at most
+  // kInlineBytes) and expects as many back. can_exchange() says whether the
+  // edges allow it. begin_exchange() does what start() does: the first
+  // message inline in the header message, the others behind it, then the
+  // receive of the peer's header message, all posted outside the engine's
+  // table into `x`. The subclass records that it sent them.
   struct Part {
     const void* data;
     size_t bytes;
   };
+  bool can_exchange(Transport& t, int count) const;
   void begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x);
-  // The peer's inline data message of `bytes`, once the header message of
-  // `got` bytes arrived; null, changing nothing, unless the peer's header
-  // matches this rank's and carries exactly that message.
-  unsigned char* exchanged_data(size_t got, size_t bytes);
-  // The direct path takes the header message (of `got` bytes) that
-  // exchanged_data() accepted, and receives the peer's data message `msg`
-  // (1 and up) into `buf`, outside the engine's table, as request `x`.
-  void take_exchanged_header(size_t got) { exchanged_header_ = got; }
+  // The peer's inline data message of `bytes`, once its header message
+  // arrived in `x`; null, changing nothing, unless the peer's header matches
+  // this rank's and carries exactly that message.
+  unsigned char* exchanged_data(const DirectExchange& x, size_t bytes) const;
+  // Takes the peer's header message that exchanged_data() accepted (the
+  // protocol will not see it again), so that the peer's data message `msg`
+  // (1 and up) can be received into `buf`, outside the engine's table, into
+  // `x`. exchanged_first() is then its first data message.
+  void take_exchanged_header(DirectExchange& x);
+  bool exchange_taken() const { return exchanged_header_ > 0; }
+  unsigned char* exchanged_first() const { return peers_[0].header_buf.data() + sizeof(OpHeader); }
   void receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes, DirectExchange& x);
-  // Operation::leave_direct after take_exchanged_header: the edge as the
+  // Operation::leave_direct once the header was taken: the edge as the
   // protocol leaves it when the header message arrives and the data
   // receives are posted (message 0 delivered; the abort record's receive
   // posted now).
@@ -215,8 +220,10 @@ class EdgeOp : public Operation {
     size_t bytes;
   };
   std::vector<Deferred> deferred_;
-  // The direct path: bytes of the peer's header message it took (0: none),
-  // data receives it posted.
+  // The direct path: the receive of the peer's header message in its
+  // DirectExchange, the bytes of that message once taken (0: not taken),
+  // the data receives posted since.
+  int exchange_header_request_ = 0;
   size_t exchanged_header_ = 0;
   int64_t exchanged_posted_ = 0;
   std::vector<Peer> peers_;

@@ -540,65 +540,59 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
   if (trace_.is_open() || op->prologue_ || op->after_) return Direct::unavailable;
   Transport& t = lane.transport_;
   DirectExchange x;
-  // As when start() or on_complete() throws: what was posted goes on, the
-  // operation aborts.
-  const auto adopt_failed = [&](std::exception_ptr error) {
-    adopt_direct(op, x);
-    try {
-      op->abort(t, std::move(error));
-    } catch (...) {
-      poison(op->lane_, detail::concat(op->name(), " #", op->seq(), ": abort failed: ",
-                                       abort_cause(std::current_exception()).reason));
-    }
-    return Direct::adopted;
-  };
   try {
     if (!op->begin_direct(t, x)) return Direct::unavailable;
   } catch (...) {
-    return adopt_failed(std::current_exception());
+    adopt_direct(op, x, std::current_exception());
+    return Direct::adopted;
   }
   // Each request tested in turn (eager sends are complete at once): an
   // MPI_Test runs MPI's progress once when its request is not complete.
   // The same back-off and budget as run_now's.
   const auto budget = std::chrono::microseconds(tunables_.spin_us);
-  int tested = 0;  // requests [0, tested) completed
-  bool failed = false;
+  bool failed = false, moved_since_continue = false;
   auto last_progress = started;
   bool idle_from_next_poll = false;
   for (;;) {
     bool moved = false;
-    for (int k = tested; k < x.count; ++k) {
+    for (int k = 0; k < x.count; ++k) {
       DirectExchange::Request& r = x.requests[k];
       if (r.completed) continue;
       int flag = 0;
       r.error = MPI_Test(&r.request, &flag, r.send ? MPI_STATUS_IGNORE : &r.status);
-      if (flag == 0 && r.error == MPI_SUCCESS) continue;
-      // A request whose test failed is done with (MPI freed or never had it).
-      r.request = MPI_REQUEST_NULL;
-      r.completed = moved = true;
+      if (r.error != MPI_SUCCESS && flag == 0) {
+        // MPI_Test itself failed: the request stays MPI's, parked in the
+        // table (as after an MPI_Testsome failure, the lane is poisoned).
+        r.error = MPI_SUCCESS;
+        adopt_direct(op, x);
+        poison(op->lane_, detail::concat(op->name(), " #", op->seq(), ": MPI_Test failed"));
+        return Direct::adopted;
+      }
+      if (flag == 0) continue;
+      r.request = MPI_REQUEST_NULL;  // MPI freed it
+      r.completed = moved = moved_since_continue = true;
       failed = failed || r.error != MPI_SUCCESS;
     }
     if (failed) break;
-    while (tested < x.count && x.requests[tested].completed) ++tested;
-    if (tested == x.count) {
+    // The operation goes on once every receive completed (sends need not
+    // have: a send that waits for the peer's receive must not stop it).
+    if (moved_since_continue && x.all_completed(false)) {
+      moved_since_continue = false;
       Operation::DirectStep step;
       try {
         step = op->continue_direct(t, x);
       } catch (...) {
-        return adopt_failed(std::current_exception());
+        adopt_direct(op, x, std::current_exception());
+        return Direct::adopted;
       }
       if (step == Operation::DirectStep::finished) {
-        LaneCounters& c = lane.counters_;
-        for (int k = 0; k < x.count; ++k) {
-          const DirectExchange::Request& r = x.requests[k];
-          const uint64_t bytes = r.send ? r.bytes : x.received(k);
-          LaneCounters::add(r.send ? c.bytes_sent : c.bytes_received, bytes);
-          LaneCounters::add(r.send ? c.sent_to[x.peer] : c.received_from[x.peer], bytes);
-        }
+        RELAXCC_ENFORCE(x.all_completed(true), InternalError, op->name(),
+                        ": a direct exchange finished with sends pending");
+        for (int k = 0; k < x.count; ++k) count_direct(lane, x, k);
         return Direct::completed;
       }
       if (step == Operation::DirectStep::refused) break;
-      continue;  // more: test what it posted
+      moved = true;  // more: test at once what it posted
     }
     if (moved) {
       idle_from_next_poll = true;
@@ -613,32 +607,50 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
   return Direct::adopted;
 }
 
-void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x) {
-  op->leave_direct(op->lane_->transport_);
+void Engine::count_direct(Lane& lane, const DirectExchange& x, int k) {
+  const DirectExchange::Request& r = x.requests[k];
+  LaneCounters& c = lane.counters_;
+  const uint64_t bytes = r.send ? r.bytes : x.received(k);
+  LaneCounters::add(r.send ? c.bytes_sent : c.bytes_received, bytes);
+  LaneCounters::add(r.send ? c.sent_to[x.peer] : c.received_from[x.peer], bytes);
+}
+
+void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x,
+                          std::exception_ptr error) {
+  Transport& t = op->lane_->transport_;
   auto pos = std::find_if(active_.begin(), active_.end(),
                           [&](const auto& other) { return other->priority() < op->priority(); });
   active_.insert(pos, op);
   for (int k = 0; k < x.count; ++k) {
     DirectExchange::Request& r = x.requests[k];
-    if (r.completed || r.request == MPI_REQUEST_NULL) continue;
+    if (r.completed) continue;
     const int index = add_request(*op, r.slot, std::exchange(r.request, MPI_REQUEST_NULL), r.bytes,
                                   x.peer, r.send, !r.send);
     pending_[index].cancellable = !r.send;
   }
-  // Completed ones as test_requests hands them over (a send is counted when
-  // posted into the table, so here when it completed).
+  try {
+    op->leave_direct(t);
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
+  // A failure aborts the operation where it happened, before the
+  // completions that follow reach it (as on the protocol's own path).
+  if (error) {
+    try {
+      op->abort(t, error);
+    } catch (...) {
+      poison(op->lane_, detail::concat(op->name(), " #", op->seq(), ": abort failed: ",
+                                       abort_cause(std::current_exception()).reason));
+    }
+  }
+  // Completed requests as test_requests hands them over; the table counted
+  // the others' sends when they moved in.
   for (int k = 0; k < x.count; ++k) {
     const DirectExchange::Request& r = x.requests[k];
-    if (r.send && r.completed) {
-      LaneCounters& c = op->lane_->counters_;
-      LaneCounters::add(c.bytes_sent, r.bytes);
-      LaneCounters::add(c.sent_to[x.peer], r.bytes);
-    }
-    if (r.consumed) {  // taken by continue_direct: counted only
-      LaneCounters& c = op->lane_->counters_;
-      LaneCounters::add(c.bytes_received, x.received(k));
-      LaneCounters::add(c.received_from[x.peer], x.received(k));
-    } else if (r.completed) {
+    if (!r.completed) continue;
+    if (r.send || r.consumed) count_direct(*op->lane_, x, k);
+    if (!r.consumed) {
+      // complete_request counts what it receives.
       complete_request(Pending{op.get(), r.slot, r.bytes, x.peer, r.send, !r.send, {}}, r.status,
                        r.error);
     }

@@ -98,6 +98,14 @@ struct DirectExchange {
     requests.at(static_cast<size_t>(count++)) =
         Request{request, slot, bytes, send, false, false, MPI_SUCCESS, MPI_Status{}};
   }
+  // Whether every send (sends == true) or every receive completed.
+  bool all_completed(bool sends) const {
+    for (int k = 0; k < count; ++k)
+      if (requests[static_cast<size_t>(k)].send == sends &&
+          !requests[static_cast<size_t>(k)].completed)
+        return false;
+    return true;
+  }
   // Bytes received by completed receive `k`.
   size_t received(int k) const {
     int got = 0;
@@ -319,11 +327,13 @@ class Operation {
   // few messages with one peer. begin_direct() does what start() would, but
   // posts with Transport::post_isend/post_irecv into `x`; it returns false,
   // having done nothing, when the operation has no direct path (start()
-  // then). Each time every request of `x` completed, continue_direct()
-  // either completes the operation (finished), or posts further receives
-  // into `x` and marks the completions it took as consumed (more), or, when
-  // a message is not the one a successful call receives (a mismatch, an
-  // abort, a short message), changes nothing and refuses. The engine then
+  // then). Each time every receive of `x` completed and something moved
+  // since the last call, continue_direct() either completes the operation
+  // (finished: only once every send completed too), or posts further
+  // receives into `x` and marks the completions it took as consumed, or
+  // waits for its sends (more), or, when a message is not the one a
+  // successful call receives (a mismatch, an abort, a short message),
+  // changes nothing and refuses. The engine then
   // hands the requests to the protocol (completions not consumed to
   // on_complete, pending ones to its table), after leave_direct() brought
   // the operation's state to what the protocol expects of the consumed
@@ -612,9 +622,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   enum class Direct { unavailable, completed, adopted };
   Direct run_direct(Lane& lane, const std::shared_ptr<Operation>& op, Clock::time_point started);
   // Makes a direct exchange an active operation of the engine: requests
-  // still pending go into the table, those that completed to
-  // complete_request, in the order they were posted.
-  void adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x);
+  // still pending go into the table, the operation leaves the direct path
+  // (leave_direct), fails with `error` if there is one, and then gets the
+  // requests that completed, in the order they were posted.
+  void adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x,
+                    std::exception_ptr error = nullptr);
+  // Counts completed request `k` of `x` in the lane's traffic.
+  void count_direct(Lane& lane, const DirectExchange& x, int k);
   // Completes the Works of finished operations and drops those the
   // transport released.
   void retire_finished();

@@ -79,7 +79,6 @@ void RecursiveDoublingOp::reuse(int priority, const std::string& label, const Te
   step_ = 0;
   send_posted_ = recv_posted_ = false;
   sends_done_ = recvs_done_ = 0;
-  direct_first_ = nullptr;
 }
 
 void RecursiveDoublingOp::run(Transport& t) {
@@ -115,7 +114,7 @@ void RecursiveDoublingOp::run(Transport& t) {
 }
 
 bool RecursiveDoublingOp::begin_direct(Transport& t, DirectExchange& x) {
-  if (size_ != 2 || !inline_first_) return false;
+  if (size_ != 2 || !inline_first_ || !can_exchange(t, parts_)) return false;
   std::array<Part, kMaxSplitBytes / kInlineBytes> parts;
   for (int p = 0; p < parts_; ++p)
     parts[p] = {static_cast<unsigned char*>(data_.data) + part_offset(p), part_size(p)};
@@ -125,30 +124,24 @@ bool RecursiveDoublingOp::begin_direct(Transport& t, DirectExchange& x) {
 }
 
 Operation::DirectStep RecursiveDoublingOp::continue_direct(Transport& t, DirectExchange& x) {
+  unsigned char* first = exchange_taken() ? exchanged_first() : exchanged_data(x, part_size(0));
+  if (first == nullptr) return DirectStep::refused;
+  if (parts_ > 1 && !exchange_taken()) {
+    // The other parts, received as the protocol would once the header matched.
+    if (theirs_.size() < data_.nbytes()) theirs_ = t.scratch(data_.nbytes());
+    take_exchanged_header(x);
+    recv_posted_ = true;
+    for (int p = 1; p < parts_; ++p)
+      receive_exchanged(t, p, theirs_.data() + part_offset(p), part_size(p), x);
+    return DirectStep::more;
+  }
+  // The sends read the caller's buffer, which combining writes.
+  if (!x.all_completed(true)) return DirectStep::more;
   const ButterflyMove& m = steps_[0].move;
   const auto first_numel = static_cast<int64_t>(part_size(0) / dtype_size(data_.dtype));
-  unsigned char* first = direct_first_;
-  if (first == nullptr) {
-    // The sends and the peer's header message (the last request) completed.
-    const size_t got = x.received(x.count - 1);
-    first = exchanged_data(got, part_size(0));
-    if (first == nullptr) return DirectStep::refused;
-    if (parts_ > 1) {
-      // The other parts, received as the protocol would once the header matched.
-      if (theirs_.size() < data_.nbytes()) theirs_ = t.scratch(data_.nbytes());
-      take_exchanged_header(got);
-      x.requests[x.count - 1].consumed = true;
-      direct_first_ = first;
-      recv_posted_ = true;
-      for (int p = 1; p < parts_; ++p)
-        receive_exchanged(t, p, theirs_.data() + part_offset(p), part_size(p), x);
-      return DirectStep::more;
-    }
-  } else {
+  if (parts_ > 1)
     combine(m, TensorView(theirs_.data() + part_offset(1), data_.numel - first_numel, data_.dtype),
             first_numel);
-  }
-  // The first part last: it may be all there is.
   combine(m, TensorView(first, first_numel, data_.dtype));
   if (op_ == ReduceOp::avg) kernels::finish_average(data_, size_, ctx_);
   step_ = num_steps_;
@@ -156,11 +149,11 @@ Operation::DirectStep RecursiveDoublingOp::continue_direct(Transport& t, DirectE
 }
 
 void RecursiveDoublingOp::leave_direct(Transport& t) {
-  if (direct_first_ == nullptr) return;
+  if (!exchange_taken()) return;
   // As run() and the protocol leave it once the header matched and the
   // receives were posted: the first part delivered into theirs_.
   leave_exchange(t);
-  std::memcpy(theirs_.data(), direct_first_, part_size(0));
+  std::memcpy(theirs_.data(), exchanged_first(), part_size(0));
   recvs_done_ = 1;
 }
 

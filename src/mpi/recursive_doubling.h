@@ -95,8 +95,6 @@ class RecursiveDoublingOp final : public EdgeOp {
   bool inline_first_ = false;  // a step's first message rides in the header message
   size_t part_bytes_ = 0;      // bytes per message (the last may be shorter)
   bool send_posted_ = false, recv_posted_ = false;
-  // The direct path took the peer's header message: its first part is there.
-  unsigned char* direct_first_ = nullptr;
   int sends_done_ = 0, recvs_done_ = 0;
   ScratchPool::Buffer theirs_;
 };
