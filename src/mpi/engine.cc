@@ -563,9 +563,10 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
       if (r.error != MPI_SUCCESS && flag == 0) {
         // MPI_Test itself failed: the request stays MPI's, parked in the
         // table (as after an MPI_Testsome failure, the lane is poisoned).
-        r.error = MPI_SUCCESS;
+        const int rc = std::exchange(r.error, MPI_SUCCESS);
         adopt_direct(op, x);
-        poison(op->lane_, detail::concat(op->name(), " #", op->seq(), ": MPI_Test failed"));
+        poison(op->lane_, detail::concat(op->name(), " #", op->seq(),
+                                         ": MPI_Test failed: ", mpi_error_string(rc)));
         return Direct::adopted;
       }
       if (flag == 0) continue;

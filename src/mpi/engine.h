@@ -333,12 +333,11 @@ class Operation {
   // receives into `x` and marks the completions it took as consumed, or
   // waits for its sends (more), or, when a message is not the one a
   // successful call receives (a mismatch, an abort, a short message),
-  // changes nothing and refuses. The engine then
-  // hands the requests to the protocol (completions not consumed to
-  // on_complete, pending ones to its table), after leave_direct() brought
-  // the operation's state to what the protocol expects of the consumed
-  // completions and the receives posted. An operation that continued
-  // (more) at least once must not refuse.
+  // changes nothing and refuses. The engine then hands the requests to the
+  // protocol (pending ones to its table, completions not consumed to
+  // on_complete), after leave_direct() brought the operation's state to
+  // what the protocol expects of the consumed completions and the receives
+  // posted. An operation that took a completion must not refuse.
   enum class DirectStep { finished, more, refused };
   virtual bool begin_direct(Transport&, DirectExchange&) { return false; }
   virtual DirectStep continue_direct(Transport&, DirectExchange&) { return DirectStep::refused; }
@@ -510,7 +509,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // `done`, a completed Work the caller keeps for such calls. Otherwise (it
   // failed, a peer takes its time, another thread submitted) the operation
   // goes on as if submitted and its own Work is returned. Returns null, having done
-  // nothing, when the engine is not quiet: submit() instead.
+  // nothing, when the engine is not quiet: submit() instead. An operation
+  // with a direct path (Operation::begin_direct) runs it here, its requests
+  // outside the engine's table, and goes back to the protocol for anything
+  // but success.
   std::shared_ptr<Work> run_now(const std::shared_ptr<Lane>& lane,
                                 const std::shared_ptr<Operation>& op, Details details,
                                 const OpOptions& options, const WorkPtr& done);
