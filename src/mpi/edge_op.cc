@@ -257,7 +257,6 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
 void EdgeOp::send_header(Transport& t, int pi) {
   Peer& p = peers_[pi];
   if (p.header_sent) return;
-  p.header_sent = true;
   if (!p.inline_out) {
     p.header_out_len = sizeof(OpHeader);
     const OpHeader h = edge_header(pi);
@@ -265,6 +264,7 @@ void EdgeOp::send_header(Transport& t, int pi) {
   }
   t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out, p.header_out_len, p.rank,
           tag(Channel::header));
+  p.header_sent = true;  // only once it is: a failed send is tried again by fail()
 }
 
 void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes) {
@@ -283,12 +283,12 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
     p.inline_ready = true;
     return;
   }
-  ++p.posted_in;
   // A matching peer sends an abort record only while it owes this rank data
   // (a mismatched one always does), so the record's receive is posted with
   // the first data receive that goes through MPI, or when this rank fails.
   post_abort_recv(t, pi);
   t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data));
+  ++p.posted_in;  // only once it is: a receive that failed never completes
 }
 
 void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int error) {
