@@ -101,13 +101,7 @@ bool EdgeOp::can_exchange(Transport& t, int count) const {
 void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x) {
   open_edges(t);
   Peer& p = peers_[0];
-  OpHeader h = edge_header(0);
-  h.flags |= kHeaderInlineData;
-  std::memcpy(p.header_out, &h, sizeof(OpHeader));
-  if (parts[0].bytes > 0)
-    std::memcpy(p.header_out + sizeof(OpHeader), parts[0].data, parts[0].bytes);
-  p.header_out_len = sizeof(OpHeader) + parts[0].bytes;
-  p.inline_out = true;
+  put_inline(0, parts[0].data, parts[0].bytes);
   ++p.posted_out;  // as send_data counts a message that rides in the header
   x.peer = p.rank;
   // As in start(): the peer's header message is received whatever happens.
@@ -159,10 +153,7 @@ void EdgeOp::leave_exchange(Transport& t) {
   // What on_complete does with a matching header message, then recv_data
   // and deliver_inline.
   Peer& p = peers_[0];
-  p.header_received = true;
-  std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
-  p.inline_in = true;
-  p.header_len = exchanged_header_;
+  take_header_message(p, exchanged_header_);
   p.live = true;
   p.posted_in = 1 + exchanged_posted_;
   p.completed_in = 1;
@@ -238,12 +229,7 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
   if (!p.header_sent && msg == 0 && bytes <= kInlineBytes) {
     // Copied behind the header; it completes with the header's send.
-    OpHeader h = edge_header(pi);
-    h.flags |= kHeaderInlineData;
-    p.header_out_len = sizeof(OpHeader) + bytes;
-    std::memcpy(p.header_out, &h, sizeof(OpHeader));
-    if (bytes > 0) std::memcpy(p.header_out + sizeof(OpHeader), buf, bytes);
-    p.inline_out = true;
+    put_inline(pi, buf, bytes);
     if (!collecting_inline_) send_header(t, pi);
   } else if (collecting_inline_) {
     deferred_.push_back({pi, msg, buf, bytes});  // posted right behind the headers
@@ -252,6 +238,26 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
     t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data));
   }
   ++p.posted_out;
+}
+
+void EdgeOp::put_inline(int pi, const void* buf, size_t bytes) {
+  Peer& p = peers_[pi];
+  OpHeader h = edge_header(pi);
+  h.flags |= kHeaderInlineData;
+  p.header_out_len = sizeof(OpHeader) + bytes;
+  std::memcpy(p.header_out, &h, sizeof(OpHeader));
+  if (bytes > 0) std::memcpy(p.header_out + sizeof(OpHeader), buf, bytes);
+  p.inline_out = true;
+}
+
+void EdgeOp::take_header_message(Peer& p, size_t got) {
+  p.header_received = true;
+  if (got >= sizeof(OpHeader))
+    std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
+  else
+    p.header_in.magic = 0;  // a corrupt header: describe() says so
+  p.inline_in = (p.header_in.flags & kHeaderInlineData) != 0 && got >= sizeof(OpHeader);
+  p.header_len = p.inline_in ? got : 0;
 }
 
 void EdgeOp::send_header(Transport& t, int pi) {
@@ -319,16 +325,9 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
       break;
     case kHeaderRecv: {
       if (cancelled) break;
-      p.header_received = true;
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
-      if (got >= static_cast<int>(sizeof(OpHeader)))
-        std::memcpy(&p.header_in, p.header_buf.data(), sizeof(OpHeader));
-      else
-        p.header_in.magic = 0;  // a corrupt header: describe() says so
-      p.inline_in =
-          (p.header_in.flags & kHeaderInlineData) != 0 && got >= static_cast<int>(sizeof(OpHeader));
-      p.header_len = p.inline_in ? static_cast<size_t>(got) : 0;
+      take_header_message(p, static_cast<size_t>(got));
       if (same_call(edge_header(pi), p.header_in)) {
         p.live = true;
         if (!aborted_) {  // post its receives now, not an engine iteration later

@@ -201,6 +201,12 @@ class EdgeOp : public Operation {
   void send_abort(Transport& t, int pi);
   void post_abort_recv(Transport& t, int pi);
   void send_header(Transport& t, int pi);
+  // This rank's header message to peer `pi` with the data message `buf`
+  // (of at most kInlineBytes) inside, ready to send.
+  void put_inline(int pi, const void* buf, size_t bytes);
+  // The peer's header message of `got` bytes arrived in its buffer: its
+  // header, and whether a data message rides in it.
+  void take_header_message(Peer& p, size_t got);
   void drain(Transport& t);
   // Hands inline data messages copied by recv_data to on_received (outside
   // run(), which posted them).

@@ -619,9 +619,7 @@ void Engine::count_direct(Lane& lane, const DirectExchange& x, int k) {
 void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x,
                           std::exception_ptr error) {
   Transport& t = op->lane_->transport_;
-  auto pos = std::find_if(active_.begin(), active_.end(),
-                          [&](const auto& other) { return other->priority() < op->priority(); });
-  active_.insert(pos, op);
+  activate(op);
   for (int k = 0; k < x.count; ++k) {
     DirectExchange::Request& r = x.requests[k];
     if (r.completed) continue;
@@ -911,6 +909,12 @@ void Engine::fail_waiting(const Lane* lane, const std::string& reason) {
   waiting_.erase(it, waiting_.end());
 }
 
+Operation& Engine::activate(const std::shared_ptr<Operation>& op) {
+  auto pos = std::find_if(active_.begin(), active_.end(),
+                          [&](const auto& other) { return other->priority() < op->priority(); });
+  return **active_.insert(pos, op);
+}
+
 void Engine::start(const std::shared_ptr<Operation>& op) {
   // A failed dependency: the operation fails too, and tells its peers.
   std::exception_ptr failed;
@@ -923,9 +927,7 @@ void Engine::start(const std::shared_ptr<Operation>& op) {
     }
     op->after_.reset();
   }
-  auto pos = std::find_if(active_.begin(), active_.end(),
-                          [&](const auto& other) { return other->priority() < op->priority(); });
-  Operation& ref = **active_.insert(pos, op);
+  Operation& ref = activate(op);
   Transport& t = ref.lane_->transport_;
   try {
     if (failed) {

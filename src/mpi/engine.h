@@ -607,6 +607,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void publish_counts(Clock::time_point now);
   // Starts `op` (its dependency, if any, completed).
   void start(const std::shared_ptr<Operation>& op);
+  // Puts `op` among the active operations, behind those of its priority.
+  Operation& activate(const std::shared_ptr<Operation>& op);
   // Completes `op` with CommunicatorPoisoned, without starting it, when its
   // lane is poisoned.
   bool fail_if_poisoned(Operation& op);
