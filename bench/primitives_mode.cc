@@ -155,7 +155,7 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
                      theirs.data(), static_cast<int>(count), MPI_FLOAT, peers.recv_from[0], 0,
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * (v[i] + theirs[i]);
-        p.stats.add_round(peers.send_to, count * 4, peers.recv_from, count * 4, 0);
+        p.stats.add_round(peers.send_to, count * 4, peers.recv_from, count * 4);
       };
     } else if (name.rfind("compressed_", 0) == 0) {
       // compressed_8bit, _4bit, _2bit, _1bit (minmax), compressed_f16, _bf16

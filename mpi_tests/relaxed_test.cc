@@ -686,6 +686,7 @@ TEST(AsyncAverage, ALaterAveragerOnTheSameTagDropsTheEarliersLateMessage) {
   std::vector<double> y = dyadic_vector(me, kCount);
   options.first_round = earlier.last_round() + 1;
   options.round_deadline = 0ms;  // every peer's message is waited for
+  options.learn_deadline = false;
   {
     AsyncModelAverager later(comm, TensorView::host(y.data(), kCount), lock, options);
     later.step();  // round 2, on the same tags
@@ -736,10 +737,12 @@ TEST(AsyncAverage, BadOptionsAreRejected) {
   bad.round_deadline = std::chrono::microseconds(-1);
   rejects(bad, "round_deadline");
   bad = {};
-  bad.round_deadline = std::chrono::microseconds(1000);  // mode all
+  bad.mode = GossipMode::all;
+  bad.round_deadline = std::chrono::microseconds(1000);
   rejects(bad, "takes no deadline");
   AdaptiveDeadline adaptive;
   bad = {};
+  bad.mode = GossipMode::all;
   bad.adaptive = &adaptive;
   rejects(bad, "takes no deadline");
   bad = {};
@@ -766,6 +769,7 @@ TEST(AsyncAverage, TrainingMayHoldItsLockAcrossWaits) {
   std::vector<double> x(4096, static_cast<double>(me));
   std::mutex lock;
   AsyncAverageOptions options;
+  options.mode = GossipMode::all;  // the exact mean at stop()
   options.stop_timeout = 5000ms;
   AsyncModelAverager averager(comm, TensorView::host(x.data(), 4096), lock, options);
   std::vector<int32_t> grad(1024);
@@ -793,6 +797,7 @@ TEST(AsyncAverage, StopsCleanlyWhileAPeerIsSlow) {
   std::vector<float> x(256, static_cast<float>(me));
   std::mutex lock;
   AsyncAverageOptions options;
+  options.mode = GossipMode::all;  // every rank's round waits for the slow one
   options.stop_timeout = 200ms;
   options.max_staleness_steps = 100;
   options.warmup_steps = 5;  // the first average starts at step 6
@@ -819,16 +824,67 @@ TEST(AsyncAverage, StopsCleanlyWhileAPeerIsSlow) {
   EXPECT_FALSE(comm->poisoned());
 }
 
-TEST(AdaptiveDeadline, MedianPlusKMadClampedToFloorAndCap) {
-  AdaptiveDeadline d({.k = 2.0, .floor = 100us, .cap = 50ms, .window = 8, .min_samples = 3});
-  EXPECT_EQ(d.current(), 50ms);  // too few samples: the cap
-  for (int us : {1000, 1200, 800, 1000, 5000}) d.observe(std::chrono::microseconds(us));
-  // median 1000, deviations {0, 200, 200, 0, 4000}: MAD 200.
+TEST(AdaptiveDeadline, FastestQuorumSetsTheDeadlineClampedToFloorAndCap) {
+  AdaptiveDeadline d({.k = 2.0,
+                      .quorum = 0.5,
+                      .floor_fraction = 0.1,
+                      .min_floor = 100us,
+                      .cap = 50ms,
+                      .window = 8,
+                      .straggler_misses = 2,
+                      .probe_interval = 4});
+  EXPECT_EQ(d.current(), 50ms);  // nothing seen yet: the cap
+  for (int us : {1000, 1200, 800, 1000, 5000}) d.observe(1, std::chrono::microseconds(us));
+  // One peer: median 1000, deviations {0, 200, 200, 0, 4000}: MAD 200.
   EXPECT_EQ(d.current(), 1400us);
-  for (int i = 0; i < 8; ++i) d.observe(10us);
-  EXPECT_EQ(d.current(), 100us);  // the floor
-  for (int i = 0; i < 8; ++i) d.observe(1s);
+  // A slow peer outside the fastest half of the two peers changes nothing.
+  for (int i = 0; i < 8; ++i) d.observe(2, 40ms);
+  EXPECT_EQ(d.current(), 1400us);
+  // Three peers: the fastest two pool their arrivals.
+  for (int i = 0; i < 5; ++i) d.observe(3, 1000us);
+  // Pooled {1000, 1200, 800, 1000, 5000} and five 1000: median 1000, MAD 0.
+  EXPECT_EQ(d.current(), 1000us);
+  for (int i = 0; i < 8; ++i) d.observe(1, 10us);
+  for (int i = 0; i < 8; ++i) d.observe(3, 10us);
+  EXPECT_EQ(d.current(), 100us);  // min_floor
+  // Rounds 20 ms apart: the floor is a tenth of that.
+  const auto t0 = Clock::now();
+  d.begin_round(1, t0);
+  d.begin_round(1, t0 + 5ms);  // another tensor of round 1: no interval
+  d.begin_round(2, t0 + 20ms);
+  d.begin_round(4, t0 + 60ms);
+  EXPECT_EQ(d.floor(), 2000us);
+  EXPECT_EQ(d.current(), 2000us);
+  for (int i = 0; i < 8; ++i) d.observe(1, 1s);
+  for (int i = 0; i < 8; ++i) d.observe(3, 1s);
   EXPECT_EQ(d.current(), 50ms);  // the cap
+}
+
+TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
+  AdaptiveDeadline d(
+      {.k = 3.0, .min_floor = 1ms, .cap = 100ms, .straggler_misses = 2, .probe_interval = 3});
+  d.observe(0, 500us);
+  EXPECT_FALSE(d.wait_for(1).straggler);
+  d.missed(1);
+  EXPECT_FALSE(d.straggler(1));
+  d.missed(1);
+  EXPECT_TRUE(d.straggler(1));
+  // Two rounds without waiting, then a probe with the full deadline.
+  for (int round = 1; round <= 6; ++round) {
+    const AdaptiveDeadline::Wait w = d.wait_for(1);
+    EXPECT_EQ(w.straggler, round % 3 != 0) << "round " << round;
+    EXPECT_EQ(w.wait, w.straggler ? 0us : d.current()) << "round " << round;
+    d.missed(1);
+  }
+  d.observe(1, 800us);  // on time: a peer like the others again
+  EXPECT_FALSE(d.straggler(1));
+  EXPECT_FALSE(d.wait_for(1).straggler);
+  const auto peers = d.peers();
+  ASSERT_EQ(peers.size(), 2u);
+  EXPECT_EQ(peers[1].peer, 1);
+  EXPECT_EQ(peers[1].arrived, 1);
+  EXPECT_EQ(peers[1].left_out, 8);
+  EXPECT_EQ(peers[1].median, 800us);
 }
 
 // With a rank that is always slow and a minority of the peers, the adaptive
@@ -839,7 +895,7 @@ TEST(AdaptiveDeadline, FollowsTheFastPeersWhenOneIsSlow) {
   if (n < 4) GTEST_SKIP() << "needs 4 ranks: the straggler a third of the peers";
   auto comm = create_mpi_communicator();
   const int me = comm->rank(), slow = n - 1;
-  AdaptiveDeadline adaptive({.k = 3.0, .floor = 1ms, .cap = 200ms, .window = 32, .min_samples = 4});
+  AdaptiveDeadline adaptive({.k = 3.0, .min_floor = 1ms, .cap = 200ms, .window = 32});
   std::vector<float> x(1024, 1.0f);
   int partial = 0;
   for (uint64_t round = 1; round <= 25; ++round) {

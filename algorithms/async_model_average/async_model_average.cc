@@ -6,7 +6,8 @@
 
 namespace relaxcc::algorithms {
 
-AsyncModelAverage::AsyncModelAverage(AsyncModelAverageOptions options) : options_(options) {
+AsyncModelAverage::AsyncModelAverage(AsyncModelAverageOptions options)
+    : options_(options), deadline_(options_.deadline, "async_model_average") {
   RELAXCC_ENFORCE(options_.interval_steps >= 1 && options_.warmup_steps >= 0 &&
                       options_.max_staleness_steps >= 1,
                   InvalidArgument,
@@ -14,6 +15,9 @@ AsyncModelAverage::AsyncModelAverage(AsyncModelAverageOptions options) : options
                   "max_staleness_steps >= 1, got ",
                   options_.interval_steps, ", ", options_.warmup_steps, " and ",
                   options_.max_staleness_steps);
+  RELAXCC_ENFORCE(!(deadline_.enabled() && options_.mode == GossipMode::all), InvalidArgument,
+                  "async_model_average: mode all is an allreduce and takes no deadline (choose "
+                  "a gossip mode, or deadline = {})");
 }
 
 // The averagers stop as they are destroyed, before the buffers and the lock
@@ -60,7 +64,10 @@ WorkPtr AsyncModelAverage::after_optimizer_step(const StepInfo& step) {
       o.interval_steps = options_.interval_steps;
       o.max_staleness_steps = options_.max_staleness_steps;
       o.mode = options_.mode;
-      o.round_deadline = options_.round_deadline;
+      o.round_deadline =
+          options_.deadline.adaptive ? std::chrono::microseconds(0) : options_.deadline.fixed;
+      o.adaptive = deadline_.adaptive();
+      o.learn_deadline = false;  // the module's own deadline, if any
       o.stop_timeout = options_.stop_timeout;
       // A fixed tag per bucket index; rounds go on from the averagers
       // stopped before (every bucket's alike), so that a late message of an

@@ -59,6 +59,13 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
   RELAXCC_ENFORCE(options_.first_round >= 1, InvalidArgument, "AsyncModelAverager on rank ", rank,
                   ": first_round ", options_.first_round, ", expected >= 1");
   round_ = options_.first_round - 1;
+  if (mode != GossipMode::all && options_.round_deadline.count() == 0 &&
+      options_.adaptive == nullptr && options_.learn_deadline)
+    own_adaptive_ = std::make_unique<AdaptiveDeadline>();
+}
+
+AdaptiveDeadline* AsyncModelAverager::deadline() const {
+  return options_.adaptive ? options_.adaptive : own_adaptive_.get();
 }
 
 AsyncModelAverager::~AsyncModelAverager() {
@@ -85,7 +92,7 @@ void AsyncModelAverager::start_round() {
   g.priority = options_.priority;
   g.label = "async model average";
   g.tag = options_.tag;
-  g.adaptive = options_.adaptive;
+  g.adaptive = deadline();
   g.stats = options_.stats;
   if (options_.round_deadline.count() > 0) g.deadline = Clock::now() + options_.round_deadline;
   in_flight_ = gossip(*comm_, work, ExecContext::host(), g);  // mode all: an allreduce
@@ -124,16 +131,14 @@ void AsyncModelAverager::step() {
                    (steps_ - options_.warmup_steps) % options_.interval_steps == 0;
   // Every rank numbers the due rounds alike, whatever it skips.
   if (due) ++round_;
-  const bool stale = in_flight_ && !in_flight_->is_completed() &&
-                     (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
-                      Clock::now() - in_flight_since_ >= options_.max_staleness);
-  // An allreduce round must be started by every rank: a due one waits for
-  // the round in flight. So must a gossip round without a deadline (its
-  // peers would wait for its message); with one it may be skipped (its
-  // peers see it missing).
-  const bool deadline = options_.round_deadline.count() > 0 || options_.adaptive != nullptr;
-  const bool must_start = due && (options_.mode == GossipMode::all || !deadline);
-  if (in_flight_ && !in_flight_->is_completed() && (stale || must_start)) {
+  const bool in_flight = in_flight_ && !in_flight_->is_completed();
+  const bool stale = in_flight && (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
+                                   Clock::now() - in_flight_since_ >= options_.max_staleness);
+  // A round that needs every rank (an allreduce, gossip without a deadline)
+  // must be started by every rank: a due one waits for the round in flight.
+  // With a deadline it is skipped instead (its peers see it missing).
+  const bool must_start = due && deadline() == nullptr && options_.round_deadline.count() == 0;
+  if (in_flight && (stale || must_start)) {
     {
       std::lock_guard<std::mutex> lock(counts_mutex_);
       ++counts_.waits;
@@ -145,7 +150,13 @@ void AsyncModelAverager::step() {
     done->wait(std::chrono::milliseconds(0));  // rethrows a failed round
     apply_round();
   }
-  if (due && !in_flight_) start_round();
+  if (!due) return;
+  if (in_flight_) {
+    std::lock_guard<std::mutex> lock(counts_mutex_);
+    ++counts_.skipped;
+    return;
+  }
+  start_round();
 }
 
 bool AsyncModelAverager::stop() {

@@ -154,7 +154,7 @@ WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext
         correction += st.weights[k] * (static_cast<double>(st.theirs[k][i]) - st.own[i]);
       out[i] = static_cast<float>(out[i] + gamma * correction);
     }
-    if (stats) stats->add_round(st.peers, payload, st.peers, payload, 0);
+    if (stats) stats->add_round(st.peers, payload, st.peers, payload);
   });
 }
 

@@ -3,6 +3,7 @@
 #include "float_access.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -16,8 +17,13 @@ using Clock = std::chrono::steady_clock;
 
 struct MixHeader {
   uint64_t round = 0;
-  char what[56] = {};
+  uint32_t flags = 0;  // kLeftOut
+  uint32_t pad = 0;
+  char what[48] = {};
 };
+// The sender does not wait for the receiver's tensor this round (a straggler
+// to it, adaptive_deadline.h).
+constexpr uint32_t kLeftOut = 1;
 static_assert(sizeof(MixHeader) == 64);
 
 // What a round keeps until it mixes.
@@ -26,7 +32,6 @@ struct Round {
   std::vector<double> weights;
   double self_weight = 1;
   MixHeader mine;
-  std::shared_ptr<MixHeader> out_header = std::make_shared<MixHeader>();
   std::vector<std::shared_ptr<MixHeader>> in_headers;
   std::vector<std::shared_ptr<std::vector<unsigned char>>> in_data;
   std::vector<WorkPtr> receives;  // per recv_from
@@ -77,29 +82,46 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   r->start = Clock::now();
   r->mine.round = call.round;
   std::strncpy(r->mine.what, what.c_str(), sizeof(r->mine.what) - 1);
-  *r->out_header = r->mine;
 
   P2POptions p2p;
   static_cast<OpOptions&>(p2p) = call.op;
   p2p.round = call.round;
   p2p.deadline = call.deadline;
-  if (!p2p.deadline && call.adaptive) {
-    // The learned deadline says by when a peer must have started its round
-    // (its header came); one that has gets until the cap for its data,
-    // however large its tensor.
-    p2p.deadline = r->start + call.adaptive->current();
-    p2p.started_deadline = r->start + call.adaptive->options().cap;
+  AdaptiveDeadline* adaptive = p2p.deadline ? nullptr : call.adaptive;
+  // Per peer: the batch's options, and whether this round leaves it out.
+  // The learned wait says by when a peer must have started its round (its
+  // header came); one that has gets until the cap for its data, however
+  // large its tensor.
+  std::map<int, std::pair<P2POptions, bool>> per_peer;
+  if (adaptive) {
+    adaptive->begin_round(call.round, r->start);
+    for (int peer : plan.recv_from) {
+      const AdaptiveDeadline::Wait w = adaptive->wait_for(peer);
+      P2POptions o = p2p;
+      o.deadline = r->start + w.wait;
+      o.started_deadline = r->start + adaptive->options().cap;
+      per_peer[peer] = {o, w.straggler};
+    }
   }
+  const auto options_for = [&](int peer) {
+    const auto it = per_peer.find(peer);
+    if (it != per_peer.end() || !adaptive) return it != per_peer.end() ? it->second.first : p2p;
+    P2POptions o = p2p;  // a peer this rank only sends to
+    o.deadline =
+        r->start + (adaptive->straggler(peer) ? std::chrono::microseconds(0) : adaptive->current());
+    return o;
+  };
 
-  const TensorView header_out(r->out_header.get(), sizeof(MixHeader), DType::u8, Device::host(),
-                              r->out_header);
-  std::vector<P2POp> sends;
-  for (int peer : plan.send_to) {
-    sends.push_back(P2POp::send(peer, header_out, call.tag));
-    sends.push_back(P2POp::send(peer, data_out, call.tag + 1));
-  }
   std::vector<WorkPtr> works;
-  if (!sends.empty()) works.push_back(comm.point_to_point(sends, ctx, p2p));
+  for (int peer : plan.send_to) {
+    auto header = std::make_shared<MixHeader>(r->mine);
+    const auto it = per_peer.find(peer);
+    if (it != per_peer.end() && it->second.second) header->flags |= kLeftOut;
+    const TensorView header_out(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header);
+    works.push_back(comm.point_to_point(
+        {P2POp::send(peer, header_out, call.tag), P2POp::send(peer, data_out, call.tag + 1)}, ctx,
+        options_for(peer)));
+  }
   r->arrival_us.assign(plan.recv_from.size(), -1);
   for (size_t k = 0; k < plan.recv_from.size(); ++k) {
     const int peer = plan.recv_from[k];
@@ -115,7 +137,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
                      call.codec ? bytes_view(data, static_cast<int64_t>(wire_bytes), DType::u8)
                                 : bytes_view(data, x.numel, x.dtype),
                      call.tag + 1)},
-        ctx, p2p);
+        ctx, options_for(peer));
     // The arrival time, for the adaptive deadline.
     w->then([r, k](const Work& done) {
       if (done.exception() || done.partial()) return;
@@ -126,14 +148,13 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
     r->receives.push_back(w);
     works.push_back(std::move(w));
   }
-  AdaptiveDeadline* adaptive = call.adaptive;
   RelaxedStats* stats = call.stats;
   std::vector<int> send_to = plan.send_to;
   const bool compressed = call.codec.has_value();
   return when_all(
       std::move(works),
       [r, x, ctx, adaptive, stats, send_to, what, compressed, wire_bytes](Work& result) {
-        std::vector<int> arrived, missing;
+        std::vector<int> arrived, missing, left_out_by;
         std::vector<const void*> inputs;
         std::vector<std::vector<float>> decoded;  // compressed rounds: the peers' tensors
         decoded.reserve(r->recv_from.size());
@@ -152,6 +173,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
               std::string(h.what, strnlen(h.what, sizeof(h.what))), "' round ", h.round,
               ", this rank '", r->mine.what, "'");
           arrived.push_back(peer);
+          if (h.flags & kLeftOut) left_out_by.push_back(peer);
           if (compressed) {
             decoded.emplace_back(static_cast<size_t>(x.numel));
             kernels::decode(std::as_bytes(std::span(r->in_data[k]->data(), wire_bytes)),
@@ -178,12 +200,16 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
           });
         if (adaptive) {
           std::lock_guard<std::mutex> lock(r->mutex);
-          for (int64_t us : r->arrival_us)
-            if (us >= 0) adaptive->observe(std::chrono::microseconds(us));
+          for (size_t k = 0; k < r->recv_from.size(); ++k) {
+            if (r->arrival_us[k] >= 0 && !r->receives[k]->partial())
+              adaptive->observe(r->recv_from[k], std::chrono::microseconds(r->arrival_us[k]));
+            else
+              adaptive->missed(r->recv_from[k]);
+          }
         }
         if (stats)
           stats->add_round(send_to, wire_bytes + sizeof(MixHeader), arrived,
-                           wire_bytes + sizeof(MixHeader), missing.size());
+                           wire_bytes + sizeof(MixHeader), missing, left_out_by);
         result.set_contributions(std::move(arrived), std::move(missing));
       },
       detail::concat(call.what, " round ", call.round, detail::of_label(call.op.label)));

@@ -14,13 +14,16 @@ void add_to(std::vector<uint64_t>& per_peer, uint64_t& total, int peer, uint64_t
 }  // namespace
 
 void RelaxedStats::add_round(const std::vector<int>& to, uint64_t sent,
-                             const std::vector<int>& from, uint64_t received, uint64_t missed) {
+                             const std::vector<int>& from, uint64_t received,
+                             const std::vector<int>& missing, const std::vector<int>& left_out_by) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (int p : to) add_to(counts_.sent_to, counts_.bytes_sent, p, sent);
   for (int p : from) add_to(counts_.received_from, counts_.bytes_received, p, received);
+  for (int p : missing) add_to(counts_.missed_from, counts_.missed, p, 1);
+  uint64_t left_out = 0;
+  for (int p : left_out_by) add_to(counts_.left_out_by, left_out, p, 1);
   ++counts_.rounds;
-  counts_.partial_rounds += missed > 0 ? 1 : 0;
-  counts_.missed += missed;
+  counts_.partial_rounds += missing.empty() ? 0 : 1;
 }
 
 void RelaxedStats::add_round(const std::vector<Traffic>& traffic) {

@@ -1,7 +1,7 @@
 // async_model_average: asynchronous model averaging as Bagua's
 // AsyncModelAverageAlgorithm runs it (BaguaSys/bagua,
 // bagua/torch_api/algorithms/async_model_average.py): training never waits
-// for the network. Weights, not gradients, travel.
+// for the network beyond its staleness bound. Weights, not gradients, travel.
 //
 // Warmup: the first warmup_steps steps allreduce gradients (Bagua's
 // warmup). Then every rank steps on its own gradients, and after each
@@ -12,7 +12,10 @@
 // it, x += avg - snapshot, keeping the local steps taken meanwhile. Each
 // bucket averages on its own, so bucket b's average travels while bucket
 // b + 1's is snapshot. A step waits only for an average that became older
-// than max_staleness_steps steps.
+// than max_staleness_steps steps: a due average while one is in flight is
+// deferred (mode all, gossip without a deadline) or skipped (gossip with a
+// deadline), so a straggler slows the averages that need it, not the others'
+// steps (async_average.h).
 //
 // Bytes per averaging step and rank: mode all, an allreduce of the model
 // (2 (n - 1) / n models); gossip modes, one model per peer. Staleness: an
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "relaxcc/algorithms/bucket_weights.h"
+#include "relaxcc/algorithms/round_deadline.h"
 #include "relaxcc/relaxed/async_average.h"
 
 namespace relaxcc::algorithms {
@@ -39,8 +43,18 @@ struct AsyncModelAverageOptions {
   int warmup_steps = 0;
   // relaxcc's AsyncAverageOptions defaults (Bagua has no bound).
   int64_t max_staleness_steps = 8;
-  GossipMode mode = GossipMode::all;
-  std::chrono::microseconds round_deadline{0};
+  // relaxcc's choice (Bagua averages with an allreduce, mode all, which
+  // the slowest rank paces): rotating pairs with a learned deadline, so that
+  // a straggler is left out of the rounds rather than setting everyone's pace.
+  GossipMode mode = GossipMode::shift_one;
+  // Gossip modes: each round's deadline for slow peers (round_deadline.h),
+  // one learned deadline shared by the buckets' averagers; none: every
+  // round waits for every peer.
+  RoundDeadlineOptions deadline = [] {
+    RoundDeadlineOptions d;
+    d.adaptive = true;
+    return d;
+  }();
   std::chrono::milliseconds stop_timeout{10000};
   // Gossip modes: bucket b's averager uses tags tag + 2 b and tag + 2 b + 1,
   // whatever the plan: a plan of B buckets uses [tag, tag + 2 B), which
@@ -53,8 +67,9 @@ struct AsyncModelAverageOptions {
 
 class AsyncModelAverage final : public Algorithm {
  public:
-  // Throws InvalidArgument for interval_steps < 1, warmup_steps < 0 or
-  // max_staleness_steps < 1.
+  // Throws InvalidArgument for interval_steps < 1, warmup_steps < 0,
+  // max_staleness_steps < 1, or a deadline that is invalid or given with
+  // mode all.
   explicit AsyncModelAverage(AsyncModelAverageOptions options = {});
   ~AsyncModelAverage() override;
   std::string name() const override { return "async_model_average"; }
@@ -83,6 +98,7 @@ class AsyncModelAverage final : public Algorithm {
  private:
   void stop_averagers();
   AsyncModelAverageOptions options_;
+  RoundDeadline deadline_;
   AlgorithmContext ctx_;
   BucketWeights weights_;
   std::mutex lock_;  // the parameters' lock of the averagers

@@ -9,8 +9,8 @@
 // holds the global average, without any global step. Rounds start as soon as
 // a bucket's gradients are ready (WeightRounds, bucket_weights.h); the
 // frontend's optimizer then applies this rank's own gradients to the
-// averaged weights. With a deadline (adaptive by default: median + k * MAD
-// of the arrivals, adaptive_deadline.h) a group member whose weights are
+// averaged weights. With a deadline (adaptive by default: learned per peer
+// from the fastest quorum of members, adaptive_deadline.h) a group member whose weights are
 // late is left out of that rank's average, so a straggler does not hold its
 // groups back.
 //

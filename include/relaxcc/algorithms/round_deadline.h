@@ -1,7 +1,8 @@
 // RoundDeadline: how long a relaxed round of an algorithm module waits for
 // slow peers (gossip.h, group_average.h): not at all limited (the default),
-// a fixed time from each round's start, or an AdaptiveDeadline learned from
-// the arrivals (median + k * MAD, adaptive_deadline.h).
+// a fixed time from each round's start, or an AdaptiveDeadline learned
+// per peer from the arrivals of the fastest quorum of peers, with stragglers
+// left out until they are on time (adaptive_deadline.h).
 #pragma once
 
 #include <chrono>
@@ -41,7 +42,8 @@ class RoundDeadline {
       o.deadline = std::chrono::steady_clock::now() + options_.fixed;
     }
   }
-  const AdaptiveDeadline* adaptive() const { return adaptive_.get(); }
+  // The learned deadline (thread-safe; null without one).
+  AdaptiveDeadline* adaptive() const { return adaptive_.get(); }
 
  private:
   RoundDeadlineOptions options_;

@@ -1,22 +1,35 @@
 // AdaptiveDeadline: how long a relaxed round (gossip, group averaging,
-// asynchronous averaging) waits for its peers, learned from when their
-// messages arrived (hivemind issue #676 asks for exactly this).
+// asynchronous averaging) waits for each of its peers, learned per peer
+// from when their messages arrived, so that a peer slow from its first step
+// never sets the deadline (hivemind issue #676 asks for learned deadlines).
 //
-// The deadline is the median of the last `window` arrival times plus k times
-// their median absolute deviation, clamped to [floor, cap]; before
-// min_samples arrivals it is `cap`. An arrival time is measured from the
-// start of this rank's round to the arrival of one peer's whole message; a
-// peer left out adds no sample (it would only pull the deadline towards the
-// straggler). The rounds apply it to the start of a peer's message: a peer
-// whose message has begun to arrive by the deadline is waited for until
-// `cap` (peer_mixing) and sampled at its whole arrival, so one deadline
-// learned across tensors of different sizes leaves out late peers, not large
-// tensors.
-// Thread-safe: rounds observe from the engine thread while the caller reads
-// current().
+// Per peer it keeps the last `window` arrival times (from the start of this
+// rank's round to the arrival of the peer's whole message) and how many of
+// its rounds in a row it missed. The deadline of a round:
+//   - is set by the fastest quorum of the peers: the ceil(quorum * P) peers
+//     with the lowest median arrival, P the peers this rank has exchanged
+//     with; their pooled arrivals give median + k * MAD. A minority of slow
+//     peers never enters it, whatever it did so far;
+//   - is clamped to [floor, cap]; the floor is floor_fraction of the
+//     measured interval between this rank's rounds (its step), and at least
+//     min_floor, so that it scales with the step rather than being a fixed
+//     time that a short step cannot afford;
+//   - before any arrival was seen is `cap` (the first round waits for its
+//     peers; one arrival of any peer is enough to set it).
+// A peer that missed its deadline in `straggler_misses` rounds in a row is a
+// straggler: rounds do not wait for it (wait 0: its message is taken if it
+// is already there, or has begun to arrive, when the round starts), but
+// every probe_interval-th round with it waits the full deadline. One
+// arrival on time ends its straggler state: it contributes whenever it is on
+// time. The rounds apply the wait to the start of a peer's message: a peer
+// whose message has begun to arrive by then is waited for until `cap`
+// (peer_mixing) and sampled at its whole arrival.
+// Thread-safe: rounds observe from the engine thread while callers plan.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -24,32 +37,80 @@ namespace relaxcc {
 
 struct AdaptiveDeadlineOptions {
   double k = 3.0;
-  // At least the skew between healthy ranks' round starts: on a fast link
-  // the arrivals crowd near zero (half the peers start first), median + k
-  // MAD falls below that skew and healthy peers are left out (2 ms left
-  // them out of about a fifth of the rounds in relaxcc-bench's straggler
-  // runs, unshaped; docs/benchmarks.md).
-  std::chrono::microseconds floor{10000};
+  // Fraction of the peers, in (0, 1], whose arrivals set the deadline.
+  double quorum = 0.5;
+  // The floor: this fraction, in [0, 1], of the median interval between
+  // this rank's rounds, and at least min_floor.
+  double floor_fraction = 0.1;
+  std::chrono::microseconds min_floor{500};
   std::chrono::microseconds cap{std::chrono::seconds(2)};
-  int window = 64;
-  int min_samples = 8;
+  int window = 16;           // arrivals kept per peer, and round intervals
+  int straggler_misses = 2;  // missed rounds in a row that make a straggler
+  int probe_interval = 8;    // a straggler's rounds per full-deadline probe
 };
 
 class AdaptiveDeadline {
  public:
-  // Throws InvalidArgument for k < 0, floor < 0, cap < floor, window < 1 or
-  // min_samples outside [1, window].
+  using Clock = std::chrono::steady_clock;
+
+  // Throws InvalidArgument for k < 0, quorum outside (0, 1], floor_fraction
+  // outside [0, 1], min_floor < 0, cap < min_floor, or window,
+  // straggler_misses or probe_interval < 1.
   explicit AdaptiveDeadline(AdaptiveDeadlineOptions options = {});
 
+  // Round `round` starts at `start`. The first start of each higher round
+  // number measures the interval between rounds (the floor's step); starts
+  // of a round number already seen (other tensors of the same round) do not.
+  void begin_round(uint64_t round, Clock::time_point start);
+
+  struct Wait {
+    std::chrono::microseconds wait{0};  // after the round's start
+    bool straggler = false;             // this round leaves the peer out (wait 0)
+  };
+  // The wait for `peer` in a round that starts now (counts a straggler's
+  // rounds towards its next probe).
+  Wait wait_for(int peer);
+  // The deadline of peers on time.
   std::chrono::microseconds current() const;
-  void observe(std::chrono::microseconds arrival);
+  std::chrono::microseconds floor() const;
+  // `peer`'s whole message came `arrival` after the round's start.
+  void observe(int peer, std::chrono::microseconds arrival);
+  // `peer` was left out of a round (its message had not begun by its wait).
+  void missed(int peer);
+  bool straggler(int peer) const;
+
+  struct PeerRecord {
+    int peer = 0;
+    int64_t arrived = 0;   // rounds it contributed to
+    int64_t left_out = 0;  // rounds that went on without it
+    bool straggler = false;
+    std::chrono::microseconds median{0};  // of its kept arrivals (0: none)
+  };
+  // Every peer seen, by rank.
+  std::vector<PeerRecord> peers() const;
   const AdaptiveDeadlineOptions& options() const noexcept { return options_; }
 
  private:
+  struct Peer {
+    std::vector<int64_t> samples;  // ring buffer of the last `window` arrivals, in us
+    size_t next = 0;
+    int misses_in_row = 0;
+    int64_t straggler_rounds = 0;
+    int64_t arrived = 0, left_out = 0;
+  };
+  std::chrono::microseconds current_locked() const;
+  std::chrono::microseconds floor_locked() const;
+  bool straggler_locked(const Peer& p) const {
+    return p.misses_in_row >= options_.straggler_misses;
+  }
+
   AdaptiveDeadlineOptions options_;
   mutable std::mutex mutex_;
-  std::vector<int64_t> samples_;  // ring buffer of the last `window` arrivals, in us
-  size_t next_ = 0;
+  std::map<int, Peer> peers_;
+  uint64_t last_round_ = 0;
+  Clock::time_point last_start_{};
+  std::vector<int64_t> intervals_;  // ring buffer of round intervals per round number, in us
+  size_t next_interval_ = 0;
 };
 
 }  // namespace relaxcc

@@ -1,4 +1,5 @@
-// Asynchronous model averaging: training never waits for the network.
+// Asynchronous model averaging: training waits for the network only at the
+// staleness bound.
 //
 // Every interval_steps steps (after warmup_steps), step() snapshots the
 // parameters (under the parameters' lock) and starts averaging the snapshot
@@ -10,16 +11,18 @@
 // the engine's threads with the user's lock: a training loop may hold it
 // across waits on other Works.) One average is in
 // flight at a time (two would both pull x towards the mean: overshoot).
-// step() itself only copies and submits; it blocks only
-//   - when the average in flight has become too stale, started
-//     max_staleness_steps steps or max_staleness ago, so no parameter ever
-//     misses more than max_staleness_steps steps of averaging;
-//   - in mode all, when the next average is due while one is still in
-//     flight: every rank must start the same allreduces in the same order,
-//     so the due one waits (choose interval_steps so that an average fits
-//     in it). So does a gossip mode without a deadline (round_deadline or
-//     adaptive: its peers would wait for its message); with one, it skips
-//     the due round instead, and its peers see it missing.
+// step() itself only copies and submits. In a gossip mode with a deadline
+// (the default: a learned one, adaptive_deadline.h) a due average while one
+// is still in flight is skipped, its round number used up (its peers see it
+// missing), and a slow peer is left out of the rounds, so step() blocks only
+// when the average in flight has become too stale, started
+// max_staleness_steps steps or max_staleness ago: no parameter ever misses
+// more than max_staleness_steps steps of averaging, and a straggler slows
+// the averages that need it, not the others' steps. Mode all (an allreduce
+// of every rank) and gossip without a deadline (learn_deadline false, no
+// round_deadline) need every rank in every round: every rank starts the
+// same rounds in the same order, so a due one waits for the round in flight
+// and the slowest rank sets the pace.
 // A wait lasts at most stop_timeout: a peer that never comes gives Timeout,
 // which poisons the communicator.
 //
@@ -49,10 +52,13 @@ struct AsyncAverageOptions {
   int64_t max_staleness_steps = 8;
   std::chrono::milliseconds max_staleness{10000};
   // all: an allreduce of every rank's snapshot; otherwise a gossip round.
-  GossipMode mode = GossipMode::all;
-  // Gossip modes: each round's deadline, counted from its start (0: none).
+  GossipMode mode = GossipMode::shift_one;
+  // Gossip modes: each round's deadline, counted from its start (0: none),
+  // or a learned one: `adaptive` if set, otherwise (learn_deadline) the
+  // averager's own.
   std::chrono::microseconds round_deadline{0};
   AdaptiveDeadline* adaptive = nullptr;
+  bool learn_deadline = true;
   int priority = -1;
   std::chrono::milliseconds stop_timeout{10000};
   RelaxedStats* stats = nullptr;
@@ -72,6 +78,7 @@ struct AsyncAverageCounts {
   int64_t applied = 0;
   int64_t max_staleness_seen = 0;  // steps between a snapshot and its application
   int64_t waits = 0;               // step() calls that had to wait for a stale average
+  int64_t skipped = 0;             // due averages skipped (one was in flight)
 };
 
 class AsyncModelAverager {
@@ -106,6 +113,8 @@ class AsyncModelAverager {
   void start_round();
   // Applies the finished round in flight (round_state_) to the parameters.
   void apply_round();
+  // The learned deadline of the rounds, if any.
+  AdaptiveDeadline* deadline() const;
   CommunicatorPtr comm_;
   TensorView params_;
   std::mutex& params_lock_;
@@ -119,6 +128,7 @@ class AsyncModelAverager {
   int64_t in_flight_step_ = 0;
   std::chrono::steady_clock::time_point in_flight_since_{};
   bool stopped_ = false;
+  std::unique_ptr<AdaptiveDeadline> own_adaptive_;
 };
 
 }  // namespace relaxcc

@@ -22,8 +22,12 @@ struct RelaxedCounts {
   std::vector<uint64_t> sent_to;        // per peer rank
   std::vector<uint64_t> received_from;  // per peer rank
   uint64_t rounds = 0;
-  uint64_t partial_rounds = 0;  // rounds with a peer missing at the deadline
-  uint64_t missed = 0;          // peer messages missing at the deadline
+  uint64_t partial_rounds = 0;        // rounds with a peer missing at the deadline
+  uint64_t missed = 0;                // peer messages missing at the deadline
+  std::vector<uint64_t> missed_from;  // per peer rank: its messages missing at the deadline
+  // Per peer rank: rounds whose message from it said that it left this rank
+  // out (it does not wait for this rank: a straggler to it).
+  std::vector<uint64_t> left_out_by;
 };
 
 class RelaxedStats {
@@ -33,9 +37,11 @@ class RelaxedStats {
     return counts_;
   }
   // One round: `sent` bytes to each of `to`, `received` from each of `from`,
-  // `missed` peers missing.
+  // the peers `missing` at the deadline, and those whose message said that
+  // they left this rank out.
   void add_round(const std::vector<int>& to, uint64_t sent, const std::vector<int>& from,
-                 uint64_t received, uint64_t missed);
+                 uint64_t received, const std::vector<int>& missing = {},
+                 const std::vector<int>& left_out_by = {});
   // One round, no peer missing, with the bytes of each peer.
   struct Traffic {
     int peer;
