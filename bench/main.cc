@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   relaxcc::bench::add_overlap_mode(app);
   relaxcc::bench::add_primitives_mode(app);
   relaxcc::bench::add_algorithms_mode(app);
+  relaxcc::bench::add_straggler_mode(app);
   app.require_subcommand(0, 1);
   try {
     app.parse(argc, argv);

@@ -20,5 +20,7 @@ void add_overlap_mode(CLI::App& app);
 void add_primitives_mode(CLI::App& app);
 // `relaxcc-bench algorithms`: bytes and time per step of every algorithm module.
 void add_algorithms_mode(CLI::App& app);
+// `relaxcc-bench straggler`: the relaxations with a straggler slow from its first step.
+void add_straggler_mode(CLI::App& app);
 
 }  // namespace relaxcc::bench

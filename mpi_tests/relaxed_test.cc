@@ -869,13 +869,20 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   EXPECT_FALSE(d.straggler(1));
   d.missed(1);
   EXPECT_TRUE(d.straggler(1));
-  // Two rounds without waiting, then a probe with the full deadline.
-  for (int round = 1; round <= 6; ++round) {
+  // Two rounds without waiting, then a probe of one round interval (the
+  // cap while no interval is known); a missed probe doubles the gap.
+  std::vector<int> probes;
+  for (int round = 1; round <= 9; ++round) {
     const AdaptiveDeadline::Wait w = d.wait_for(1);
-    EXPECT_EQ(w.straggler, round % 3 != 0) << "round " << round;
-    EXPECT_EQ(w.wait, w.straggler ? 0us : d.current()) << "round " << round;
+    if (!w.straggler) {
+      probes.push_back(round);
+      EXPECT_EQ(w.wait, 100ms) << "round " << round;
+    } else {
+      EXPECT_EQ(w.wait, 0us) << "round " << round;
+    }
     d.missed(1);
   }
+  EXPECT_EQ(probes, (std::vector<int>{3, 9}));
   d.observe(1, 800us);  // on time: a peer like the others again
   EXPECT_FALSE(d.straggler(1));
   EXPECT_FALSE(d.wait_for(1).straggler);
@@ -883,7 +890,7 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   ASSERT_EQ(peers.size(), 2u);
   EXPECT_EQ(peers[1].peer, 1);
   EXPECT_EQ(peers[1].arrived, 1);
-  EXPECT_EQ(peers[1].left_out, 8);
+  EXPECT_EQ(peers[1].left_out, 11);
   EXPECT_EQ(peers[1].median, 800us);
 }
 

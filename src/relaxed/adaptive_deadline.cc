@@ -87,9 +87,17 @@ std::chrono::microseconds AdaptiveDeadline::current_locked() const {
 AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  if (straggler_locked(p) && ++p.straggler_rounds % options_.probe_interval != 0)
-    return Wait{std::chrono::microseconds(0), true};
-  return Wait{current_locked(), false};
+  if (!straggler_locked(p)) return Wait{current_locked(), false};
+  if (++p.straggler_rounds < p.probe_after) return Wait{std::chrono::microseconds(0), true};
+  // A probe: kProbeIntervals round intervals, enough for a peer on time but
+  // behind in phase; a peer that misses it is probed half as often.
+  p.straggler_rounds = 0;
+  p.probe_after = std::min<int64_t>(p.probe_after * 2, kMaxProbeAfter * options_.probe_interval);
+  const int64_t interval =
+      intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
+  return Wait{std::chrono::microseconds(
+                  std::clamp<int64_t>(interval, current_locked().count(), options_.cap.count())),
+              false};
 }
 
 std::chrono::microseconds AdaptiveDeadline::current() const {
@@ -109,13 +117,14 @@ void AdaptiveDeadline::observe(int peer, std::chrono::microseconds arrival) {
             std::max<int64_t>(arrival.count(), 0));
   p.misses_in_row = 0;
   p.straggler_rounds = 0;
+  p.probe_after = options_.probe_interval;
   ++p.arrived;
 }
 
 void AdaptiveDeadline::missed(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  ++p.misses_in_row;
+  if (++p.misses_in_row == options_.straggler_misses) p.probe_after = options_.probe_interval;
   ++p.left_out;
 }
 

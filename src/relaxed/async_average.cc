@@ -64,7 +64,7 @@ AsyncModelAverager::AsyncModelAverager(CommunicatorPtr comm, TensorView params,
     own_adaptive_ = std::make_unique<AdaptiveDeadline>();
 }
 
-AdaptiveDeadline* AsyncModelAverager::deadline() const {
+AdaptiveDeadline* AsyncModelAverager::learned_deadline() const {
   return options_.adaptive ? options_.adaptive : own_adaptive_.get();
 }
 
@@ -92,7 +92,7 @@ void AsyncModelAverager::start_round() {
   g.priority = options_.priority;
   g.label = "async model average";
   g.tag = options_.tag;
-  g.adaptive = deadline();
+  g.adaptive = learned_deadline();
   g.stats = options_.stats;
   if (options_.round_deadline.count() > 0) g.deadline = Clock::now() + options_.round_deadline;
   in_flight_ = gossip(*comm_, work, ExecContext::host(), g);  // mode all: an allreduce
@@ -137,7 +137,8 @@ void AsyncModelAverager::step() {
   // A round that needs every rank (an allreduce, gossip without a deadline)
   // must be started by every rank: a due one waits for the round in flight.
   // With a deadline it is skipped instead (its peers see it missing).
-  const bool must_start = due && deadline() == nullptr && options_.round_deadline.count() == 0;
+  const bool must_start =
+      due && learned_deadline() == nullptr && options_.round_deadline.count() == 0;
   if (in_flight && (stale || must_start)) {
     {
       std::lock_guard<std::mutex> lock(counts_mutex_);

@@ -73,6 +73,9 @@ class AsyncModelAverage final : public Algorithm {
   explicit AsyncModelAverage(AsyncModelAverageOptions options = {});
   ~AsyncModelAverage() override;
   std::string name() const override { return "async_model_average"; }
+  // The learned deadline of the rounds (null without one): its peers() say
+  // how often each peer was left out.
+  const AdaptiveDeadline* learned_deadline() const { return deadline_.adaptive(); }
   AlgorithmCapabilities capabilities() const override;
   void init(const AlgorithmContext& ctx) override;
   WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;

@@ -56,6 +56,9 @@ class DecentralizedSgd final : public WeightRounds {
   // a negative deadline.
   explicit DecentralizedSgd(DecentralizedSgdOptions options = {});
   std::string name() const override { return "decentralized_sgd"; }
+  // The learned deadline of the rounds (null without one): its peers() say
+  // how often each peer was left out.
+  const AdaptiveDeadline* learned_deadline() const { return deadline_.adaptive(); }
 
  private:
   WorkPtr start_round(int bucket, uint64_t round, const TensorView& weights) override;

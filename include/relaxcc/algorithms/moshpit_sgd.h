@@ -63,6 +63,9 @@ class MoshpitSgd final : public WeightRounds {
   // at init(): InvalidArgument for dims < 1 or a grid that does not fit.
   explicit MoshpitSgd(MoshpitSgdOptions options = {});
   std::string name() const override { return "moshpit_sgd"; }
+  // The learned deadline of the rounds (null without one): its peers() say
+  // how often each peer was left out.
+  const AdaptiveDeadline* learned_deadline() const { return deadline_.adaptive(); }
   // The grid in use (after init).
   const std::vector<int>& grid() const { return grid_; }
 

@@ -19,10 +19,14 @@
 // A peer that missed its deadline in `straggler_misses` rounds in a row is a
 // straggler: rounds do not wait for it (wait 0: its message is taken if it
 // is already there, or has begun to arrive, when the round starts), but
-// every probe_interval-th round with it waits the full deadline. One
-// arrival on time ends its straggler state: it contributes whenever it is on
-// time. The rounds apply the wait to the start of a peer's message: a peer
-// whose message has begun to arrive by then is waited for until `cap`
+// they probe it: its probe_interval-th round waits four round intervals
+// (steps: a healthy peer that fell behind in phase, after a hiccup or a
+// round that waited for a straggler, is on time within them), and each
+// probe it misses
+// doubles the rounds until the next (up to 16 probe_intervals), so that a
+// peer behind by rounds costs ever less. One arrival on time ends its
+// straggler state: it contributes whenever it is on time. The rounds apply the wait to the start of
+// a peer's message: a peer whose message has begun to arrive by then is waited for until `cap`
 // (peer_mixing) and sampled at its whole arrival.
 // Thread-safe: rounds observe from the engine thread while callers plan.
 #pragma once
@@ -95,7 +99,8 @@ class AdaptiveDeadline {
     std::vector<int64_t> samples;  // ring buffer of the last `window` arrivals, in us
     size_t next = 0;
     int misses_in_row = 0;
-    int64_t straggler_rounds = 0;
+    int64_t straggler_rounds = 0;  // since its last probe
+    int64_t probe_after = 1;       // rounds between its probes
     int64_t arrived = 0, left_out = 0;
   };
   std::chrono::microseconds current_locked() const;
@@ -103,6 +108,12 @@ class AdaptiveDeadline {
   bool straggler_locked(const Peer& p) const {
     return p.misses_in_row >= options_.straggler_misses;
   }
+
+  // A straggler missing its probes is probed at most every this many
+  // probe_intervals.
+  static constexpr int64_t kMaxProbeAfter = 16;
+  // A probe's wait, in round intervals.
+  static constexpr int64_t kProbeIntervals = 4;
 
   AdaptiveDeadlineOptions options_;
   mutable std::mutex mutex_;

@@ -107,14 +107,15 @@ class AsyncModelAverager {
   // same on every rank after the same steps; first_round - 1 before the
   // first.
   uint64_t last_round() const { return round_; }
+  // The learned deadline of the rounds (`adaptive`, or the averager's own;
+  // null without one).
+  AdaptiveDeadline* learned_deadline() const;
 
  private:
   struct Round;
   void start_round();
   // Applies the finished round in flight (round_state_) to the parameters.
   void apply_round();
-  // The learned deadline of the rounds, if any.
-  AdaptiveDeadline* deadline() const;
   CommunicatorPtr comm_;
   TensorView params_;
   std::mutex& params_lock_;
