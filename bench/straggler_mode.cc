@@ -66,7 +66,8 @@ struct StragglerArgs {
   int steps = 120, warmup = 10;
   int64_t dim = 4096;
   float lr = 0.05f;
-  double rate_mbit = 0;  // recorded in the rows (0: unshaped)
+  double rate_mbit = 0;   // recorded in the rows (0: unshaped)
+  bool per_rank = false;  // print each rank's record of its peers
   std::string json;
 };
 
@@ -124,9 +125,14 @@ struct Outcome {
   std::vector<int64_t> left_out_by;  // per peer, told to this rank
 };
 
-void add_deadline(Outcome& out, const AdaptiveDeadline* d, int ranks) {
+void add_deadline(Outcome& out, const AdaptiveDeadline* d, int ranks, bool print, int rank) {
   out.left_out.assign(static_cast<size_t>(ranks), 0);
   if (d == nullptr) return;
+  if (print)
+    for (const AdaptiveDeadline::PeerRecord& p : d->peers())
+      std::printf("#   rank %d: peer %d arrived %lld left out %lld%s median %.2f ms\n", rank,
+                  p.peer, static_cast<long long>(p.arrived), static_cast<long long>(p.left_out),
+                  p.straggler ? " (straggler)" : "", p.median.count() / 1e3);
   out.deadline_ms = std::chrono::duration<double, std::milli>(d->current()).count();
   for (const AdaptiveDeadline::PeerRecord& p : d->peers())
     out.left_out[static_cast<size_t>(p.peer)] += p.left_out;
@@ -168,7 +174,8 @@ const AdaptiveDeadline* module_deadline(const Algorithm& a) {
 
 // One run of one case on this rank.
 Outcome run_case(const StragglerArgs& args, BenchWorld& world, const CommunicatorPtr& comm,
-                 const std::string& name, double compute_ms, double speed, int tag) {
+                 const std::string& name, double compute_ms, double speed, int tag, bool slow_run) {
+  const bool print = args.per_rank && slow_run;
   const Problem problem{world.size, args.dim};
   const int total = static_cast<int>(std::ceil((args.warmup + args.steps) / speed - 1e-9));
   const int warmup = std::min(total - 1, static_cast<int>(std::ceil(args.warmup / speed - 1e-9)));
@@ -243,12 +250,13 @@ Outcome run_case(const StragglerArgs& args, BenchWorld& world, const Communicato
   const double seconds = std::chrono::duration<double>(Clock::now() - timed_start).count();
   out.rate = (total - warmup) / seconds;
   if (module) {
-    add_deadline(out, module_deadline(*module), world.size);
+    add_deadline(out, module_deadline(*module), world.size, print, world.rank);
     module->shutdown(std::chrono::seconds(30));
     reducer.reset();
   } else {
     if (averager) averager->stop();
-    add_deadline(out, averager ? averager->learned_deadline() : adaptive.get(), world.size);
+    add_deadline(out, averager ? averager->learned_deadline() : adaptive.get(), world.size, print,
+                 world.rank);
   }
   out.left_out_by.assign(static_cast<size_t>(world.size), 0);
   const RelaxedCounts counts = stats.counts();
@@ -300,8 +308,9 @@ void run_straggler_mode(const StragglerArgs& args) {
   int tag = 20000;
   for (double compute_ms : args.compute_ms)
     for (const std::string& name : args.cases) {
-      const Outcome even = run_case(args, world, comm, name, compute_ms, 1.0, tag += 500);
-      const Outcome slow = run_case(args, world, comm, name, compute_ms, my_speed, tag += 500);
+      const Outcome even = run_case(args, world, comm, name, compute_ms, 1.0, tag += 500, false);
+      const Outcome slow =
+          run_case(args, world, comm, name, compute_ms, my_speed, tag += 500, true);
       const double even_rate = -world.max_over_ranks(-even.rate);
       const double kept = -world.max_over_ranks(judged ? -slow.rate * my_speed / even_rate : -1e9);
       double sums[2] = {judged ? even.loss : 0, judged ? slow.loss : 0}, total[2];
@@ -358,6 +367,9 @@ void add_straggler_mode(CLI::App& app) {
   sub->add_option("--dim", args->dim, "Parameters of the problem");
   sub->add_option("--lr", args->lr, "Learning rate");
   sub->add_option("--rate-mbit", args->rate_mbit, "Link rate recorded in the rows");
+  sub->add_flag(
+      "--per-rank", args->per_rank,
+      "Print each rank's record of its peers in the slow run (arrivals, rounds left out)");
   sub->add_option("--json", args->json, "Append rows as JSON lines to this file");
   sub->callback([args] { run_straggler_mode(*args); });
 }
