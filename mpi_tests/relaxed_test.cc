@@ -869,20 +869,31 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   EXPECT_FALSE(d.straggler(1));
   d.missed(1);
   EXPECT_TRUE(d.straggler(1));
-  // Two rounds without waiting, then a probe of one round interval (the
-  // cap while no interval is known); a missed probe doubles the gap.
+  // No round waits for it; every third listens for it in the background
+  // (four round intervals; the cap while no interval is known).
   std::vector<int> probes;
   for (int round = 1; round <= 9; ++round) {
     const AdaptiveDeadline::Wait w = d.wait_for(1);
-    if (!w.straggler) {
+    EXPECT_TRUE(w.straggler) << "round " << round;
+    EXPECT_EQ(w.wait, 0us) << "round " << round;
+    if (w.probe.count() > 0) {
       probes.push_back(round);
-      EXPECT_EQ(w.wait, 100ms) << "round " << round;
-    } else {
-      EXPECT_EQ(w.wait, 0us) << "round " << round;
+      EXPECT_EQ(w.probe, 100ms) << "round " << round;
     }
     d.missed(1);
   }
-  EXPECT_EQ(probes, (std::vector<int>{3, 9}));
+  EXPECT_EQ(probes, (std::vector<int>{3, 6, 9}));
+  // A probe heard it 30 ms late (behind in phase): the next round waits for
+  // that once, then the peer is judged by the deadline again.
+  d.caught_up(1, 30ms);
+  EXPECT_FALSE(d.straggler(1));
+  const AdaptiveDeadline::Wait once = d.wait_for(1);
+  EXPECT_FALSE(once.straggler);
+  EXPECT_EQ(once.wait, 30ms + d.current());
+  EXPECT_EQ(d.wait_for(1).wait, d.current());
+  d.missed(1);
+  d.missed(1);
+  EXPECT_TRUE(d.straggler(1));
   d.observe(1, 800us);  // on time: a peer like the others again
   EXPECT_FALSE(d.straggler(1));
   EXPECT_FALSE(d.wait_for(1).straggler);
@@ -890,7 +901,7 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   ASSERT_EQ(peers.size(), 2u);
   EXPECT_EQ(peers[1].peer, 1);
   EXPECT_EQ(peers[1].arrived, 1);
-  EXPECT_EQ(peers[1].left_out, 11);
+  EXPECT_EQ(peers[1].left_out, 13);
   EXPECT_EQ(peers[1].median, 800us);
 }
 

@@ -24,7 +24,9 @@ void push_ring(std::vector<int64_t>& ring, size_t& next, size_t window, int64_t 
 }
 }  // namespace
 
-AdaptiveDeadline::AdaptiveDeadline(AdaptiveDeadlineOptions options) : options_(options) {
+AdaptiveDeadline::AdaptiveDeadline(AdaptiveDeadlineOptions options)
+    : options_(options), alive_(std::make_shared<Alive>()) {
+  alive_->self = this;
   const AdaptiveDeadlineOptions& o = options_;
   RELAXCC_ENFORCE(o.k >= 0, InvalidArgument, "AdaptiveDeadline: k = ", o.k, ", expected >= 0");
   RELAXCC_ENFORCE(o.quorum > 0 && o.quorum <= 1, InvalidArgument, "AdaptiveDeadline: quorum ",
@@ -38,6 +40,18 @@ AdaptiveDeadline::AdaptiveDeadline(AdaptiveDeadlineOptions options) : options_(o
                   InvalidArgument, "AdaptiveDeadline: expected window (", o.window,
                   "), straggler_misses (", o.straggler_misses, ") and probe_interval (",
                   o.probe_interval, ") >= 1");
+}
+
+AdaptiveDeadline::~AdaptiveDeadline() {
+  std::lock_guard<std::mutex> lock(alive_->mutex);
+  alive_->self = nullptr;
+}
+
+std::function<void(int, std::chrono::microseconds)> AdaptiveDeadline::probe_listener() {
+  return [alive = alive_](int peer, std::chrono::microseconds arrival) {
+    std::lock_guard<std::mutex> lock(alive->mutex);
+    if (alive->self) alive->self->caught_up(peer, arrival);
+  };
 }
 
 void AdaptiveDeadline::begin_round(uint64_t round, Clock::time_point start) {
@@ -87,17 +101,19 @@ std::chrono::microseconds AdaptiveDeadline::current_locked() const {
 AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  if (!straggler_locked(p)) return Wait{current_locked(), false};
-  if (++p.straggler_rounds < p.probe_after) return Wait{std::chrono::microseconds(0), true};
-  // A probe: kProbeIntervals round intervals, enough for a peer on time but
-  // behind in phase; a peer that misses it is probed half as often.
-  p.straggler_rounds = 0;
-  p.probe_after = std::min<int64_t>(p.probe_after * 2, kMaxProbeAfter * options_.probe_interval);
-  const int64_t interval =
-      intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
-  return Wait{std::chrono::microseconds(
-                  std::clamp<int64_t>(interval, current_locked().count(), options_.cap.count())),
-              false};
+  if (p.catch_up > 0) {
+    const auto wait = std::max(current_locked(), std::chrono::microseconds(p.catch_up));
+    p.catch_up = 0;
+    return Wait{std::min(wait, options_.cap), false, {}};
+  }
+  if (!straggler_locked(p)) return Wait{current_locked(), false, {}};
+  Wait w{std::chrono::microseconds(0), true, {}};
+  if (++p.straggler_rounds % options_.probe_interval == 0) {
+    const int64_t listen =
+        intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
+    w.probe = std::chrono::microseconds(std::clamp<int64_t>(listen, 1, options_.cap.count()));
+  }
+  return w;
 }
 
 std::chrono::microseconds AdaptiveDeadline::current() const {
@@ -117,15 +133,23 @@ void AdaptiveDeadline::observe(int peer, std::chrono::microseconds arrival) {
             std::max<int64_t>(arrival.count(), 0));
   p.misses_in_row = 0;
   p.straggler_rounds = 0;
-  p.probe_after = options_.probe_interval;
   ++p.arrived;
 }
 
 void AdaptiveDeadline::missed(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  if (++p.misses_in_row == options_.straggler_misses) p.probe_after = options_.probe_interval;
+  ++p.misses_in_row;
   ++p.left_out;
+}
+
+void AdaptiveDeadline::caught_up(int peer, std::chrono::microseconds arrival) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Peer& p = peers_[peer];
+  p.misses_in_row = 0;
+  p.straggler_rounds = 0;
+  // The lag, and the margin the deadline gives a peer in phase.
+  p.catch_up = arrival.count() + current_locked().count();
 }
 
 bool AdaptiveDeadline::straggler(int peer) const {

@@ -3,6 +3,7 @@
 #include "float_access.h"
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,7 @@ struct Round {
   std::vector<std::shared_ptr<MixHeader>> in_headers;
   std::vector<std::shared_ptr<std::vector<unsigned char>>> in_data;
   std::vector<WorkPtr> receives;  // per recv_from
+  std::vector<bool> probing;      // per recv_from: a probe's receive, outside the round
   std::vector<int64_t> arrival_us;
   Clock::time_point start;
   std::mutex mutex;
@@ -88,24 +90,32 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   p2p.round = call.round;
   p2p.deadline = call.deadline;
   AdaptiveDeadline* adaptive = p2p.deadline ? nullptr : call.adaptive;
-  // Per peer: the batch's options, and whether this round leaves it out.
-  // The learned wait says by when a peer must have started its round (its
-  // header came); one that has gets until the cap for its data, however
-  // large its tensor.
-  std::map<int, std::pair<P2POptions, bool>> per_peer;
+  // Per peer: the options of its send and receive batches, and how this
+  // round treats it. The learned wait says by when a peer must have
+  // started its round (its header came); one that has gets until the cap
+  // for its data, however large its tensor. A probe's receive listens
+  // longer, outside the round; the round waits for no send past the wait.
+  struct PeerCall {
+    P2POptions send, recv;
+    bool left_out = false;
+    bool probe = false;
+  };
+  std::map<int, PeerCall> per_peer;
   if (adaptive) {
     adaptive->begin_round(call.round, r->start);
     for (int peer : plan.recv_from) {
       const AdaptiveDeadline::Wait w = adaptive->wait_for(peer);
-      P2POptions o = p2p;
-      o.deadline = r->start + w.wait;
-      o.started_deadline = r->start + adaptive->options().cap;
-      per_peer[peer] = {o, w.straggler};
+      PeerCall c{p2p, p2p, w.straggler, w.probe.count() > 0};
+      c.send.deadline = r->start + w.wait;
+      c.recv.deadline = r->start + (c.probe ? w.probe : w.wait);
+      c.recv.started_deadline = r->start + adaptive->options().cap;
+      per_peer[peer] = c;
     }
   }
-  const auto options_for = [&](int peer) {
+  const auto options_for = [&](int peer, bool send) {
     const auto it = per_peer.find(peer);
-    if (it != per_peer.end() || !adaptive) return it != per_peer.end() ? it->second.first : p2p;
+    if (it != per_peer.end()) return send ? it->second.send : it->second.recv;
+    if (!adaptive) return p2p;
     P2POptions o = p2p;  // a peer this rank only sends to
     o.deadline =
         r->start + (adaptive->straggler(peer) ? std::chrono::microseconds(0) : adaptive->current());
@@ -116,11 +126,11 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   for (int peer : plan.send_to) {
     auto header = std::make_shared<MixHeader>(r->mine);
     const auto it = per_peer.find(peer);
-    if (it != per_peer.end() && it->second.second) header->flags |= kLeftOut;
+    if (it != per_peer.end() && it->second.left_out) header->flags |= kLeftOut;
     const TensorView header_out(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header);
     works.push_back(comm.point_to_point(
         {P2POp::send(peer, header_out, call.tag), P2POp::send(peer, data_out, call.tag + 1)}, ctx,
-        options_for(peer)));
+        options_for(peer, true)));
   }
   r->arrival_us.assign(plan.recv_from.size(), -1);
   for (size_t k = 0; k < plan.recv_from.size(); ++k) {
@@ -137,16 +147,27 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
                      call.codec ? bytes_view(data, static_cast<int64_t>(wire_bytes), DType::u8)
                                 : bytes_view(data, x.numel, x.dtype),
                      call.tag + 1)},
-        ctx, options_for(peer));
+        ctx, options_for(peer, false));
     // The arrival time, for the adaptive deadline.
-    w->then([r, k](const Work& done) {
+    const auto it = per_peer.find(peer);
+    const bool probe = it != per_peer.end() && it->second.probe;
+    std::function<void(int, std::chrono::microseconds)> caught_up;
+    if (probe) caught_up = adaptive->probe_listener();
+    w->then([r, k, caught_up, peer](const Work& done) {
       if (done.exception() || done.partial()) return;
+      const auto us =
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start);
+      if (caught_up) {
+        caught_up(peer, us);
+        return;
+      }
       std::lock_guard<std::mutex> lock(r->mutex);
-      r->arrival_us[k] =
-          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start).count();
+      r->arrival_us[k] = us.count();
     });
     r->receives.push_back(w);
-    works.push_back(std::move(w));
+    r->probing.push_back(probe);
+    // A probe only listens: the round neither waits for it nor mixes it.
+    if (!probe) works.push_back(std::move(w));
   }
   RelaxedStats* stats = call.stats;
   std::vector<int> send_to = plan.send_to;
@@ -162,7 +183,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
         double total = r->self_weight;
         for (size_t k = 0; k < r->recv_from.size(); ++k) {
           const int peer = r->recv_from[k];
-          if (r->receives[k]->partial()) {
+          if (r->probing[k] || r->receives[k]->partial()) {
             missing.push_back(peer);
             continue;
           }
@@ -201,7 +222,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
         if (adaptive) {
           std::lock_guard<std::mutex> lock(r->mutex);
           for (size_t k = 0; k < r->recv_from.size(); ++k) {
-            if (r->arrival_us[k] >= 0 && !r->receives[k]->partial())
+            if (r->arrival_us[k] >= 0 && !r->probing[k] && !r->receives[k]->partial())
               adaptive->observe(r->recv_from[k], std::chrono::microseconds(r->arrival_us[k]));
             else
               adaptive->missed(r->recv_from[k]);

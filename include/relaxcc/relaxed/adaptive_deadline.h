@@ -18,22 +18,25 @@
 //     peers; one arrival of any peer is enough to set it).
 // A peer that missed its deadline in `straggler_misses` rounds in a row is a
 // straggler: rounds do not wait for it (wait 0: its message is taken if it
-// is already there, or has begun to arrive, when the round starts), but
-// they probe it: its probe_interval-th round waits four round intervals
-// (steps: a healthy peer that fell behind in phase, after a hiccup or a
-// round that waited for a straggler, is on time within them), and each
-// probe it misses
-// doubles the rounds until the next (up to 16 probe_intervals), so that a
-// peer behind by rounds costs ever less. One arrival on time ends its
-// straggler state: it contributes whenever it is on time. The rounds apply the wait to the start of
-// a peer's message: a peer whose message has begun to arrive by then is waited for until `cap`
-// (peer_mixing) and sampled at its whole arrival.
+// is already there, or has begun to arrive, when the round starts), and
+// every probe_interval-th round with it probes it without waiting: its
+// message is listened for in the background for four round intervals
+// (steps). A peer behind by rounds misses every probe and costs nothing; a
+// healthy peer that only fell behind in phase (after a hiccup, or a round
+// that waited for a straggler) is heard within them, and the next round
+// with it waits once for that lag (caught_up), which brings the two back in
+// phase. Any arrival on time ends the straggler state: a peer contributes
+// whenever it is on time. The rounds apply the wait to the start of a
+// peer's message: a peer whose message has begun to arrive by then is
+// waited for until `cap` (peer_mixing) and sampled at its whole arrival.
 // Thread-safe: rounds observe from the engine thread while callers plan.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -61,6 +64,9 @@ class AdaptiveDeadline {
   // outside [0, 1], min_floor < 0, cap < min_floor, or window,
   // straggler_misses or probe_interval < 1.
   explicit AdaptiveDeadline(AdaptiveDeadlineOptions options = {});
+  ~AdaptiveDeadline();
+  AdaptiveDeadline(const AdaptiveDeadline&) = delete;
+  AdaptiveDeadline& operator=(const AdaptiveDeadline&) = delete;
 
   // Round `round` starts at `start`. The first start of each higher round
   // number measures the interval between rounds (the floor's step); starts
@@ -70,6 +76,9 @@ class AdaptiveDeadline {
   struct Wait {
     std::chrono::microseconds wait{0};  // after the round's start
     bool straggler = false;             // this round leaves the peer out (wait 0)
+    // > 0: a probe; listen for the peer's message this long after the
+    // round's start, without the round waiting for it.
+    std::chrono::microseconds probe{0};
   };
   // The wait for `peer` in a round that starts now (counts a straggler's
   // rounds towards its next probe).
@@ -81,6 +90,12 @@ class AdaptiveDeadline {
   void observe(int peer, std::chrono::microseconds arrival);
   // `peer` was left out of a round (its message had not begun by its wait).
   void missed(int peer);
+  // A probe heard `peer`'s message `arrival` after the round's start: the
+  // next round with it waits for that lag (and the deadline) once.
+  void caught_up(int peer, std::chrono::microseconds arrival);
+  // caught_up for a probe's receive, which may complete after this
+  // AdaptiveDeadline is gone: the function then does nothing.
+  std::function<void(int, std::chrono::microseconds)> probe_listener();
   bool straggler(int peer) const;
 
   struct PeerRecord {
@@ -99,8 +114,8 @@ class AdaptiveDeadline {
     std::vector<int64_t> samples;  // ring buffer of the last `window` arrivals, in us
     size_t next = 0;
     int misses_in_row = 0;
-    int64_t straggler_rounds = 0;  // since its last probe
-    int64_t probe_after = 1;       // rounds between its probes
+    int64_t straggler_rounds = 0;
+    int64_t catch_up = 0;  // us: the next round's wait, once (0: none)
     int64_t arrived = 0, left_out = 0;
   };
   std::chrono::microseconds current_locked() const;
@@ -109,13 +124,17 @@ class AdaptiveDeadline {
     return p.misses_in_row >= options_.straggler_misses;
   }
 
-  // A straggler missing its probes is probed at most every this many
-  // probe_intervals.
-  static constexpr int64_t kMaxProbeAfter = 16;
-  // A probe's wait, in round intervals.
+  // A probe's listening time, in round intervals.
   static constexpr int64_t kProbeIntervals = 4;
 
+  // Whether this AdaptiveDeadline still lives, for probe_listener.
+  struct Alive {
+    std::mutex mutex;
+    AdaptiveDeadline* self;
+  };
+
   AdaptiveDeadlineOptions options_;
+  std::shared_ptr<Alive> alive_;
   mutable std::mutex mutex_;
   std::map<int, Peer> peers_;
   uint64_t last_round_ = 0;
