@@ -91,6 +91,17 @@ struct CommStats {
   // and that have not completed yet (in flight, or parked after a deadline
   // or a poisoning).
   int64_t requests_pending = 0;
+  // What the transport's engine holds for the whole family of this
+  // communicator (the one create_mpi_communicator made, its groups and
+  // splits; 0 on other transports): communicators (lanes) alive, destroyed
+  // ones that operations still hold included; operations in flight or
+  // parked (with requests after a failure; background sweepers aside), as
+  // of its last progress iteration; and the tag windows held for groups
+  // with this rank's peers: live groups', and those of recently destroyed
+  // groups, at most 32 per peer (see group()).
+  int64_t engine_lanes = 0;
+  int64_t engine_operations = 0;
+  int64_t group_windows = 0;
 };
 
 class Communicator {
