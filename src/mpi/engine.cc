@@ -456,6 +456,14 @@ std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vec
   auto lane = std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(windows),
                                      std::move(tunables));
   std::lock_guard<std::mutex> lock(mutex_);
+  // A destroyed lane's storage goes with the last weak reference: the lists
+  // drop theirs as they double (not only at the next inspection).
+  const auto expired = [](const std::weak_ptr<Lane>& w) { return w.expired(); };
+  if (lanes_.size() + closing_.size() >= prune_at_) {
+    lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(), expired), lanes_.end());
+    closing_.erase(std::remove_if(closing_.begin(), closing_.end(), expired), closing_.end());
+    prune_at_ = std::max<size_t>(64, 2 * (lanes_.size() + closing_.size()));
+  }
   lanes_.push_back(lane);
   to_listen_.push_back(std::move(comms));
   return lane;

@@ -787,9 +787,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<int>& drivers_;  // callers in drive()
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
-  std::vector<std::shared_ptr<Lane>> to_poison_;      // poisoned, not yet applied
-  std::vector<std::weak_ptr<Lane>> closing_;          // closed, with operations maybe in flight
-  std::vector<std::weak_ptr<Lane>> lanes_;            // every lane, for poison notices
+  std::vector<std::shared_ptr<Lane>> to_poison_;  // poisoned, not yet applied
+  std::vector<std::weak_ptr<Lane>> closing_;      // closed, with operations maybe in flight
+  std::vector<std::weak_ptr<Lane>> lanes_;        // every lane, for poison notices
+  size_t prune_at_ = 64;  // add_lane drops expired entries of lanes_ and closing_ at this size
   std::vector<std::shared_ptr<CommPair>> to_listen_;  // new CommPairs, no listener yet
 
   // Token-holder state.
