@@ -77,7 +77,9 @@ void check_allreduce(Buffer& b, const std::vector<int>& members, int salt) {
 // large (the ring's pipeline), complete exactly. Then rank 3 poisons the
 // first with a message that rank 1 never receives (its allreduce, which
 // rank 1 skips, times out), while the second goes on past that message's
-// sequence number, exactly, and rank 1 learns of the poisoning.
+// sequence number, exactly, and rank 1 learns of the poisoning. Later
+// groups of the same members, one of them with ga's first-choice window,
+// stay apart from the message still queued.
 TEST(Groups, KeysThatOnceSharedTagsStayApart) {
   auto comm = fresh_world();
   const int n = comm->size(), r = comm->rank();
@@ -147,6 +149,20 @@ TEST(Groups, KeysThatOnceSharedTagsStayApart) {
     for (int k = 0; k < 6; ++k) gc->barrier()->wait(10s);
     gc->allreduce(c.view(), ExecContext::host())->wait(10s);
     check_allreduce(c, members, 7);
+    // A group whose first-choice window is ga's (the same members, a key
+    // the window count away), while ga (poisoned, its message still queued
+    // at rank 1) lives: it takes another window and never reads that message.
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    ASSERT_TRUE(flag);
+    auto gd = comm->group(members, {.key = 14489 + mpi::group_windows(*ub)});
+    for (int k = 0; k < 6; ++k) {
+      Buffer d(DType::i32, 16);
+      fill(d, r, 50 + k);
+      gd->allreduce(d.view(), ExecContext::host())->wait(10s);
+      check_allreduce(d, members, 50 + k);
+    }
   }
   comm->barrier()->wait(30s);
 }
