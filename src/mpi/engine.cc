@@ -234,42 +234,55 @@ std::vector<uint32_t> TagWindows::reserve(const std::vector<int>& comm_members, 
                                           const std::string& group) {
   std::vector<uint32_t> out(comm_members.size(), 0);
   std::lock_guard<std::mutex> lock(mutex_);
-  // Every pair first (nothing reserved when one of them has no window left).
-  for (size_t i = 0; i < comm_members.size(); ++i) {
-    if (i == me) continue;
-    Pair& pair = pairs_[comm_members[i]];
-    if (count_ == 0) {
-      // One window for everything: a second group of the pair cannot be told apart.
-      RELAXCC_ENFORCE(pair.held.empty(), CommunicationError, group,
-                      ": the transport's tags (MPI_TAG_UB) leave one tag window, and another "
-                      "group with rank ",
-                      comm_members[i], " holds it (live or recently destroyed)");
-      pair.held.insert(0);
-      continue;
+  size_t i = 0;
+  try {
+    for (; i < comm_members.size(); ++i) {
+      if (i == me) continue;
+      Pair& pair = pairs_[comm_members[i]];
+      if (count_ == 0) {
+        // One window for everything: a second group of the pair cannot be told apart.
+        RELAXCC_ENFORCE(pair.held.empty(), CommunicationError, group,
+                        ": the transport's tags (MPI_TAG_UB) leave one tag window, and another "
+                        "group with rank ",
+                        comm_members[i], " holds it (live or recently destroyed)");
+        pair.held.insert(0);
+        continue;
+      }
+      const uint64_t start = primary % count_;
+      // A few windows of the group's own probe sequence, then every window in turn.
+      constexpr uint64_t kHashedProbes = 8;
+      uint32_t chosen = 0;
+      for (uint64_t j = 0; j < kHashedProbes + count_ && chosen == 0; ++j) {
+        const uint64_t k = j == 0              ? start
+                           : j < kHashedProbes ? Fnv1a().u64(identity).u64(j).value() % count_
+                                               : (start + (j - kHashedProbes)) % count_;
+        const auto w = static_cast<uint32_t>(1 + k);
+        if (pair.held.count(w) == 0) chosen = w;
+      }
+      if (chosen == 0 && !pair.retired.empty()) {
+        // Every window held: the oldest retired one goes first.
+        chosen = pair.retired.front().window;
+        drain(comm_members[i], pair.retired.front());
+        pair.retired.pop_front();
+        pair.held.erase(chosen);
+      }
+      RELAXCC_ENFORCE(chosen != 0, CommunicationError, group, ": all ", count_,
+                      " tag windows shared with rank ", comm_members[i],
+                      " are held by live groups (MPI_TAG_UB limits them): destroy some first");
+      out[i] = chosen;
+      pair.held.insert(chosen);
     }
-    const uint64_t start = primary % count_;
-    // A few windows of the group's own probe sequence, then every window in turn.
-    constexpr uint64_t kHashedProbes = 8;
-    uint32_t chosen = 0;
-    for (uint64_t j = 0; j < kHashedProbes + count_ && chosen == 0; ++j) {
-      const uint64_t k = j == 0              ? start
-                         : j < kHashedProbes ? Fnv1a().u64(identity).u64(j).value() % count_
-                                             : (start + (j - kHashedProbes)) % count_;
-      const auto w = static_cast<uint32_t>(1 + k);
-      if (pair.held.count(w) == 0) chosen = w;
+  } catch (...) {
+    // Nothing stays reserved for a group that is not made.
+    for (size_t k = 0; k < i; ++k) {
+      if (k == me) continue;
+      auto it = pairs_.find(comm_members[k]);
+      it->second.held.erase(out[k]);
+      if (it->second.held.empty()) pairs_.erase(it);
     }
-    if (chosen == 0 && !pair.retired.empty()) {
-      // Every window held: the oldest retired one goes first.
-      chosen = pair.retired.front().window;
-      drain(comm_members[i], pair.retired.front());
-      pair.retired.pop_front();
-      pair.held.erase(chosen);
-    }
-    RELAXCC_ENFORCE(chosen != 0, CommunicationError, group, ": all ", count_,
-                    " tag windows shared with rank ", comm_members[i],
-                    " are held by live groups (MPI_TAG_UB limits them): destroy some first");
-    out[i] = chosen;
-    pair.held.insert(chosen);  // (a later pair is another peer: no clash within the group)
+    if (auto it = pairs_.find(comm_members[i]); it != pairs_.end() && it->second.held.empty())
+      pairs_.erase(it);
+    throw;
   }
   return out;
 }
