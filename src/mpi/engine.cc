@@ -334,7 +334,6 @@ void TagWindows::drain(int peer, const Retired& r) {
         auto buffer = std::make_unique<std::vector<unsigned char>>(std::max(bytes, 1));
         MPI_Request request;
         if (MPI_Imrecv(buffer->data(), bytes, MPI_BYTE, &message, &request) != MPI_SUCCESS) break;
-        ++drained_;
         const auto deadline = Clock::now() + kDrainWait;
         int done = 0;
         while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
@@ -358,8 +357,6 @@ TagWindows::Counts TagWindows::counts() const {
     c.retired += pair.retired.size();
     c.live += pair.held.size() - pair.retired.size();
   }
-  c.pairs = pairs_.size();
-  c.drained = drained_;
   return c;
 }
 

@@ -222,11 +222,10 @@ class TagWindows {
   // receives any more).
   void retire(const std::vector<int>& comm_members, size_t me, const std::vector<uint32_t>& windows,
               uint64_t seq_end, bool failed, bool drain_now);
-  // What it holds, for tests: windows of live groups and retired ones, over
-  // every pair, and late messages drained so far.
+  // What it holds (CommStats::group_windows): windows of live groups and
+  // retired ones, over every pair.
   struct Counts {
-    size_t live = 0, retired = 0, pairs = 0;
-    uint64_t drained = 0;
+    size_t live = 0, retired = 0;
   };
   Counts counts() const;
 
@@ -246,7 +245,6 @@ class TagWindows {
   const MPI_Comm coll_;
   const int max_tag_;
   const uint32_t count_;  // group_windows(): windows 1..count_
-  uint64_t drained_ = 0;
 };
 
 // The MPI communicators a set of lanes sends on: the collective one (relaxcc's
