@@ -47,7 +47,7 @@ class DirectExchangeTest : public ::testing::Test {
     comms_ = std::make_shared<CommPair>(coll, p2p);
     if (rank_ == 0) {
       engine_ = std::make_shared<Engine>(tunables_, Engine::Polling{});
-      lane_ = engine_->add_lane(comms_, {}, 0, 0, tunables_);
+      lane_ = engine_->add_lane(comms_, {}, 0, 0, {}, tunables_);
     }
   }
   void TearDown() override {

@@ -91,6 +91,17 @@ struct CommStats {
   // and that have not completed yet (in flight, or parked after a deadline
   // or a poisoning).
   int64_t requests_pending = 0;
+  // What the transport's engine holds for the whole family of this
+  // communicator (the one create_mpi_communicator made, its groups and
+  // splits; 0 on other transports): communicators (lanes) alive, destroyed
+  // ones that operations still hold included; operations in flight or
+  // parked (with requests after a failure; background sweepers aside), as
+  // of its last progress iteration; and the tag windows held for groups
+  // with this rank's peers: live groups', and those of recently destroyed
+  // groups, at most 32 per peer (see group()).
+  int64_t engine_lanes = 0;
+  int64_t engine_operations = 0;
+  int64_t group_windows = 0;
 };
 
 class Communicator {
@@ -111,9 +122,34 @@ class Communicator {
   // poison state of their own: a group that times out is poisoned, its
   // parent is not. Point-to-point tags are shared with the parent (and its
   // other groups). The group shares node memory (allocate) when its members
-  // share a node. A poison notice names a group by its members and key: a
-  // group re-created after it was poisoned needs a new key. Throws InvalidArgument for a rank out
-  // of range or listed twice, or a list without this rank.
+  // share a node. A group re-created after it was poisoned needs a new key.
+  // Throws InvalidArgument for a rank out of range or listed twice, or a
+  // list without this rank.
+  //
+  // Tags (MPI). A group made without communication cannot be given a tag
+  // range that every rank agrees is free, and a hash of members and key
+  // alone collides (two live groups would read each other's messages). So
+  // each rank keeps, per parent transport communicator and per peer, the
+  // tag windows that its groups with that peer hold: those of live groups
+  // and of the last 32 groups with that peer destroyed (a poisoned group's
+  // late messages still arrive on them). A new group takes, with each other
+  // member, its first-choice window (a hash of the parent and the members
+  // plus the key: groups of the same members whose keys differ by less than
+  // the number of windows, 174,761 with Open MPI's ob1 and 681 with UCX,
+  // never start on the same one) or, when another group holds that one, the
+  // next free window of a sequence derived from its identity. Two members
+  // see the same groups with each other, so they choose alike as long as
+  // they create and destroy the groups that they share in the same order
+  // relative to one another (as they call operations); groups created in
+  // another order work as well unless their first choices collide, and
+  // then their operations time out or fail with PeerMismatch, never mixing
+  // data unnoticed. When a window leaves that list, the messages still
+  // queued on it from that peer are received and dropped (a poisoned
+  // group's at once, when it is destroyed), so that the sends a peer left
+  // parked complete and nothing of the group stays: per peer, a destroyed
+  // group leaves only its window in the list (CommStats::group_windows).
+  // Throws CommunicationError when live groups with one peer hold every
+  // window.
   virtual std::shared_ptr<Communicator> group(const std::vector<int>& members,
                                               const GroupOptions& options = {}) = 0;
   // Collective over this communicator: ranks with equal color form a group

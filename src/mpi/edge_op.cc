@@ -76,7 +76,7 @@ void EdgeOp::start(Transport& t) {
     for (; deferred_posted < deferred_.size(); ++deferred_posted) {
       const Deferred& d = deferred_[deferred_posted];
       t.isend(*this, slot(kDataSend, d.pi, d.msg), d.buf, d.bytes, peers_[d.pi].rank,
-              tag(Channel::data));
+              tag(peers_[d.pi], Channel::data));
     }
     deferred_.clear();
   } catch (...) {
@@ -107,15 +107,15 @@ void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectEx
   // As in start(): the peer's header message is received whatever happens.
   const auto receive_header = [&] {
     exchange_header_request_ = x.count;
-    x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(Channel::header)),
+    x.add(t.post_irecv(p.header_buf.data(), p.header_len, p.rank, tag(p, Channel::header)),
           slot(kHeaderRecv, 0, 0), p.header_len, false);
   };
   try {
-    x.add(t.post_isend(p.header_out, p.header_out_len, p.rank, tag(Channel::header)),
+    x.add(t.post_isend(p.header_out, p.header_out_len, p.rank, tag(p, Channel::header)),
           slot(kHeaderSend, 0, 0), p.header_out_len, true);
     p.header_sent = true;
     for (int m = 1; m < count; ++m) {
-      x.add(t.post_isend(parts[m].data, parts[m].bytes, p.rank, tag(Channel::data)),
+      x.add(t.post_isend(parts[m].data, parts[m].bytes, p.rank, tag(p, Channel::data)),
             slot(kDataSend, 0, m), parts[m].bytes, true);
       ++p.posted_out;
     }
@@ -143,7 +143,7 @@ void EdgeOp::take_exchanged_header(DirectExchange& x) {
 void EdgeOp::receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes,
                                DirectExchange& x) {
   const Peer& p = peers_[0];
-  x.add(t.post_irecv(buf, bytes, p.rank, tag(Channel::data)), slot(kDataRecv, 0, msg), bytes,
+  x.add(t.post_irecv(buf, bytes, p.rank, tag(p, Channel::data)), slot(kDataRecv, 0, msg), bytes,
         false);
   ++exchanged_posted_;
 }
@@ -171,7 +171,6 @@ void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
 void EdgeOp::open_edges(Transport& t) {
   header_.seq = seq();
   header_.lane = t.lane_id();
-  header_tag_ = t.collective_tag(header_.seq, Channel::header);
   started_ = true;
   if (!contacts_added_) {  // kept when the operation is reused
     contacts_added_ = true;
@@ -183,6 +182,7 @@ void EdgeOp::open_edges(Transport& t) {
   }
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
     Peer& p = peers_[pi];
+    p.header_tag = t.collective_tag(header_.seq, Channel::header, p.rank);
     // No peer's header message exceeds this (same library, same constant).
     p.header_len = kHeaderMessageBytes;
     if (p.header_buf.size() == 0) {  // kept when the operation is reused
@@ -195,7 +195,7 @@ void EdgeOp::open_edges(Transport& t) {
 void EdgeOp::receive_headers(Transport& t) {
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi)
     t.irecv(*this, slot(kHeaderRecv, pi, 0), peers_[pi].header_buf.data(), peers_[pi].header_len,
-            peers_[pi].rank, tag(Channel::header));
+            peers_[pi].rank, tag(peers_[pi], Channel::header));
 }
 
 void EdgeOp::progress(Transport& t) {
@@ -235,7 +235,7 @@ void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_
     deferred_.push_back({pi, msg, buf, bytes});  // posted right behind the headers
   } else {
     send_header(t, pi);  // a held header goes first
-    t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(Channel::data));
+    t.isend(*this, slot(kDataSend, pi, msg), buf, bytes, p.rank, tag(p, Channel::data));
   }
   ++p.posted_out;
 }
@@ -269,7 +269,7 @@ void EdgeOp::send_header(Transport& t, int pi) {
     std::memcpy(p.header_out, &h, sizeof(OpHeader));
   }
   t.isend(*this, slot(kHeaderSend, pi, 0), p.header_out, p.header_out_len, p.rank,
-          tag(Channel::header));
+          tag(p, Channel::header));
   p.header_sent = true;  // only once it is: a failed send is tried again by fail()
 }
 
@@ -293,7 +293,7 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   // (a mismatched one always does), so the record's receive is posted with
   // the first data receive that goes through MPI, or when this rank fails.
   post_abort_recv(t, pi);
-  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(Channel::data));
+  t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(p, Channel::data));
   ++p.posted_in;  // only once it is: a receive that failed never completes
 }
 
@@ -441,14 +441,14 @@ void EdgeOp::send_abort(Transport& t, int pi) {
   p.abort_out.sent = p.posted_out;
   p.abort_out.set_reason(abort_reason_);
   t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank,
-          tag(Channel::abort));
+          tag(p, Channel::abort));
 }
 
 void EdgeOp::post_abort_recv(Transport& t, int pi) {
   Peer& p = peers_[pi];
   if (p.abort_recv_posted) return;
   t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank,
-          tag(Channel::abort));
+          tag(p, Channel::abort));
   p.abort_recv_posted = true;
 }
 
@@ -467,7 +467,7 @@ void EdgeOp::drain(Transport& t) {
       continue;
     MPI_Message message;
     size_t bytes = 0;
-    if (!t.improbe(p.rank, tag(Channel::data), &message, &bytes)) continue;
+    if (!t.improbe(p.rank, tag(p, Channel::data), &message, &bytes)) continue;
     if (p.drain.size() < bytes) p.drain.resize(bytes);
     p.draining = true;
     t.imrecv(*this, slot(kDrainRecv, pi, p.posted_in), p.drain.data(), bytes, &message, p.rank);

@@ -146,6 +146,7 @@ class EdgeOp : public Operation {
  private:
   struct Peer {
     int rank = -1;
+    int header_tag = 0;  // the tag of Channel::header with this peer (its window's)
     int64_t msgs_from = 0, msgs_to = 0;
     int64_t elems_from = 0, elems_to = 0;
     OpHeader header_in;
@@ -212,12 +213,12 @@ class EdgeOp : public Operation {
   // run(), which posted them).
   void deliver_inline(Transport& t);
   void check_finished(Transport& t);
-  // The operation's tag on channel `c` (open_edges computed the first).
-  int tag(Channel c) const { return header_tag_ + static_cast<int>(c); }
+  // The operation's tag on channel `c` with peer `p` (open_edges computed
+  // the first).
+  static int tag(const Peer& p, Channel c) { return p.header_tag + static_cast<int>(c); }
 
   std::string label_;
   OpHeader header_;
-  int header_tag_ = 0;              // the tag of Channel::header
   bool collecting_inline_ = false;  // start(): the first run() may fill header messages
   struct Deferred {                 // start(): data sends held back until the headers are out
     int pi;

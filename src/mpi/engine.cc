@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 
 namespace relaxcc::mpi {
@@ -202,8 +203,8 @@ uint32_t Transport::lane_id() const {
 const Tunables& Transport::tunables() const {
   return lane_.tunables_;
 }
-int Transport::collective_tag(uint64_t seq, Channel channel) const {
-  return mpi::collective_tag(lane_.id_, seq, channel, lane_.comms_->max_tag);
+int Transport::collective_tag(uint64_t seq, Channel channel, int peer) const {
+  return mpi::collective_tag(lane_.window(peer), seq, channel, lane_.comms_->max_tag);
 }
 ScratchPool::Buffer Transport::scratch(size_t bytes) {
   return engine_.scratch_->acquire(bytes);
@@ -228,12 +229,144 @@ void Transport::count_late(uint64_t n) {
 
 // ---- CommPair and Lane -------------------------------------------------------
 
+std::vector<uint32_t> TagWindows::reserve(const std::vector<int>& comm_members, size_t me,
+                                          uint64_t primary, uint64_t identity,
+                                          const std::string& group) {
+  std::vector<uint32_t> out(comm_members.size(), 0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t i = 0;
+  try {
+    for (; i < comm_members.size(); ++i) {
+      if (i == me) continue;
+      Pair& pair = pairs_[comm_members[i]];
+      if (count_ == 0) {
+        // One window for everything: a second group of the pair cannot be told apart.
+        RELAXCC_ENFORCE(pair.held.empty(), CommunicationError, group,
+                        ": the transport's tags (MPI_TAG_UB) leave one tag window, and another "
+                        "group with rank ",
+                        comm_members[i], " holds it (live or recently destroyed)");
+        pair.held.insert(0);
+        continue;
+      }
+      const uint64_t start = primary % count_;
+      // A few windows of the group's own probe sequence, then every window in turn.
+      constexpr uint64_t kHashedProbes = 8;
+      uint32_t chosen = 0;
+      for (uint64_t j = 0; j < kHashedProbes + count_ && chosen == 0; ++j) {
+        const uint64_t k = j == 0              ? start
+                           : j < kHashedProbes ? Fnv1a().u64(identity).u64(j).value() % count_
+                                               : (start + (j - kHashedProbes)) % count_;
+        const auto w = static_cast<uint32_t>(1 + k);
+        if (pair.held.count(w) == 0) chosen = w;
+      }
+      if (chosen == 0 && !pair.retired.empty()) {
+        // Every window held: the oldest retired one goes first.
+        chosen = pair.retired.front().window;
+        drain(comm_members[i], pair.retired.front());
+        pair.retired.pop_front();
+        pair.held.erase(chosen);
+      }
+      RELAXCC_ENFORCE(chosen != 0, CommunicationError, group, ": all ", count_,
+                      " tag windows shared with rank ", comm_members[i],
+                      " are held by live groups (MPI_TAG_UB limits them): destroy some first");
+      out[i] = chosen;
+      pair.held.insert(chosen);
+    }
+  } catch (...) {
+    // Nothing stays reserved for a group that is not made.
+    for (size_t k = 0; k < i; ++k) {
+      if (k == me) continue;
+      auto it = pairs_.find(comm_members[k]);
+      it->second.held.erase(out[k]);
+      if (it->second.held.empty()) pairs_.erase(it);
+    }
+    if (auto it = pairs_.find(comm_members[i]); it != pairs_.end() && it->second.held.empty())
+      pairs_.erase(it);
+    throw;
+  }
+  return out;
+}
+
+void TagWindows::retire(const std::vector<int>& comm_members, size_t me,
+                        const std::vector<uint32_t>& windows, uint64_t seq_end, bool failed,
+                        bool drain_now) {
+  const uint64_t seq_begin = !failed                  ? seq_end
+                             : seq_end > kDrainBehind ? seq_end - kDrainBehind
+                                                      : 1;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < comm_members.size() && i < windows.size(); ++i) {
+    if (i == me) continue;
+    auto it = pairs_.find(comm_members[i]);
+    if (it == pairs_.end()) continue;
+    Pair& pair = it->second;
+    if (count_ == 0) {
+      pair.held.clear();  // nothing to keep apart
+    } else {
+      pair.retired.push_back(Retired{windows[i], seq_begin, seq_end});
+      if (drain_now) drain(comm_members[i], pair.retired.back());
+      while (pair.retired.size() > kRetired) {
+        drain(comm_members[i], pair.retired.front());
+        pair.held.erase(pair.retired.front().window);
+        pair.retired.pop_front();
+      }
+    }
+    if (pair.held.empty()) pairs_.erase(it);
+  }
+}
+
+void TagWindows::drain(int peer, const Retired& r) {
+  if (mpi_finalized()) return;
+  // No lane receives on these tags from `peer` (the window is nobody's), so
+  // this thread may take them off the transport. Queued messages are
+  // received at once; a large one whose data has not come within
+  // kDrainWait is left to complete into a buffer kept for it.
+  constexpr auto kDrainWait = std::chrono::milliseconds(50);
+  for (uint64_t seq = r.seq_begin; seq < r.seq_end + kDrainAhead; ++seq) {
+    for (int c = 0; c < kTagChannels; ++c) {
+      const int tag = collective_tag(r.window, seq, static_cast<Channel>(c), max_tag_);
+      for (;;) {
+        int flag = 0;
+        MPI_Message message;
+        MPI_Status status;
+        if (MPI_Improbe(peer, tag, coll_, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
+        int bytes = 0;
+        MPI_Get_count(&status, MPI_BYTE, &bytes);
+        auto buffer = std::make_unique<std::vector<unsigned char>>(std::max(bytes, 1));
+        MPI_Request request;
+        if (MPI_Imrecv(buffer->data(), bytes, MPI_BYTE, &message, &request) != MPI_SUCCESS) break;
+        const auto deadline = Clock::now() + kDrainWait;
+        int done = 0;
+        while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+               Clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        if (!done) {
+          RELAXCC_LOG(warn, "a late message of a destroyed group did not arrive within ",
+                      kDrainWait.count(), " ms; its buffer is kept (leaked)");
+          MPI_Request_free(&request);
+          buffer.release();  // intentional leak: the transport may still write it
+        }
+      }
+    }
+  }
+}
+
+TagWindows::Counts TagWindows::counts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Counts c;
+  for (const auto& [peer, pair] : pairs_) {
+    c.retired += pair.retired.size();
+    c.live += pair.held.size() - pair.retired.size();
+  }
+  return c;
+}
+
 CommPair::CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm) : coll(coll_comm), p2p(p2p_comm) {
   MPI_Comm_size(coll, &size);
   int* ub = nullptr;
   int flag = 0;
   MPI_Comm_get_attr(coll, MPI_TAG_UB, &ub, &flag);
   if (flag && ub != nullptr) max_tag = *ub;
+  windows = std::make_unique<TagWindows>(coll, max_tag);
 }
 
 CommPair::~CommPair() {
@@ -243,7 +376,7 @@ CommPair::~CommPair() {
 }
 
 Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
-           uint32_t id, Tunables tunables)
+           uint32_t id, std::vector<uint32_t> windows, Tunables tunables)
     : engine_(engine),
       transport_(engine, *this),
       comms_(std::move(comms)),
@@ -251,8 +384,27 @@ Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> mem
       rank_(rank),
       size_(members_.empty() ? comms_->size : static_cast<int>(members_.size())),
       id_(id),
+      windows_(std::move(windows)),
       tunables_(std::move(tunables)),
       counters_(size_) {}
+
+Lane::~Lane() {
+  retire_windows();
+}
+
+void Lane::retire_windows() {
+  if (windows_.empty() || windows_retired_.exchange(true)) return;
+  uint64_t seq_end = 0;
+  bool in_flight = false;
+  {
+    std::lock_guard<std::mutex> seqs(in_flight_mutex_);  // (next_seq_ grows under it too)
+    seq_end = next_seq_;
+    in_flight = oldest_in_flight_ < next_seq_;
+  }
+  const bool failed = poisoned();
+  comms_->windows->retire(members_, static_cast<size_t>(rank_), windows_, seq_end,
+                          failed || in_flight, failed);
+}
 
 // ---- Engine ----------------------------------------------------------------
 
@@ -309,16 +461,26 @@ Engine::~Engine() {
 }
 
 std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
-                                       int rank, uint32_t id, Tunables tunables) {
-  auto lane =
-      std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(tunables));
+                                       int rank, uint32_t id, std::vector<uint32_t> windows,
+                                       Tunables tunables) {
+  auto lane = std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(windows),
+                                     std::move(tunables));
   std::lock_guard<std::mutex> lock(mutex_);
+  // A destroyed lane's storage goes with the last weak reference: the lists
+  // drop theirs as they double (not only at the next inspection).
+  const auto expired = [](const std::weak_ptr<Lane>& w) { return w.expired(); };
+  if (lanes_.size() + closing_.size() >= prune_at_) {
+    lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(), expired), lanes_.end());
+    closing_.erase(std::remove_if(closing_.begin(), closing_.end(), expired), closing_.end());
+    prune_at_ = std::max<size_t>(64, 2 * (lanes_.size() + closing_.size()));
+  }
   lanes_.push_back(lane);
   to_listen_.push_back(std::move(comms));
   return lane;
 }
 
 void Engine::close_lane(const std::shared_ptr<Lane>& lane) {
+  lane->retire_windows();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     lane->close_deadline_ = Clock::now() + std::chrono::milliseconds(std::min<int64_t>(
@@ -401,7 +563,8 @@ void Engine::take_seq_locked(Lane& lane, Operation& op, Clock::time_point now) {
 
 void Engine::bind_work_locked(const std::shared_ptr<Lane>& lane, Operation& op,
                               const std::string& label, Details details, uint64_t submission) {
-  const int tag = lane->transport_.collective_tag(op.seq_, Channel::header);
+  const int tag =
+      lane->transport_.collective_tag(op.seq_, Channel::header, (lane->rank_ + 1) % lane->size_);
   // A reused operation brings its last Work: reused too when nobody holds it.
   if (op.work_ && op.work_.use_count() == 1 && op.work_->is_completed()) {
     std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's release
@@ -727,6 +890,13 @@ CommStats Engine::stats(const Lane& lane) const {
   for (const auto& n : c.received_from)
     stats.received_from.push_back(n.load(std::memory_order_relaxed));
   stats.requests_pending = lane.requests_pending_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& weak : lanes_) stats.engine_lanes += weak.expired() ? 0 : 1;
+  }
+  stats.engine_operations = active_count_.load(std::memory_order_relaxed);
+  const TagWindows::Counts windows = lane.comms_->windows->counts();
+  stats.group_windows = static_cast<int64_t>(windows.live + windows.retired);
   return stats;
 }
 
@@ -1391,7 +1561,7 @@ void Engine::on_notice(const CommPair& comms, PoisonNotice notice, int source) {
       auto lane = weak.lock();
       if (lane && lane->comms_.get() == &comms && lane->id_ == notice.lane && notice.origin >= 0 &&
           notice.origin < lane->size_ && notice.origin != lane->rank_ &&
-          lane->comm_rank(notice.origin) == source)
+          lane->comm_rank(notice.origin) == source && lane->window(notice.origin) == notice.window)
         hit.push_back(std::move(lane));
     }
   }
@@ -1401,15 +1571,18 @@ void Engine::on_notice(const CommPair& comms, PoisonNotice notice, int source) {
 
 void Engine::send_notices(const Lane& lane) {
   notices_sent_at_ = Clock::now();
-  auto notice = std::make_shared<PoisonNotice>();
-  notice->lane = lane.id_;
-  notice->origin = lane.rank_;
+  PoisonNotice base;
+  base.lane = lane.id_;
+  base.origin = lane.rank_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    notice->set_reason(lane.poison_reason_);
+    base.set_reason(lane.poison_reason_);
   }
   for (int r = 0; r < lane.size_; ++r) {
     if (r == lane.rank_) continue;
+    // Per peer: the window differs.
+    auto notice = std::make_shared<PoisonNotice>(base);
+    notice->window = lane.window(r);
     NoticeSend send{notice, MPI_REQUEST_NULL};
     const int rc = MPI_Isend(notice.get(), sizeof(PoisonNotice), MPI_BYTE, lane.comm_rank(r),
                              kNoticeTag, lane.comms_->coll, &send.request);

@@ -54,6 +54,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../collectives/scratch_pool.h"
@@ -148,12 +150,13 @@ class Transport {
   int rank() const;
   int size() const;
   bool poisoned() const;
-  // The lane's identity (OpHeader::lane): 0 for a communicator, a hash of
-  // members and key for a group.
+  // The lane's identity check (OpHeader::lane): 0 for a communicator, a
+  // hash of parent, members and key for a group.
   uint32_t lane_id() const;
   const Tunables& tunables() const;
-  // The tag of `channel` for the lane's operation `seq` (op_header.h).
-  int collective_tag(uint64_t seq, Channel channel) const;
+  // The tag of `channel` for the lane's operation `seq` with lane rank
+  // `peer`, in the lane's window for that peer (op_header.h).
+  int collective_tag(uint64_t seq, Channel channel, int peer) const;
   // Scratch memory reused across operations (not zeroed).
   ScratchPool::Buffer scratch(size_t bytes);
   // The lane's stream of round messages from `peer` with point-to-point tag `tag`.
@@ -174,9 +177,80 @@ class Transport {
   Lane& lane_;
 };
 
+// The tag windows (op_header.h) that the groups of one CommPair hold, per
+// pair of ranks: this rank and each peer (comm ranks). A group takes, for
+// each other member, the first window of its probe sequence (from its
+// primary window) that no other group with that member holds: a live one,
+// or one of the last kRetired destroyed ones of that pair, so that a
+// poisoned group's late messages find no receive. Both ends of a pair see
+// the same groups of that pair (both are members of each), so they choose
+// alike when they create and destroy those groups in the same order; the
+// choice is local, no communication. When a retired window leaves the
+// pair's list, the messages from that peer still queued on its tags (the
+// sequence numbers its group could have left unreceived) are received and
+// dropped, so that the next group given that window never reads them.
+// Bounded: per peer, the live groups and kRetired more.
+class TagWindows {
+ public:
+  // Destroyed groups whose windows a pair keeps reserved.
+  static constexpr size_t kRetired = 32;
+  // The sequence numbers whose late messages a window drains: of a group
+  // that failed (poisoned, or destroyed with operations in flight), its last
+  // kDrainBehind (a poisoning stops the latest ones); of every group,
+  // kDrainAhead past its last one (a peer that called operations this rank
+  // never did).
+  static constexpr uint64_t kDrainBehind = 64;
+  static constexpr uint64_t kDrainAhead = 16;
+  TagWindows(MPI_Comm coll, int max_tag)
+      : coll_(coll), max_tag_(max_tag), count_(group_windows(max_tag)) {}
+  TagWindows(const TagWindows&) = delete;
+  TagWindows& operator=(const TagWindows&) = delete;
+
+  // Reserves a window for every member of `comm_members` but `me` (an index
+  // into it): the result, by index (0 at `me`), is the first free window of
+  // each pair from `primary` on, the rest of the probe sequence derived
+  // from `identity`. Throws CommunicationError naming `group` when every
+  // window of a pair is held by live groups (or when the tag space has one
+  // window only and another group holds it).
+  std::vector<uint32_t> reserve(const std::vector<int>& comm_members, size_t me, uint64_t primary,
+                                uint64_t identity, const std::string& group);
+  // The group that reserved `windows` is destroyed, its collective
+  // operations numbered below `seq_end`, `failed` or not: they stay reserved
+  // until kRetired more groups of the pair were destroyed, then their late
+  // messages are drained (kDrainBehind, kDrainAhead); those queued already
+  // are drained now when `drain_now` (a poisoned group: nothing of it
+  // receives any more).
+  void retire(const std::vector<int>& comm_members, size_t me, const std::vector<uint32_t>& windows,
+              uint64_t seq_end, bool failed, bool drain_now);
+  // What it holds (CommStats::group_windows): windows of live groups and
+  // retired ones, over every pair.
+  struct Counts {
+    size_t live = 0, retired = 0;
+  };
+  Counts counts() const;
+
+ private:
+  struct Retired {
+    uint32_t window;
+    uint64_t seq_begin, seq_end;  // drained: [seq_begin, seq_end + kDrainAhead)
+  };
+  struct Pair {
+    std::unordered_set<uint32_t> held;  // live and retired
+    std::deque<Retired> retired;        // oldest first
+  };
+  // Receives and drops what comm rank `peer` sent on `r`'s tags (under mutex_).
+  void drain(int peer, const Retired& r);
+  mutable std::mutex mutex_;
+  std::unordered_map<int, Pair> pairs_;  // by the peer's comm rank
+  const MPI_Comm coll_;
+  const int max_tag_;
+  const uint32_t count_;  // group_windows(): windows 1..count_
+};
+
 // The MPI communicators a set of lanes sends on: the collective one (relaxcc's
-// tags) and the point-to-point one (users' tags). Freed with the last lane
-// that uses them, unless MPI is finalized by then.
+// tags) and the point-to-point one (users' tags), and the tag windows its
+// groups hold. Freed with the last lane that uses them, unless MPI is
+// finalized by then.
 struct CommPair {
   CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm);
   ~CommPair();
@@ -186,6 +260,7 @@ struct CommPair {
   MPI_Comm p2p = MPI_COMM_NULL;
   int size = 1;
   int max_tag = 32767;
+  std::unique_ptr<TagWindows> windows;
 };
 
 // A round message (P2POptions::round) taken off the wire before its receive:
@@ -231,8 +306,11 @@ struct LaneCounters {
 // Engine::add_lane; operations keep their lane alive.
 class Lane {
  public:
+  // `windows`: a group's tag window per lane rank (TagWindows::reserve),
+  // empty for a communicator (window 0).
   Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
-       uint32_t id, Tunables tunables);
+       uint32_t id, std::vector<uint32_t> windows, Tunables tunables);
+  ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
@@ -243,7 +321,13 @@ class Lane {
   bool poisoned() const { return poisoned_.load(); }
   // Rank in the MPI communicators of lane rank `r`.
   int comm_rank(int r) const { return members_.empty() ? r : members_[r]; }
+  // The tag window with lane rank `r` (op_header.h).
+  uint32_t window(int r) const { return windows_.empty() ? 0 : windows_[r]; }
   const std::shared_ptr<CommPair>& comms() const { return comms_; }
+  // Gives the lane's tag windows back to the CommPair (as retired), once:
+  // when its communicator is destroyed (Engine::close_lane), or with the
+  // lane.
+  void retire_windows();
 
  private:
   friend class Engine;
@@ -256,6 +340,8 @@ class Lane {
   int rank_ = 0;
   int size_ = 1;
   uint32_t id_ = 0;
+  std::vector<uint32_t> windows_;  // by lane rank; empty: window 0
+  std::atomic<bool> windows_retired_{false};
   Tunables tunables_;
   // Under the engine's mutex.
   uint64_t next_seq_ = 1;
@@ -475,11 +561,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine& operator=(const Engine&) = delete;
 
   // A lane over `members` (ranks of comms; empty: all of them, in order), in
-  // which this process is rank `rank`.
+  // which this process is rank `rank`, with tag windows `windows` (see Lane).
   std::shared_ptr<Lane> add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
-                                 int rank, uint32_t id, Tunables tunables);
-  // The lane's communicator is gone: operations still in flight get
-  // min(RELAXCC_TIMEOUT_MS, 10 s) to finish, then fail and poison the lane.
+                                 int rank, uint32_t id, std::vector<uint32_t> windows,
+                                 Tunables tunables);
+  // The lane's communicator is gone: its tag windows are retired
+  // (TagWindows); operations still in flight get min(RELAXCC_TIMEOUT_MS,
+  // 10 s) to finish, then fail and poison the lane.
   void close_lane(const std::shared_ptr<Lane>& lane);
 
   // What a call's Work description says about it ("ring, 1024 x f32, peers
@@ -697,9 +785,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<int>& drivers_;  // callers in drive()
   std::deque<std::shared_ptr<Operation>> queue_;
   bool stop_ = false;
-  std::vector<std::shared_ptr<Lane>> to_poison_;      // poisoned, not yet applied
-  std::vector<std::weak_ptr<Lane>> closing_;          // closed, with operations maybe in flight
-  std::vector<std::weak_ptr<Lane>> lanes_;            // every lane, for poison notices
+  std::vector<std::shared_ptr<Lane>> to_poison_;  // poisoned, not yet applied
+  std::vector<std::weak_ptr<Lane>> closing_;      // closed, with operations maybe in flight
+  std::vector<std::weak_ptr<Lane>> lanes_;        // every lane, for poison notices
+  size_t prune_at_ = 64;  // add_lane drops expired entries of lanes_ and closing_ at this size
   std::vector<std::shared_ptr<CommPair>> to_listen_;  // new CommPairs, no listener yet
 
   // Token-holder state.
@@ -731,7 +820,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
   std::vector<std::unique_ptr<Listener>> listeners_;
   struct NoticeSend {
-    std::shared_ptr<PoisonNotice> notice;  // shared by the sends of one lane
+    std::shared_ptr<PoisonNotice> notice;  // one per peer (its window differs)
     MPI_Request request = MPI_REQUEST_NULL;
   };
   std::vector<NoticeSend> notice_sends_;

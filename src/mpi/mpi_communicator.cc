@@ -324,8 +324,13 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> comm_members;
     std::vector<char> seen(static_cast<size_t>(n), 0);
     int my_rank = -1;
-    Fnv1a id;
+    // The identity: parent, key, members. The primary tag window: a hash of
+    // parent and members plus the key, so that groups of the same members
+    // whose keys differ by less than the number of windows never start on
+    // the same one.
+    Fnv1a id, place;
     id.u64(lane_->id()).u64(key);
+    place.u64(lane_->id());
     for (size_t i = 0; i < members.size(); ++i) {
       const int m = members[i];
       RELAXCC_ENFORCE(m >= 0 && m < n, InvalidArgument, "group: member ", m,
@@ -335,18 +340,23 @@ class MpiCommunicator final : public Communicator {
       if (m == rank()) my_rank = static_cast<int>(i);
       comm_members.push_back(lane_->comm_rank(m));
       id.u64(static_cast<uint64_t>(comm_members.back()));
+      place.u64(static_cast<uint64_t>(comm_members.back()));
     }
     RELAXCC_ENFORCE(my_rank >= 0, InvalidArgument, "group: the members must include this rank (",
                     rank(), ")");
     RELAXCC_ENFORCE(!poisoned(), CommunicatorPoisoned, "group: the communicator is poisoned");
     const uint32_t lane_id = static_cast<uint32_t>(id.value() ^ (id.value() >> 32)) | 1u;
+    std::vector<uint32_t> windows = lane_->comms()->windows->reserve(
+        comm_members, static_cast<size_t>(my_rank), place.value() + key, id.value(),
+        detail::concat("group of ", members.size(), " ranks with key ", key));
     const bool one_node = nodes_->one_node(comm_members);
     std::shared_ptr<SharedMemory> shm =
         one_node ? (shared_memory_ ? shared_memory_ : std::make_shared<SharedMemory>()) : nullptr;
+    // The lane gives its windows back (Lane::retire_windows).
     return std::make_shared<MpiCommunicator>(
         engine_,
         engine_->add_lane(lane_->comms(), std::move(comm_members), my_rank, lane_id,
-                          lane_->tunables()),
+                          std::move(windows), lane_->tunables()),
         nodes_, std::move(shm));
   }
 
@@ -742,7 +752,7 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
                                           mpi::delete_engine);
   }
   auto comm = std::make_shared<mpi::MpiCommunicator>(
-      engine, engine->add_lane(comms, {}, rank, 0, options.tunables), provisional, nullptr);
+      engine, engine->add_lane(comms, {}, rank, 0, {}, options.tunables), provisional, nullptr);
   auto nodes = std::make_shared<mpi::NodeLayoutMap>();
   const mpi::Handshake handshake = comm->handshake(timeout);
   nodes->node = mpi::nodes_of(handshake.hosts);

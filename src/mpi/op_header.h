@@ -64,7 +64,8 @@ struct OpHeader {
   // A shared reduce-scatter's partial sums: the sender's scratch object (from
   // offset 0, same pid); 0 when it has none.
   uint32_t shm_scratch = 0;
-  // The lane (Transport::lane_id): groups whose tag windows collide differ here.
+  // The lane (Transport::lane_id): a hash of a group's identity (op_header.h's
+  // tag windows keep groups apart; this catches what would not).
   uint32_t lane = 0;
 };
 static_assert(sizeof(OpHeader) == 80);
@@ -123,35 +124,43 @@ struct PoisonNotice {
   uint32_t magic = kHeaderMagic;
   uint32_t lane = 0;    // OpHeader::lane of the poisoned lane
   int32_t origin = -1;  // lane rank where the poisoning started
-  int32_t pad = 0;
+  uint32_t window = 0;  // the lane's tag window between the origin and the receiver
   char reason[240] = {};
 
   void set_reason(const std::string& text) { copy_text(reason, text); }
 };
 static_assert(sizeof(PoisonNotice) == 256);
 
-// Tags of the collective communicator. Each lane owns a window of
-// kLaneSeqs sequence numbers (its operations' seq modulo kLaneSeqs), with
-// one tag per channel each; Engine::submit refuses a collective operation
+// Tags of the collective communicator. Each lane sends on windows of
+// kLaneSeqs sequence numbers (its operations' seq modulo kLaneSeqs), with one
+// tag per channel each; Engine::submit refuses a collective operation
 // kLaneSeqs or more past the lane's oldest one in flight, so no two
-// operations in flight share a tag. A
-// communicator (lane 0) has window 0; a group's window comes from its lane
-// id, so two groups in use at the same time that share a pair of ranks share
-// a window with probability 1 / (windows - 1): 1 in about 175,000 with Open
-// MPI's ob1 (tags up to 2^31 - 1), 1 in 682 with UCX (2^23 - 1). Their
-// headers still differ (OpHeader::lane), so such a collision gives
-// PeerMismatch, never mixed data.
+// operations of a window share a tag. A communicator (lane 0) uses window 0
+// with every peer. A group uses, with each peer, a window of its own among
+// group_windows(max_tag) (windows 1 and up), reserved in the CommPair's
+// TagWindows (engine.h): no two groups of one CommPair that share two
+// members hold the same window for that pair while both exist, nor while one
+// is among the last TagWindows::kRetired groups of that pair destroyed (its
+// late messages stay unmatched). OpHeader::lane (a hash of the group's
+// identity) still tells groups apart should that ever fail: PeerMismatch,
+// never mixed data.
 // An operation's channels have consecutive tags: collective_tag(..., c) is
 // collective_tag(..., Channel::header) + c.
 enum class Channel : int { header = 0, abort = 1, data = 2 };
 inline constexpr uint64_t kLaneSeqs = 4096;
-inline int collective_tag(uint32_t lane, uint64_t seq, Channel channel, int max_tag) {
-  constexpr int kChannels = static_cast<int>(Channel::data) + 1;  // consecutive tags
-  const uint64_t span = static_cast<uint64_t>((max_tag - 1) / kChannels);
-  const uint64_t windows = std::max<uint64_t>(span / kLaneSeqs, 1);
-  const uint64_t window = lane == 0 || windows == 1 ? 0 : 1 + lane % (windows - 1);
+inline constexpr int kTagChannels = static_cast<int>(Channel::data) + 1;  // consecutive tags
+// Windows that groups may use (window 1 to this), with tags up to `max_tag`:
+// 174,761 with Open MPI's ob1 (2^31 - 1), 681 with UCX (2^23 - 1); 0 when
+// the tag space holds one window only (every lane then shares window 0).
+inline uint32_t group_windows(int max_tag) {
+  const uint64_t span = static_cast<uint64_t>((max_tag - 1) / kTagChannels);
+  const uint64_t windows = span / kLaneSeqs;
+  return windows > 1 ? static_cast<uint32_t>(windows - 1) : 0;
+}
+inline int collective_tag(uint32_t window, uint64_t seq, Channel channel, int max_tag) {
+  const uint64_t span = static_cast<uint64_t>((max_tag - 1) / kTagChannels);
   const uint64_t index = (window * kLaneSeqs + seq % kLaneSeqs) % span;
-  return 1 + static_cast<int>(index * kChannels + static_cast<int>(channel));
+  return 1 + static_cast<int>(index * kTagChannels + static_cast<int>(channel));
 }
 
 }  // namespace relaxcc::mpi
