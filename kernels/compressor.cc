@@ -251,13 +251,13 @@ void encode_minmax(const float* x, int64_t n, const CompressorConfig& c, const E
 // Throws CorruptPayload unless chunk `ch`'s (min, scale) decodes to finite
 // values only (see the decoder contract in compressor.h).
 void check_minmax_chunk(int64_t ch, float min, float scale, int bits, const char* what) {
-  RELAXCC_ENFORCE(std::isfinite(min) && std::isfinite(scale) && scale >= 0.0f, CorruptPayload, what,
+  RELAXCC_ENFORCE(std::isfinite(min) && std::isfinite(scale), CorruptPayload, what,
                   " payload: chunk ", ch, " has min ", min, " and scale ", scale,
-                  " (expected both finite and scale >= 0)");
+                  " (expected both finite)");
   const float top = cpu::minmax_decoded_max(min, scale, bits);
   RELAXCC_ENFORCE(std::isfinite(top), CorruptPayload, what, " payload: chunk ", ch, " with min ",
                   min, " and scale ", scale, " decodes up to min + ", (1u << bits) - 1u,
-                  " / scale = ", top,
+                  " / |scale| = ", top,
                   " (expected a finite decoded range; a scale this small is corrupt)");
 }
 

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
+#include "relaxcc/algorithms/bytegrad.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
 #include "relaxcc/errors.h"
@@ -23,6 +24,8 @@
 #include "relaxcc/nccl_communicator.h"
 #include "relaxcc/reducer.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
+#include "relaxcc/topology.h"
+#include "relaxcc/traffic_counter.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -470,6 +473,62 @@ TEST(Hierarchical, EqualsFlatUnderEmulatedNodes) {
       ASSERT_EQ(hier.grads[i][j], flat.grads[i][j]);
       ASSERT_EQ(flat.grads[i][j], flat.expected_sum(n, i, j) / static_cast<float>(n));
     }
+}
+
+// The bytes this rank's transport sends for `steps` steps of a model of
+// 100000 f32 gradients under `algorithm` (agreements included), and the
+// largest difference between a reduced gradient and the exact average.
+struct RunBytes {
+  uint64_t bytes = 0;
+  double max_error = 0;
+};
+RunBytes bytes_per_run(const AlgorithmPtr& algorithm, int steps) {
+  auto counter = std::make_shared<TrafficCounter>(test::world());
+  const int n = counter->size();
+  Model m({60000, 40000});
+  Reducer reducer(counter, m.specs, algorithm, ExecContext::host());
+  RunBytes r;
+  const uint64_t before = counter->bytes_sent();
+  for (int step = 0; step < steps; ++step) {
+    m.fill(counter->rank(), step);
+    reducer.begin_step();
+    reducer.mark_ready(2);
+    reducer.mark_ready(0);
+    reducer.synchronize();
+    for (size_t i = 0; i < m.grads.size(); ++i)
+      for (size_t j = 0; j < m.grads[i].size(); ++j)
+        r.max_error = std::max(r.max_error,
+                               std::fabs(static_cast<double>(m.grads[i][j]) -
+                                         static_cast<double>(m.expected_sum(n, i, j, step)) / n));
+  }
+  r.bytes = counter->bytes_sent() - before;
+  return r;
+}
+
+// bytegrad's defaults (hierarchical) compress on one machine too: the
+// hierarchy would quantize nothing there (an exact reduce within the node,
+// an inter-node step of one member), so the flat compressed allreduce runs:
+// every value is quantized to 8 bits, and the bytes that travel are those
+// of 8-bit payloads (1 + 8 / 2048 bytes per value): about a quarter of an
+// f32 ring's 2 (n - 1) / n 4 bytes per value.
+TEST(ByteGrad, DefaultsCompressOnOneMachine) {
+  auto comm = test::world();
+  const int n = comm->size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (build_hierarchy(*comm, Tunables::from_env()).layout.num_nodes > 1)
+    GTEST_SKIP() << "one machine only (RELAXCC_RANKS_PER_NODE emulates several)";
+  constexpr int kSteps = 3;
+  const RunBytes defaults = bytes_per_run(std::make_shared<algorithms::ByteGrad>(), kSteps);
+  algorithms::ByteGradOptions flat;
+  flat.hierarchical = false;
+  const RunBytes flat_run = bytes_per_run(std::make_shared<algorithms::ByteGrad>(flat), kSteps);
+  const double f32_ring = 2.0 * (n - 1) / n * 4.0 * 100000 * kSteps;
+  EXPECT_EQ(defaults.bytes, flat_run.bytes);
+  EXPECT_GT(static_cast<double>(defaults.bytes), 0.2 * f32_ring) << defaults.bytes;
+  EXPECT_LT(static_cast<double>(defaults.bytes), 0.3 * f32_ring) << defaults.bytes;
+  // Quantized: not the exact average, and the same values as the flat mode.
+  EXPECT_GT(defaults.max_error, 0.0);
+  EXPECT_EQ(defaults.max_error, flat_run.max_error);
 }
 
 // Buckets of equal size, marked with random per-rank delays, over many steps:

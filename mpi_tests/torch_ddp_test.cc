@@ -2,7 +2,8 @@
 // mpiexec: gradient_allreduce against single-process training on the
 // concatenated batch, no_sync, unused parameters (momentum included), tied
 // parameters, buffer broadcast, the exact model average of mixed dtypes,
-// checkpoint resumption, uneven inputs and misuse.
+// checkpoint resumption, uneven inputs and misuse; qadam with the torch
+// optimizer's learning rate, a null algorithm, and the one-include header.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,10 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "relaxcc/algorithms/gradient_allreduce.h"
-#include "relaxcc/algorithms/local_sgd.h"
 #include "relaxcc/errors.h"
-#include "relaxcc/torch/distributed_data_parallel.h"
+#include "relaxcc/torch/ddp.h"  // every algorithm, and build_description()
 #include "test_util.h"
 
 namespace {
@@ -106,7 +105,7 @@ relaxcc::AlgorithmPtr allreduce() {
 }
 
 // Steps [from, to) of this rank's slices, one backward each.
-void train(Net& net, DistributedDataParallel& ddp, torch::optim::SGD& sgd, int from, int to) {
+void train(Net& net, DistributedDataParallel& ddp, torch::optim::Optimizer& sgd, int from, int to) {
   const auto comm = world();
   for (int s = from; s < to; ++s) {
     sgd.zero_grad();
@@ -124,9 +123,7 @@ constexpr float kTolerance = 2e-6f;
 
 // Single-process training on the concatenated batches (`micro` micro-batches
 // per step, accumulated).
-std::vector<torch::Tensor> reference(int ranks, int micro) {
-  Net net = make_net();
-  auto sgd = make_sgd(net);
+std::vector<torch::Tensor> reference(Net& net, torch::optim::Optimizer& sgd, int ranks, int micro) {
   for (int s = 0; s < kSteps; ++s) {
     sgd.zero_grad();
     for (int m = 0; m < micro; ++m) {
@@ -136,6 +133,11 @@ std::vector<torch::Tensor> reference(int ranks, int micro) {
     sgd.step();
   }
   return snapshot(net);
+}
+std::vector<torch::Tensor> reference(int ranks, int micro) {
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  return reference(net, sgd, ranks, micro);
 }
 
 // Copied gradients or bucket views, in several buckets (and a plan rebuild).
@@ -483,6 +485,73 @@ TEST(Ddp, UnevenInputsNameTheRanks) {
   EXPECT_NE(message.find("uneven inputs"), std::string::npos) << message;
   EXPECT_NE(message.find("went on"), std::string::npos) << message;
   EXPECT_NE(message.find("rank 0: 2"), std::string::npos) << message;
+}
+
+// Both constructors take a null algorithm for gradient_allreduce.
+TEST(Ddp, ANullAlgorithmIsGradientAllreduceInBothConstructors) {
+  const auto comm = world();
+  {
+    Net net = make_net();
+    auto sgd = make_sgd(net);
+    DistributedDataParallel ddp(comm, *net, sgd, nullptr);
+    EXPECT_EQ(ddp.algorithm().name(), "gradient_allreduce");
+    train(net, ddp, sgd, 0, kSteps);
+    EXPECT_LE(max_diff(snapshot(net), reference(comm->size(), 1)), kTolerance);
+  }
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(*net, sgd, nullptr);
+  EXPECT_EQ(ddp.algorithm().name(), "gradient_allreduce");
+}
+
+// qadam owns the step; its learning rate is the torch optimizer's, read at
+// construction and before every step. In warmup it is Adam on the averaged
+// gradient, so it follows torch's Adam on the concatenated batch at the
+// torch optimizer's lr (not QAdamOptions' default 1e-3), from the first step
+// on (the Reducer's plan rebuild after it loses no bucket of that step).
+TEST(Ddp, QAdamTakesTheTorchOptimizersLearningRate) {
+  const auto comm = world();
+  constexpr double kLr = 0.01;
+  Net net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(kLr));
+  auto qadam = std::make_shared<relaxcc::algorithms::QAdam>();  // lr 1e-3, warmup 100 steps
+  DistributedDataParallel ddp(comm, *net, adam, qadam);
+  EXPECT_EQ(qadam->lr(), static_cast<float>(kLr));
+  train(net, ddp, adam, 0, kSteps);
+  Net ref = make_net();
+  torch::optim::Adam ref_adam(ref->parameters(), torch::optim::AdamOptions(kLr));
+  // Five Adam steps move each weight by up to 5 lr = 0.05; the two Adams
+  // differ in the order of their float operations only.
+  EXPECT_LE(max_diff(snapshot(net), reference(ref, ref_adam, comm->size(), 1)), 1e-5f);
+  // A scheduler's change applies at the next step.
+  for (auto& group : adam.param_groups()) group.options().set_lr(0.002);
+  train(net, ddp, adam, kSteps, kSteps + 1);
+  EXPECT_EQ(qadam->lr(), 0.002f);
+}
+
+TEST(Ddp, QAdamRefusesParameterGroupsWithDifferentLearningRates) {
+  const auto comm = world();
+  Net net = make_net();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(net->fc1->parameters(), std::make_unique<torch::optim::AdamOptions>(0.01));
+  std::vector<torch::Tensor> rest = net->fc2->parameters();
+  for (const auto& p : net->spare->parameters()) rest.push_back(p);
+  groups.emplace_back(rest, std::make_unique<torch::optim::AdamOptions>(0.02));
+  torch::optim::Adam adam(groups, torch::optim::AdamOptions(0.01));
+  try {
+    DistributedDataParallel ddp(comm, *net, adam, std::make_shared<relaxcc::algorithms::QAdam>());
+    ADD_FAILURE() << "accepted two learning rates";
+  } catch (const relaxcc::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter group 1 has lr 0.02"), std::string::npos)
+        << e.what();
+  }
+}
+
+// relaxcc/torch/ddp.h is the one include a training loop needs, the build
+// description included.
+TEST(Ddp, TheOneIncludeDescribesTheBuild) {
+  EXPECT_NE(relaxcc::build_description().find(RELAXCC_VERSION_STRING), std::string::npos)
+      << relaxcc::build_description();
 }
 
 }  // namespace

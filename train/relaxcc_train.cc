@@ -304,8 +304,9 @@ relaxcc::AlgorithmPtr make_algorithm(const std::string& name, const Options& o) 
   if (name == "moshpit_sgd") return std::make_shared<MoshpitSgd>();
   if (name == "async_model_average") return std::make_shared<AsyncModelAverage>();
   if (name == "diloco") {
-    DilocoOptions d;
-    d.inner_steps = 50;  // DiLoCo's 500 is more than an epoch of this demo
+    // DiLoCo's outer Nesterov 0.7 / 0.9, which docs/benchmarks.md's figures
+    // were measured with; 500 inner steps are more than an epoch of this demo.
+    DilocoOptions d = diloco_paper_options(50);
     return std::make_shared<Diloco>(d);
   }
   usage("unknown algorithm " + name);

@@ -24,10 +24,13 @@ void ByteGrad::init(const AlgorithmContext& ctx) {
     hierarchy_ = build_hierarchy(*ctx.comm, ctx.tunables);
     have_hierarchy_ = true;
   }
+  // On one node the hierarchy would quantize nothing: the flat compressed
+  // allreduce runs there (the layout is the same on every rank).
+  use_hierarchy_ = have_hierarchy_ && hierarchy_.layout.num_nodes > 1;
   if (!options_.error_feedback) return;
   // The error feedback lives where values are quantized: on the inter-node
   // communicator's leaders when hierarchical, on every rank otherwise.
-  const Communicator* on = options_.hierarchical ? hierarchy_.inter.get() : ctx.comm.get();
+  const Communicator* on = use_hierarchy_ ? hierarchy_.inter.get() : ctx.comm.get();
   if (on != nullptr)
     feedback_.rebind(ctx, on->rank(), on->size(),
                      options_.average ? static_cast<float>(on->size()) : 1.0f);
@@ -43,7 +46,7 @@ WorkPtr ByteGrad::on_bucket_ready(const StepInfo&, int bucket, const TensorView&
   o.op = options_.average ? ReduceOp::avg : ReduceOp::sum;
   o.label = "bytegrad bucket " + std::to_string(bucket);
   if (!feedback_.empty()) o.state = feedback_.state(bucket);
-  if (options_.hierarchical)
+  if (use_hierarchy_)
     return hierarchical_compressed_allreduce(*ctx_.comm, hierarchy_, data, ctx_.exec, o);
   return compressed_allreduce(*ctx_.comm, data, ctx_.exec, o);
 }

@@ -46,6 +46,15 @@ struct Diloco::Fragment {
   int64_t apply_at = -1;            // the inner step after which it is applied
 };
 
+DilocoOptions diloco_paper_options(int inner_steps) {
+  DilocoOptions o;
+  o.inner_steps = inner_steps;
+  o.outer_lr = 0.7f;
+  o.outer_momentum = 0.9f;
+  o.nesterov = true;
+  return o;
+}
+
 DilocoOptions sparseloco_options(int inner_steps) {
   DilocoOptions o;
   o.inner_steps = inner_steps;

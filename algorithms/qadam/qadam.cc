@@ -37,10 +37,7 @@ void QAdam::set_lr(float lr) {
 }
 
 void QAdam::init(const AlgorithmContext& ctx) {
-  ctx_ = ctx;
-  const size_t buckets = ctx.plan->buckets().size();
-  bucket_data_.assign(buckets, TensorView{});
-  bucket_step_.assign(buckets, -1);
+  ctx_ = ctx;  // dispatched_ stays: a rebuild may come before the step's update
   feedback_.rebind(ctx, ctx.comm->rank(), ctx.comm->size(), static_cast<float>(ctx.comm->size()));
 }
 
@@ -57,8 +54,7 @@ WorkPtr QAdam::on_bucket_ready(const StepInfo& step, int bucket, const TensorVie
   const Bucket& b = ctx_.plan->buckets()[static_cast<size_t>(bucket)];
   RELAXCC_ENFORCE(b.dtype == DType::f32 && data.device.is_host(), InvalidArgument, "qadam: bucket ",
                   bucket, " must hold f32 host gradients");
-  bucket_data_[static_cast<size_t>(bucket)] = data;
-  bucket_step_[static_cast<size_t>(bucket)] = step.step;
+  dispatched_.push_back({step.step, data, b.entries});
   if (warming_up(step)) {
     AllreduceOptions o;
     o.op = ReduceOp::avg;
@@ -99,11 +95,10 @@ void QAdam::optimizer_step(const StepInfo& step, Optimizer&) {
   // The variance's bias correction freezes with it, at the last warmup step.
   const double tv = warm ? t : static_cast<double>(std::max(options_.warmup_steps, 1));
   const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), tv));
-  const auto& buckets = ctx_.plan->buckets();
-  for (size_t bi = 0; bi < buckets.size(); ++bi) {
-    if (bucket_step_[bi] != step.step) continue;  // not communicated in this step
-    const float* x = bucket_data_[bi].as<float>();
-    for (const BucketEntry& e : buckets[bi].entries) {
+  for (const Dispatched& sent : dispatched_) {
+    if (sent.step != step.step) continue;  // left from a step that never finished
+    const float* x = sent.data.as<float>();
+    for (const BucketEntry& e : sent.entries) {
       const TensorSpec& g = (*ctx_.tensors)[static_cast<size_t>(e.tensor)];
       if (g.partner < 0) continue;
       const int64_t key = ctx_.flat_offset[g.partner];
@@ -125,6 +120,7 @@ void QAdam::optimizer_step(const StepInfo& step, Optimizer&) {
       }
     }
   }
+  dispatched_.clear();
 }
 
 StateDict QAdam::state_dict() const {

@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -74,18 +73,20 @@ __attribute__((target("avx2"), always_inline)) inline __m256i pack_codes_avx2(co
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// Round-to-nearest codes, one byte each, clamped to [0, levels]: 32
-// elements per iteration.
+// Round-to-nearest codes of ((x - min) * prescale) * scale, one byte each,
+// clamped to [0, levels]: 32 elements per iteration.
 __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t len, float min,
-                                                       float scale, uint32_t levels,
+                                                       float prescale, float scale, uint32_t levels,
                                                        unsigned char* out) {
-  const __m256 vmin = _mm256_set1_ps(min), vs = _mm256_set1_ps(scale);
+  const __m256 vmin = _mm256_set1_ps(min), vp = _mm256_set1_ps(prescale),
+               vs = _mm256_set1_ps(scale);
   const __m256i lo = _mm256_setzero_si256(), hi = _mm256_set1_epi32(static_cast<int>(levels));
   int64_t i = 0;
   for (; i + 32 <= len; i += 32) {
     __m256i q[4];
     for (int k = 0; k < 4; ++k) {
-      const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vs);
+      const __m256 v =
+          _mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * k), vmin), vp), vs);
       q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo),
                               hi);  // rint: MXCSR nearest-even
     }
@@ -94,15 +95,16 @@ __attribute__((target("avx2"))) int64_t quantize8_avx2(const float* x, int64_t l
   return i;
 }
 
+// min + (q * inv) * down for 8 codes at a time.
 __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* codes, int64_t len,
-                                                         float min, float inv, float* out,
-                                                         bool accumulate) {
-  const __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv);
+                                                         float min, float inv, float down,
+                                                         float* out, bool accumulate) {
+  const __m256 vmin = _mm256_set1_ps(min), vinv = _mm256_set1_ps(inv), vdown = _mm256_set1_ps(down);
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
     const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-    __m256 v = _mm256_add_ps(vmin, _mm256_mul_ps(q, vinv));
+    __m256 v = _mm256_add_ps(vmin, _mm256_mul_ps(_mm256_mul_ps(q, vinv), vdown));
     if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
     _mm256_storeu_ps(out + i, v);
   }
@@ -118,14 +120,15 @@ __attribute__((target("avx2"))) int64_t dequantize8_avx2(const unsigned char* co
 // in element order.
 struct Stochastic {
   static constexpr int64_t per_vector = 4 * rounding_block_elements;  // elements
-  __m256 vmin, vs, base;
+  __m256 vmin, vp, vs, base;
   __m256i vlevels, cell_bytes, cells_base, m0, m1, lane;
   __m256i key0[10], key1[10];
   uint64_t offset;
 
-  __attribute__((target("avx2")))
-  Stochastic(float min, float scale, uint32_t levels, uint64_t seed, uint64_t offset_)
+  __attribute__((target("avx2"))) Stochastic(float min, float prescale, float scale,
+                                             uint32_t levels, uint64_t seed, uint64_t offset_)
       : vmin(_mm256_set1_ps(min)),
+        vp(_mm256_set1_ps(prescale)),
         vs(_mm256_set1_ps(scale)),
         base(_mm256_set1_ps(128.0f)),
         vlevels(_mm256_set1_epi8(static_cast<char>(levels))),
@@ -233,7 +236,10 @@ struct Stochastic {
         const __m256i h = _mm256_shuffle_epi8(words, cell_bytes);
         const __m256 u = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(h, cells_base)), base);
         const __m256 t = _mm256_add_ps(
-            _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + per_vector * g + 8 * k), vmin), vs), u);
+            _mm256_mul_ps(
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + per_vector * g + 8 * k), vmin), vp),
+                vs),
+            u);
         // x >= min, so t >= u > 0 and truncation is the floor; t is about
         // levels at most, far below 2^31, so the saturating packs and the
         // min clamp from above.
@@ -311,8 +317,8 @@ __attribute__((target("avx2"))) int64_t sign_unpack_avx2(const unsigned char* bi
   return i;
 }
 
-inline uint32_t code_of(float x, float min, float scale, uint32_t levels) {
-  const float v = std::nearbyint((x - min) * scale);
+inline uint32_t code_of(float x, float min, float prescale, float scale, uint32_t levels) {
+  const float v = std::nearbyint(((x - min) * prescale) * scale);
   return v <= 0.0f ? 0u : v >= static_cast<float>(levels) ? levels : static_cast<uint32_t>(v);
 }
 
@@ -325,31 +331,54 @@ ChunkRange chunk_range(const float* x, int64_t len) {
 }
 
 float minmax_decoded_max(float min, float scale, int bits) {
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  return min + static_cast<float>((1u << bits) - 1u) * inv;
+  const float s = std::fabs(scale);
+  const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+  const float down = std::signbit(scale) ? 1.0f / kMinmaxPrescale : 1.0f;
+  return min + (static_cast<float>((1u << bits) - 1u) * inv) * down;
 }
 
 float minmax_scale(float min, float max, int bits) {
   if (!(max > min)) return 0.0f;
   const float levels = static_cast<float>((1u << bits) - 1u);
-  float s = levels / (max - min);
-  if (!std::isfinite(s)) s = FLT_MAX;
-  // At most a few steps: levels * (1 / s) is within a few ulps of max - min.
-  while (!std::isfinite(minmax_decoded_max(min, s, bits))) s = std::nextafter(s, FLT_MAX);
-  return s;
+  const float range = max - min;
+  // range >= 2^-100 keeps s <= 255 * 2^100 and the step >= 2^-108; below
+  // it, range * 2^100 is exact and in [2^-49, 1).
+  const bool prescaled = range < 1.0f / kMinmaxPrescale;
+  float s = prescaled ? levels / (range * kMinmaxPrescale) : levels / range;
+  const auto field = [&] { return prescaled ? -s : s; };
+  // A few steps at most (see quantize.h); an Inf decoded maximum, for max
+  // near FLT_MAX, is above max too.
+  while (!(minmax_decoded_max(min, field(), bits) <= max)) s = std::nextafter(s, INFINITY);
+  return field();
 }
 
 namespace {
 
+// The factors of a scale field (see kMinmaxPrescale): the scale, and the
+// multipliers before quantizing and after dequantizing.
+struct ScaleField {
+  float scale, up, down;
+};
+ScaleField scale_field(float field) {
+  if (std::signbit(field)) return {std::fabs(field), kMinmaxPrescale, 1.0f / kMinmaxPrescale};
+  return {field, 1.0f, 1.0f};
+}
+
+}  // namespace
+
+namespace {
+
 // One byte per code; packed afterwards for fewer bits.
-void codes_bytewise(const float* x, int64_t len, float min, float scale, int bits,
+void codes_bytewise(const float* x, int64_t len, float min, float field, int bits,
                     Rounding rounding, uint64_t seed, uint64_t offset, int64_t index0,
                     unsigned char* out) {
   const uint32_t levels = (1u << bits) - 1u;
+  const ScaleField f = scale_field(field);
+  const float scale = f.scale, up = f.up;
   if (rounding == Rounding::nearest) {
-    const int64_t done = has_avx2() ? quantize8_avx2(x, len, min, scale, levels, out) : 0;
+    const int64_t done = has_avx2() ? quantize8_avx2(x, len, min, up, scale, levels, out) : 0;
     for (int64_t i = done; i < len; ++i)
-      out[i] = static_cast<unsigned char>(code_of(x[i], min, scale, levels));
+      out[i] = static_cast<unsigned char>(code_of(x[i], min, up, scale, levels));
     return;
   }
   // Stochastic: one Philox block gives the uniforms of rounding_block_elements
@@ -360,7 +389,7 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
   const int64_t head = std::min<int64_t>(len, (per_block - index0 % per_block) % per_block);
   int64_t vector_end = head;
   if (has_avx2()) {
-    const Stochastic sr(min, scale, levels, seed, offset);
+    const Stochastic sr(min, up, scale, levels, seed, offset);
     vector_end += (has_avx512vl() ? stochastic_avx512 : stochastic_avx2)(x + head, len - head, sr,
                                                                          index0 + head, out + head);
   }
@@ -370,7 +399,7 @@ void codes_bytewise(const float* x, int64_t len, float min, float scale, int bit
       const uint64_t index = static_cast<uint64_t>(index0 + i);
       if (i == begin || index % rounding_block_elements == 0)
         block = philox4x32(seed, 0, rounding_counter(offset, index));
-      const float v = std::floor((x[i] - min) * scale + rounding_uniform_of(block, index));
+      const float v = std::floor(((x[i] - min) * up) * scale + rounding_uniform_of(block, index));
       out[i] =
           static_cast<unsigned char>(v <= 0.0f                         ? 0u
                                      : v >= static_cast<float>(levels) ? levels
@@ -521,7 +550,8 @@ void quantize_chunk(const float* x, int64_t len, float min, float scale, int bit
 void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits,
                       float* out, bool accumulate) {
   // The same inverse and operations as minmax_decoded_max.
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const ScaleField f = scale_field(scale);
+  const float inv = f.scale > 0.0f ? 1.0f / f.scale : 0.0f;
   const unsigned char* q = codes;
   if (bits != 8) {  // unpack to one byte per code, then the 8-bit path
     unsigned char* unpacked = scratch_codes(len).data();
@@ -538,9 +568,9 @@ void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float 
     }
     q = unpacked;
   }
-  const int64_t done = has_avx2() ? dequantize8_avx2(q, len, min, inv, out, accumulate) : 0;
+  const int64_t done = has_avx2() ? dequantize8_avx2(q, len, min, inv, f.down, out, accumulate) : 0;
   for (int64_t i = done; i < len; ++i) {
-    const float v = min + static_cast<float>(q[i]) * inv;
+    const float v = min + (static_cast<float>(q[i]) * inv) * f.down;
     out[i] = accumulate ? out[i] + v : v;
   }
 }

@@ -16,16 +16,29 @@ struct ChunkRange {
 };
 ChunkRange chunk_range(const float* x, int64_t len);
 
-// The scale s = (2^bits - 1) / (max - min), capped to FLT_MAX; 0 for a
-// constant chunk. max - min must be finite. Where rounding would make the
-// chunk's decoded maximum overflow (max near FLT_MAX, or a subnormal s), s
-// is raised by ulps until it does not, so minmax_decoded_max(min, s, bits)
-// is always finite.
+// A chunk's scale field f: |f| is the scale s, and a set sign bit marks a
+// pre-scaled chunk, quantized at kMinmaxPrescale times its size (a range
+// max - min below 1 / kMinmaxPrescale, whose s = (2^bits - 1) / (max - min)
+// could overflow f32, or whose step (max - min) / (2^bits - 1) would be
+// subnormal and lose bits). Codes q = round(((x - min) * p) * s) and values
+// min + (q * (1 / s)) * d, with (p, d) = (kMinmaxPrescale, 1 /
+// kMinmaxPrescale) for a pre-scaled chunk and (1, 1) otherwise (the
+// multiplications by 1 are exact). Both factors are powers of two, so the
+// pre-scaling is exact wherever it does not round into the subnormals.
+inline constexpr float kMinmaxPrescale = 0x1p100f;
+
+// The scale field of a chunk [min, max] (max - min finite): 0 for a
+// constant chunk; else s = (2^bits - 1) / (max - min), or with the sign bit
+// set s = (2^bits - 1) / ((max - min) * kMinmaxPrescale) for a range below
+// 1 / kMinmaxPrescale. Then |s| is raised by ulps while rounding makes
+// minmax_decoded_max exceed max (a few at most: the decoded maximum is
+// within a few ulps of max - min above min), so every decoded value lies in
+// [min, max], finite.
 float minmax_scale(float min, float max, int bits);
 
-// The largest value a chunk with (min, scale) decodes to, with the
-// dequantizer's own operations: min + (2^bits - 1) * (1 / scale), or min for
-// scale 0. Every decoded value lies in [min, this] (the operations are
+// The largest value a chunk with (min, scale field) decodes to, with the
+// dequantizer's own operations: min + ((2^bits - 1) * (1 / s)) * d, or min
+// for s = 0. Every decoded value lies in [min, this] (the operations are
 // monotonic in the code), so a chunk decodes to finite values exactly when
 // min and this are finite.
 float minmax_decoded_max(float min, float scale, int bits);
@@ -36,7 +49,8 @@ float minmax_decoded_max(float min, float scale, int bits);
 void quantize_chunk(const float* x, int64_t len, float min, float scale, int bits,
                     Rounding rounding, uint64_t seed, uint64_t offset, int64_t index0,
                     unsigned char* codes);
-// out[i] = min + q[i] * (1 / scale), or out[i] += that when `accumulate`.
+// out[i] = min + (q[i] * (1 / s)) * d (see kMinmaxPrescale), or out[i] +=
+// that when `accumulate`.
 void dequantize_chunk(const unsigned char* codes, int64_t len, float min, float scale, int bits,
                       float* out, bool accumulate);
 

@@ -6,7 +6,6 @@
 // kernels bit for bit. Payloads are laid out exactly as on the host (relaxcc/kernels/compressor.h).
 #include <cuda_runtime.h>
 
-#include <cfloat>
 #include <cstring>
 
 #include "cuda_check.h"
@@ -55,7 +54,7 @@ __device__ bool finite(float x) {
 // turns them into the host's exceptions and messages.
 enum FlagCode : unsigned long long {
   kNonFiniteInput = 1,   // InvalidArgument
-  kBadChunk = 2,         // CorruptPayload: min or scale not finite, or scale < 0
+  kBadChunk = 2,         // CorruptPayload: min or scale not finite
   kBadIndex = 3,         // CorruptPayload
   kBadValue = 4,         // CorruptPayload: a sparse value not finite
   kRangeOverflow = 5,    // InvalidArgument: a chunk's max - min overflows f32
@@ -64,11 +63,24 @@ enum FlagCode : unsigned long long {
   kBadHalf = 8,          // CorruptPayload: an f16/bf16 Inf or NaN bit pattern
 };
 
+// The scale field's factors (kernels/cpu/quantize.h, kMinmaxPrescale): |f|,
+// and the multipliers before quantizing and after dequantizing.
+constexpr float kPrescale = 0x1p100f;  // cpu::kMinmaxPrescale
+constexpr float kPrescaleInverse = 0x1p-100f;
+struct ScaleField {
+  float scale, up, down;
+};
+__device__ ScaleField scale_field(float field) {
+  if (signbit(field)) return {fabsf(field), kPrescale, kPrescaleInverse};
+  return {field, 1.0f, 1.0f};
+}
+
 // minmax_decoded_max of kernels/cpu/quantize.h, with the dequantizer's
 // operations: the largest value a chunk decodes to.
-__device__ float decoded_max(float mn, float scale, int bits) {
-  const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
-  return __fadd_rn(mn, __fmul_rn(static_cast<float>((1u << bits) - 1u), inv));
+__device__ float decoded_max(float mn, float field, int bits) {
+  const ScaleField f = scale_field(field);
+  const float inv = f.scale > 0.0f ? __fdiv_rn(1.0f, f.scale) : 0.0f;
+  return __fadd_rn(mn, __fmul_rn(__fmul_rn(static_cast<float>((1u << bits) - 1u), inv), f.down));
 }
 
 // An f16 or bf16 value is Inf or NaN when its exponent bits are all ones.
@@ -120,17 +132,21 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
       raise_flag(flag, kRangeOverflow << 40 | static_cast<unsigned long long>(ch));
     return;
   }
-  // cpu::minmax_scale: capped to FLT_MAX, then raised by ulps until the
-  // chunk's decoded maximum is finite.
-  float scale = 0.0f;
+  // cpu::minmax_scale: pre-scaled below a range of 1 / kPrescale, then |s|
+  // raised by ulps until the chunk's decoded maximum is at most max.
+  float field = 0.0f;
   if (mx > mn) {
-    scale = __fdiv_rn(static_cast<float>((1u << bits) - 1u), __fsub_rn(mx, mn));
-    if (!finite(scale)) scale = FLT_MAX;
-    while (!finite(decoded_max(mn, scale, bits))) scale = nextafterf(scale, FLT_MAX);
+    const float levels = static_cast<float>((1u << bits) - 1u);
+    const float range = __fsub_rn(mx, mn);
+    const bool prescaled = range < kPrescaleInverse;
+    float s = prescaled ? __fdiv_rn(levels, __fmul_rn(range, kPrescale)) : __fdiv_rn(levels, range);
+    while (!(decoded_max(mn, prescaled ? -s : s, bits) <= mx)) s = nextafterf(s, INFINITY);
+    field = prescaled ? -s : s;
   }
+  const ScaleField f = scale_field(field);
   if (threadIdx.x == 0) {
     memcpy(p, &mn, 4);
-    memcpy(p + 4, &scale, 4);
+    memcpy(p + 4, &field, 4);
   }
   const uint32_t levels = (1u << bits) - 1u;
   const int per_byte = 8 / bits;
@@ -140,7 +156,7 @@ __global__ void quantize_kernel(const float* x, int64_t n, int64_t chunk, int bi
     for (int j = 0; j < per_byte; ++j) {
       const int64_t i = b * per_byte + j;
       if (i >= len) break;
-      const float v = __fmul_rn(__fsub_rn(x[first + i], mn), scale);
+      const float v = __fmul_rn(__fmul_rn(__fsub_rn(x[first + i], mn), f.up), f.scale);
       float r;
       if (stochastic) {
         const float u = rounding_uniform(seed, offset, static_cast<uint64_t>(first + i));
@@ -167,7 +183,7 @@ __global__ void check_minmax_kernel(const unsigned char* body, int64_t n, int64_
   float mn, scale;
   memcpy(&mn, p, 4);
   memcpy(&scale, p + 4, 4);
-  if (!finite(mn) || !finite(scale) || scale < 0.0f)
+  if (!finite(mn) || !finite(scale))
     raise_flag(flag, kBadChunk << 40 | static_cast<unsigned long long>(ch));
   else if (!finite(decoded_max(mn, scale, bits)))
     raise_flag(flag, kDecodedOverflow << 40 | static_cast<unsigned long long>(ch));
@@ -182,18 +198,19 @@ __global__ void dequantize_kernel(const unsigned char* body, int64_t n, int64_t 
   float mn, scale;
   memcpy(&mn, p, 4);
   memcpy(&scale, p + 4, 4);
-  if (!finite(mn) || !finite(scale) || scale < 0.0f || !finite(decoded_max(mn, scale, bits))) {
+  if (!finite(mn) || !finite(scale) || !finite(decoded_max(mn, scale, bits))) {
     // check_minmax_kernel ran first and was reported; this is a second guard.
     if (threadIdx.x == 0) raise_flag(flag, kBadChunk << 40 | static_cast<unsigned long long>(ch));
     return;
   }
   // The same inverse and operations as decoded_max.
-  const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+  const ScaleField f = scale_field(scale);
+  const float inv = f.scale > 0.0f ? __fdiv_rn(1.0f, f.scale) : 0.0f;
   const int per_byte = 8 / bits;
   const uint32_t mask = (1u << bits) - 1u;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
     const uint32_t q = (p[8 + i / per_byte] >> ((i % per_byte) * bits)) & mask;
-    const float v = __fadd_rn(mn, __fmul_rn(static_cast<float>(q), inv));
+    const float v = __fadd_rn(mn, __fmul_rn(__fmul_rn(static_cast<float>(q), inv), f.down));
     out[first + i] = accumulate ? __fadd_rn(out[first + i], v) : v;
   }
 }
@@ -276,8 +293,7 @@ void report(unsigned long long code, const char* what) {
                     "; compressors take finite values");
     case kBadChunk:
       RELAXCC_THROW(CorruptPayload, what, " payload: chunk ", where,
-                    " has a non-finite min or scale, or a negative scale (expected both finite and "
-                    "scale >= 0)");
+                    " has a non-finite min or scale (expected both finite)");
     case kBadIndex:
       RELAXCC_THROW(CorruptPayload, what, " payload: index at position ", where,
                     " is out of range or order");
@@ -290,7 +306,7 @@ void report(unsigned long long code, const char* what) {
                     "; scale it down first (check for overflow first)");
     case kDecodedOverflow:
       RELAXCC_THROW(CorruptPayload, what, " payload: chunk ", where,
-                    " decodes up to min + (2^bits - 1) / scale, which overflows f32 (expected a "
+                    " decodes up to min + (2^bits - 1) / |scale|, which overflows f32 (expected a "
                     "finite decoded range;"
                     " a scale this small is corrupt)");
     case kBadHalf:

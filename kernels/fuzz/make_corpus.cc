@@ -52,6 +52,28 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // minmax and cocktail chunks whose ranges are below 2^-100: pre-scaled
+  // (a negative scale field).
+  for (auto k : {CompressorKind::minmax, CompressorKind::cocktail}) {
+    for (int bits : {8, 4, 2, 1}) {
+      CompressorConfig c;
+      c.kind = k;
+      c.bits = bits;
+      c.chunk = 16;
+      c.ratio = 0.5;
+      c.topk_ratio = 1.0;
+      const int64_t n = 64;
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        x[i] = std::sin(0.7f * static_cast<float>(i)) * 1e-39f * static_cast<float>(1 + i % 5);
+      std::vector<std::byte> out(encoded_size(n, c));
+      encode(TensorView::host(x.data(), n), out, c, ExecContext::host());
+      std::ofstream f(root / compressor_name(k) / ("tiny_" + std::to_string(bits)),
+                      std::ios::binary);
+      f.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+      ++written;
+    }
+  }
   // chunk_topk (chunk_topk.h): its own payload format.
   const auto dir = root / "chunk_topk";
   std::filesystem::create_directories(dir);

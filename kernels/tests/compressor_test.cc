@@ -313,6 +313,153 @@ TEST(MinMax, StochasticCodesMatchTheScalarReference) {
   }
 }
 
+// Chunks of kTinyChunk elements whose ranges max - min are far below
+// (2^bits - 1) / FLT_MAX, where a scale (2^bits - 1) / (max - min) would
+// overflow f32: the issue's [0, 1e-40] and [0, 1e-38] first, then ramps of
+// subnormal and tiny normal values, a range of one subnormal ulp, and
+// ranges either side of the pre-scaling threshold 2^-100.
+constexpr int64_t kTinyChunk = 17;
+std::vector<float> tiny_chunks() {
+  std::vector<float> x = {0.0f, 1e-40f, 0.0f, 1e-38f};
+  x.resize(kTinyChunk, 0.0f);  // chunk 0: [0, 1e-40, 0, 1e-38, 0...]: range 1e-38
+  const float ranges[][2] = {
+      {0.0f, 1e-40f},         {0.0f, 1e-38f},      {-3e-39f, 1e-40f},
+      {-1e-38f, 2e-38f},      {1e-37f, 1e-44f},    {-2e-36f, 7e-37f},
+      {0.0f, 0x1p-149f},      {5e-39f, 0x1p-149f}, {0.0f, std::nextafter(0x1p-100f, 0.0f)},
+      {-0x1p-80f, 0x1p-100f}, {1e-30f, 3e-30f}};
+  for (const auto& [lo, range] : ranges)
+    for (int64_t k = 0; k < kTinyChunk; ++k)
+      x.push_back(lo + range * static_cast<float>((k * 7) % kTinyChunk) /
+                           static_cast<float>(kTinyChunk - 1));
+  return x;
+}
+
+// Every element of the tiny chunks decodes into its chunk's [min, max] and
+// within `steps` quantization steps (max - min) / (2^bits - 1) of its input,
+// besides two ulps of f32 rounding (a subnormal ulp is 2^-149).
+void expect_tiny_bound(const std::vector<float>& x, const std::vector<float>& y, int bits,
+                       double steps, const std::string& what) {
+  for (size_t c0 = 0; c0 < x.size(); c0 += kTinyChunk) {
+    const auto first = x.begin() + static_cast<std::ptrdiff_t>(c0);
+    const float mn = *std::min_element(first, first + kTinyChunk);
+    const float mx = *std::max_element(first, first + kTinyChunk);
+    const double step = (static_cast<double>(mx) - mn) / ((1 << bits) - 1);
+    for (size_t i = c0; i < c0 + kTinyChunk; ++i) {
+      const float a = std::fabs(x[i]);
+      const double ulp = static_cast<double>(std::nextafter(a, INFINITY)) - a;
+      ASSERT_GE(y[i], mn) << what << " bits " << bits << " element " << i;
+      ASSERT_LE(y[i], mx) << what << " bits " << bits << " element " << i;
+      ASSERT_LE(std::fabs(static_cast<double>(x[i]) - y[i]), steps * step + 2 * ulp)
+          << what << " bits " << bits << " element " << i << ": " << x[i] << " -> " << y[i]
+          << ", step " << step;
+    }
+  }
+}
+
+TEST(MinMax, TinyRangesKeepTheBoundAndDecodeWithinTheChunk) {
+  const std::vector<float> x = tiny_chunks();
+  const auto n = static_cast<int64_t>(x.size());
+  // The cases, alone in a chunk of two: [0, 1e-40] decoded to [0, 0]
+  // and [0, 1e-38] with stochastic rounding to 1.18e-38.
+  for (const std::vector<float>& pair :
+       {std::vector<float>{0.0f, 1e-40f}, std::vector<float>{0.0f, 1e-38f}}) {
+    for (int bits : {8, 4, 2, 1}) {
+      for (Rounding rounding : {Rounding::nearest, Rounding::stochastic}) {
+        CompressorConfig c = make(CompressorKind::minmax, bits, 2);
+        c.rounding = rounding;
+        for (uint64_t offset : {0, 1, 2, 3, 50, 777}) {
+          ExecContext ctx = ExecContext::host();
+          ctx.rng = {9, offset};
+          const auto y = decode_vec(encode_vec(pair, c, ctx), 2);
+          EXPECT_EQ(y[0], 0.0f) << pair[1] << " bits " << bits;
+          // The top code decodes within 2 subnormal ulps below max.
+          EXPECT_LE(y[1], pair[1]) << pair[1] << " bits " << bits;
+          EXPECT_GE(y[1], pair[1] - 2 * 0x1p-149f) << pair[1] << " bits " << bits;
+        }
+      }
+    }
+  }
+  for (int bits : {8, 4, 2, 1}) {
+    // Round to nearest: half a step.
+    const Encoded e = encode_vec(x, make(CompressorKind::minmax, bits, kTinyChunk));
+    expect_tiny_bound(x, decode_vec(e, n), bits, 0.5, "nearest");
+    // Pre-scaled exactly where the range is below 2^-100 (the last two
+    // chunks are not).
+    const int64_t stride = 8 + (kTinyChunk * bits + 7) / 8;
+    const int64_t chunks = n / kTinyChunk;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      float field;
+      std::memcpy(&field, e.bytes.data() + 48 + ch * stride + 4, 4);
+      EXPECT_GT(std::fabs(field), 0.0f) << ch;
+      EXPECT_TRUE(std::isfinite(field)) << ch;
+      EXPECT_EQ(std::signbit(field), ch < chunks - 2) << "chunk " << ch << " field " << field;
+    }
+    // Stochastic rounding: one step at most, and unbiased to 2^-9 of a step
+    // plus the sampling error of the mean.
+    CompressorConfig sc = make(CompressorKind::minmax, bits, kTinyChunk);
+    sc.rounding = Rounding::stochastic;
+    const int trials = 2000;
+    std::vector<double> mean(static_cast<size_t>(n), 0.0);
+    for (int t = 0; t < trials; ++t) {
+      ExecContext ctx = ExecContext::host();
+      ctx.rng = {1234, static_cast<uint64_t>(t) * static_cast<uint64_t>(n)};
+      const auto y = decode_vec(encode_vec(x, sc, ctx), n);
+      expect_tiny_bound(x, y, bits, 1.0, "stochastic");
+      if (HasFatalFailure()) return;
+      for (int64_t i = 0; i < n; ++i) mean[static_cast<size_t>(i)] += y[i] / double{trials};
+    }
+    for (int64_t c0 = 0; c0 < n; c0 += kTinyChunk) {
+      const float mn = *std::min_element(x.begin() + c0, x.begin() + c0 + kTinyChunk);
+      const float mx = *std::max_element(x.begin() + c0, x.begin() + c0 + kTinyChunk);
+      const double step = (static_cast<double>(mx) - mn) / ((1 << bits) - 1);
+      for (int64_t i = c0; i < c0 + kTinyChunk; ++i) {
+        // Plus the f32 rounding of the decoded values, two ulps.
+        const float a = std::fabs(x[i]);
+        const double ulp = static_cast<double>(std::nextafter(a, INFINITY)) - a;
+        const double tolerance = step / 512 + 6 * step / (2 * std::sqrt(double{trials})) + 2 * ulp;
+        ASSERT_NEAR(mean[static_cast<size_t>(i)], x[i], tolerance)
+            << "bits " << bits << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(MinMax, TopCodeNeverDecodesAboveTheChunkMax) {
+  // Ranges where rounding 1 / scale could take min + (2^bits - 1) / scale
+  // past max: the encoder raises the scale by ulps, so every chunk decodes
+  // into [min, max], whatever its magnitude.
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-140, 120);
+  const int64_t n = 4 * 4000;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t c0 = 0; c0 < n; c0 += 4) {
+    const float lo = std::ldexp(mantissa(rng), exponent(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+    const float hi = lo + std::ldexp(mantissa(rng), exponent(rng));
+    if (!std::isfinite(hi)) continue;
+    x[c0] = lo;
+    x[c0 + 1] = hi;
+    x[c0 + 2] = lo + (hi - lo) / 3;
+    x[c0 + 3] = hi;
+  }
+  for (int bits : {8, 4, 2, 1}) {
+    for (Rounding rounding : {Rounding::nearest, Rounding::stochastic}) {
+      CompressorConfig c = make(CompressorKind::minmax, bits, 4);
+      c.rounding = rounding;
+      const auto y = decode_vec(encode_vec(x, c), n);
+      for (int64_t c0 = 0; c0 < n; c0 += 4) {
+        const float mn = std::min({x[c0], x[c0 + 1], x[c0 + 2]});
+        const float mx = std::max({x[c0], x[c0 + 1], x[c0 + 2]});
+        for (int64_t i = c0; i < c0 + 4; ++i) {
+          ASSERT_GE(y[i], mn) << "bits " << bits << " element " << i;
+          ASSERT_LE(y[i], mx) << "bits " << bits << " element " << i << " chunk [" << mn << ", "
+                              << mx << "]";
+        }
+      }
+    }
+  }
+}
+
 TEST(Sign, DecodesToScaledSigns) {
   // Chunks of 1000 (whole bytes of sign bits) and of 1001 (a partial last
   // byte per chunk), with zeros of both signs; plain and accumulating decode.
@@ -691,7 +838,9 @@ TEST(HardenedDecoders, RejectHostilePayloads) {
   b = mm.bytes;
   poke<uint32_t>(b, 12, 0);
   expect_corrupt(b, n, "zero chunk");
-  for (float bad : {NAN, INFINITY, -1.0f}) {
+  // A negative scale field is a pre-scaled chunk; one whose decoded range
+  // overflows is corrupt as any other.
+  for (float bad : {NAN, INFINITY, -INFINITY, -1e-45f}) {
     b = mm.bytes;
     poke<float>(b, 48 + 4, bad);
     expect_corrupt(b, n, "scale");
@@ -785,11 +934,14 @@ float peek_f32(const std::vector<std::byte>& b, size_t offset) {
 }
 
 // The decoder contract's test of a min-max chunk, from compressor.h: both
-// finite, scale >= 0, and min + (2^bits - 1) * (1 / scale) finite.
+// finite, and min + ((2^bits - 1) * (1 / |scale|)) * d finite (d = 2^-100
+// for a pre-scaled chunk, a negative scale field, else 1).
 bool chunk_decodes_finite(float min, float scale, int bits) {
-  if (!std::isfinite(min) || !std::isfinite(scale) || scale < 0.0f) return false;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  return std::isfinite(min + static_cast<float>((1 << bits) - 1) * inv);
+  if (!std::isfinite(min) || !std::isfinite(scale)) return false;
+  const float s = std::fabs(scale);
+  const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+  const float d = std::signbit(scale) ? 0x1p-100f : 1.0f;
+  return std::isfinite(min + (static_cast<float>((1 << bits) - 1) * inv) * d);
 }
 
 // Chunks of 256 spanning [-1.5, -1.5 + range]: min = -1.5 (exponent 127, so
@@ -834,7 +986,7 @@ TEST(DecoderContract, FlippedScaleBitThatOverflowsTheRangeIsCorrupt) {
     b[min_at + 3] ^= std::byte{0x40};
     const std::string min_msg = expect_corrupt(b, n, "flipped min bit");
     EXPECT_TRUE(contains(min_msg, "minmax payload: chunk 2 has min -nan and scale ")) << min_msg;
-    EXPECT_TRUE(contains(min_msg, "expected both finite and scale >= 0")) << min_msg;
+    EXPECT_TRUE(contains(min_msg, "(expected both finite)")) << min_msg;
 
     // A min so large that min + (2^bits - 1) / scale overflows.
     b = e.bytes;
@@ -1201,6 +1353,35 @@ TEST(CompressorGpu, MatchesCpuBitForBit) {
         if (kind != CompressorKind::minmax) break;
       }
       if (kind != CompressorKind::minmax) break;
+    }
+  }
+  // Pre-scaled chunks (ranges below 2^-100) and the scale raised until the
+  // top code decodes within max: the same payloads and values on the device.
+  {
+    const std::vector<float> tiny = tiny_chunks();
+    const auto tn = static_cast<int64_t>(tiny.size());
+    test::GpuBuffer dt(tiny.data(), tn * 4);
+    for (int bits : {8, 4, 2, 1}) {
+      for (Rounding rounding : {Rounding::nearest, Rounding::stochastic}) {
+        CompressorConfig c = make(CompressorKind::minmax, bits, kTinyChunk);
+        c.rounding = rounding;
+        const size_t size = encoded_size(tn, c);
+        std::vector<std::byte> want(size), got(size);
+        encode(TensorView::host(const_cast<float*>(tiny.data()), tn), want, c, cpu);
+        test::GpuBuffer payload(nullptr, size);
+        encode(TensorView(dt.get(), tn, DType::f32, gpu.device),
+               std::span<std::byte>(static_cast<std::byte*>(payload.get()), size), c, gpu);
+        payload.copy_to_host(got.data());
+        ASSERT_EQ(got, want) << "tiny ranges, bits " << bits << " sr " << int(rounding);
+        test::GpuBuffer dy(nullptr, tn * 4);
+        decode(std::span<const std::byte>(static_cast<const std::byte*>(payload.get()), size),
+               TensorView(dy.get(), tn, DType::f32, gpu.device), gpu);
+        std::vector<float> y_gpu(static_cast<size_t>(tn)), y_cpu(static_cast<size_t>(tn));
+        dy.copy_to_host(y_gpu.data());
+        decode(want, TensorView::host(y_cpu.data(), tn), cpu);
+        ASSERT_EQ(std::memcmp(y_gpu.data(), y_cpu.data(), static_cast<size_t>(tn) * 4), 0)
+            << "tiny ranges, bits " << bits;
+      }
     }
   }
   // Top-k: host selection, device gather; then the device scatter,

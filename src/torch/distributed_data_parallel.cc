@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
+#include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
@@ -212,7 +213,7 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
                                                  AlgorithmPtr algorithm, DdpOptions options)
     : comm_(std::move(comm)), module_(module), optimizer_(optimizer), options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "DistributedDataParallel: null communicator");
-  RELAXCC_ENFORCE(algorithm != nullptr, InvalidArgument, "DistributedDataParallel: null algorithm");
+  if (algorithm == nullptr) algorithm = std::make_shared<algorithms::GradientAllreduce>();
   // Every local check comes before the first collective, so a model that
   // fails one fails on every rank alike.
   for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
@@ -255,6 +256,7 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
     specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
   }
   algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
+  pass_learning_rate();
   torch_step_ = std::make_unique<TorchStep>(*this);
   // Verifies names, shapes and dtypes across ranks (PeerMismatch).
   reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
@@ -277,10 +279,8 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
 DistributedDataParallel::DistributedDataParallel(::torch::nn::Module& module,
                                                  ::torch::optim::Optimizer& optimizer,
                                                  AlgorithmPtr algorithm, DdpOptions options)
-    : DistributedDataParallel(
-          create_mpi_communicator(), module, optimizer,
-          algorithm ? std::move(algorithm) : std::make_shared<algorithms::GradientAllreduce>(),
-          options) {}
+    : DistributedDataParallel(create_mpi_communicator(), module, optimizer, std::move(algorithm),
+                              options) {}
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& acc : accumulators_) {
@@ -392,6 +392,7 @@ void DistributedDataParallel::step() {
     reducer_->synchronize();
   }
   if (algorithm_->need_reset(StepInfo{reducer_->step()})) optimizer_.state().clear();
+  pass_learning_rate();
   reducer_->optimizer_step(*torch_step_);
   synced_since_step_ = false;
   backward_since_step_ = false;
@@ -463,6 +464,23 @@ void DistributedDataParallel::with_averaged_model(const std::function<void()>& f
     }
   } restore{live, own};
   fn();
+}
+
+void DistributedDataParallel::pass_learning_rate() {
+  auto* qadam = dynamic_cast<algorithms::QAdam*>(&algorithm_->inner());
+  if (qadam == nullptr) return;
+  const auto& groups = optimizer_.param_groups();
+  RELAXCC_ENFORCE(!groups.empty(), InvalidArgument,
+                  "DistributedDataParallel: qadam takes the torch optimizer's learning rate, and "
+                  "the optimizer has no parameter group");
+  const double lr = groups[0].options().get_lr();
+  for (size_t g = 1; g < groups.size(); ++g)
+    RELAXCC_ENFORCE(groups[g].options().get_lr() == lr, InvalidArgument,
+                    "DistributedDataParallel: qadam takes one learning rate, the torch "
+                    "optimizer's, but its parameter group ",
+                    g, " has lr ", groups[g].options().get_lr(), " and group 0 has ", lr,
+                    "; give every group the same lr");
+  qadam->set_lr(static_cast<float>(lr));
 }
 
 Algorithm& DistributedDataParallel::algorithm() {

@@ -5,10 +5,13 @@
 // (BaguaSys/bagua, bagua/torch_api/algorithms/bytegrad.py) is the model:
 // MinMaxUInt8, round to nearest, hierarchical, no error feedback.
 //
-// hierarchical: full precision within each node, compressed across node
-// leaders, broadcast within the node (the node layout from build_hierarchy,
-// so RELAXCC_RANKS_PER_NODE emulates nodes on one machine); on one node
-// nothing is quantized.
+// hierarchical: with two nodes or more, full precision within each node,
+// compressed across node leaders, broadcast within the node (the node
+// layout from build_hierarchy, so RELAXCC_RANKS_PER_NODE emulates nodes on
+// one machine). On one node the flat compressed allreduce runs instead
+// (every rank quantizes), so the defaults compress on one machine too: the
+// hierarchy would quantize nothing there (an exact intra-node reduce and an
+// inter-node step of one member).
 // error_feedback: worker- and server-side residuals per bucket
 // (BucketFeedback), saved in state_dict.
 #pragma once
@@ -28,7 +31,7 @@ struct ByteGradOptions {
   int64_t chunk = 2048;
   // Bagua rounds to nearest (rint).
   kernels::Rounding rounding = kernels::Rounding::nearest;
-  // Bagua: hierarchical=True.
+  // Bagua: hierarchical=True. Takes effect with two nodes or more (above).
   bool hierarchical = true;
   // Bagua has none.
   bool error_feedback = false;
@@ -53,6 +56,7 @@ class ByteGrad final : public Algorithm {
   AlgorithmContext ctx_;
   HierarchicalComms hierarchy_;
   bool have_hierarchy_ = false;
+  bool use_hierarchy_ = false;  // hierarchical, over two nodes or more
   BucketFeedback feedback_;
 };
 

@@ -29,9 +29,9 @@
 //   so bucket b travels while bucket b + 1's pseudo-gradient is computed
 //   and compressed;
 //   3. after `overlap_steps` further inner steps (0: at once; eager: H, at
-//      the fragment's next sync) applies the outer optimizer (Nesterov SGD,
-//      relaxcc::Sgd) to the synchronised global parameters theta_g with the
-//      averaged pseudo-gradient, and sets
+//      the fragment's next sync) applies the outer optimizer (SGD,
+//      relaxcc::Sgd, Nesterov momentum optional) to the synchronised global
+//      parameters theta_g with the averaged pseudo-gradient, and sets
 //        theta = theta_g - (theta_at_sync - theta),  theta_start = theta_g:
 //      the local progress made while the average travelled stays on top of
 //      the new global model (with no overlap, theta = theta_g). The next
@@ -81,9 +81,15 @@ namespace relaxcc::algorithms {
 struct DilocoOptions {
   // H: inner steps per outer step (DiLoCo: 500).
   int inner_steps = 500;
-  // DiLoCo's outer optimizer: Nesterov SGD, lr 0.7, momentum 0.9.
-  float outer_lr = 0.7f;
-  float outer_momentum = 0.9f;
+  // The outer optimizer. The defaults, lr 1 without momentum, make the
+  // outer step the average of the ranks' models (FedAvg's, local SGD's),
+  // which converges over any inner optimizer that converges alone.
+  // DiLoCo's Nesterov SGD at lr 0.7, momentum 0.9 (diloco_paper_options)
+  // is tuned for an inner AdamW at a small learning rate: over an inner SGD
+  // with momentum it overshoots by about lr / (1 - momentum) = 7 rounds of
+  // progress and oscillates. nesterov applies when outer_momentum > 0.
+  float outer_lr = 1.0f;
+  float outer_momentum = 0.0f;
   bool nesterov = true;
   // Pseudo-gradient codec; unset: f32 (DiLoCo). Dense kinds (f16, bf16,
   // minmax 8/4/2/1-bit, sign) or topk / randomk (sparse, f32 values).
@@ -109,6 +115,10 @@ struct DilocoOptions {
   // the node layout of build_hierarchy: RELAXCC_RANKS_PER_NODE emulates it).
   bool hierarchical = false;
 };
+
+// DiLoCo's outer optimizer (Douillard et al., 2023): Nesterov SGD at lr 0.7,
+// momentum 0.9, for an inner AdamW; the rest as the defaults.
+DilocoOptions diloco_paper_options(int inner_steps = 500);
 
 // SparseLoCo's recipe (arXiv 2508.15706): chunk-wise top-k of the
 // pseudo-gradient (2 of every 64 elements, 3.1%; the paper: 1-3%) with the

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <map>
+#include <vector>
 
 #include "relaxcc/algorithm.h"
 #include "relaxcc/algorithms/bucket_feedback.h"
@@ -33,6 +34,9 @@ struct QAdamOptions {
   // Adam's hyperparameters (relaxcc::AdamOptions: lr 1e-3, betas 0.9 and
   // 0.999, eps 1e-8, no weight decay; the defaults of Bagua's
   // QAdamOptimizer and PyTorch's Adam). decoupled_weight_decay: AdamW.
+  // Under relaxcc::torch::DistributedDataParallel the lr is the torch
+  // optimizer's (set_lr at construction and before every step), so a torch
+  // scheduler drives it; the other fields stay these.
   AdamOptions adam;
   // Steps of full-precision Adam before the variance freezes (Bagua: 100;
   // DeepSpeed calls it freeze_step). >= 0.
@@ -77,8 +81,16 @@ class QAdam final : public Algorithm {
   AlgorithmContext ctx_;
   BucketFeedback feedback_;
   std::map<int64_t, std::vector<float>> m_, v_;  // keyed by the parameter's flat offset
-  std::vector<TensorView> bucket_data_;          // each bucket's memory, as last dispatched
-  std::vector<int64_t> bucket_step_;             // the step it was dispatched in
+  // The buckets dispatched since the last optimizer step: their memory
+  // (which keeps it alive) and entries as dispatched, so that a plan
+  // rebuild between a step's buckets and its optimizer step (the Reducer's
+  // rebuild_after_first_step) loses none of them.
+  struct Dispatched {
+    int64_t step = 0;
+    TensorView data;
+    std::vector<BucketEntry> entries;
+  };
+  std::vector<Dispatched> dispatched_;
 };
 
 }  // namespace relaxcc::algorithms

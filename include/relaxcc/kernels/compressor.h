@@ -2,10 +2,20 @@
 //
 //   kind        payload after the 48-byte PayloadHeader
 //   f16, bf16   n casts (round to nearest even), 2 bytes each
-//   minmax      per chunk of `chunk` elements: f32 min, f32 scale s, then
-//               ceil(len * bits / 8) bytes of codes q = rint((x - min) * s)
-//               (or stochastic rounding), s = (2^bits - 1) / (max - min);
-//               bits 8, 4, 2 or 1; a constant chunk has s = 0 and is exact
+//   minmax      per chunk of `chunk` elements: f32 min, f32 scale field f,
+//               then ceil(len * bits / 8) bytes of codes
+//               q = rint((x - min) * s) (or stochastic rounding), decoded
+//               min + q * (1 / s), s = |f| ~= (2^bits - 1) / (max - min);
+//               bits 8, 4, 2 or 1; a constant chunk has f = 0 and is exact.
+//               A chunk whose range max - min is below 2^-100 is pre-scaled,
+//               marked by f's sign bit: q = rint(((x - min) * 2^100) * s),
+//               decoded min + (q * (1 / s)) * 2^-100, s = |f| ~= (2^bits -
+//               1) / ((max - min) 2^100), so that s stays finite and the
+//               step normal however small the range. s is raised by ulps
+//               where rounding would decode the top code above max. So every
+//               value decodes into [min, max] of its chunk, and round to
+//               nearest is within half a step (max - min) / (2^bits - 1) of
+//               the input, besides the f32 rounding of the operations
 //   sign        per chunk: f32 scale = ||x||_2 / sqrt(len), then 1 bit per
 //               element (set = negative); decodes to +-scale (1-bit Adam)
 //   topk        k u32 indices (strictly increasing), then k f32 values: the
@@ -25,16 +35,18 @@
 // encoded_size(n, config) is a pure function, known on the host before any
 // data moves, and equals the bytes encode() writes.
 //
-// Stochastic rounding (minmax, cocktail): code = floor((x - min) * s + u),
-// clamped, where u = rounding_uniform(ctx.rng.seed, ctx.rng.offset, i) of
-// philox.h for element i of the encoded values: 8 random bits per element
-// (byte i % 16 of the block, u = (2h + 1) / 2^9), one Philox4x32-10 block
-// (counter ctx.rng.offset + i / 16) per sixteen elements. The code rounds up
-// with probability floor(256 f + 1/2) / 256, within 2^-9 of the fractional
-// part f of (x - min) * s, so the expected code is within 2^-9 of a
-// quantization step of (x - min) * s (besides the f32 rounding of the sum);
-// every backend and every rank reproduces the payload. Streams that must
-// not share random bits need counter ranges that do not overlap: offsets n
+// Stochastic rounding (minmax, cocktail): code = floor((x - min) * s + u)
+// (pre-scaled: floor(((x - min) * 2^100) * s + u)), clamped, where
+// u = rounding_uniform(ctx.rng.seed, ctx.rng.offset, i) of philox.h for
+// element i of the encoded values: 8 random bits per element (byte i % 16
+// of the block, u = (2h + 1) / 2^9), one Philox4x32-10 block (counter
+// ctx.rng.offset + i / 16) per sixteen elements. The code rounds up with
+// probability floor(256 f + 1/2) / 256, within 2^-9 of the fractional part
+// f of (x - min) * s, so the expected code is within 2^-9 of a quantization
+// step of (x - min) * s (besides the f32 rounding of the sum), and each
+// decoded value lies within one step of the input, in [min, max]; every
+// backend and every rank reproduces the payload. Streams that must not
+// share random bits need counter ranges that do not overlap: offsets n
 // apart for n elements suffice.
 //
 // Encoder contract. Inputs must be finite, and representable by the kind:
@@ -55,10 +67,11 @@
 //   - f16, bf16: an Inf or NaN bit pattern (exponent all ones) is corrupt,
 //     since encode() never writes one (it rejects the values that would
 //     round to Inf);
-//   - minmax, cocktail: every chunk's min and scale must be finite, scale >=
-//     0, and the chunk's decoded range [min, min + (2^bits - 1) * (1 /
-//     scale)] must be finite in f32 (a flipped bit that makes the scale tiny
-//     is caught here);
+//   - minmax, cocktail: every chunk's min and scale field must be finite
+//     (either sign: the sign bit marks pre-scaling), and the chunk's decoded
+//     range [min, min + ((2^bits - 1) * (1 / |f|)) * d] (d = 2^-100 when
+//     pre-scaled, else 1) must be finite in f32 (a flipped bit that makes the
+//     scale tiny is caught here);
 //   - sign: every chunk scale finite and >= 0;
 //   - topk, randomk, cocktail: every index in range and strictly
 //     increasing, every value finite.
@@ -133,7 +146,9 @@ struct CompressorConfig {
 };
 
 inline constexpr uint32_t kPayloadMagic = 0x50435852;  // "RXCP"
-inline constexpr uint16_t kPayloadVersion = 2;         // 2: cocktail's implicit_stride
+// 2: cocktail's implicit_stride; 3: pre-scaled minmax chunks (a negative
+// scale field).
+inline constexpr uint16_t kPayloadVersion = 3;
 
 struct PayloadHeader {
   uint32_t magic = kPayloadMagic;

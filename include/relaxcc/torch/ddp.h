@@ -1,6 +1,7 @@
 // Everything a libtorch training loop needs to go data parallel with one
 // include: relaxcc::torch::DistributedDataParallel, create_mpi_communicator
-// and every algorithm module (relaxcc::torch links relaxcc::algorithms).
+// and every algorithm module (relaxcc::torch links relaxcc::algorithms), and
+// build_description() (relaxcc/version.h).
 #pragma once
 
 #include "relaxcc/algorithms/async_model_average.h"
@@ -15,3 +16,4 @@
 #include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/torch/distributed_data_parallel.h"
+#include "relaxcc/version.h"

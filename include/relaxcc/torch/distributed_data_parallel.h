@@ -35,7 +35,12 @@
 //                 and out of buckets on the Reducer's copy thread.
 //   step()        the algorithm's hooks around the optimizer step: the wrapped
 //                 torch optimizer steps, unless the algorithm owns the step
-//                 (qadam), in which case the algorithm updates the parameters;
+//                 (qadam), in which case the algorithm updates the parameters
+//                 (qadam with the torch optimizer's learning rate, read at
+//                 construction and at every step, so a torch scheduler
+//                 applies: every parameter group must have the same lr,
+//                 InvalidArgument otherwise; its betas, eps and weight decay
+//                 are QAdamOptions');
 //                 algorithms that move weights (local_sgd, cocktail_sgd) run
 //                 after it. A parameter whose gradient no rank produced in the
 //                 step (unused in forward everywhere; in a step whose
@@ -115,7 +120,8 @@ struct DdpOptions {
 class DistributedDataParallel {
  public:
   // Collective over comm. `module` and `optimizer` must outlive this object;
-  // the optimizer must hold the module's parameters.
+  // the optimizer must hold the module's parameters. A null algorithm is
+  // gradient_allreduce (averaging).
   DistributedDataParallel(CommunicatorPtr comm, ::torch::nn::Module& module,
                           ::torch::optim::Optimizer& optimizer, AlgorithmPtr algorithm,
                           DdpOptions options = {});
@@ -181,6 +187,8 @@ class DistributedDataParallel {
   // param.grad of every parameter points at the memory the Reducer uses.
   void point_gradients();
   void broadcast(const std::vector<::torch::Tensor>& tensors, const std::string& what);
+  // qadam (which owns the step): its lr becomes the torch optimizer's.
+  void pass_learning_rate();
   std::chrono::milliseconds timeout() const;
 
   CommunicatorPtr comm_;
