@@ -627,6 +627,9 @@ TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
     options.mode = mode;
     options.interval_steps = 2;
     options.max_staleness_steps = 3;
+    // Every round waits for its peers: a round that leaves one out does not
+    // keep the sum (the learned deadline's rounds are tested elsewhere).
+    options.learn_deadline = false;
     AsyncModelAverager averager(comm, TensorView::host(x.data(), 1000), lock, options);
     for (int step = 0; step < 80; ++step) {
       averager.step();
@@ -785,6 +788,43 @@ TEST(AsyncAverage, TrainingMayHoldItsLockAcrossWaits) {
   EXPECT_TRUE(averager.stop());
   EXPECT_GE(averager.counts().applied, 10);
   for (double v : x) ASSERT_NEAR(v, (n - 1) / 2.0, 1e-9);
+}
+
+// With its defaults (shift_one, a learned deadline) a rank slow from its
+// first step holds nobody back: the others never wait in step(), leave it
+// out of their rounds, and tell it so; it learns it from their messages.
+TEST(AsyncAverage, DefaultsLeaveAStragglerOutFromItsFirstStep) {
+  const int n = test::world_size();
+  if (n < 4) GTEST_SKIP() << "needs 4 ranks: a straggler and rounds without it";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank(), slow = n - 1;
+  std::vector<float> x(1024, static_cast<float>(me));
+  std::mutex lock;
+  RelaxedStats stats;
+  AsyncAverageOptions options;
+  options.tag = 30600;
+  options.stats = &stats;
+  AsyncModelAverager averager(comm, TensorView::host(x.data(), 1024), lock, options);
+  const int steps = me == slow ? 15 : 45;  // about as long on every rank
+  for (int step = 0; step < steps; ++step) {
+    std::this_thread::sleep_for(me == slow ? 30ms : 10ms);
+    averager.step();
+  }
+  averager.stop();
+  const AsyncAverageCounts counts = averager.counts();
+  const RelaxedCounts c = stats.counts();
+  if (me != slow) {
+    EXPECT_EQ(counts.waits, 0) << "a step waited for an average";
+    ASSERT_NE(averager.learned_deadline(), nullptr);
+    EXPECT_TRUE(averager.learned_deadline()->straggler(slow));
+    EXPECT_LT(averager.learned_deadline()->current(), 30ms);
+  } else {
+    uint64_t told = 0;
+    for (uint64_t v : c.left_out_by) told += v;
+    EXPECT_GT(told, 0u) << "the straggler never learned that it was left out";
+  }
+  comm->barrier()->wait(30s);
+  EXPECT_FALSE(comm->poisoned());
 }
 
 // stop() returns within its timeout while a peer is slow, and a late
