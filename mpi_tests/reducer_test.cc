@@ -415,6 +415,104 @@ TEST(Reducer, PlanRebuildKeepsStateAndResults) {
   EXPECT_EQ(reducer.plan().order(), (std::vector<int>{0, 4, 2, 6, 7, 5, 3, 1}));
 }
 
+// One iteration of `m` on `reducer`, gradients marked in `order`.
+void run_iteration(Reducer& reducer, Model& m, const std::vector<int>& order) {
+  m.fill(test::world()->rank());
+  reducer.begin_step();
+  for (int i : order) reducer.mark_ready(Model::grad_index(i));
+  reducer.synchronize();
+}
+
+// The message of the InvalidArgument that load_state_dict throws ("" when
+// it does not throw).
+std::string load_error(Reducer& reducer, const StateDict& state) {
+  try {
+    reducer.load_state_dict(state);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Reducer, StateDictCarriesTheRebuiltPlan) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({300, 300, 300, 300});
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 1200;
+  o.plan.cap_bytes = 2400;
+  Reducer saved(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host(), o);
+  const StateDict initial = saved.state_dict();
+  run_iteration(saved, m, {0, 2, 1, 3});  // rebuilt from this order
+  ASSERT_EQ(saved.plan_version(), 1u);
+  const StateDict rebuilt = StateDict::deserialize(saved.state_dict().serialize());
+
+  auto algo = std::make_shared<RecordingAllreduce>();
+  Reducer fresh(comm, m.specs, algo, ExecContext::host(), o);
+  int changes = 0;
+  fresh.on_plan_changed([&] { ++changes; });
+  const uint64_t initial_hash = fresh.plan().hash(m.specs);
+  const int inits = algo->inits;
+  fresh.load_state_dict(rebuilt);
+  EXPECT_EQ(fresh.plan().order(), saved.plan().order());
+  EXPECT_EQ(fresh.plan().hash(m.specs), saved.plan().hash(m.specs));
+  EXPECT_EQ(fresh.plan_version(), 1u);
+  EXPECT_EQ(changes, 1);
+  EXPECT_EQ(algo->inits, inits + 1);
+  // The same plan again changes nothing.
+  fresh.load_state_dict(rebuilt);
+  EXPECT_EQ(fresh.plan_version(), 1u);
+  EXPECT_EQ(changes, 1);
+  // The rebuild counts as done: another ready order leaves the plan alone,
+  // and the sums are exact.
+  run_iteration(fresh, m, {3, 2, 1, 0});
+  EXPECT_EQ(fresh.plan_version(), 1u);
+  for (size_t i = 0; i < 4; ++i)
+    for (size_t j = 0; j < 300; j += 37)
+      ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j)) << i << "," << j;  // summed
+
+  // A state one rank cannot adopt (of other tensors): every rank throws,
+  // and keeps its plan.
+  const std::vector<int> kept = fresh.plan().order();
+  StateDict other = rebuilt;
+  if (r == n - 1) other.put_int("reducer/plan/hash", 1);
+  std::string what = load_error(fresh, other);
+  const std::string last = std::to_string(n - 1);
+  if (r == n - 1)
+    EXPECT_NE(what.find("rank " + last +
+                        ": cannot adopt the saved bucket plan: the saved plan "
+                        "is not one of these tensors"),
+              std::string::npos)
+        << what;
+  else
+    EXPECT_NE(what.find("rank " + last + " cannot adopt theirs"), std::string::npos) << what;
+  EXPECT_EQ(fresh.plan().order(), kept);
+  // Inside an iteration: refused on every rank.
+  fresh.begin_step();
+  what = load_error(fresh, initial);
+  EXPECT_NE(what.find("inside iteration 1"), std::string::npos) << what;
+  fresh.synchronize();
+  EXPECT_EQ(fresh.plan().order(), kept);
+  if (n > 1) {
+    // Rank 0 holds another run's plan than the others: every rank throws.
+    what = load_error(fresh, r == 0 ? initial : rebuilt);
+    const std::string others = n == 2   ? "rank 1"
+                               : n == 3 ? "ranks 1,2"
+                                        : "ranks 1-" + last;  // as errors list them
+    EXPECT_NE(what.find("the plan of " + others + " differs from rank 0's"), std::string::npos)
+        << what;
+    EXPECT_EQ(fresh.plan().order(), kept);
+  }
+  // The initial plan, adopted back: the rebuild after the first step is
+  // to come again, as in the saved Reducer before its first iteration.
+  fresh.load_state_dict(initial);
+  EXPECT_EQ(fresh.plan().hash(m.specs), initial_hash);
+  EXPECT_EQ(fresh.plan_version(), 2u);
+  run_iteration(fresh, m, {0, 2, 1, 3});
+  EXPECT_EQ(fresh.plan_version(), 3u);
+  EXPECT_EQ(fresh.plan().order(), saved.plan().order());
+}
+
 TEST(LocalSgd, AveragesExactlyEveryPeriod) {
   auto comm = test::world();
   const int n = comm->size(), r = comm->rank();

@@ -9,11 +9,21 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "relaxcc/algorithms/async_model_average.h"
+#include "relaxcc/algorithms/bytegrad.h"
+#include "relaxcc/algorithms/cocktail_sgd.h"
+#include "relaxcc/algorithms/decentralized_sgd.h"
+#include "relaxcc/algorithms/diloco.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
+#include "relaxcc/algorithms/low_precision_decentralized_sgd.h"
+#include "relaxcc/algorithms/moshpit_sgd.h"
+#include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/torch/distributed_data_parallel.h"
 #include "test_util.h"
@@ -78,8 +88,11 @@ torch::Tensor loss_with_spare(Net& net, const torch::Tensor& x, const torch::Ten
   return loss_of(net, x, y) + 0.1 * net->spare->forward(spare_x.narrow(1, 0, 2)).pow(2).mean();
 }
 
+torch::optim::SGD make_sgd_of(torch::nn::Module& m) {
+  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
 torch::optim::SGD make_sgd(Net& net) {
-  return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  return make_sgd_of(*net);
 }
 
 std::vector<torch::Tensor> snapshot(Net& net) {
@@ -339,6 +352,171 @@ TEST(Ddp, CheckpointResumeReproducesTheRunBitForBit) {
   EXPECT_TRUE(bitwise_equal(straight, resumed));
   std::remove((prefix + ".rank" + std::to_string(world()->rank())).c_str());
 }
+
+// The parameter registered first, `head`, is used last in forward: its
+// gradient is ready first, so the plan rebuilt after the first step packs
+// it first, unlike the initial plan (reverse registration order).
+struct LateHeadImpl : torch::nn::Module {
+  LateHeadImpl() {
+    head = register_module("head", torch::nn::Linear(kHidden, kOut));
+    body = register_module("body", torch::nn::Linear(kIn, kHidden));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head->forward(torch::tanh(body->forward(x)));
+  }
+  torch::nn::Linear head{nullptr}, body{nullptr};
+};
+TORCH_MODULE(LateHead);
+
+// Each algorithm module in a configuration whose steps depend on the state a
+// checkpoint keeps: error feedback, warmups that end before the save,
+// periods that straddle it, no deadlines (a deadline makes rounds depend on
+// timing). `bit_for_bit`: the module promises a bit-for-bit resume
+// (async_model_average does not: its averages land by timing).
+struct ResumeCase {
+  std::string name;
+  std::function<relaxcc::AlgorithmPtr()> make;
+  bool bit_for_bit = true;
+};
+
+std::vector<ResumeCase> resume_cases() {
+  namespace a = relaxcc::algorithms;
+  std::vector<ResumeCase> out;
+  out.push_back({"gradient_allreduce", [] { return std::make_shared<a::GradientAllreduce>(); }});
+  out.push_back({"local_sgd", [] {
+                   return std::make_shared<a::LocalSgd>(
+                       a::LocalSgdOptions{.period = 2, .warmup_steps = 1});
+                 }});
+  out.push_back({"bytegrad", [] {
+                   a::ByteGradOptions o;
+                   o.hierarchical = false;  // quantized on one machine too
+                   o.error_feedback = true;
+                   return std::make_shared<a::ByteGrad>(o);
+                 }});
+  out.push_back({"qadam", [] {
+                   a::QAdamOptions o;
+                   o.warmup_steps = 2;
+                   return std::make_shared<a::QAdam>(o);
+                 }});
+  out.push_back({"cocktail_sgd", [] {
+                   a::CocktailSgdOptions o;
+                   o.warmup_steps = 1;
+                   return std::make_shared<a::CocktailSgd>(o);
+                 }});
+  out.push_back({"decentralized_sgd", [] {
+                   a::DecentralizedSgdOptions o;
+                   o.mode = relaxcc::GossipMode::shift_one;
+                   return std::make_shared<a::DecentralizedSgd>(o);
+                 }});
+  out.push_back({"low_precision_decentralized_sgd",
+                 [] { return std::make_shared<a::LowPrecisionDecentralizedSgd>(); }});
+  out.push_back({"moshpit_sgd", [] {
+                   a::MoshpitSgdOptions o;
+                   o.deadline = {};
+                   return std::make_shared<a::MoshpitSgd>(o);
+                 }});
+  out.push_back({"diloco", [] {
+                   a::DilocoOptions o;
+                   o.inner_steps = 2;
+                   o.fragments = 2;
+                   o.overlap_steps = 1;
+                   o.codec = relaxcc::kernels::CompressorConfig{};  // 8-bit min-max
+                   return std::make_shared<a::Diloco>(o);
+                 }});
+  out.push_back(
+      {"async_model_average", [] { return std::make_shared<a::AsyncModelAverage>(); }, false});
+  return out;
+}
+
+constexpr int kResumeSteps = 6, kSaveAfter = 3;
+
+// Steps [from, to) of LateHead on this rank's slices.
+void train_late(LateHead& net, DistributedDataParallel& ddp, torch::optim::SGD& sgd, int from,
+                int to) {
+  const auto comm = world();
+  for (int s = from; s < to; ++s) {
+    sgd.zero_grad();
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    ddp.step();
+  }
+}
+
+LateHead make_late_head() {
+  torch::manual_seed(42);
+  return LateHead();
+}
+
+std::vector<torch::Tensor> snapshot_of(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Algorithm x (copied gradients, bucket views).
+class Resume : public testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  static DdpOptions options() {
+    DdpOptions o;
+    o.reducer.gradient_as_bucket_view = std::get<1>(GetParam());
+    o.reducer.plan.cap_bytes = 512;  // several buckets
+    o.reducer.plan.first_cap_bytes = 256;
+    return o;
+  }
+  static const ResumeCase& which() {
+    static const std::vector<ResumeCase> cases = resume_cases();
+    return cases[static_cast<size_t>(std::get<0>(GetParam()))];
+  }
+};
+
+// Saved kSaveAfter steps after the plan was rebuilt (the default
+// rebuild_after_first_step), loaded into a fresh DistributedDataParallel
+// (whose plan is the initial one), and run on: the parameters after
+// kResumeSteps match the uninterrupted run's bit for bit.
+TEST_P(Resume, ACheckpointAfterThePlanRebuildResumesBitForBit) {
+  const auto comm = world();
+  const ResumeCase& c = which();
+  const std::string prefix = checkpoint_prefix(("rebuilt_" + c.name).c_str());
+  std::vector<torch::Tensor> straight;
+  {
+    LateHead net = make_late_head();
+    auto sgd = make_sgd_of(*net);
+    DistributedDataParallel ddp(comm, *net, sgd, c.make(), options());
+    const std::vector<int> initial = ddp.reducer().plan().order();
+    train_late(net, ddp, sgd, 0, kResumeSteps);
+    EXPECT_NE(ddp.reducer().plan().order(), initial) << "the plan was not rebuilt";
+    straight = snapshot_of(*net);
+  }
+  {
+    LateHead net = make_late_head();
+    auto sgd = make_sgd_of(*net);
+    DistributedDataParallel ddp(comm, *net, sgd, c.make(), options());
+    train_late(net, ddp, sgd, 0, kSaveAfter);
+    EXPECT_EQ(ddp.reducer().plan_version(), 1u);  // rebuilt after the first step
+    ddp.save(prefix);
+  }
+  LateHead net = make_late_head();
+  auto sgd = make_sgd_of(*net);
+  DistributedDataParallel ddp(comm, *net, sgd, c.make(), options());
+  const std::vector<int> initial = ddp.reducer().plan().order();
+  ASSERT_NO_THROW(ddp.load(prefix));
+  EXPECT_NE(ddp.reducer().plan().order(), initial) << "the checkpoint's plan was not adopted";
+  EXPECT_EQ(ddp.steps(), kSaveAfter);
+  train_late(net, ddp, sgd, kSaveAfter, kResumeSteps);
+  if (c.bit_for_bit) {
+    EXPECT_TRUE(bitwise_equal(straight, snapshot_of(*net)));
+  }
+  comm->barrier()->wait();
+  std::remove((prefix + ".rank" + std::to_string(comm->rank())).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ddp, Resume,
+    testing::Combine(testing::Range(0, static_cast<int>(resume_cases().size())), testing::Bool()),
+    [](const auto& p) {
+      return resume_cases()[static_cast<size_t>(std::get<0>(p.param))].name +
+             (std::get<1>(p.param) ? "_bucket_views" : "_copied");
+    });
 
 TEST(Ddp, WrappingTheSameModuleTwiceThrows) {
   const auto comm = world();

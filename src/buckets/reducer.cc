@@ -858,6 +858,104 @@ void Reducer::rebuild_from_ready_order() {
   for (auto& cb : plan_callbacks_) cb();
 }
 
+namespace {
+constexpr const char* kStateTensors = "reducer/tensors";
+constexpr const char* kStateOrder = "reducer/plan/order";
+constexpr const char* kStateCap = "reducer/plan/cap_bytes";
+constexpr const char* kStateFirstCap = "reducer/plan/first_cap_bytes";
+constexpr const char* kStateAlignment = "reducer/plan/alignment_bytes";
+constexpr const char* kStateHash = "reducer/plan/hash";
+constexpr const char* kStateRebuilt = "reducer/rebuilt";
+}  // namespace
+
+StateDict Reducer::state_dict() const {
+  StateDict state;
+  std::lock_guard<std::mutex> lock(mutex_);
+  state.put_int(kStateTensors, static_cast<int64_t>(tensors_.size()));
+  state.put_ints(kStateOrder, std::vector<int64_t>(plan_.order().begin(), plan_.order().end()));
+  state.put_int(kStateCap, options_.plan.cap_bytes);
+  state.put_int(kStateFirstCap, options_.plan.first_cap_bytes);
+  state.put_int(kStateAlignment, options_.plan.alignment_bytes);
+  state.put_int(kStateHash, static_cast<int64_t>(plan_.hash(tensors_)));
+  state.put_int(kStateRebuilt, rebuilt_ ? 1 : 0);
+  return state;
+}
+
+void Reducer::load_state_dict(const StateDict& state) {
+  const int rank = comm_->rank(), n = comm_->size();
+  // Local: read the plan and build it from this rank's tensors; nothing
+  // changes yet.
+  std::string error;
+  BucketPlan plan;
+  BucketPlanOptions plan_options;
+  bool rebuilt = false;
+  uint64_t hash = 0;
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      RELAXCC_ENFORCE(!in_step_, InvalidArgument, "inside iteration ", iteration_,
+                      ", which synchronize() has not ended");
+    }
+    RELAXCC_ENFORCE_EQ(state.get_int(kStateTensors), static_cast<int64_t>(tensors_.size()),
+                       InvalidArgument, "the saved Reducer's tensor count and this one's");
+    std::vector<int> order;
+    for (int64_t i : state.get_ints(kStateOrder)) {
+      RELAXCC_ENFORCE(i >= 0 && i < static_cast<int64_t>(tensors_.size()), InvalidArgument,
+                      "the saved packing order names tensor #", i, " of ", tensors_.size());
+      order.push_back(static_cast<int>(i));
+    }
+    plan_options.cap_bytes = state.get_int(kStateCap);
+    plan_options.first_cap_bytes = state.get_int(kStateFirstCap);
+    plan_options.alignment_bytes = state.get_int(kStateAlignment);
+    plan = BucketPlan::build(tensors_, order, plan_options);
+    hash = plan.hash(tensors_);
+    RELAXCC_ENFORCE(hash == static_cast<uint64_t>(state.get_int(kStateHash)), InvalidArgument,
+                    "the saved plan is not one of these tensors (their names, dtypes or sizes "
+                    "differ)");
+    rebuilt = state.get_int(kStateRebuilt) != 0;
+  } catch (const Error& e) {
+    error = detail::concat("Reducer: rank ", rank,
+                           ": cannot adopt the saved bucket plan: ", e.message());
+  }
+  // Collective: every rank's (can adopt, plan hash).
+  auto mine = std::make_shared<std::array<int64_t, 2>>(
+      std::array<int64_t, 2>{error.empty() ? 1 : 0, static_cast<int64_t>(hash)});
+  auto all = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
+  run_labeled(
+      "Reducer: load_state_dict: agreement on the saved plan", [&](const std::string& label) {
+        AllgatherOptions o;
+        o.label = label;
+        return side_->allgather(TensorView::host(mine->data(), 2, mine),
+                                TensorView::host(all->data(), 2 * n, all), ExecContext::host(), o);
+      });
+  if (!error.empty()) RELAXCC_THROW(InvalidArgument, error);
+  // failed[r]: rank r cannot adopt its plan; differs[r]: rank r's plan is
+  // not rank 0's.
+  std::vector<uint8_t> failed(static_cast<size_t>(n)), differs(static_cast<size_t>(n));
+  for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+    failed[r] = (*all)[2 * r] ? 0 : 1;
+    differs[r] = (*all)[2 * r + 1] != (*all)[1] ? 1 : 0;
+  }
+  auto any = [](const std::vector<uint8_t>& v) {
+    return std::find(v.begin(), v.end(), 1) != v.end();
+  };
+  if (any(failed))
+    RELAXCC_THROW(InvalidArgument, "Reducer: rank ", rank,
+                  ": the saved bucket plan not loaded: ", rank_list(failed, 1),
+                  " cannot adopt theirs (their own errors say why)");
+  if (any(differs))
+    RELAXCC_THROW(InvalidArgument, "Reducer: rank ", rank,
+                  ": the saved bucket plan not loaded: the plan of ", rank_list(differs, 1),
+                  " differs from rank 0's (states saved by different runs?)");
+  options_.plan = plan_options;
+  rebuilt_ = rebuilt;
+  if (plan.order() == plan_.order() && hash == plan_.hash(tensors_)) return;
+  install_plan(std::move(plan));
+  ++plan_version_;
+  algorithm_->init(context_);
+  for (auto& cb : plan_callbacks_) cb();
+}
+
 void Reducer::set_no_sync(bool no_sync) {
   std::lock_guard<std::mutex> lock(mutex_);
   RELAXCC_ENFORCE(

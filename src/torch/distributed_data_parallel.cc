@@ -490,6 +490,10 @@ void DistributedDataParallel::save(const std::string& prefix) {
   Tensor bytes = ::torch::empty({static_cast<int64_t>(state.size())}, ::torch::kUInt8);
   if (!state.empty()) std::memcpy(bytes.data_ptr(), state.data(), state.size());
   archive.write("algorithm." + algorithm_->name(), bytes);
+  const std::vector<std::byte> plan = reducer_->state_dict().serialize();
+  Tensor plan_bytes = ::torch::empty({static_cast<int64_t>(plan.size())}, ::torch::kUInt8);
+  std::memcpy(plan_bytes.data_ptr(), plan.data(), plan.size());
+  archive.write("reducer", plan_bytes);
   archive.save_to(detail::concat(prefix, ".rank", comm_->rank()));
 }
 
@@ -504,6 +508,9 @@ void DistributedDataParallel::load(const std::string& prefix) {
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
   ::torch::serialize::InputArchive optimizer;
   std::optional<StateDict> state;
+  // The Reducer's bucket plan (absent from checkpoints of older builds,
+  // which load into the plan in use).
+  std::optional<StateDict> plan;
   try {
     // Nothing of the algorithm is in flight while its state and the weights
     // are replaced (a rank whose drain fails counts as one that cannot load).
@@ -535,6 +542,11 @@ void DistributedDataParallel::load(const std::string& prefix) {
       archive.read("algorithm." + algorithm_->name(), bytes);
       const auto* first = static_cast<const std::byte*>(bytes.data_ptr());
       state = StateDict::deserialize(std::vector<std::byte>(first, first + bytes.numel()));
+      Tensor plan_bytes;
+      if (archive.try_read("reducer", plan_bytes)) {
+        const auto* p = static_cast<const std::byte*>(plan_bytes.data_ptr());
+        plan = StateDict::deserialize(std::vector<std::byte>(p, p + plan_bytes.numel()));
+      }
     }
   } catch (const c10::Error& e) {
     error = detail::concat("DistributedDataParallel: rank ", rank, ": cannot read checkpoint '",
@@ -553,17 +565,18 @@ void DistributedDataParallel::load(const std::string& prefix) {
   // fewer ranks has no file for the extra ranks: they, too, report the rank
   // count).
   const std::vector<int64_t> all =
-      allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0},
+      allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0, plan ? 1 : 0},
                      "DistributedDataParallel: checkpoint agreement", timeout());
   std::string other_count;
-  std::vector<int> failed;
+  std::vector<int> failed, with_plan, without_plan;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t world = all[2 * r];
+    const int64_t world = all[3 * r];
     if (world >= 0 && world != ranks)
       other_count += detail::concat(other_count.empty() ? "" : ", ", "rank ", r, "'s file '",
                                     prefix, ".rank", r, "' says ", world);
-    else if (!all[2 * r + 1])
+    else if (!all[3 * r + 1])
       failed.push_back(r);
+    (all[3 * r + 2] ? with_plan : without_plan).push_back(r);
   }
   if (!other_count.empty()) {
     const std::string own = error.empty() ? "" : "; this rank's own file: " + error;
@@ -577,6 +590,11 @@ void DistributedDataParallel::load(const std::string& prefix) {
     RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
                   "' not loaded: ranks ", rank_list(failed),
                   " cannot load their files (their own errors say why)");
+  if (!with_plan.empty() && !without_plan.empty())
+    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
+                  "' not loaded: the files of ranks ", rank_list(with_plan),
+                  " carry the bucket plan, those of ranks ", rank_list(without_plan),
+                  " do not (files of different builds)");
 
   // Phase 3, local: every rank's file is good; load it, keeping what it
   // replaces. Phase 4, collective: if the optimizer or the algorithm refused
@@ -590,6 +608,18 @@ void DistributedDataParallel::load(const std::string& prefix) {
     archive.save_to(optimizer_before);
   }
   const StateDict algorithm_before = algorithm_->state_dict();
+  const StateDict plan_before = reducer_->state_dict();
+  // Collective, and alike on every rank: the Reducer adopts the saved plan
+  // (the one the algorithm's state belongs to) or every rank throws, with
+  // nothing changed.
+  if (plan) {
+    try {
+      reducer_->load_state_dict(*plan);
+    } catch (const InvalidArgument& e) {
+      RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '",
+                    prefix, "' not loaded: ", e.message());
+    }
+  }
   std::string load_error;
   std::exception_ptr own_load_error;
   {
@@ -633,6 +663,7 @@ void DistributedDataParallel::load(const std::string& prefix) {
   ::torch::serialize::InputArchive archive;
   archive.load_from(optimizer_before);
   optimizer_.load(archive);
+  if (plan) reducer_->load_state_dict(plan_before);  // collective, as above
   algorithm_->load_state_dict(algorithm_before);
   if (own_load_error) std::rethrow_exception(own_load_error);
   if (!load_error.empty()) RELAXCC_THROW(InvalidArgument, load_error);
