@@ -709,6 +709,32 @@ TEST(Reducer, PlanMismatchNamesBothRanksAndBothTensors) {
   EXPECT_EQ(construction_mismatch(m.specs), "");
 }
 
+// Rank 1 alone registers a name twice: every rank throws InvalidArgument
+// at once (not at the timeout), the others naming rank 1 and its error, and
+// the communicator stays usable.
+TEST(Reducer, ACheckThatFailsOnOneRankFailsEveryRankAtOnce) {
+  auto comm = test::world();
+  const int r = comm->rank();
+  if (comm->size() == 1) GTEST_SKIP() << "needs 2 ranks";
+  Model m({10, 10});
+  if (r == 1) m.specs[3].name = "p0";
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    Reducer bad(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_NE(what.find("tensor name 'p0' registered twice"), std::string::npos) << what;
+  if (r != 1) {
+    EXPECT_NE(what.find("Reducer construction: rank 1 failed"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(comm->poisoned());
+  Model good({10});
+  EXPECT_EQ(construction_mismatch(good.specs), "");
+}
+
 TEST(Reducer, IterationsCountBackwardPassesAndNameReadinessErrors) {
   auto comm = test::world();
   Model m({10, 10});

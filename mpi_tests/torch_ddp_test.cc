@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -641,6 +642,113 @@ TEST(Ddp, ModelsThatDifferAcrossRanksThrow) {
   Net net = make_net(false, comm->rank() == 1 ? kHidden + 1 : kHidden);
   auto sgd = make_sgd(net);
   EXPECT_THROW(DistributedDataParallel(comm, *net, sgd, allreduce()), relaxcc::PeerMismatch);
+}
+
+// Setup errors on one rank alone reach every rank at once: far below the
+// 300 s of RELAXCC_TIMEOUT_MS's default, which the tests run with.
+constexpr auto kAtOnce = std::chrono::seconds(5);
+
+// The message of what `fn` throws as E, and how long it took ("" when it
+// throws nothing).
+template <typename E, typename F>
+std::pair<std::string, std::chrono::steady_clock::duration> error_of(F&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    fn();
+  } catch (const E& e) {
+    what = e.what();
+  }
+  return {what, std::chrono::steady_clock::now() - start};
+}
+
+// Rank 1 alone has a float64 model: every rank throws Unsupported at once,
+// naming rank 1 and its parameter, and the communicator stays usable.
+TEST(Ddp, AnUnsupportedParameterOnOneRankFailsEveryRankAtOnce) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net();
+  if (comm->rank() == 1) net->to(torch::kFloat64);
+  auto sgd = make_sgd(net);
+  const auto [what, took] = error_of<relaxcc::Unsupported>(
+      [&] { DistributedDataParallel ddp(comm, *net, sgd, allreduce()); });
+  EXPECT_NE(what.find("parameter 'fc1.weight' is Double; only float32 parameters are supported"),
+            std::string::npos)
+      << what;
+  if (comm->rank() != 1) {
+    EXPECT_NE(what.find("DistributedDataParallel construction: rank 1 failed"), std::string::npos)
+        << what;
+  }
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(std::chrono::seconds(30));
+}
+
+// gradient_allreduce whose init refuses its context on rank 1 alone: an
+// error half way through the setup, after the plan agreement.
+class RefusingOnRankOne final : public relaxcc::Algorithm {
+ public:
+  std::string name() const override { return "refusing_on_rank_one"; }
+  relaxcc::AlgorithmCapabilities capabilities() const override { return {}; }
+  void init(const relaxcc::AlgorithmContext& ctx) override {
+    RELAXCC_ENFORCE(ctx.comm->rank() != 1, InvalidArgument,
+                    "refusing_on_rank_one: rank 1 refuses its context");
+    inner_.init(ctx);
+  }
+  relaxcc::WorkPtr on_bucket_ready(const relaxcc::StepInfo& s, int bucket,
+                                   const relaxcc::TensorView& data) override {
+    return inner_.on_bucket_ready(s, bucket, data);
+  }
+
+ private:
+  relaxcc::algorithms::GradientAllreduce inner_;
+};
+
+// Rank 1 throws its own error; it poisons the communicator, so the others,
+// waiting in the setup's next collective, throw CommunicatorPoisoned naming
+// rank 1 and the reason at once.
+TEST(Ddp, AnAlgorithmThatFailsOnOneRankFailsEveryRankAtOnce) {
+  if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  // A communicator of its own: this one ends poisoned.
+  const auto comm = world()->split(0, world()->rank());
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DdpOptions options;
+  options.reducer.timeout = std::chrono::seconds(120);
+  const auto [what, took] = error_of<relaxcc::Error>([&] {
+    DistributedDataParallel ddp(comm, *net, sgd, std::make_shared<RefusingOnRankOne>(), options);
+  });
+  EXPECT_NE(what.find("rank 1 refuses its context"), std::string::npos) << what;
+  if (comm->rank() != 1) {
+    EXPECT_NE(what.find("CommunicatorPoisoned"), std::string::npos) << what;
+    EXPECT_NE(what.find("by rank 1"), std::string::npos) << what;
+  }
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_TRUE(comm->poisoned());
+  world()->barrier()->wait(std::chrono::seconds(30));
+}
+
+// Rank 1 has no file of the checkpoint: every rank throws InvalidArgument
+// at once, the others naming rank 1.
+TEST(Ddp, ACheckpointOneRankCannotReadFailsEveryRankAtOnce) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string prefix = checkpoint_prefix("missing_on_rank1");
+  const std::string mine = prefix + ".rank" + std::to_string(comm->rank());
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  ddp.save(prefix);
+  if (comm->rank() == 1) std::remove(mine.c_str());
+  const auto [what, took] = error_of<relaxcc::InvalidArgument>([&] { ddp.load(prefix); });
+  EXPECT_NE(what.find(comm->rank() == 1 ? "rank 1: cannot read checkpoint"
+                                        : "ranks [1] cannot load their files"),
+            std::string::npos)
+      << what;
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(std::chrono::seconds(30));
+  std::remove(mine.c_str());
 }
 
 TEST(Ddp, UnevenInputsNameTheRanks) {

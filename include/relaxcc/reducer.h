@@ -130,7 +130,12 @@ struct ReducerOptions {
 class Reducer {
  public:
   // Collective over comm. Throws PeerMismatch when ranks registered different
-  // tensors.
+  // tensors. This rank's checks of its tensors come first and every rank
+  // learns their outcome (agree_on_checks, relaxcc/collective_setup.h): a
+  // rank whose tensors fail throws its error and every other rank the same
+  // type naming it. A later error on one rank alone (the algorithm's init)
+  // poisons comm, so the other ranks fail at once (CommunicatorPoisoned
+  // naming it); so do the plan rebuild and load_state_dict.
   Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, AlgorithmPtr algorithm,
           const ExecContext& exec, ReducerOptions options = {},
           Tunables tunables = Tunables::from_env());

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "bucket_memory.h"
+#include "relaxcc/collective_setup.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
@@ -148,66 +149,84 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       created_(std::chrono::steady_clock::now()) {
   RELAXCC_ENFORCE(comm_ != nullptr && algorithm_ != nullptr, InvalidArgument,
                   "Reducer: null communicator or algorithm");
-  std::set<std::string> names;
-  int64_t flat = 0;
-  // Every tensor on one device: the first one's.
-  const Device device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const TensorSpec& t = tensors_[i];
-    t.view.check_valid(t.name.c_str());
-    RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
-                    "' is on ", t.view.device, " but tensor '", tensors_.front().name, "' is on ",
-                    device, ": every tensor of a Reducer lives on one device");
-    RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '", t.name,
-                    "' registered twice");
-    RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
-                    "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
-                    tensors_.size());
-    context_.flat_offset.push_back(flat);
-    flat += t.view.numel;
-  }
-  if (device.is_cuda()) {
-    // Checked before any communication and any CUDA call.
-    RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ", device,
-                    " but the ExecContext is on ", exec_.device,
-                    " (its stream is the one their gradients are computed on)");
-    const Device moves = comm_->allocate(0, DType::u8).device;
-    RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
-                    "'s tensors are on ", device, " but its communicator moves memory on ", moves,
-                    ": device tensors need a communicator that moves device memory (an NCCL "
-                    "communicator, relaxcc/nccl_communicator.h)");
-  }
-  memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
-  warned_.assign(tensors_.size(), 0);
-  accumulated_.assign(tensors_.size(), 0);
-  used_in_step_.assign(tensors_.size(), 0);
-  // The Reducer's own agreements exchange host values: over the host
-  // communicator of a device communicator (NCCL's bootstrap).
+  // This rank's checks, then an agreement on every rank's (so that a rank
+  // whose tensors fail fails every rank at once, naming it); errors after
+  // it (an algorithm that refuses its context) poison the communicators,
+  // and the other ranks, waiting in the plan agreement or beyond, fail at
+  // once naming this rank and the error. The plan agreement's PeerMismatch
+  // is raised by every rank together.
   const CommunicatorPtr host = comm_->host_communicator();
-  side_ = (host ? host : comm_)->split(0, comm_->rank());
-  context_.comm = comm_;
-  context_.tensors = &tensors_;
-  context_.tunables = tunables_;
-  context_.exec = memory_->bucket_context();
-  install_plan(BucketPlan::build(tensors_, {}, options_.plan));
-  verify_plan_across_ranks();
-  algorithm_->init(context_);
-  if (options_.auto_tune_buckets) {
-    if (algorithm_->capabilities().depends_on_bucket_boundaries) {
-      RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
-                  " depends on bucket boundaries: no bucket tuning");
-    } else {
-      int64_t total = 0;
-      for (const TensorSpec& t : tensors_)
-        if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
-      tuner_ = std::make_unique<BucketTuner>(BucketTunerOptions{5, std::max<int64_t>(total, 1)});
-      options_.plan.cap_bytes = tuner_->current_cap();
-      options_.plan.first_cap_bytes =
-          std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
-      install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
+  Device device = Device::host();
+  agree_on_checks(
+      *(host ? host : comm_), "Reducer construction",
+      [&] {
+        std::set<std::string> names;
+        int64_t flat = 0;
+        // Every tensor on one device: the first one's.
+        device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
+        for (size_t i = 0; i < tensors_.size(); ++i) {
+          const TensorSpec& t = tensors_[i];
+          t.view.check_valid(t.name.c_str());
+          RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
+                          "' is on ", t.view.device, " but tensor '", tensors_.front().name,
+                          "' is on ", device, ": every tensor of a Reducer lives on one device");
+          RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '",
+                          t.name, "' registered twice");
+          RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
+                          "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
+                          tensors_.size());
+          context_.flat_offset.push_back(flat);
+          flat += t.view.numel;
+        }
+        if (device.is_cuda()) {
+          // Checked before any CUDA call.
+          RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ",
+                          device, " but the ExecContext is on ", exec_.device,
+                          " (its stream is the one their gradients are computed on)");
+          const Device moves = comm_->allocate(0, DType::u8).device;
+          RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
+                          "'s tensors are on ", device, " but its communicator moves memory on ",
+                          moves,
+                          ": device tensors need a communicator that moves device memory (an NCCL "
+                          "communicator, relaxcc/nccl_communicator.h)");
+        }
+      },
+      options_.timeout);
+  poison_on_error({comm_.get()}, [&] {
+    memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
+    warned_.assign(tensors_.size(), 0);
+    accumulated_.assign(tensors_.size(), 0);
+    used_in_step_.assign(tensors_.size(), 0);
+    // The Reducer's own agreements exchange host values: over the host
+    // communicator of a device communicator (NCCL's bootstrap).
+    side_ = (host ? host : comm_)->split(0, comm_->rank());
+    poison_on_error({side_.get()}, [&] {
+      context_.comm = comm_;
+      context_.tensors = &tensors_;
+      context_.tunables = tunables_;
+      context_.exec = memory_->bucket_context();
+      install_plan(BucketPlan::build(tensors_, {}, options_.plan));
+      verify_plan_across_ranks();
       algorithm_->init(context_);
-    }
-  }
+      if (options_.auto_tune_buckets) {
+        if (algorithm_->capabilities().depends_on_bucket_boundaries) {
+          RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
+                      " depends on bucket boundaries: no bucket tuning");
+        } else {
+          int64_t total = 0;
+          for (const TensorSpec& t : tensors_)
+            if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
+          tuner_ =
+              std::make_unique<BucketTuner>(BucketTunerOptions{5, std::max<int64_t>(total, 1)});
+          options_.plan.cap_bytes = tuner_->current_cap();
+          options_.plan.first_cap_bytes =
+              std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
+          install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
+          algorithm_->init(context_);
+        }
+      }
+    });
+  });
   if (!options_.gradient_as_bucket_view) copier_ = std::thread([this] { copier_loop(); });
 }
 
@@ -820,42 +839,45 @@ void Reducer::copy_out(int b) {
 
 void Reducer::rebuild_from_ready_order() {
   rebuilt_ = true;
-  // Rank 0's ready order; tensors never marked follow in reverse order.
-  const int count = static_cast<int>(tensors_.size());
-  auto order_buf = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count), -1);
-  std::vector<int32_t>& order = *order_buf;
-  {
-    std::vector<char> placed(count, 0);
-    int k = 0;
-    for (int i : ready_order_) {
-      order[k++] = i;
-      placed[i] = 1;
+  // Collective: an error on this rank alone reaches the others at once.
+  poison_on_error({comm_.get(), side_.get()}, [&] {
+    // Rank 0's ready order; tensors never marked follow in reverse order.
+    const int count = static_cast<int>(tensors_.size());
+    auto order_buf = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count), -1);
+    std::vector<int32_t>& order = *order_buf;
+    {
+      std::vector<char> placed(count, 0);
+      int k = 0;
+      for (int i : ready_order_) {
+        order[k++] = i;
+        placed[i] = 1;
+      }
+      for (int i = count - 1; i >= 0; --i)
+        if (!placed[i]) order[k++] = i;
     }
-    for (int i = count - 1; i >= 0; --i)
-      if (!placed[i]) order[k++] = i;
-  }
-  int64_t iteration = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    iteration = iteration_;
-  }
-  run_labeled(
-      detail::concat("Reducer: plan rebuild: rank 0's ready order of iteration ", iteration),
-      [&](const std::string& label) {
-        BroadcastOptions o;
-        o.label = label;
-        return side_->broadcast(TensorView::host(order.data(), count, order_buf),
-                                ExecContext::host(), o);
-      });
-  std::vector<int> new_order(order.begin(), order.end());
-  BucketPlan next = BucketPlan::build(tensors_, new_order, options_.plan);
-  if (next.hash(tensors_) == plan_.hash(tensors_)) return;
-  install_plan(std::move(next));
-  ++plan_version_;
-  algorithm_->init(context_);
-  RELAXCC_LOG(info, "Reducer: bucket plan rebuilt from the observed ready order (",
-              plan_.buckets().size(), " buckets)");
-  for (auto& cb : plan_callbacks_) cb();
+    int64_t iteration = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      iteration = iteration_;
+    }
+    run_labeled(
+        detail::concat("Reducer: plan rebuild: rank 0's ready order of iteration ", iteration),
+        [&](const std::string& label) {
+          BroadcastOptions o;
+          o.label = label;
+          return side_->broadcast(TensorView::host(order.data(), count, order_buf),
+                                  ExecContext::host(), o);
+        });
+    std::vector<int> new_order(order.begin(), order.end());
+    BucketPlan next = BucketPlan::build(tensors_, new_order, options_.plan);
+    if (next.hash(tensors_) == plan_.hash(tensors_)) return;
+    install_plan(std::move(next));
+    ++plan_version_;
+    algorithm_->init(context_);
+    RELAXCC_LOG(info, "Reducer: bucket plan rebuilt from the observed ready order (",
+                plan_.buckets().size(), " buckets)");
+    for (auto& cb : plan_callbacks_) cb();
+  });
 }
 
 namespace {
@@ -921,13 +943,16 @@ void Reducer::load_state_dict(const StateDict& state) {
   auto mine = std::make_shared<std::array<int64_t, 2>>(
       std::array<int64_t, 2>{error.empty() ? 1 : 0, static_cast<int64_t>(hash)});
   auto all = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
-  run_labeled(
-      "Reducer: load_state_dict: agreement on the saved plan", [&](const std::string& label) {
-        AllgatherOptions o;
-        o.label = label;
-        return side_->allgather(TensorView::host(mine->data(), 2, mine),
-                                TensorView::host(all->data(), 2 * n, all), ExecContext::host(), o);
-      });
+  poison_on_error({comm_.get(), side_.get()}, [&] {
+    run_labeled("Reducer: load_state_dict: agreement on the saved plan",
+                [&](const std::string& label) {
+                  AllgatherOptions o;
+                  o.label = label;
+                  return side_->allgather(TensorView::host(mine->data(), 2, mine),
+                                          TensorView::host(all->data(), 2 * n, all),
+                                          ExecContext::host(), o);
+                });
+  });
   if (!error.empty()) RELAXCC_THROW(InvalidArgument, error);
   // failed[r]: rank r cannot adopt its plan; differs[r]: rank r's plan is
   // not rank 0's.
@@ -950,10 +975,14 @@ void Reducer::load_state_dict(const StateDict& state) {
   options_.plan = plan_options;
   rebuilt_ = rebuilt;
   if (plan.order() == plan_.order() && hash == plan_.hash(tensors_)) return;
-  install_plan(std::move(plan));
-  ++plan_version_;
-  algorithm_->init(context_);
-  for (auto& cb : plan_callbacks_) cb();
+  // A failure from here on is this rank's alone: it reaches the others at
+  // once (collective_setup.h).
+  poison_on_error({comm_.get(), side_.get()}, [&] {
+    install_plan(std::move(plan));
+    ++plan_version_;
+    algorithm_->init(context_);
+    for (auto& cb : plan_callbacks_) cb();
+  });
 }
 
 void Reducer::set_no_sync(bool no_sync) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
+#include "relaxcc/collective_setup.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
@@ -212,66 +213,81 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
                                                  AlgorithmPtr algorithm, DdpOptions options)
     : comm_(std::move(comm)), module_(module), optimizer_(optimizer), options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "DistributedDataParallel: null communicator");
-  RELAXCC_ENFORCE(algorithm != nullptr, InvalidArgument, "DistributedDataParallel: null algorithm");
-  // Every local check comes before the first collective, so a model that
-  // fails one fails on every rank alike.
-  for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
-    check_host_contiguous(p, name, "parameter");
-    all_params_.push_back(p);
-    if (!p.requires_grad()) continue;
-    RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
-                    "DistributedDataParallel: parameter '", name, "' is ",
-                    c10::toString(p.scalar_type()), "; only float32 parameters are supported");
-    std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(p);
-    RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '", name,
-                    "' is not a leaf tensor");
-    for (const auto& hook : acc->post_hooks())
-      RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
-                      "DistributedDataParallel: the module is wrapped already: parameter '", name,
-                      "' carries the readiness hook of another live DistributedDataParallel");
-    names_.push_back(name);
-    params_.push_back(p);
-    accumulators_.push_back(std::move(acc));
-  }
-  for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
-    check_host_contiguous(b, name, "buffer");
-    buffers_.push_back(b);
-  }
-  {
-    ::torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor& g = params_[i].mutable_grad();
-      grads_.push_back(g.defined() && g.is_contiguous() ? g : ::torch::zeros_like(params_[i]));
-      if (g.defined() && !g.is_same(grads_[i])) grads_[i].copy_(g);
-      g = grads_[i];
+  // This rank's checks come before the first collective, and every rank
+  // learns every rank's outcome (agree_on_checks): a model that fails a
+  // check on one rank alone (an f64 parameter there) fails every rank at
+  // once, naming it. A later error on one rank alone poisons the
+  // communicators, so the others fail at once too (collective_setup.h).
+  const CommunicatorPtr host = comm_->host_communicator();
+  agree_on_checks(
+      *(host ? host : comm_), "DistributedDataParallel construction",
+      [&] {
+        RELAXCC_ENFORCE(algorithm != nullptr, InvalidArgument,
+                        "DistributedDataParallel: null algorithm");
+        for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
+          check_host_contiguous(p, name, "parameter");
+          all_params_.push_back(p);
+          if (!p.requires_grad()) continue;
+          RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
+                          "DistributedDataParallel: parameter '", name, "' is ",
+                          c10::toString(p.scalar_type()),
+                          "; only float32 parameters are supported");
+          std::shared_ptr<::torch::autograd::Node> acc =
+              ::torch::autograd::impl::grad_accumulator(p);
+          RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '",
+                          name, "' is not a leaf tensor");
+          for (const auto& hook : acc->post_hooks())
+            RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
+                            "DistributedDataParallel: the module is wrapped already: parameter '",
+                            name,
+                            "' carries the readiness hook of another live DistributedDataParallel");
+          names_.push_back(name);
+          params_.push_back(p);
+          accumulators_.push_back(std::move(acc));
+        }
+        for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
+          check_host_contiguous(b, name, "buffer");
+          buffers_.push_back(b);
+        }
+      },
+      timeout());
+  poison_on_error({comm_.get()}, [&] {
+    {
+      ::torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        Tensor& g = params_[i].mutable_grad();
+        grads_.push_back(g.defined() && g.is_contiguous() ? g : ::torch::zeros_like(params_[i]));
+        if (g.defined() && !g.is_same(grads_[i])) grads_[i].copy_(g);
+        g = grads_[i];
+      }
     }
-  }
 
-  // Registration: each gradient, then its parameter (the gradient's partner).
-  std::vector<TensorSpec> specs;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    specs.push_back({names_[i] + ".grad", float_view(grads_[i]), TensorRole::gradient,
-                     static_cast<int>(2 * i + 1)});
-    specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
-  }
-  algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
-  torch_step_ = std::make_unique<TorchStep>(*this);
-  // Verifies names, shapes and dtypes across ranks (PeerMismatch).
-  reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
-                                       std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
-                                       ExecContext::host(), options_.reducer);
-  check_comm_ = comm_->split(0, comm_->rank());
+    // Registration: each gradient, then its parameter (the gradient's partner).
+    std::vector<TensorSpec> specs;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      specs.push_back({names_[i] + ".grad", float_view(grads_[i]), TensorRole::gradient,
+                       static_cast<int>(2 * i + 1)});
+      specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
+    }
+    algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
+    torch_step_ = std::make_unique<TorchStep>(*this);
+    // Verifies names, shapes and dtypes across ranks (PeerMismatch).
+    reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
+                                         std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
+                                         ExecContext::host(), options_.reducer);
+    check_comm_ = comm_->split(0, comm_->rank());
 
-  std::vector<Tensor> everything = all_params_;
-  everything.insert(everything.end(), buffers_.begin(), buffers_.end());
-  broadcast(everything, "parameters and buffers from rank 0 at construction");
+    std::vector<Tensor> everything = all_params_;
+    everything.insert(everything.end(), buffers_.begin(), buffers_.end());
+    broadcast(everything, "parameters and buffers from rank 0 at construction");
 
-  if (options_.reducer.gradient_as_bucket_view) {
-    point_gradients();
-    reducer_->on_plan_changed([this] { point_gradients(); });
-  }
-  for (size_t i = 0; i < accumulators_.size(); ++i)
-    accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i)));
+    if (options_.reducer.gradient_as_bucket_view) {
+      point_gradients();
+      reducer_->on_plan_changed([this] { point_gradients(); });
+    }
+    for (size_t i = 0; i < accumulators_.size(); ++i)
+      accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i)));
+  });
 }
 
 DistributedDataParallel::DistributedDataParallel(::torch::nn::Module& module,
@@ -564,9 +580,17 @@ void DistributedDataParallel::load(const std::string& prefix) {
   // all ranks throw the same kind of error or all load (a checkpoint of
   // fewer ranks has no file for the extra ranks: they, too, report the rank
   // count).
-  const std::vector<int64_t> all =
-      allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0, plan ? 1 : 0},
-                     "DistributedDataParallel: checkpoint agreement", timeout());
+  // What is not agreed on (a collective that fails here, a copy that
+  // throws) is this rank's alone: it poisons the communicators, so the other
+  // ranks fail at once (collective_setup.h). The errors thrown after an
+  // agreement are raised by every rank together.
+  auto alone = [&](auto&& fn) -> decltype(auto) {
+    return poison_on_error({comm_.get(), check_comm_.get()}, fn);
+  };
+  const std::vector<int64_t> all = alone([&] {
+    return allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0, plan ? 1 : 0},
+                          "DistributedDataParallel: checkpoint agreement", timeout());
+  });
   std::string other_count;
   std::vector<int> failed, with_plan, without_plan;
   for (int r = 0; r < ranks; ++r) {
@@ -622,13 +646,13 @@ void DistributedDataParallel::load(const std::string& prefix) {
   }
   std::string load_error;
   std::exception_ptr own_load_error;
-  {
+  alone([&] {
     ::torch::NoGradGuard no_grad;
     for (auto& [dst, value] : copies) {
       before.push_back(dst.clone());
       dst.copy_(value);
     }
-  }
+  });
   try {
     try {
       optimizer_.load(optimizer);
@@ -646,9 +670,10 @@ void DistributedDataParallel::load(const std::string& prefix) {
         detail::concat("DistributedDataParallel: rank ", rank,
                        ": cannot restore the state in checkpoint '", path, "': ", e.what());
   }
-  const std::vector<int64_t> loaded =
-      allgather_ints(*check_comm_, {load_error.empty() ? 1 : 0},
-                     "DistributedDataParallel: checkpoint restored", timeout());
+  const std::vector<int64_t> loaded = alone([&] {
+    return allgather_ints(*check_comm_, {load_error.empty() ? 1 : 0},
+                          "DistributedDataParallel: checkpoint restored", timeout());
+  });
   std::vector<int> refused;
   for (int r = 0; r < ranks; ++r)
     if (!loaded[static_cast<size_t>(r)]) refused.push_back(r);
@@ -656,15 +681,15 @@ void DistributedDataParallel::load(const std::string& prefix) {
     algorithm_->set_offset(saved_steps - reducer_->step());
     return;
   }
-  {
+  alone([&] {
     ::torch::NoGradGuard no_grad;
     for (size_t i = 0; i < copies.size(); ++i) copies[i].first.copy_(before[i]);
-  }
-  ::torch::serialize::InputArchive archive;
-  archive.load_from(optimizer_before);
-  optimizer_.load(archive);
+    ::torch::serialize::InputArchive archive;
+    archive.load_from(optimizer_before);
+    optimizer_.load(archive);
+  });
   if (plan) reducer_->load_state_dict(plan_before);  // collective, as above
-  algorithm_->load_state_dict(algorithm_before);
+  alone([&] { algorithm_->load_state_dict(algorithm_before); });
   if (own_load_error) std::rethrow_exception(own_load_error);
   if (!load_error.empty()) RELAXCC_THROW(InvalidArgument, load_error);
   RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
