@@ -684,15 +684,22 @@ TEST(Ddp, AnUnsupportedParameterOnOneRankFailsEveryRankAtOnce) {
   comm->barrier()->wait(std::chrono::seconds(30));
 }
 
-// gradient_allreduce whose init refuses its context on rank 1 alone: an
-// error half way through the setup, after the plan agreement.
+// gradient_allreduce whose init refuses its context on rank 1 alone;
+// with `communicate`, the init of every other rank first runs an allreduce
+// on the context's communicator, which rank 1 never joins.
 class RefusingOnRankOne final : public relaxcc::Algorithm {
  public:
+  explicit RefusingOnRankOne(bool communicate) : communicate_(communicate) {}
   std::string name() const override { return "refusing_on_rank_one"; }
   relaxcc::AlgorithmCapabilities capabilities() const override { return {}; }
   void init(const relaxcc::AlgorithmContext& ctx) override {
     RELAXCC_ENFORCE(ctx.comm->rank() != 1, InvalidArgument,
                     "refusing_on_rank_one: rank 1 refuses its context");
+    if (communicate_) {
+      auto one = std::make_shared<float>(1.0f);
+      ctx.comm->allreduce(relaxcc::TensorView::host(one.get(), 1, one), ctx.exec)
+          ->wait(std::chrono::seconds(120));
+    }
     inner_.init(ctx);
   }
   relaxcc::WorkPtr on_bucket_ready(const relaxcc::StepInfo& s, int bucket,
@@ -701,13 +708,35 @@ class RefusingOnRankOne final : public relaxcc::Algorithm {
   }
 
  private:
+  bool communicate_;
   relaxcc::algorithms::GradientAllreduce inner_;
 };
 
-// Rank 1 throws its own error; it poisons the communicator, so the others,
-// waiting in the setup's next collective, throw CommunicatorPoisoned naming
-// rank 1 and the reason at once.
-TEST(Ddp, AnAlgorithmThatFailsOnOneRankFailsEveryRankAtOnce) {
+// Rank 1's algorithm refuses before any communication: the Reducer's
+// agreement on the algorithm's init fails every rank at once, the others
+// naming rank 1 and its error, and the communicator stays usable.
+TEST(Ddp, AnAlgorithmThatRefusesOnOneRankFailsEveryRankAtOnce) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  const auto [what, took] = error_of<relaxcc::InvalidArgument>([&] {
+    DistributedDataParallel ddp(comm, *net, sgd, std::make_shared<RefusingOnRankOne>(false));
+  });
+  EXPECT_NE(what.find("rank 1 refuses its context"), std::string::npos) << what;
+  if (comm->rank() != 1) {
+    EXPECT_NE(what.find("Reducer construction: rank 1 failed"), std::string::npos) << what;
+  }
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(std::chrono::seconds(30));
+}
+
+// Rank 1 throws while the others wait in a collective of the algorithm's
+// init that it never joins: past the agreement's grace (2 s), rank 1
+// poisons the communicator, and the others throw CommunicatorPoisoned
+// naming rank 1 and its error, long before their 120 s timeout.
+TEST(Ddp, AnAlgorithmThatFailsWhileTheOthersWaitPoisonsTheCommunicator) {
   if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
   // A communicator of its own: this one ends poisoned.
   const auto comm = world()->split(0, world()->rank());
@@ -716,7 +745,8 @@ TEST(Ddp, AnAlgorithmThatFailsOnOneRankFailsEveryRankAtOnce) {
   DdpOptions options;
   options.reducer.timeout = std::chrono::seconds(120);
   const auto [what, took] = error_of<relaxcc::Error>([&] {
-    DistributedDataParallel ddp(comm, *net, sgd, std::make_shared<RefusingOnRankOne>(), options);
+    DistributedDataParallel ddp(comm, *net, sgd, std::make_shared<RefusingOnRankOne>(true),
+                                options);
   });
   EXPECT_NE(what.find("rank 1 refuses its context"), std::string::npos) << what;
   if (comm->rank() != 1) {

@@ -4,15 +4,19 @@
 // instead of leaving them to wait in the setup's next collective until
 // their timeout (RELAXCC_TIMEOUT_MS, 300 s by default).
 //
-// Two tools, for the two places an error can arise:
-//   agree_on_checks  this rank's local checks, run before the setup's first
-//                    collective, then one small allgather that tells every
-//                    rank which ranks failed and why; every rank throws, or
-//                    none does. Nothing is poisoned: the communicator stays
-//                    usable.
-//   poison_on_error  the rest of the setup: an error raised part-way poisons
-//                    the setup's communicators (Communicator::poison), so
-//                    the peers' pending operations fail at once with
+// Two tools:
+//   agree_on_checks  runs this rank's part of a setup step (local checks, or
+//                    a step that communicates), then one small allgather
+//                    tells every rank which ranks failed and why: every rank
+//                    throws, or none does, and the communicator stays
+//                    usable. A rank that failed waits a short grace for the
+//                    others; when they do not come (they wait in a
+//                    collective of the step that it never joined), it
+//                    poisons the communicators instead, so they fail at
+//                    once.
+//   poison_on_error  for steps with no agreement: an error poisons the
+//                    step's communicators (Communicator::poison), so the
+//                    peers' pending operations fail at once with
 //                    CommunicatorPoisoned naming this rank and the error.
 #pragma once
 
@@ -28,17 +32,23 @@
 
 namespace relaxcc {
 
-// Collective over `comm`: runs `checks` (this rank's local checks, which
-// must not communicate), then allgathers whether each rank's checks passed
-// and, for the lowest failing rank, its error. When any rank failed, every
-// rank throws: a failing rank its own error; every other rank an error of
-// the lowest failing rank's type (InvalidArgument or Unsupported, PeerMismatch
-// for other types) saying "<what>: rank R failed: <its message>" (the
-// message's first 400 characters). The allgather waits `timeout` (negative:
-// the communicator's default, RELAXCC_TIMEOUT_MS).
-void agree_on_checks(Communicator& comm, const std::string& what,
-                     const std::function<void()>& checks,
-                     std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+// Collective over `comm`: runs `step`, then allgathers whether each rank's
+// step passed and, for a failing rank, its error. When any rank failed,
+// every rank throws: a failing rank its own error; every other rank an
+// error of the lowest failing rank's type (InvalidArgument or Unsupported,
+// PeerMismatch for other types) saying "<what>: rank R failed: <its
+// message>" (the message's first 400 characters). The allgather waits
+// `timeout` (negative: the communicator's default, RELAXCC_TIMEOUT_MS) on a
+// rank whose step passed, and `grace` on a rank whose step failed: when the
+// others have not joined it by then, that rank poisons `comm` and
+// `also_poison` with its error (what()) and throws it, and the others fail
+// with CommunicatorPoisoned naming it; a PeerMismatch, which the ranks of
+// the failed collective raise together, poisons nothing. `step` may
+// communicate (on `comm` or the communicators of `also_poison`).
+void agree_on_checks(Communicator& comm, const std::string& what, const std::function<void()>& step,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(-1),
+                     std::initializer_list<Communicator*> also_poison = {},
+                     std::chrono::milliseconds grace = std::chrono::seconds(2));
 
 // Runs `fn`, this rank's part of a collective sequence over `comms`. An
 // error that `fn` raises poisons each of `comms` with the error's message

@@ -130,12 +130,15 @@ struct ReducerOptions {
 class Reducer {
  public:
   // Collective over comm. Throws PeerMismatch when ranks registered different
-  // tensors. This rank's checks of its tensors come first and every rank
-  // learns their outcome (agree_on_checks, relaxcc/collective_setup.h): a
-  // rank whose tensors fail throws its error and every other rank the same
-  // type naming it. A later error on one rank alone (the algorithm's init)
-  // poisons comm, so the other ranks fail at once (CommunicatorPoisoned
-  // naming it); so do the plan rebuild and load_state_dict.
+  // tensors. Fails together (relaxcc/collective_setup.h): this rank's checks
+  // of its tensors, then the plan, its verification and the algorithm's
+  // init, each end in an agreement on every rank's outcome, so a rank that
+  // fails (an f64 tensor, an algorithm that refuses its context) fails every
+  // rank at once, the others throwing its error's type and naming it; where
+  // the others wait in a collective that rank never joined, it poisons comm
+  // after a 2 s grace and they fail with CommunicatorPoisoned naming it. An
+  // error on one rank alone in the plan rebuild or load_state_dict poisons
+  // comm at once.
   Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, AlgorithmPtr algorithm,
           const ExecContext& exec, ReducerOptions options = {},
           Tunables tunables = Tunables::from_env());

@@ -149,12 +149,12 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       created_(std::chrono::steady_clock::now()) {
   RELAXCC_ENFORCE(comm_ != nullptr && algorithm_ != nullptr, InvalidArgument,
                   "Reducer: null communicator or algorithm");
-  // This rank's checks, then an agreement on every rank's (so that a rank
-  // whose tensors fail fails every rank at once, naming it); errors after
-  // it (an algorithm that refuses its context) poison the communicators,
-  // and the other ranks, waiting in the plan agreement or beyond, fail at
-  // once naming this rank and the error. The plan agreement's PeerMismatch
-  // is raised by every rank together.
+  // Failing together (relaxcc/collective_setup.h): this rank's checks, then
+  // an agreement on every rank's outcome, so that a rank whose tensors fail
+  // fails every rank at once, naming it; the same for the plan and the
+  // algorithm's init below. A rank that fails where the others wait in a
+  // collective it never joined poisons the communicators, so they fail at
+  // once too.
   const CommunicatorPtr host = comm_->host_communicator();
   Device device = Device::host();
   agree_on_checks(
@@ -194,39 +194,45 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       options_.timeout);
   poison_on_error({comm_.get()}, [&] {
     memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
-    warned_.assign(tensors_.size(), 0);
-    accumulated_.assign(tensors_.size(), 0);
-    used_in_step_.assign(tensors_.size(), 0);
     // The Reducer's own agreements exchange host values: over the host
     // communicator of a device communicator (NCCL's bootstrap).
     side_ = (host ? host : comm_)->split(0, comm_->rank());
-    poison_on_error({side_.get()}, [&] {
-      context_.comm = comm_;
-      context_.tensors = &tensors_;
-      context_.tunables = tunables_;
-      context_.exec = memory_->bucket_context();
-      install_plan(BucketPlan::build(tensors_, {}, options_.plan));
-      verify_plan_across_ranks();
-      algorithm_->init(context_);
-      if (options_.auto_tune_buckets) {
-        if (algorithm_->capabilities().depends_on_bucket_boundaries) {
-          RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
-                      " depends on bucket boundaries: no bucket tuning");
-        } else {
-          int64_t total = 0;
-          for (const TensorSpec& t : tensors_)
-            if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
-          tuner_ =
-              std::make_unique<BucketTuner>(BucketTunerOptions{5, std::max<int64_t>(total, 1)});
-          options_.plan.cap_bytes = tuner_->current_cap();
-          options_.plan.first_cap_bytes =
-              std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
-          install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
-          algorithm_->init(context_);
-        }
-      }
-    });
   });
+  warned_.assign(tensors_.size(), 0);
+  accumulated_.assign(tensors_.size(), 0);
+  used_in_step_.assign(tensors_.size(), 0);
+  context_.comm = comm_;
+  context_.tensors = &tensors_;
+  context_.tunables = tunables_;
+  context_.exec = memory_->bucket_context();
+  // The plan, its verification and the algorithm's init, agreed on as the
+  // checks above: an algorithm that refuses its context on every rank (a
+  // configuration error) fails every rank alike.
+  agree_on_checks(*side_, "Reducer construction",
+                  [&] {
+                    install_plan(BucketPlan::build(tensors_, {}, options_.plan));
+                    verify_plan_across_ranks();
+                    algorithm_->init(context_);
+                    if (options_.auto_tune_buckets) {
+                      if (algorithm_->capabilities().depends_on_bucket_boundaries) {
+                        RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
+                                    " depends on bucket boundaries: no bucket tuning");
+                      } else {
+                        int64_t total = 0;
+                        for (const TensorSpec& t : tensors_)
+                          if (t.role == TensorRole::gradient)
+                            total += static_cast<int64_t>(t.view.nbytes());
+                        tuner_ = std::make_unique<BucketTuner>(
+                            BucketTunerOptions{5, std::max<int64_t>(total, 1)});
+                        options_.plan.cap_bytes = tuner_->current_cap();
+                        options_.plan.first_cap_bytes =
+                            std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
+                        install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
+                        algorithm_->init(context_);
+                      }
+                    }
+                  },
+                  options_.timeout, {comm_.get()});
   if (!options_.gradient_as_bucket_view) copier_ = std::thread([this] { copier_loop(); });
 }
 

@@ -18,29 +18,40 @@ enum Kind : int64_t { kPassed = 0, kInvalidArgument = 1, kUnsupported = 2, kOthe
 
 }  // namespace
 
-void agree_on_checks(Communicator& comm, const std::string& what,
-                     const std::function<void()>& checks, std::chrono::milliseconds timeout) {
+void agree_on_checks(Communicator& comm, const std::string& what, const std::function<void()>& step,
+                     std::chrono::milliseconds timeout,
+                     std::initializer_list<Communicator*> also_poison,
+                     std::chrono::milliseconds grace) {
   std::exception_ptr own;
   Kind kind = kPassed;
-  std::string message;
+  std::string message, reason;
+  bool mismatch = false;  // raised by the ranks together: nothing to poison
   try {
-    checks();
+    step();
+  } catch (const PeerMismatch& e) {
+    own = std::current_exception();
+    kind = kOther;
+    message = e.message();
+    mismatch = true;
   } catch (const InvalidArgument& e) {
     own = std::current_exception();
     kind = kInvalidArgument;
     message = e.message();
+    reason = e.what();
   } catch (const Unsupported& e) {
     own = std::current_exception();
     kind = kUnsupported;
     message = e.message();
+    reason = e.what();
   } catch (const Error& e) {
     own = std::current_exception();
     kind = kOther;
     message = e.message();
+    reason = e.what();
   } catch (const std::exception& e) {
     own = std::current_exception();
     kind = kOther;
-    message = e.what();
+    message = reason = e.what();
   }
   const int n = comm.size();
   auto mine = std::make_shared<std::array<char, kRecord>>();
@@ -50,21 +61,41 @@ void agree_on_checks(Communicator& comm, const std::string& what,
   std::memcpy(mine->data() + 8, message.data(), std::min<size_t>(message.size(), 400));
   auto all = std::make_shared<std::vector<char>>(kRecord * static_cast<size_t>(n));
   AllgatherOptions o;
-  o.label = what + ": agreement on every rank's checks";
+  o.label = what + ": agreement on every rank's outcome";
+  if (own) {
+    // The others may wait in a collective of the step that this rank never
+    // joined: past the grace, they learn the error from a poisoning.
+    bool agreed = true;
+    try {
+      agreed = comm.allgather(TensorView(mine->data(), static_cast<int64_t>(kRecord), DType::u8,
+                                         Device::host(), mine),
+                              TensorView(all->data(), static_cast<int64_t>(all->size()), DType::u8,
+                                         Device::host(), all),
+                              ExecContext::host(), o)
+                   ->wait_for(grace);
+    } catch (const std::exception&) {
+      agreed = false;  // a poisoned communicator: poisoning is a no-op there
+    }
+    if (!agreed && !mismatch) {
+      comm.poison(reason);
+      for (Communicator* c : also_poison)
+        if (c != nullptr) c->poison(reason);
+    }
+    std::rethrow_exception(own);
+  }
   comm.allgather(
           TensorView(mine->data(), static_cast<int64_t>(kRecord), DType::u8, Device::host(), mine),
           TensorView(all->data(), static_cast<int64_t>(all->size()), DType::u8, Device::host(),
                      all),
           ExecContext::host(), o)
       ->wait(timeout);
-  if (own) std::rethrow_exception(own);
   for (int r = 0; r < n; ++r) {
     const char* record = all->data() + kRecord * static_cast<size_t>(r);
     int64_t theirs = kPassed;
     std::memcpy(&theirs, record, sizeof theirs);
     if (theirs == kPassed) continue;
-    const std::string reason(record + 8, strnlen(record + 8, kMessage));
-    const std::string text = detail::concat(what, ": rank ", r, " failed: ", reason);
+    const std::string text = detail::concat(
+        what, ": rank ", r, " failed: ", std::string(record + 8, strnlen(record + 8, kMessage)));
     if (theirs == kInvalidArgument) RELAXCC_THROW(InvalidArgument, text);
     if (theirs == kUnsupported) RELAXCC_THROW(Unsupported, text);
     RELAXCC_THROW(PeerMismatch, text);

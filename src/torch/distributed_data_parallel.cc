@@ -216,8 +216,9 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
   // This rank's checks come before the first collective, and every rank
   // learns every rank's outcome (agree_on_checks): a model that fails a
   // check on one rank alone (an f64 parameter there) fails every rank at
-  // once, naming it. A later error on one rank alone poisons the
-  // communicators, so the others fail at once too (collective_setup.h).
+  // once, naming it. The Reducer fails together on its own; an error after
+  // it on one rank alone poisons the communicator, so the others fail at
+  // once too (collective_setup.h).
   const CommunicatorPtr host = comm_->host_communicator();
   agree_on_checks(
       *(host ? host : comm_), "DistributedDataParallel construction",
@@ -251,30 +252,31 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
         }
       },
       timeout());
-  poison_on_error({comm_.get()}, [&] {
-    {
-      ::torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params_.size(); ++i) {
-        Tensor& g = params_[i].mutable_grad();
-        grads_.push_back(g.defined() && g.is_contiguous() ? g : ::torch::zeros_like(params_[i]));
-        if (g.defined() && !g.is_same(grads_[i])) grads_[i].copy_(g);
-        g = grads_[i];
-      }
-    }
-
-    // Registration: each gradient, then its parameter (the gradient's partner).
-    std::vector<TensorSpec> specs;
+  {
+    ::torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
-      specs.push_back({names_[i] + ".grad", float_view(grads_[i]), TensorRole::gradient,
-                       static_cast<int>(2 * i + 1)});
-      specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
+      Tensor& g = params_[i].mutable_grad();
+      grads_.push_back(g.defined() && g.is_contiguous() ? g : ::torch::zeros_like(params_[i]));
+      if (g.defined() && !g.is_same(grads_[i])) grads_[i].copy_(g);
+      g = grads_[i];
     }
-    algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
-    torch_step_ = std::make_unique<TorchStep>(*this);
-    // Verifies names, shapes and dtypes across ranks (PeerMismatch).
-    reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
-                                         std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
-                                         ExecContext::host(), options_.reducer);
+  }
+
+  // Registration: each gradient, then its parameter (the gradient's partner).
+  std::vector<TensorSpec> specs;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    specs.push_back({names_[i] + ".grad", float_view(grads_[i]), TensorRole::gradient,
+                     static_cast<int>(2 * i + 1)});
+    specs.push_back({names_[i], float_view(params_[i]), TensorRole::parameter, -1});
+  }
+  algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
+  torch_step_ = std::make_unique<TorchStep>(*this);
+  // Verifies names, shapes and dtypes across ranks (PeerMismatch); fails
+  // together on its own.
+  reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
+                                       std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
+                                       ExecContext::host(), options_.reducer);
+  poison_on_error({comm_.get()}, [&] {
     check_comm_ = comm_->split(0, comm_->rank());
 
     std::vector<Tensor> everything = all_params_;

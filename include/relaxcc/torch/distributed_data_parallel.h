@@ -94,12 +94,13 @@
 // Failing together (relaxcc/collective_setup.h): construction runs this
 // rank's checks before its first collective and agrees on every rank's
 // outcome, so a check that fails on one rank alone (an f64 parameter there)
-// fails every rank at once with the same error type, the others naming that
-// rank and its message; the communicator stays usable. An error that one
-// rank raises later in construction or in load() (an algorithm whose init
-// refuses, a collective that fails) poisons the communicator: the others
-// fail at once with CommunicatorPoisoned naming that rank and the error,
-// rather than at their timeout.
+// fails every rank at once, the others throwing the same error type naming
+// that rank and its message; the communicator stays usable. The Reducer
+// does the same for its plan and the algorithm's init (reducer.h). An error
+// that one rank raises later in construction or in load() (a collective
+// that fails there) poisons the communicator: the others fail at once with
+// CommunicatorPoisoned naming that rank and the error, rather than at
+// their timeout.
 #pragma once
 
 #include <torch/torch.h>
