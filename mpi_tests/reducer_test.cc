@@ -418,6 +418,104 @@ TEST(Reducer, PlanRebuildKeepsStateAndResults) {
   EXPECT_EQ(reducer.plan().order(), (std::vector<int>{0, 4, 2, 6, 7, 5, 3, 1}));
 }
 
+// One iteration of `m` on `reducer`, gradients marked in `order`.
+void run_iteration(Reducer& reducer, Model& m, const std::vector<int>& order) {
+  m.fill(test::world()->rank());
+  reducer.begin_step();
+  for (int i : order) reducer.mark_ready(Model::grad_index(i));
+  reducer.synchronize();
+}
+
+// The message of the InvalidArgument that load_state_dict throws ("" when
+// it does not throw).
+std::string load_error(Reducer& reducer, const StateDict& state) {
+  try {
+    reducer.load_state_dict(state);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Reducer, StateDictCarriesTheRebuiltPlan) {
+  auto comm = test::world();
+  const int n = comm->size(), r = comm->rank();
+  Model m({300, 300, 300, 300});
+  ReducerOptions o;
+  o.plan.first_cap_bytes = 1200;
+  o.plan.cap_bytes = 2400;
+  Reducer saved(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host(), o);
+  const StateDict initial = saved.state_dict();
+  run_iteration(saved, m, {0, 2, 1, 3});  // rebuilt from this order
+  ASSERT_EQ(saved.plan_version(), 1u);
+  const StateDict rebuilt = StateDict::deserialize(saved.state_dict().serialize());
+
+  auto algo = std::make_shared<RecordingAllreduce>();
+  Reducer fresh(comm, m.specs, algo, ExecContext::host(), o);
+  int changes = 0;
+  fresh.on_plan_changed([&] { ++changes; });
+  const uint64_t initial_hash = fresh.plan().hash(m.specs);
+  const int inits = algo->inits;
+  fresh.load_state_dict(rebuilt);
+  EXPECT_EQ(fresh.plan().order(), saved.plan().order());
+  EXPECT_EQ(fresh.plan().hash(m.specs), saved.plan().hash(m.specs));
+  EXPECT_EQ(fresh.plan_version(), 1u);
+  EXPECT_EQ(changes, 1);
+  EXPECT_EQ(algo->inits, inits + 1);
+  // The same plan again changes nothing.
+  fresh.load_state_dict(rebuilt);
+  EXPECT_EQ(fresh.plan_version(), 1u);
+  EXPECT_EQ(changes, 1);
+  // The rebuild counts as done: another ready order leaves the plan alone,
+  // and the sums are exact.
+  run_iteration(fresh, m, {3, 2, 1, 0});
+  EXPECT_EQ(fresh.plan_version(), 1u);
+  for (size_t i = 0; i < 4; ++i)
+    for (size_t j = 0; j < 300; j += 37)
+      ASSERT_EQ(m.grads[i][j], m.expected_sum(n, i, j)) << i << "," << j;  // summed
+
+  // A state one rank cannot adopt (of other tensors): every rank throws,
+  // and keeps its plan.
+  const std::vector<int> kept = fresh.plan().order();
+  StateDict other = rebuilt;
+  if (r == n - 1) other.put_int("reducer/plan/hash", 1);
+  std::string what = load_error(fresh, other);
+  const std::string last = std::to_string(n - 1);
+  if (r == n - 1)
+    EXPECT_NE(what.find("rank " + last +
+                        ": cannot adopt the saved bucket plan: the saved plan "
+                        "is not one of these tensors"),
+              std::string::npos)
+        << what;
+  else
+    EXPECT_NE(what.find("rank " + last + " cannot adopt theirs"), std::string::npos) << what;
+  EXPECT_EQ(fresh.plan().order(), kept);
+  // Inside an iteration: refused on every rank.
+  fresh.begin_step();
+  what = load_error(fresh, initial);
+  EXPECT_NE(what.find("inside iteration 1"), std::string::npos) << what;
+  fresh.synchronize();
+  EXPECT_EQ(fresh.plan().order(), kept);
+  if (n > 1) {
+    // Rank 0 holds another run's plan than the others: every rank throws.
+    what = load_error(fresh, r == 0 ? initial : rebuilt);
+    const std::string others = n == 2   ? "rank 1"
+                               : n == 3 ? "ranks 1,2"
+                                        : "ranks 1-" + last;  // as errors list them
+    EXPECT_NE(what.find("the plan of " + others + " differs from rank 0's"), std::string::npos)
+        << what;
+    EXPECT_EQ(fresh.plan().order(), kept);
+  }
+  // The initial plan, adopted back: the rebuild after the first step is
+  // to come again, as in the saved Reducer before its first iteration.
+  fresh.load_state_dict(initial);
+  EXPECT_EQ(fresh.plan().hash(m.specs), initial_hash);
+  EXPECT_EQ(fresh.plan_version(), 2u);
+  run_iteration(fresh, m, {0, 2, 1, 3});
+  EXPECT_EQ(fresh.plan_version(), 3u);
+  EXPECT_EQ(fresh.plan().order(), saved.plan().order());
+}
+
 TEST(LocalSgd, AveragesExactlyEveryPeriod) {
   auto comm = test::world();
   const int n = comm->size(), r = comm->rank();
@@ -670,6 +768,32 @@ TEST(Reducer, PlanMismatchNamesBothRanksAndBothTensors) {
   EXPECT_EQ(construction_mismatch(m.specs), "");
 }
 
+// Rank 1 alone registers a name twice: every rank throws InvalidArgument
+// at once (not at the timeout), the others naming rank 1 and its error, and
+// the communicator stays usable.
+TEST(Reducer, ACheckThatFailsOnOneRankFailsEveryRankAtOnce) {
+  auto comm = test::world();
+  const int r = comm->rank();
+  if (comm->size() == 1) GTEST_SKIP() << "needs 2 ranks";
+  Model m({10, 10});
+  if (r == 1) m.specs[3].name = "p0";
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    Reducer bad(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host());
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_NE(what.find("tensor name 'p0' registered twice"), std::string::npos) << what;
+  if (r != 1) {
+    EXPECT_NE(what.find("Reducer construction: rank 1 failed"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(comm->poisoned());
+  Model good({10});
+  EXPECT_EQ(construction_mismatch(good.specs), "");
+}
+
 TEST(Reducer, IterationsCountBackwardPassesAndNameReadinessErrors) {
   auto comm = test::world();
   Model m({10, 10});
@@ -906,7 +1030,9 @@ TEST(Reducer, InternalCollectivesNameWhatTheyAreFor) {
                 std::string::npos)
           << what;
     } else {
-      EXPECT_NE(what.find("Reducer: agreement on unused tensors of iteration 0"), std::string::npos)
+      // Rank 1 is in the agreement that ends construction (collective_setup.h).
+      EXPECT_NE(what.find("of 'Reducer construction: agreement on every rank's outcome'"),
+                std::string::npos)
           << what;
     }
   }
@@ -932,7 +1058,7 @@ TEST(Reducer, TimeoutNamesTheAgreement) {
       FAIL() << "no throw";
     } catch (const Timeout& e) {
       timed_out = 1;
-      EXPECT_NE(std::string(e.what()).find("allreduce #5 of '" + label + "'"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("allreduce #6 of '" + label + "'"), std::string::npos)
           << e.what();
       EXPECT_NE(std::string(e.what()).find("did not complete within 2000 ms"), std::string::npos)
           << e.what();

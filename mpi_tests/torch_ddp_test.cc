@@ -9,8 +9,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "relaxcc/errors.h"
@@ -77,8 +80,11 @@ torch::Tensor loss_with_spare(Net& net, const torch::Tensor& x, const torch::Ten
   return loss_of(net, x, y) + 0.1 * net->spare->forward(spare_x.narrow(1, 0, 2)).pow(2).mean();
 }
 
+torch::optim::SGD make_sgd_of(torch::nn::Module& m) {
+  return torch::optim::SGD(m.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
 torch::optim::SGD make_sgd(Net& net) {
-  return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  return make_sgd_of(*net);
 }
 
 std::vector<torch::Tensor> snapshot(Net& net) {
@@ -342,6 +348,171 @@ TEST(Ddp, CheckpointResumeReproducesTheRunBitForBit) {
   std::remove((prefix + ".rank" + std::to_string(world()->rank())).c_str());
 }
 
+// The parameter registered first, `head`, is used last in forward: its
+// gradient is ready first, so the plan rebuilt after the first step packs
+// it first, unlike the initial plan (reverse registration order).
+struct LateHeadImpl : torch::nn::Module {
+  LateHeadImpl() {
+    head = register_module("head", torch::nn::Linear(kHidden, kOut));
+    body = register_module("body", torch::nn::Linear(kIn, kHidden));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head->forward(torch::tanh(body->forward(x)));
+  }
+  torch::nn::Linear head{nullptr}, body{nullptr};
+};
+TORCH_MODULE(LateHead);
+
+// Each algorithm module in a configuration whose steps depend on the state a
+// checkpoint keeps: error feedback, warmups that end before the save,
+// periods that straddle it, no deadlines (a deadline makes rounds depend on
+// timing). `bit_for_bit`: the module promises a bit-for-bit resume
+// (async_model_average does not: its averages land by timing).
+struct ResumeCase {
+  std::string name;
+  std::function<relaxcc::AlgorithmPtr()> make;
+  bool bit_for_bit = true;
+};
+
+std::vector<ResumeCase> resume_cases() {
+  namespace a = relaxcc::algorithms;
+  std::vector<ResumeCase> out;
+  out.push_back({"gradient_allreduce", [] { return std::make_shared<a::GradientAllreduce>(); }});
+  out.push_back({"local_sgd", [] {
+                   return std::make_shared<a::LocalSgd>(
+                       a::LocalSgdOptions{.period = 2, .warmup_steps = 1});
+                 }});
+  out.push_back({"bytegrad", [] {
+                   a::ByteGradOptions o;
+                   o.hierarchical = false;  // quantized on one machine too
+                   o.error_feedback = true;
+                   return std::make_shared<a::ByteGrad>(o);
+                 }});
+  out.push_back({"qadam", [] {
+                   a::QAdamOptions o;
+                   o.warmup_steps = 2;
+                   return std::make_shared<a::QAdam>(o);
+                 }});
+  out.push_back({"cocktail_sgd", [] {
+                   a::CocktailSgdOptions o;
+                   o.warmup_steps = 1;
+                   return std::make_shared<a::CocktailSgd>(o);
+                 }});
+  out.push_back({"decentralized_sgd", [] {
+                   a::DecentralizedSgdOptions o;
+                   o.mode = relaxcc::GossipMode::shift_one;
+                   return std::make_shared<a::DecentralizedSgd>(o);
+                 }});
+  out.push_back({"low_precision_decentralized_sgd",
+                 [] { return std::make_shared<a::LowPrecisionDecentralizedSgd>(); }});
+  out.push_back({"moshpit_sgd", [] {
+                   a::MoshpitSgdOptions o;
+                   o.deadline = {};
+                   return std::make_shared<a::MoshpitSgd>(o);
+                 }});
+  out.push_back({"diloco", [] {
+                   a::DilocoOptions o;
+                   o.inner_steps = 2;
+                   o.fragments = 2;
+                   o.overlap_steps = 1;
+                   o.codec = relaxcc::kernels::CompressorConfig{};  // 8-bit min-max
+                   return std::make_shared<a::Diloco>(o);
+                 }});
+  out.push_back(
+      {"async_model_average", [] { return std::make_shared<a::AsyncModelAverage>(); }, false});
+  return out;
+}
+
+constexpr int kResumeSteps = 6, kSaveAfter = 3;
+
+// Steps [from, to) of LateHead on this rank's slices.
+void train_late(LateHead& net, DistributedDataParallel& ddp, torch::optim::SGD& sgd, int from,
+                int to) {
+  const auto comm = world();
+  for (int s = from; s < to; ++s) {
+    sgd.zero_grad();
+    auto [x, y] = my_slice(s, comm->rank(), comm->size());
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    ddp.step();
+  }
+}
+
+LateHead make_late_head() {
+  torch::manual_seed(42);
+  return LateHead();
+}
+
+std::vector<torch::Tensor> snapshot_of(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Algorithm x (copied gradients, bucket views).
+class Resume : public testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  static DdpOptions options() {
+    DdpOptions o;
+    o.reducer.gradient_as_bucket_view = std::get<1>(GetParam());
+    o.reducer.plan.cap_bytes = 512;  // several buckets
+    o.reducer.plan.first_cap_bytes = 256;
+    return o;
+  }
+  static const ResumeCase& which() {
+    static const std::vector<ResumeCase> cases = resume_cases();
+    return cases[static_cast<size_t>(std::get<0>(GetParam()))];
+  }
+};
+
+// Saved kSaveAfter steps after the plan was rebuilt (the default
+// rebuild_after_first_step), loaded into a fresh DistributedDataParallel
+// (whose plan is the initial one), and run on: the parameters after
+// kResumeSteps match the uninterrupted run's bit for bit.
+TEST_P(Resume, ACheckpointAfterThePlanRebuildResumesBitForBit) {
+  const auto comm = world();
+  const ResumeCase& c = which();
+  const std::string prefix = checkpoint_prefix(("rebuilt_" + c.name).c_str());
+  std::vector<torch::Tensor> straight;
+  {
+    LateHead net = make_late_head();
+    auto sgd = make_sgd_of(*net);
+    DistributedDataParallel ddp(comm, *net, sgd, c.make(), options());
+    const std::vector<int> initial = ddp.reducer().plan().order();
+    train_late(net, ddp, sgd, 0, kResumeSteps);
+    EXPECT_NE(ddp.reducer().plan().order(), initial) << "the plan was not rebuilt";
+    straight = snapshot_of(*net);
+  }
+  {
+    LateHead net = make_late_head();
+    auto sgd = make_sgd_of(*net);
+    DistributedDataParallel ddp(comm, *net, sgd, c.make(), options());
+    train_late(net, ddp, sgd, 0, kSaveAfter);
+    EXPECT_EQ(ddp.reducer().plan_version(), 1u);  // rebuilt after the first step
+    ddp.save(prefix);
+  }
+  LateHead net = make_late_head();
+  auto sgd = make_sgd_of(*net);
+  DistributedDataParallel ddp(comm, *net, sgd, c.make(), options());
+  const std::vector<int> initial = ddp.reducer().plan().order();
+  ASSERT_NO_THROW(ddp.load(prefix));
+  EXPECT_NE(ddp.reducer().plan().order(), initial) << "the checkpoint's plan was not adopted";
+  EXPECT_EQ(ddp.steps(), kSaveAfter);
+  train_late(net, ddp, sgd, kSaveAfter, kResumeSteps);
+  if (c.bit_for_bit) {
+    EXPECT_TRUE(bitwise_equal(straight, snapshot_of(*net)));
+  }
+  comm->barrier()->wait();
+  std::remove((prefix + ".rank" + std::to_string(comm->rank())).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ddp, Resume,
+    testing::Combine(testing::Range(0, static_cast<int>(resume_cases().size())), testing::Bool()),
+    [](const auto& p) {
+      return resume_cases()[static_cast<size_t>(std::get<0>(p.param))].name +
+             (std::get<1>(p.param) ? "_bucket_views" : "_copied");
+    });
+
 TEST(Ddp, WrappingTheSameModuleTwiceThrows) {
   const auto comm = world();
   Net net = make_net();
@@ -465,6 +636,143 @@ TEST(Ddp, ModelsThatDifferAcrossRanksThrow) {
   Net net = make_net(false, comm->rank() == 1 ? kHidden + 1 : kHidden);
   auto sgd = make_sgd(net);
   EXPECT_THROW(DistributedDataParallel(comm, *net, sgd, allreduce()), relaxcc::PeerMismatch);
+}
+
+// Setup errors on one rank alone reach every rank at once: far below the
+// 300 s of RELAXCC_TIMEOUT_MS's default, which the tests run with.
+constexpr auto kAtOnce = std::chrono::seconds(5);
+
+// The message of what `fn` throws as E, and how long it took ("" when it
+// throws nothing).
+template <typename E, typename F>
+std::pair<std::string, std::chrono::steady_clock::duration> error_of(F&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    fn();
+  } catch (const E& e) {
+    what = e.what();
+  }
+  return {what, std::chrono::steady_clock::now() - start};
+}
+
+// Rank 1 alone has a float64 model: every rank throws Unsupported at once,
+// naming rank 1 and its parameter, and the communicator stays usable.
+TEST(Ddp, AnUnsupportedParameterOnOneRankFailsEveryRankAtOnce) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net();
+  if (comm->rank() == 1) net->to(torch::kFloat64);
+  auto sgd = make_sgd(net);
+  const auto [what, took] = error_of<relaxcc::Unsupported>(
+      [&] { DistributedDataParallel ddp(comm, *net, sgd, allreduce()); });
+  EXPECT_NE(what.find("parameter 'fc1.weight' is Double; only float32 parameters are supported"),
+            std::string::npos)
+      << what;
+  if (comm->rank() != 1) {
+    EXPECT_NE(what.find("DistributedDataParallel construction: rank 1 failed"), std::string::npos)
+        << what;
+  }
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(std::chrono::seconds(30));
+}
+
+// gradient_allreduce whose init refuses its context on rank 1 alone;
+// with `communicate`, the init of every other rank first runs an allreduce
+// on the context's communicator, which rank 1 never joins.
+class RefusingOnRankOne final : public relaxcc::Algorithm {
+ public:
+  explicit RefusingOnRankOne(bool communicate) : communicate_(communicate) {}
+  std::string name() const override { return "refusing_on_rank_one"; }
+  relaxcc::AlgorithmCapabilities capabilities() const override { return {}; }
+  void init(const relaxcc::AlgorithmContext& ctx) override {
+    RELAXCC_ENFORCE(ctx.comm->rank() != 1, InvalidArgument,
+                    "refusing_on_rank_one: rank 1 refuses its context");
+    if (communicate_) {
+      auto one = std::make_shared<float>(1.0f);
+      ctx.comm->allreduce(relaxcc::TensorView::host(one.get(), 1, one), ctx.exec)
+          ->wait(std::chrono::seconds(120));
+    }
+    inner_.init(ctx);
+  }
+  relaxcc::WorkPtr on_bucket_ready(const relaxcc::StepInfo& s, int bucket,
+                                   const relaxcc::TensorView& data) override {
+    return inner_.on_bucket_ready(s, bucket, data);
+  }
+
+ private:
+  bool communicate_;
+  relaxcc::algorithms::GradientAllreduce inner_;
+};
+
+// Rank 1's algorithm refuses before any communication: the Reducer's
+// agreement on the algorithm's init fails every rank at once, the others
+// naming rank 1 and its error, and the communicator stays usable.
+TEST(Ddp, AnAlgorithmThatRefusesOnOneRankFailsEveryRankAtOnce) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  const auto [what, took] = error_of<relaxcc::InvalidArgument>([&] {
+    DistributedDataParallel ddp(comm, *net, sgd, std::make_shared<RefusingOnRankOne>(false));
+  });
+  EXPECT_NE(what.find("rank 1 refuses its context"), std::string::npos) << what;
+  if (comm->rank() != 1) {
+    EXPECT_NE(what.find("Reducer construction: rank 1 failed"), std::string::npos) << what;
+  }
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(std::chrono::seconds(30));
+}
+
+// Rank 1 throws while the others wait in a collective of the algorithm's
+// init that it never joins: past the agreement's grace (2 s), rank 1
+// poisons the communicator, and the others throw CommunicatorPoisoned
+// naming rank 1 and its error, long before their 120 s timeout.
+TEST(Ddp, AnAlgorithmThatFailsWhileTheOthersWaitPoisonsTheCommunicator) {
+  if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  // A communicator of its own: this one ends poisoned.
+  const auto comm = world()->split(0, world()->rank());
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DdpOptions options;
+  options.reducer.timeout = std::chrono::seconds(120);
+  const auto [what, took] = error_of<relaxcc::Error>([&] {
+    DistributedDataParallel ddp(comm, *net, sgd, std::make_shared<RefusingOnRankOne>(true),
+                                options);
+  });
+  EXPECT_NE(what.find("rank 1 refuses its context"), std::string::npos) << what;
+  if (comm->rank() != 1) {
+    EXPECT_NE(what.find("CommunicatorPoisoned"), std::string::npos) << what;
+    EXPECT_NE(what.find("by rank 1"), std::string::npos) << what;
+  }
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_TRUE(comm->poisoned());
+  world()->barrier()->wait(std::chrono::seconds(30));
+}
+
+// Rank 1 has no file of the checkpoint: every rank throws InvalidArgument
+// at once, the others naming rank 1.
+TEST(Ddp, ACheckpointOneRankCannotReadFailsEveryRankAtOnce) {
+  const auto comm = world();
+  if (comm->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string prefix = checkpoint_prefix("missing_on_rank1");
+  const std::string mine = prefix + ".rank" + std::to_string(comm->rank());
+  Net net = make_net();
+  auto sgd = make_sgd(net);
+  DistributedDataParallel ddp(comm, *net, sgd, allreduce());
+  ddp.save(prefix);
+  if (comm->rank() == 1) std::remove(mine.c_str());
+  const auto [what, took] = error_of<relaxcc::InvalidArgument>([&] { ddp.load(prefix); });
+  EXPECT_NE(what.find(comm->rank() == 1 ? "rank 1: cannot read checkpoint"
+                                        : "ranks [1] cannot load their files"),
+            std::string::npos)
+      << what;
+  EXPECT_LT(took, kAtOnce);
+  EXPECT_FALSE(comm->poisoned());
+  comm->barrier()->wait(std::chrono::seconds(30));
+  std::remove(mine.c_str());
 }
 
 TEST(Ddp, UnevenInputsNameTheRanks) {

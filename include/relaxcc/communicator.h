@@ -34,6 +34,11 @@
 //     and poisons the communicator the same way, notices included. Without
 //     `mpirun --enable-recovery`, Open MPI itself ends the job when a rank
 //     dies (see mpi_communicator.h);
+//   - poison(reason) poisons the communicator on purpose, notices
+//     included, for an error that one rank raises alone in the middle of a
+//     collective sequence (a setup that fails half way): its peers'
+//     operations fail at once, naming the rank and the reason, instead of
+//     waiting for their timeout (relaxcc/collective_setup.h);
 //   - requests already posted to the transport are parked until they drain;
 //     the buffers they use stay alive through the operation's keep-alives
 //     (TensorView::owner) until then. A view without an owner gets no such
@@ -111,6 +116,13 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual bool poisoned() const = 0;
+  // Poisons this communicator as a timeout does (see above): operations in
+  // flight here fail, later calls throw CommunicatorPoisoned, and every
+  // other member is sent a poison notice, so its operations fail with
+  // CommunicatorPoisoned naming this rank and `reason` (the notice carries
+  // its first 239 characters). Local; a no-op on a poisoned communicator.
+  // Groups made from this communicator keep their own poison state.
+  virtual void poison(const std::string& reason) = 0;
   virtual CommStats stats() const = 0;
   virtual int max_p2p_tag() const = 0;
 

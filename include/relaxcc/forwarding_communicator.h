@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@ class ForwardingCommunicator : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   bool poisoned() const override { return inner_->poisoned(); }
+  void poison(const std::string& reason) override { inner_->poison(reason); }
   CommStats stats() const override { return inner_->stats(); }
   int max_p2p_tag() const override { return inner_->max_p2p_tag(); }
   std::shared_ptr<Communicator> group(const std::vector<int>& members,

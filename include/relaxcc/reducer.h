@@ -62,6 +62,15 @@
 // as PyTorch DDP does; on_plan_changed callbacks fire so frontends re-fetch
 // bucket views.
 //
+// Checkpoints: state_dict() keeps the plan (its packing order and bucket
+// options) and whether the rebuild after the first step happened;
+// load_state_dict() adopts it, collectively, so that algorithm state that
+// belongs to bucket layouts (state_dict.h) loads into the plan it was saved
+// with and a resumed run packs its buckets, and so reduces, as the run it
+// continues. Load the Reducer's state before the algorithm's. The bucket
+// tuner's measurements are not kept: a Reducer that tunes goes on tuning
+// from its own.
+//
 // Device tensors. Tensors may be CUDA tensors, all on one device, that of
 // the ExecContext, whose stream is the producer stream: the one backward
 // computes gradients on (InvalidArgument otherwise). The communicator must
@@ -121,7 +130,15 @@ struct ReducerOptions {
 class Reducer {
  public:
   // Collective over comm. Throws PeerMismatch when ranks registered different
-  // tensors.
+  // tensors. Fails together (relaxcc/collective_setup.h): this rank's checks
+  // of its tensors, then the plan, its verification and the algorithm's
+  // init, each end in an agreement on every rank's outcome, so a rank that
+  // fails (an f64 tensor, an algorithm that refuses its context) fails every
+  // rank at once, the others throwing its error's type and naming it; where
+  // the others wait in a collective that rank never joined, it poisons comm
+  // after a 2 s grace and they fail with CommunicatorPoisoned naming it. An
+  // error on one rank alone in the plan rebuild or load_state_dict poisons
+  // comm at once.
   Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, AlgorithmPtr algorithm,
           const ExecContext& exec, ReducerOptions options = {},
           Tunables tunables = Tunables::from_env());
@@ -155,6 +172,18 @@ class Reducer {
   TensorView gradient_view(int index) const;
   void on_plan_changed(std::function<void()> callback);
   const BucketPlan& plan() const { return plan_; }
+  // The plan, for a checkpoint (see above): entries "reducer/...".
+  StateDict state_dict() const;
+  // Collective, between iterations: every rank adopts the plan of its
+  // `state`. First the ranks agree: when any rank's state is malformed, of
+  // other tensors (names, dtypes, sizes) or given inside an iteration, or
+  // the ranks' plans differ, every rank throws InvalidArgument (naming the
+  // ranks; a failing rank's own error says why) and keeps its plan.
+  // Otherwise a plan other than the one in use is installed as a rebuild
+  // installs one (gradients carry over, the algorithm's init runs again,
+  // on_plan_changed callbacks fire), and the rebuild after the first step
+  // counts as done or not as in the saved Reducer.
+  void load_state_dict(const StateDict& state);
   uint64_t plan_version() const { return plan_version_; }
   // Optimizer steps completed (see above).
   int64_t step() const { return step_; }

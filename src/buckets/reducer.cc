@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "bucket_memory.h"
+#include "relaxcc/collective_setup.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
@@ -148,66 +149,90 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
       created_(std::chrono::steady_clock::now()) {
   RELAXCC_ENFORCE(comm_ != nullptr && algorithm_ != nullptr, InvalidArgument,
                   "Reducer: null communicator or algorithm");
-  std::set<std::string> names;
-  int64_t flat = 0;
-  // Every tensor on one device: the first one's.
-  const Device device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const TensorSpec& t = tensors_[i];
-    t.view.check_valid(t.name.c_str());
-    RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
-                    "' is on ", t.view.device, " but tensor '", tensors_.front().name, "' is on ",
-                    device, ": every tensor of a Reducer lives on one device");
-    RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '", t.name,
-                    "' registered twice");
-    RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
-                    "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
-                    tensors_.size());
-    context_.flat_offset.push_back(flat);
-    flat += t.view.numel;
-  }
-  if (device.is_cuda()) {
-    // Checked before any communication and any CUDA call.
-    RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ", device,
-                    " but the ExecContext is on ", exec_.device,
-                    " (its stream is the one their gradients are computed on)");
-    const Device moves = comm_->allocate(0, DType::u8).device;
-    RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
-                    "'s tensors are on ", device, " but its communicator moves memory on ", moves,
-                    ": device tensors need a communicator that moves device memory (an NCCL "
-                    "communicator, relaxcc/nccl_communicator.h)");
-  }
-  memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
+  // Failing together (relaxcc/collective_setup.h): this rank's checks, then
+  // an agreement on every rank's outcome, so that a rank whose tensors fail
+  // fails every rank at once, naming it; the same for the plan and the
+  // algorithm's init below. A rank that fails where the others wait in a
+  // collective it never joined poisons the communicators, so they fail at
+  // once too.
+  const CommunicatorPtr host = comm_->host_communicator();
+  Device device = Device::host();
+  agree_on_checks(
+      *(host ? host : comm_), "Reducer construction",
+      [&] {
+        std::set<std::string> names;
+        int64_t flat = 0;
+        // Every tensor on one device: the first one's.
+        device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
+        for (size_t i = 0; i < tensors_.size(); ++i) {
+          const TensorSpec& t = tensors_[i];
+          t.view.check_valid(t.name.c_str());
+          RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
+                          "' is on ", t.view.device, " but tensor '", tensors_.front().name,
+                          "' is on ", device, ": every tensor of a Reducer lives on one device");
+          RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '",
+                          t.name, "' registered twice");
+          RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
+                          "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
+                          tensors_.size());
+          context_.flat_offset.push_back(flat);
+          flat += t.view.numel;
+        }
+        if (device.is_cuda()) {
+          // Checked before any CUDA call.
+          RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ",
+                          device, " but the ExecContext is on ", exec_.device,
+                          " (its stream is the one their gradients are computed on)");
+          const Device moves = comm_->allocate(0, DType::u8).device;
+          RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
+                          "'s tensors are on ", device, " but its communicator moves memory on ",
+                          moves,
+                          ": device tensors need a communicator that moves device memory (an NCCL "
+                          "communicator, relaxcc/nccl_communicator.h)");
+        }
+      },
+      options_.timeout);
+  poison_on_error({comm_.get()}, [&] {
+    memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
+    // The Reducer's own agreements exchange host values: over the host
+    // communicator of a device communicator (NCCL's bootstrap).
+    side_ = (host ? host : comm_)->split(0, comm_->rank());
+  });
   warned_.assign(tensors_.size(), 0);
   accumulated_.assign(tensors_.size(), 0);
   used_in_step_.assign(tensors_.size(), 0);
-  // The Reducer's own agreements exchange host values: over the host
-  // communicator of a device communicator (NCCL's bootstrap).
-  const CommunicatorPtr host = comm_->host_communicator();
-  side_ = (host ? host : comm_)->split(0, comm_->rank());
   context_.comm = comm_;
   context_.tensors = &tensors_;
   context_.tunables = tunables_;
   context_.exec = memory_->bucket_context();
-  install_plan(BucketPlan::build(tensors_, {}, options_.plan));
-  verify_plan_across_ranks();
-  algorithm_->init(context_);
-  if (options_.auto_tune_buckets) {
-    if (algorithm_->capabilities().depends_on_bucket_boundaries) {
-      RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
-                  " depends on bucket boundaries: no bucket tuning");
-    } else {
-      int64_t total = 0;
-      for (const TensorSpec& t : tensors_)
-        if (t.role == TensorRole::gradient) total += static_cast<int64_t>(t.view.nbytes());
-      tuner_ = std::make_unique<BucketTuner>(BucketTunerOptions{5, std::max<int64_t>(total, 1)});
-      options_.plan.cap_bytes = tuner_->current_cap();
-      options_.plan.first_cap_bytes =
-          std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
-      install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
-      algorithm_->init(context_);
-    }
-  }
+  // The plan, its verification and the algorithm's init, agreed on as the
+  // checks above: an algorithm that refuses its context on every rank (a
+  // configuration error) fails every rank alike.
+  agree_on_checks(*side_, "Reducer construction",
+                  [&] {
+                    install_plan(BucketPlan::build(tensors_, {}, options_.plan));
+                    verify_plan_across_ranks();
+                    algorithm_->init(context_);
+                    if (options_.auto_tune_buckets) {
+                      if (algorithm_->capabilities().depends_on_bucket_boundaries) {
+                        RELAXCC_LOG(info, "Reducer: ", algorithm_->name(),
+                                    " depends on bucket boundaries: no bucket tuning");
+                      } else {
+                        int64_t total = 0;
+                        for (const TensorSpec& t : tensors_)
+                          if (t.role == TensorRole::gradient)
+                            total += static_cast<int64_t>(t.view.nbytes());
+                        tuner_ = std::make_unique<BucketTuner>(
+                            BucketTunerOptions{5, std::max<int64_t>(total, 1)});
+                        options_.plan.cap_bytes = tuner_->current_cap();
+                        options_.plan.first_cap_bytes =
+                            std::min(options_.plan.first_cap_bytes, options_.plan.cap_bytes);
+                        install_plan(BucketPlan::build(tensors_, plan_.order(), options_.plan));
+                        algorithm_->init(context_);
+                      }
+                    }
+                  },
+                  options_.timeout, {comm_.get()});
   if (!options_.gradient_as_bucket_view) copier_ = std::thread([this] { copier_loop(); });
 }
 
@@ -820,42 +845,150 @@ void Reducer::copy_out(int b) {
 
 void Reducer::rebuild_from_ready_order() {
   rebuilt_ = true;
-  // Rank 0's ready order; tensors never marked follow in reverse order.
-  const int count = static_cast<int>(tensors_.size());
-  auto order_buf = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count), -1);
-  std::vector<int32_t>& order = *order_buf;
-  {
-    std::vector<char> placed(count, 0);
-    int k = 0;
-    for (int i : ready_order_) {
-      order[k++] = i;
-      placed[i] = 1;
+  // Collective: an error on this rank alone reaches the others at once.
+  poison_on_error({comm_.get(), side_.get()}, [&] {
+    // Rank 0's ready order; tensors never marked follow in reverse order.
+    const int count = static_cast<int>(tensors_.size());
+    auto order_buf = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count), -1);
+    std::vector<int32_t>& order = *order_buf;
+    {
+      std::vector<char> placed(count, 0);
+      int k = 0;
+      for (int i : ready_order_) {
+        order[k++] = i;
+        placed[i] = 1;
+      }
+      for (int i = count - 1; i >= 0; --i)
+        if (!placed[i]) order[k++] = i;
     }
-    for (int i = count - 1; i >= 0; --i)
-      if (!placed[i]) order[k++] = i;
+    int64_t iteration = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      iteration = iteration_;
+    }
+    run_labeled(
+        detail::concat("Reducer: plan rebuild: rank 0's ready order of iteration ", iteration),
+        [&](const std::string& label) {
+          BroadcastOptions o;
+          o.label = label;
+          return side_->broadcast(TensorView::host(order.data(), count, order_buf),
+                                  ExecContext::host(), o);
+        });
+    std::vector<int> new_order(order.begin(), order.end());
+    BucketPlan next = BucketPlan::build(tensors_, new_order, options_.plan);
+    if (next.hash(tensors_) == plan_.hash(tensors_)) return;
+    install_plan(std::move(next));
+    ++plan_version_;
+    algorithm_->init(context_);
+    RELAXCC_LOG(info, "Reducer: bucket plan rebuilt from the observed ready order (",
+                plan_.buckets().size(), " buckets)");
+    for (auto& cb : plan_callbacks_) cb();
+  });
+}
+
+namespace {
+constexpr const char* kStateTensors = "reducer/tensors";
+constexpr const char* kStateOrder = "reducer/plan/order";
+constexpr const char* kStateCap = "reducer/plan/cap_bytes";
+constexpr const char* kStateFirstCap = "reducer/plan/first_cap_bytes";
+constexpr const char* kStateAlignment = "reducer/plan/alignment_bytes";
+constexpr const char* kStateHash = "reducer/plan/hash";
+constexpr const char* kStateRebuilt = "reducer/rebuilt";
+}  // namespace
+
+StateDict Reducer::state_dict() const {
+  StateDict state;
+  std::lock_guard<std::mutex> lock(mutex_);
+  state.put_int(kStateTensors, static_cast<int64_t>(tensors_.size()));
+  state.put_ints(kStateOrder, std::vector<int64_t>(plan_.order().begin(), plan_.order().end()));
+  state.put_int(kStateCap, options_.plan.cap_bytes);
+  state.put_int(kStateFirstCap, options_.plan.first_cap_bytes);
+  state.put_int(kStateAlignment, options_.plan.alignment_bytes);
+  state.put_int(kStateHash, static_cast<int64_t>(plan_.hash(tensors_)));
+  state.put_int(kStateRebuilt, rebuilt_ ? 1 : 0);
+  return state;
+}
+
+void Reducer::load_state_dict(const StateDict& state) {
+  const int rank = comm_->rank(), n = comm_->size();
+  // Local: read the plan and build it from this rank's tensors; nothing
+  // changes yet.
+  std::string error;
+  BucketPlan plan;
+  BucketPlanOptions plan_options;
+  bool rebuilt = false;
+  uint64_t hash = 0;
+  try {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      RELAXCC_ENFORCE(!in_step_, InvalidArgument, "inside iteration ", iteration_,
+                      ", which synchronize() has not ended");
+    }
+    RELAXCC_ENFORCE_EQ(state.get_int(kStateTensors), static_cast<int64_t>(tensors_.size()),
+                       InvalidArgument, "the saved Reducer's tensor count and this one's");
+    std::vector<int> order;
+    for (int64_t i : state.get_ints(kStateOrder)) {
+      RELAXCC_ENFORCE(i >= 0 && i < static_cast<int64_t>(tensors_.size()), InvalidArgument,
+                      "the saved packing order names tensor #", i, " of ", tensors_.size());
+      order.push_back(static_cast<int>(i));
+    }
+    plan_options.cap_bytes = state.get_int(kStateCap);
+    plan_options.first_cap_bytes = state.get_int(kStateFirstCap);
+    plan_options.alignment_bytes = state.get_int(kStateAlignment);
+    plan = BucketPlan::build(tensors_, order, plan_options);
+    hash = plan.hash(tensors_);
+    RELAXCC_ENFORCE(hash == static_cast<uint64_t>(state.get_int(kStateHash)), InvalidArgument,
+                    "the saved plan is not one of these tensors (their names, dtypes or sizes "
+                    "differ)");
+    rebuilt = state.get_int(kStateRebuilt) != 0;
+  } catch (const Error& e) {
+    error = detail::concat("Reducer: rank ", rank,
+                           ": cannot adopt the saved bucket plan: ", e.message());
   }
-  int64_t iteration = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    iteration = iteration_;
+  // Collective: every rank's (can adopt, plan hash).
+  auto mine = std::make_shared<std::array<int64_t, 2>>(
+      std::array<int64_t, 2>{error.empty() ? 1 : 0, static_cast<int64_t>(hash)});
+  auto all = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
+  poison_on_error({comm_.get(), side_.get()}, [&] {
+    run_labeled("Reducer: load_state_dict: agreement on the saved plan",
+                [&](const std::string& label) {
+                  AllgatherOptions o;
+                  o.label = label;
+                  return side_->allgather(TensorView::host(mine->data(), 2, mine),
+                                          TensorView::host(all->data(), 2 * n, all),
+                                          ExecContext::host(), o);
+                });
+  });
+  if (!error.empty()) RELAXCC_THROW(InvalidArgument, error);
+  // failed[r]: rank r cannot adopt its plan; differs[r]: rank r's plan is
+  // not rank 0's.
+  std::vector<uint8_t> failed(static_cast<size_t>(n)), differs(static_cast<size_t>(n));
+  for (size_t r = 0; r < static_cast<size_t>(n); ++r) {
+    failed[r] = (*all)[2 * r] ? 0 : 1;
+    differs[r] = (*all)[2 * r + 1] != (*all)[1] ? 1 : 0;
   }
-  run_labeled(
-      detail::concat("Reducer: plan rebuild: rank 0's ready order of iteration ", iteration),
-      [&](const std::string& label) {
-        BroadcastOptions o;
-        o.label = label;
-        return side_->broadcast(TensorView::host(order.data(), count, order_buf),
-                                ExecContext::host(), o);
-      });
-  std::vector<int> new_order(order.begin(), order.end());
-  BucketPlan next = BucketPlan::build(tensors_, new_order, options_.plan);
-  if (next.hash(tensors_) == plan_.hash(tensors_)) return;
-  install_plan(std::move(next));
-  ++plan_version_;
-  algorithm_->init(context_);
-  RELAXCC_LOG(info, "Reducer: bucket plan rebuilt from the observed ready order (",
-              plan_.buckets().size(), " buckets)");
-  for (auto& cb : plan_callbacks_) cb();
+  auto any = [](const std::vector<uint8_t>& v) {
+    return std::find(v.begin(), v.end(), 1) != v.end();
+  };
+  if (any(failed))
+    RELAXCC_THROW(InvalidArgument, "Reducer: rank ", rank,
+                  ": the saved bucket plan not loaded: ", rank_list(failed, 1),
+                  " cannot adopt theirs (their own errors say why)");
+  if (any(differs))
+    RELAXCC_THROW(InvalidArgument, "Reducer: rank ", rank,
+                  ": the saved bucket plan not loaded: the plan of ", rank_list(differs, 1),
+                  " differs from rank 0's (states saved by different runs?)");
+  options_.plan = plan_options;
+  rebuilt_ = rebuilt;
+  if (plan.order() == plan_.order() && hash == plan_.hash(tensors_)) return;
+  // A failure from here on is this rank's alone: it reaches the others at
+  // once (collective_setup.h).
+  poison_on_error({comm_.get(), side_.get()}, [&] {
+    install_plan(std::move(plan));
+    ++plan_version_;
+    algorithm_->init(context_);
+    for (auto& cb : plan_callbacks_) cb();
+  });
 }
 
 void Reducer::set_no_sync(bool no_sync) {

@@ -260,6 +260,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return lane_->rank(); }
   int size() const override { return lane_->size(); }
   bool poisoned() const override { return lane_->poisoned(); }
+  void poison(const std::string& reason) override { engine_->poison(lane_, reason, true); }
   CommStats stats() const override { return engine_->stats(*lane_); }
   // Three transport tags per user tag (P2PChannel).
   int max_p2p_tag() const override { return (lane_->comms()->max_tag - 2) / 3; }

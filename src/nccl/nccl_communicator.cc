@@ -934,6 +934,14 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return state_->rank(); }
   int size() const override { return state_->size(); }
   bool poisoned() const override { return state_->poisoned(); }
+  // NCCL has no notices: the NCCL communicator is aborted here, and the
+  // host communicator (the bootstrap) poisoned, notices included, so peers
+  // learn it in their host-side exchanges; a peer inside an NCCL
+  // collective of this communicator fails at its own timeout.
+  void poison(const std::string& reason) override {
+    if (!state_->poisoned()) state_->poison(reason, true);
+    host_->poison(reason);
+  }
   CommStats stats() const override { return state_->stats(); }
   // NCCL has no tags: any tag is accepted, and messages match in posting order.
   int max_p2p_tag() const override { return (1 << 30) - 1; }

@@ -37,6 +37,22 @@ int64_t StateDict::get_int(const std::string& key) const {
   return v;
 }
 
+void StateDict::put_ints(const std::string& key, const std::vector<int64_t>& values) {
+  std::vector<std::byte> bytes(values.size() * sizeof(int64_t));
+  if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  entries[key] = std::move(bytes);
+}
+
+std::vector<int64_t> StateDict::get_ints(const std::string& key) const {
+  const auto it = entries.find(key);
+  RELAXCC_ENFORCE(it != entries.end(), InvalidArgument, "state dict: no entry '", key, "'");
+  RELAXCC_ENFORCE(it->second.size() % sizeof(int64_t) == 0, InvalidArgument, "state dict: entry '",
+                  key, "' is not an integer array");
+  std::vector<int64_t> out(it->second.size() / sizeof(int64_t));
+  if (!out.empty()) std::memcpy(out.data(), it->second.data(), it->second.size());
+  return out;
+}
+
 namespace {
 constexpr uint32_t kMagic = 0x44535852;  // "RXSD"
 

@@ -5,14 +5,18 @@
 //
 // Wire: per peer, two round messages of point_to_point (collectives/
 // point_to_point.h), a 64-byte MixHeader on `tag` (what the rank calls, the
-// codec included: ranks that disagree get PeerMismatch) and the data (or
-// its compressed payload) on `tag` + 1, one point_to_point batch per peer. A
-// peer contributes when both arrived by the deadline; its weight then
-// counts. With an adaptive deadline, a peer whose header (or the start of
-// its data) arrived by the learned deadline has until the adaptive cap for
-// the rest (P2POptions::started_deadline): the deadline leaves out peers
-// that have not started, not transfers that take longer than the small
-// tensors' the deadline learned from. Mixing:
+// codec included: ranks that disagree get PeerMismatch; and whether the
+// sender leaves the receiver out as a straggler) and the data (or its
+// compressed payload) on `tag` + 1, one point_to_point batch per peer and
+// direction. A peer contributes when both arrived by its deadline; its
+// weight then counts. With an adaptive deadline each peer has its own wait
+// (AdaptiveDeadline::wait_for: none for a straggler), and a peer whose
+// header (or the start of its data) arrived by then has until the adaptive
+// cap for the rest (P2POptions::started_deadline): the deadline leaves out
+// peers that have not started, not transfers that take longer than the
+// small tensors' the deadline learned from. A straggler's probe receives
+// its message outside the round (the round neither waits for it nor mixes
+// it) and tells the deadline how far behind it was. Mixing:
 //   x <- (w_self x + sum_j w_j y_j) / (w_self + sum_j w_j), j over arrived.
 // The sum runs in double, in recv_from order, so two ranks that mix each
 // other's values with equal weights get bitwise equal results.
@@ -43,7 +47,7 @@ struct MixCall {
   uint64_t round = 1;
   int tag = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline;
-  AdaptiveDeadline* adaptive = nullptr;  // with no deadline: now + adaptive->current()
+  AdaptiveDeadline* adaptive = nullptr;  // with no deadline: per peer, adaptive->wait_for
   RelaxedStats* stats = nullptr;
   OpOptions op;  // priority, label, after
   // Set: the tensor travels compressed (f32 only, no `after`): each rank

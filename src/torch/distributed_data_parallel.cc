@@ -16,6 +16,7 @@
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/qadam.h"
+#include "relaxcc/collective_setup.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
@@ -214,30 +215,43 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
     : comm_(std::move(comm)), module_(module), optimizer_(optimizer), options_(options) {
   RELAXCC_ENFORCE(comm_ != nullptr, InvalidArgument, "DistributedDataParallel: null communicator");
   if (algorithm == nullptr) algorithm = std::make_shared<algorithms::GradientAllreduce>();
-  // Every local check comes before the first collective, so a model that
-  // fails one fails on every rank alike.
-  for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
-    check_host_contiguous(p, name, "parameter");
-    all_params_.push_back(p);
-    if (!p.requires_grad()) continue;
-    RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
-                    "DistributedDataParallel: parameter '", name, "' is ",
-                    c10::toString(p.scalar_type()), "; only float32 parameters are supported");
-    std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(p);
-    RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '", name,
-                    "' is not a leaf tensor");
-    for (const auto& hook : acc->post_hooks())
-      RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
-                      "DistributedDataParallel: the module is wrapped already: parameter '", name,
-                      "' carries the readiness hook of another live DistributedDataParallel");
-    names_.push_back(name);
-    params_.push_back(p);
-    accumulators_.push_back(std::move(acc));
-  }
-  for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
-    check_host_contiguous(b, name, "buffer");
-    buffers_.push_back(b);
-  }
+  // This rank's checks come before the first collective, and every rank
+  // learns every rank's outcome (agree_on_checks): a model that fails a
+  // check on one rank alone (an f64 parameter there) fails every rank at
+  // once, naming it. The Reducer fails together on its own; an error after
+  // it on one rank alone poisons the communicator, so the others fail at
+  // once too (collective_setup.h).
+  const CommunicatorPtr host = comm_->host_communicator();
+  agree_on_checks(
+      *(host ? host : comm_), "DistributedDataParallel construction",
+      [&] {
+        for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
+          check_host_contiguous(p, name, "parameter");
+          all_params_.push_back(p);
+          if (!p.requires_grad()) continue;
+          RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
+                          "DistributedDataParallel: parameter '", name, "' is ",
+                          c10::toString(p.scalar_type()),
+                          "; only float32 parameters are supported");
+          std::shared_ptr<::torch::autograd::Node> acc =
+              ::torch::autograd::impl::grad_accumulator(p);
+          RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '",
+                          name, "' is not a leaf tensor");
+          for (const auto& hook : acc->post_hooks())
+            RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
+                            "DistributedDataParallel: the module is wrapped already: parameter '",
+                            name,
+                            "' carries the readiness hook of another live DistributedDataParallel");
+          names_.push_back(name);
+          params_.push_back(p);
+          accumulators_.push_back(std::move(acc));
+        }
+        for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
+          check_host_contiguous(b, name, "buffer");
+          buffers_.push_back(b);
+        }
+      },
+      timeout());
   {
     ::torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -258,22 +272,25 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
   algorithm_ = std::make_shared<algorithms::StepOffset>(std::move(algorithm));
   pass_learning_rate();
   torch_step_ = std::make_unique<TorchStep>(*this);
-  // Verifies names, shapes and dtypes across ranks (PeerMismatch).
+  // Verifies names, shapes and dtypes across ranks (PeerMismatch); fails
+  // together on its own.
   reducer_ = std::make_unique<Reducer>(comm_, std::move(specs),
                                        std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
                                        ExecContext::host(), options_.reducer);
-  check_comm_ = comm_->split(0, comm_->rank());
+  poison_on_error({comm_.get()}, [&] {
+    check_comm_ = comm_->split(0, comm_->rank());
 
-  std::vector<Tensor> everything = all_params_;
-  everything.insert(everything.end(), buffers_.begin(), buffers_.end());
-  broadcast(everything, "parameters and buffers from rank 0 at construction");
+    std::vector<Tensor> everything = all_params_;
+    everything.insert(everything.end(), buffers_.begin(), buffers_.end());
+    broadcast(everything, "parameters and buffers from rank 0 at construction");
 
-  if (options_.reducer.gradient_as_bucket_view) {
-    point_gradients();
-    reducer_->on_plan_changed([this] { point_gradients(); });
-  }
-  for (size_t i = 0; i < accumulators_.size(); ++i)
-    accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i)));
+    if (options_.reducer.gradient_as_bucket_view) {
+      point_gradients();
+      reducer_->on_plan_changed([this] { point_gradients(); });
+    }
+    for (size_t i = 0; i < accumulators_.size(); ++i)
+      accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(this, static_cast<int>(i)));
+  });
 }
 
 DistributedDataParallel::DistributedDataParallel(::torch::nn::Module& module,
@@ -508,6 +525,10 @@ void DistributedDataParallel::save(const std::string& prefix) {
   Tensor bytes = ::torch::empty({static_cast<int64_t>(state.size())}, ::torch::kUInt8);
   if (!state.empty()) std::memcpy(bytes.data_ptr(), state.data(), state.size());
   archive.write("algorithm." + algorithm_->name(), bytes);
+  const std::vector<std::byte> plan = reducer_->state_dict().serialize();
+  Tensor plan_bytes = ::torch::empty({static_cast<int64_t>(plan.size())}, ::torch::kUInt8);
+  std::memcpy(plan_bytes.data_ptr(), plan.data(), plan.size());
+  archive.write("reducer", plan_bytes);
   archive.save_to(detail::concat(prefix, ".rank", comm_->rank()));
 }
 
@@ -522,6 +543,9 @@ void DistributedDataParallel::load(const std::string& prefix) {
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
   ::torch::serialize::InputArchive optimizer;
   std::optional<StateDict> state;
+  // The Reducer's bucket plan (absent from checkpoints of older builds,
+  // which load into the plan in use).
+  std::optional<StateDict> plan;
   try {
     // Nothing of the algorithm is in flight while its state and the weights
     // are replaced (a rank whose drain fails counts as one that cannot load).
@@ -553,6 +577,11 @@ void DistributedDataParallel::load(const std::string& prefix) {
       archive.read("algorithm." + algorithm_->name(), bytes);
       const auto* first = static_cast<const std::byte*>(bytes.data_ptr());
       state = StateDict::deserialize(std::vector<std::byte>(first, first + bytes.numel()));
+      Tensor plan_bytes;
+      if (archive.try_read("reducer", plan_bytes)) {
+        const auto* p = static_cast<const std::byte*>(plan_bytes.data_ptr());
+        plan = StateDict::deserialize(std::vector<std::byte>(p, p + plan_bytes.numel()));
+      }
     }
   } catch (const c10::Error& e) {
     error = detail::concat("DistributedDataParallel: rank ", rank, ": cannot read checkpoint '",
@@ -570,18 +599,27 @@ void DistributedDataParallel::load(const std::string& prefix) {
   // all ranks throw the same kind of error or all load (a checkpoint of
   // fewer ranks has no file for the extra ranks: they, too, report the rank
   // count).
-  const std::vector<int64_t> all =
-      allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0},
-                     "DistributedDataParallel: checkpoint agreement", timeout());
+  // What is not agreed on (a collective that fails here, a copy that
+  // throws) is this rank's alone: it poisons the communicators, so the other
+  // ranks fail at once (collective_setup.h). The errors thrown after an
+  // agreement are raised by every rank together.
+  auto alone = [&](auto&& fn) -> decltype(auto) {
+    return poison_on_error({comm_.get(), check_comm_.get()}, fn);
+  };
+  const std::vector<int64_t> all = alone([&] {
+    return allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0, plan ? 1 : 0},
+                          "DistributedDataParallel: checkpoint agreement", timeout());
+  });
   std::string other_count;
-  std::vector<int> failed;
+  std::vector<int> failed, with_plan, without_plan;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t world = all[2 * r];
+    const int64_t world = all[3 * r];
     if (world >= 0 && world != ranks)
       other_count += detail::concat(other_count.empty() ? "" : ", ", "rank ", r, "'s file '",
                                     prefix, ".rank", r, "' says ", world);
-    else if (!all[2 * r + 1])
+    else if (!all[3 * r + 1])
       failed.push_back(r);
+    (all[3 * r + 2] ? with_plan : without_plan).push_back(r);
   }
   if (!other_count.empty()) {
     const std::string own = error.empty() ? "" : "; this rank's own file: " + error;
@@ -595,6 +633,11 @@ void DistributedDataParallel::load(const std::string& prefix) {
     RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
                   "' not loaded: ranks ", rank_list(failed),
                   " cannot load their files (their own errors say why)");
+  if (!with_plan.empty() && !without_plan.empty())
+    RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,
+                  "' not loaded: the files of ranks ", rank_list(with_plan),
+                  " carry the bucket plan, those of ranks ", rank_list(without_plan),
+                  " do not (files of different builds)");
 
   // Phase 3, local: every rank's file is good; load it, keeping what it
   // replaces. Phase 4, collective: if the optimizer or the algorithm refused
@@ -608,15 +651,27 @@ void DistributedDataParallel::load(const std::string& prefix) {
     archive.save_to(optimizer_before);
   }
   const StateDict algorithm_before = algorithm_->state_dict();
+  const StateDict plan_before = reducer_->state_dict();
+  // Collective, and alike on every rank: the Reducer adopts the saved plan
+  // (the one the algorithm's state belongs to) or every rank throws, with
+  // nothing changed.
+  if (plan) {
+    try {
+      reducer_->load_state_dict(*plan);
+    } catch (const InvalidArgument& e) {
+      RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '",
+                    prefix, "' not loaded: ", e.message());
+    }
+  }
   std::string load_error;
   std::exception_ptr own_load_error;
-  {
+  alone([&] {
     ::torch::NoGradGuard no_grad;
     for (auto& [dst, value] : copies) {
       before.push_back(dst.clone());
       dst.copy_(value);
     }
-  }
+  });
   try {
     try {
       optimizer_.load(optimizer);
@@ -634,9 +689,10 @@ void DistributedDataParallel::load(const std::string& prefix) {
         detail::concat("DistributedDataParallel: rank ", rank,
                        ": cannot restore the state in checkpoint '", path, "': ", e.what());
   }
-  const std::vector<int64_t> loaded =
-      allgather_ints(*check_comm_, {load_error.empty() ? 1 : 0},
-                     "DistributedDataParallel: checkpoint restored", timeout());
+  const std::vector<int64_t> loaded = alone([&] {
+    return allgather_ints(*check_comm_, {load_error.empty() ? 1 : 0},
+                          "DistributedDataParallel: checkpoint restored", timeout());
+  });
   std::vector<int> refused;
   for (int r = 0; r < ranks; ++r)
     if (!loaded[static_cast<size_t>(r)]) refused.push_back(r);
@@ -644,14 +700,15 @@ void DistributedDataParallel::load(const std::string& prefix) {
     algorithm_->set_offset(saved_steps - reducer_->step());
     return;
   }
-  {
+  alone([&] {
     ::torch::NoGradGuard no_grad;
     for (size_t i = 0; i < copies.size(); ++i) copies[i].first.copy_(before[i]);
-  }
-  ::torch::serialize::InputArchive archive;
-  archive.load_from(optimizer_before);
-  optimizer_.load(archive);
-  algorithm_->load_state_dict(algorithm_before);
+    ::torch::serialize::InputArchive archive;
+    archive.load_from(optimizer_before);
+    optimizer_.load(archive);
+  });
+  if (plan) reducer_->load_state_dict(plan_before);  // collective, as above
+  alone([&] { algorithm_->load_state_dict(algorithm_before); });
   if (own_load_error) std::rethrow_exception(own_load_error);
   if (!load_error.empty()) RELAXCC_THROW(InvalidArgument, load_error);
   RELAXCC_THROW(InvalidArgument, "DistributedDataParallel: rank ", rank, ": checkpoint '", prefix,

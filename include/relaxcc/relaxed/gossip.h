@@ -27,13 +27,16 @@
 // mode's order) must sum to 1; they keep the sum only when W stays doubly
 // stochastic, which is the caller's choice.
 //
-// Slow peers: with a deadline (fixed, or AdaptiveDeadline) a round goes on
-// without the peers whose tensor has not arrived, and the weights are
-// renormalised over those that did: x <- (w_r x_r + sum_j w_j x_j) / (w_r +
+// Slow peers: with a deadline (fixed, or AdaptiveDeadline, learned per peer)
+// a round goes on without the peers whose tensor has not arrived, and the
+// weights are renormalised over those that did: x <- (w_r x_r + sum_j w_j x_j) / (w_r +
 // sum_j w_j). The Work then reports them (Work::missing_peers); their late
 // messages are recognised by their round and dropped, never applied to
 // another round (point_to_point.h). A round with a missing peer does not
-// preserve the sum. Dead peers still end the job: Open MPI 4.1 has no
+// preserve the sum. A peer this rank leaves out as a straggler is told so in
+// this rank's message (RelaxedCounts::left_out_by on its side). Messages to
+// a straggler for rounds it has not reached yet wait for it (it takes each
+// at its round): a peer behind by R rounds holds up to R of them. Dead peers still end the job: Open MPI 4.1 has no
 // fault-tolerant MPI (mpi_communicator.h).
 //
 // Ranks that disagree on the mode, the round or the tensor's size and
@@ -79,9 +82,10 @@ struct GossipOptions : OpOptions {
   std::vector<double> weights;
   // The round goes on without peers whose tensor has not arrived by then.
   std::optional<std::chrono::steady_clock::time_point> deadline;
-  // Without a fixed deadline: the round's deadline is its start plus
-  // adaptive->current(), and the arrivals update it. A peer whose message
-  // has begun to arrive by then is waited for until the start plus the
+  // Without a fixed deadline: each peer is waited for until the round's
+  // start plus adaptive->wait_for(peer) (a straggler not at all), and the
+  // arrivals update it (adaptive_deadline.h). A peer whose message has
+  // begun to arrive by then is waited for until the start plus the
   // adaptive cap.
   AdaptiveDeadline* adaptive = nullptr;
   // Point-to-point tags `tag` and `tag` + 1 carry the round.

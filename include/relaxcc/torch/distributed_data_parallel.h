@@ -74,22 +74,38 @@
 //
 // Checkpoints: save(prefix) writes prefix.rank<R> (each rank its own file:
 // algorithm state is per rank) with the parameters, buffers, the torch
-// optimizer's state, the algorithm's state_dict (after drain) and the step
-// count; load(prefix) (collective) drains the algorithm, reads and checks
-// every rank's file, then restores them in place, bit for bit. Every rank
+// optimizer's state, the algorithm's state_dict (after drain), the
+// Reducer's bucket plan (Reducer::state_dict: the plan rebuilt after the
+// first step included) and the step count; load(prefix) (collective) drains
+// the algorithm, reads and checks every rank's file, adopts the saved plan
+// on every rank, then restores the rest in place, bit for bit: the run goes
+// on as the saved one would have, for every algorithm whose module promises
+// a bit-for-bit resume. Every rank
 // throws InvalidArgument when any rank's file was written by another rank
 // count (a checkpoint of fewer ranks included: the extra ranks have no file
 // and report the rank count too), and when any rank cannot load its file (by
 // another rank, for another model, unreadable, a drain that failed: that
-// rank's error says why); nothing is restored then. When the torch optimizer
+// rank's error says why), or when the files' bucket plans differ; nothing
+// is restored then. When the torch optimizer
 // or the algorithm refuses its state on any rank, every rank puts back what
-// it had (parameters, buffers, optimizer and algorithm state) and throws
-// InvalidArgument.
+// it had (parameters, buffers, bucket plan, optimizer and algorithm state)
+// and throws InvalidArgument.
 //
 // Misuse raises a clear error: wrapping a module that a live
 // DistributedDataParallel wraps already (InvalidArgument naming the
 // parameter), parameters that are not contiguous f32 host tensors
 // (Unsupported), models that differ across ranks (PeerMismatch).
+//
+// Failing together (relaxcc/collective_setup.h): construction runs this
+// rank's checks before its first collective and agrees on every rank's
+// outcome, so a check that fails on one rank alone (an f64 parameter there)
+// fails every rank at once, the others throwing the same error type naming
+// that rank and its message; the communicator stays usable. The Reducer
+// does the same for its plan and the algorithm's init (reducer.h). An error
+// that one rank raises later in construction or in load() (a collective
+// that fails there) poisons the communicator: the others fail at once with
+// CommunicatorPoisoned naming that rank and the error, rather than at
+// their timeout.
 #pragma once
 
 #include <torch/torch.h>
