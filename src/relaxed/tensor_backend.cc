@@ -1,9 +1,11 @@
 #include "tensor_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "../../kernels/cuda/cuda_kernels.h"
+#include "../collectives/scratch_pool.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
 
@@ -12,6 +14,8 @@ namespace relaxcc::relaxed {
 namespace {
 
 constexpr size_t kHeaderBytes = sizeof(kernels::PayloadHeader);
+// Idle host payload memory kept for reuse, per process.
+constexpr size_t kPayloadPoolBytes = size_t{256} << 20;
 
 // Host memory and the host kernels: what the schedules did before devices.
 class HostBackend final : public TensorBackend {
@@ -26,7 +30,14 @@ class HostBackend final : public TensorBackend {
     return TensorView(memory->data(), numel, dtype, Device::host(), memory);
   }
   TensorView payload_memory(Communicator&, int64_t bytes, const char*) const override {
-    return zeros(bytes, DType::u8, ExecContext::host());
+    // Zeroed buffers from a process-wide pool: a call's payloads (tens of
+    // MB for a large tensor) would otherwise be fresh pages, faulted in and
+    // unmapped again on every call.
+    static const auto pool = std::make_shared<ScratchPool>(kPayloadPoolBytes);
+    auto buffer = std::make_shared<ScratchPool::Buffer>(
+        pool->acquire(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
+    if (bytes > 0) std::memset(buffer->data(), 0, static_cast<size_t>(bytes));
+    return TensorView(buffer->data(), bytes, DType::u8, Device::host(), buffer);
   }
   void check_communicator(Communicator&, const char*) const override {}
 

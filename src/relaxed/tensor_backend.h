@@ -43,8 +43,9 @@ class TensorBackend {
   // for what is enqueued on ctx afterwards. Released once no enqueued work
   // uses them (the schedules synchronize before dropping a view).
   virtual TensorView zeros(int64_t numel, DType dtype, const ExecContext& ctx) const = 0;
-  // `bytes` of payload memory for `comm`'s collectives: host memory here,
-  // device memory from comm.allocate() there (0 bytes: only the check, an
+  // `bytes` of zeroed payload memory for `comm`'s collectives: host memory
+  // (reused from a process-wide pool) here, device memory from
+  // comm.allocate() there (0 bytes: only the check, an
   // NCCL communicator allocates nothing). Throws Unsupported naming `what`,
   // the rank and the device when `comm` does not move memory of this device
   // (an MPI communicator given device tensors).
