@@ -36,8 +36,8 @@
 // preserve the sum. A peer this rank leaves out as a straggler is told so in
 // this rank's message (RelaxedCounts::left_out_by on its side). Messages to
 // a straggler for rounds it has not reached yet wait for it (it takes each
-// at its round): a peer behind by R rounds holds up to R of them. Dead peers still end the job: Open MPI 4.1 has no
-// fault-tolerant MPI (mpi_communicator.h).
+// at its round): a peer behind by R rounds holds up to R of them. Dead peers still end the job:
+// Open MPI 4.1 has no fault-tolerant MPI (mpi_communicator.h).
 //
 // Ranks that disagree on the mode, the round or the tensor's size and
 // dtype get PeerMismatch. The mixing runs where the round's last message
