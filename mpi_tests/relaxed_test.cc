@@ -904,44 +904,49 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   AdaptiveDeadline d(
       {.k = 3.0, .min_floor = 1ms, .cap = 100ms, .straggler_misses = 2, .probe_interval = 3});
   d.observe(0, 500us);
-  EXPECT_FALSE(d.wait_for(1).straggler);
-  d.missed(1);
+  EXPECT_FALSE(d.wait_for(1, 1).straggler);
+  d.missed(1, 1);
+  d.missed(1, 1);  // another tensor of round 1: one miss
   EXPECT_FALSE(d.straggler(1));
-  d.missed(1);
+  d.missed(1, 2);
   EXPECT_TRUE(d.straggler(1));
   // No round waits for it; every third listens for it in the background
   // (four round intervals; the cap while no interval is known).
   std::vector<int> probes;
-  for (int round = 1; round <= 9; ++round) {
-    const AdaptiveDeadline::Wait w = d.wait_for(1);
+  for (int round = 3; round <= 11; ++round) {
+    const AdaptiveDeadline::Wait w = d.wait_for(1, round);
     EXPECT_TRUE(w.straggler) << "round " << round;
     EXPECT_EQ(w.wait, 0us) << "round " << round;
     if (w.probe.count() > 0) {
       probes.push_back(round);
       EXPECT_EQ(w.probe, 100ms) << "round " << round;
     }
-    d.missed(1);
+    // Another tensor of the same round: the same answer, not another round.
+    const AdaptiveDeadline::Wait again = d.wait_for(1, round);
+    EXPECT_EQ(again.probe, w.probe) << "round " << round;
+    d.missed(1, round);
   }
-  EXPECT_EQ(probes, (std::vector<int>{3, 6, 9}));
+  EXPECT_EQ(probes, (std::vector<int>{5, 8, 11}));
   // A probe heard it 30 ms late (behind in phase): the next round waits for
   // that once, then the peer is judged by the deadline again.
   d.caught_up(1, 30ms);
   EXPECT_FALSE(d.straggler(1));
-  const AdaptiveDeadline::Wait once = d.wait_for(1);
+  const AdaptiveDeadline::Wait once = d.wait_for(1, 12);
   EXPECT_FALSE(once.straggler);
   EXPECT_EQ(once.wait, 30ms + d.current());
-  EXPECT_EQ(d.wait_for(1).wait, d.current());
-  d.missed(1);
-  d.missed(1);
+  EXPECT_EQ(d.wait_for(1, 12).wait, once.wait);  // every tensor of round 12
+  EXPECT_EQ(d.wait_for(1, 13).wait, d.current());
+  d.missed(1, 13);
+  d.missed(1, 14);
   EXPECT_TRUE(d.straggler(1));
   d.observe(1, 800us);  // on time: a peer like the others again
   EXPECT_FALSE(d.straggler(1));
-  EXPECT_FALSE(d.wait_for(1).straggler);
+  EXPECT_FALSE(d.wait_for(1, 1).straggler);
   const auto peers = d.peers();
   ASSERT_EQ(peers.size(), 2u);
   EXPECT_EQ(peers[1].peer, 1);
   EXPECT_EQ(peers[1].arrived, 1);
-  EXPECT_EQ(peers[1].left_out, 13);
+  EXPECT_EQ(peers[1].left_out, 14);  // every call, both tensors of round 1 too
   EXPECT_EQ(peers[1].median, 800us);
 }
 

@@ -47,10 +47,10 @@ AdaptiveDeadline::~AdaptiveDeadline() {
   alive_->self = nullptr;
 }
 
-std::function<void(int, std::chrono::microseconds)> AdaptiveDeadline::probe_listener() {
-  return [alive = alive_](int peer, std::chrono::microseconds arrival) {
+AdaptiveDeadline::Guard AdaptiveDeadline::guard() {
+  return [alive = alive_](const std::function<void(AdaptiveDeadline&)>& f) {
     std::lock_guard<std::mutex> lock(alive->mutex);
-    if (alive->self) alive->self->caught_up(peer, arrival);
+    if (alive->self) f(*alive->self);
   };
 }
 
@@ -98,21 +98,30 @@ std::chrono::microseconds AdaptiveDeadline::current_locked() const {
       std::clamp<int64_t>(us, floor_locked().count(), options_.cap.count()));
 }
 
-AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer) {
+AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer, uint64_t round) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
+  if (round != 0 && round == p.wait_round) {
+    const auto us = std::chrono::microseconds(p.wait_answer_us);
+    return p.wait_probe ? Wait{std::chrono::microseconds(0), true, us}
+                        : Wait{us, p.wait_straggler, {}};
+  }
+  Wait w{current_locked(), false, {}};
   if (p.catch_up > 0) {
-    const auto wait = std::max(current_locked(), std::chrono::microseconds(p.catch_up));
+    w.wait = std::min(std::max(w.wait, std::chrono::microseconds(p.catch_up)), options_.cap);
     p.catch_up = 0;
-    return Wait{std::min(wait, options_.cap), false, {}};
+  } else if (straggler_locked(p)) {
+    w = Wait{std::chrono::microseconds(0), true, {}};
+    if (++p.straggler_rounds % options_.probe_interval == 0) {
+      const int64_t listen =
+          intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
+      w.probe = std::chrono::microseconds(std::clamp<int64_t>(listen, 1, options_.cap.count()));
+    }
   }
-  if (!straggler_locked(p)) return Wait{current_locked(), false, {}};
-  Wait w{std::chrono::microseconds(0), true, {}};
-  if (++p.straggler_rounds % options_.probe_interval == 0) {
-    const int64_t listen =
-        intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
-    w.probe = std::chrono::microseconds(std::clamp<int64_t>(listen, 1, options_.cap.count()));
-  }
+  p.wait_round = round;
+  p.wait_probe = w.probe.count() > 0;
+  p.wait_straggler = w.straggler;
+  p.wait_answer_us = static_cast<uint64_t>((p.wait_probe ? w.probe : w.wait).count());
   return w;
 }
 
@@ -136,11 +145,13 @@ void AdaptiveDeadline::observe(int peer, std::chrono::microseconds arrival) {
   ++p.arrived;
 }
 
-void AdaptiveDeadline::missed(int peer) {
+void AdaptiveDeadline::missed(int peer, uint64_t round) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  ++p.misses_in_row;
   ++p.left_out;
+  if (round != 0 && round == p.miss_round) return;
+  p.miss_round = round;
+  ++p.misses_in_row;
 }
 
 void AdaptiveDeadline::caught_up(int peer, std::chrono::microseconds arrival) {

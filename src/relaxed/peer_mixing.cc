@@ -19,8 +19,7 @@ using Clock = std::chrono::steady_clock;
 struct MixHeader {
   uint64_t round = 0;
   uint32_t flags = 0;  // kLeftOut
-  uint32_t pad = 0;
-  char what[48] = {};
+  char what[52] = {};
 };
 // The sender does not wait for the receiver's tensor this round (a straggler
 // to it, adaptive_deadline.h).
@@ -104,7 +103,7 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   if (adaptive) {
     adaptive->begin_round(call.round, r->start);
     for (int peer : plan.recv_from) {
-      const AdaptiveDeadline::Wait w = adaptive->wait_for(peer);
+      const AdaptiveDeadline::Wait w = adaptive->wait_for(peer, call.round);
       PeerCall c{p2p, p2p, w.straggler, w.probe.count() > 0};
       c.send.deadline = r->start + w.wait;
       c.recv.deadline = r->start + (c.probe ? w.probe : w.wait);
@@ -126,7 +125,8 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   for (int peer : plan.send_to) {
     auto header = std::make_shared<MixHeader>(r->mine);
     const auto it = per_peer.find(peer);
-    if (it != per_peer.end() && it->second.left_out) header->flags |= kLeftOut;
+    if (it != per_peer.end() ? it->second.left_out : adaptive && adaptive->straggler(peer))
+      header->flags |= kLeftOut;
     const TensorView header_out(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header);
     works.push_back(comm.point_to_point(
         {P2POp::send(peer, header_out, call.tag), P2POp::send(peer, data_out, call.tag + 1)}, ctx,
@@ -151,14 +151,13 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
     // The arrival time, for the adaptive deadline.
     const auto it = per_peer.find(peer);
     const bool probe = it != per_peer.end() && it->second.probe;
-    std::function<void(int, std::chrono::microseconds)> caught_up;
-    if (probe) caught_up = adaptive->probe_listener();
-    w->then([r, k, caught_up, peer](const Work& done) {
+    AdaptiveDeadline::Guard prober = probe ? adaptive->guard() : AdaptiveDeadline::Guard();
+    w->then([r, k, prober, peer](const Work& done) {
       if (done.exception() || done.partial()) return;
       const auto us =
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start);
-      if (caught_up) {
-        caught_up(peer, us);
+      if (prober) {
+        prober([&](AdaptiveDeadline& a) { a.caught_up(peer, us); });
         return;
       }
       std::lock_guard<std::mutex> lock(r->mutex);
@@ -172,9 +171,12 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   RelaxedStats* stats = call.stats;
   std::vector<int> send_to = plan.send_to;
   const bool compressed = call.codec.has_value();
+  // The round may complete after the deadline's owner let it go.
+  const AdaptiveDeadline::Guard learner = adaptive ? adaptive->guard() : AdaptiveDeadline::Guard();
+  const uint64_t round = call.round;
   return when_all(
       std::move(works),
-      [r, x, ctx, adaptive, stats, send_to, what, compressed, wire_bytes](Work& result) {
+      [r, x, ctx, learner, round, stats, send_to, what, compressed, wire_bytes](Work& result) {
         std::vector<int> arrived, missing, left_out_by;
         std::vector<const void*> inputs;
         std::vector<std::vector<float>> decoded;  // compressed rounds: the peers' tensors
@@ -219,15 +221,16 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
               store(out, i, acc / total);
             }
           });
-        if (adaptive) {
-          std::lock_guard<std::mutex> lock(r->mutex);
-          for (size_t k = 0; k < r->recv_from.size(); ++k) {
-            if (r->arrival_us[k] >= 0 && !r->probing[k] && !r->receives[k]->partial())
-              adaptive->observe(r->recv_from[k], std::chrono::microseconds(r->arrival_us[k]));
-            else
-              adaptive->missed(r->recv_from[k]);
-          }
-        }
+        if (learner)
+          learner([&](AdaptiveDeadline& a) {
+            std::lock_guard<std::mutex> lock(r->mutex);
+            for (size_t k = 0; k < r->recv_from.size(); ++k) {
+              if (r->arrival_us[k] >= 0 && !r->probing[k] && !r->receives[k]->partial())
+                a.observe(r->recv_from[k], std::chrono::microseconds(r->arrival_us[k]));
+              else
+                a.missed(r->recv_from[k], round);
+            }
+          });
         if (stats)
           stats->add_round(send_to, wire_bytes + sizeof(MixHeader), arrived,
                            wire_bytes + sizeof(MixHeader), missing, left_out_by);

@@ -20,8 +20,11 @@ void RelaxedStats::add_round(const std::vector<int>& to, uint64_t sent,
   for (int p : to) add_to(counts_.sent_to, counts_.bytes_sent, p, sent);
   for (int p : from) add_to(counts_.received_from, counts_.bytes_received, p, received);
   for (int p : missing) add_to(counts_.missed_from, counts_.missed, p, 1);
-  uint64_t left_out = 0;
-  for (int p : left_out_by) add_to(counts_.left_out_by, left_out, p, 1);
+  for (int p : left_out_by) {
+    if (counts_.left_out_by.size() <= static_cast<size_t>(p))
+      counts_.left_out_by.resize(static_cast<size_t>(p) + 1, 0);
+    ++counts_.left_out_by[static_cast<size_t>(p)];
+  }
   ++counts_.rounds;
   counts_.partial_rounds += missing.empty() ? 0 : 1;
 }

@@ -8,8 +8,9 @@
 // its rounds in a row it missed. The deadline of a round:
 //   - is set by the fastest quorum of the peers: the ceil(quorum * P) peers
 //     with the lowest median arrival, P the peers this rank has exchanged
-//     with; their pooled arrivals give median + k * MAD. A minority of slow
-//     peers never enters it, whatever it did so far;
+//     with; their pooled arrivals give median + k * MAD. Once this rank has
+//     met most of its peers, a minority of slow ones never enters it (before,
+//     the few peers met so far set it);
 //   - is clamped to [floor, cap]; the floor is floor_fraction of the
 //     measured interval between this rank's rounds (its step), and at least
 //     min_floor, so that it scales with the step rather than being a fixed
@@ -80,28 +81,32 @@ class AdaptiveDeadline {
     // round's start, without the round waiting for it.
     std::chrono::microseconds probe{0};
   };
-  // The wait for `peer` in a round that starts now (counts a straggler's
-  // rounds towards its next probe).
-  Wait wait_for(int peer);
+  // The wait for `peer` in round `round`, which starts now. Every call of
+  // one round number (its tensors) gets the same answer: a round counts
+  // once towards a straggler's next probe, and a catch-up wait serves all
+  // of its round.
+  Wait wait_for(int peer, uint64_t round);
   // The deadline of peers on time.
   std::chrono::microseconds current() const;
   std::chrono::microseconds floor() const;
   // `peer`'s whole message came `arrival` after the round's start.
   void observe(int peer, std::chrono::microseconds arrival);
-  // `peer` was left out of a round (its message had not begun by its wait).
-  void missed(int peer);
+  // `peer` was left out of round `round` (its message had not begun by its
+  // wait); counted once per round number.
+  void missed(int peer, uint64_t round);
   // A probe heard `peer`'s message `arrival` after the round's start: the
   // next round with it waits for that lag (and the deadline) once.
   void caught_up(int peer, std::chrono::microseconds arrival);
-  // caught_up for a probe's receive, which may complete after this
-  // AdaptiveDeadline is gone: the function then does nothing.
-  std::function<void(int, std::chrono::microseconds)> probe_listener();
+  // Runs a function on this AdaptiveDeadline if it still lives, for the
+  // callbacks of rounds that may complete after it is gone (then nothing).
+  using Guard = std::function<void(const std::function<void(AdaptiveDeadline&)>&)>;
+  Guard guard();
   bool straggler(int peer) const;
 
   struct PeerRecord {
     int peer = 0;
     int64_t arrived = 0;   // rounds it contributed to
-    int64_t left_out = 0;  // rounds that went on without it
+    int64_t left_out = 0;  // rounds (of each tensor) that went on without it
     bool straggler = false;
     std::chrono::microseconds median{0};  // of its kept arrivals (0: none)
   };
@@ -116,6 +121,9 @@ class AdaptiveDeadline {
     int misses_in_row = 0;
     int64_t straggler_rounds = 0;
     int64_t catch_up = 0;  // us: the next round's wait, once (0: none)
+    uint64_t wait_round = 0, wait_answer_us = 0;  // the last round asked, and its wait
+    bool wait_straggler = false, wait_probe = false;
+    uint64_t miss_round = 0;  // the last round counted missed
     int64_t arrived = 0, left_out = 0;
   };
   std::chrono::microseconds current_locked() const;
@@ -127,7 +135,7 @@ class AdaptiveDeadline {
   // A probe's listening time, in round intervals.
   static constexpr int64_t kProbeIntervals = 4;
 
-  // Whether this AdaptiveDeadline still lives, for probe_listener.
+  // Whether this AdaptiveDeadline still lives, for guard().
   struct Alive {
     std::mutex mutex;
     AdaptiveDeadline* self;
