@@ -68,7 +68,7 @@ Trial adam_trial(std::string name, std::function<AlgorithmPtr()> algorithm) {
 
 Trial qadam_trial(std::string name, QAdamOptions o) {
   Trial t = adam_trial(std::move(name), [o] { return std::make_shared<QAdam>(o); });
-  t.set_lr = [](Algorithm& a, float lr) { dynamic_cast<QAdam&>(a).set_lr(lr); };
+  t.set_lr = [](Algorithm& a, float lr) { a.set_learning_rate(lr); };
   return t;
 }
 

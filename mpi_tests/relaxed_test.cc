@@ -791,8 +791,9 @@ TEST(AsyncAverage, TrainingMayHoldItsLockAcrossWaits) {
 }
 
 // With its defaults (shift_one, a learned deadline) a rank slow from its
-// first step holds nobody back: the others never wait in step(), leave it
-// out of their rounds, and tell it so; it learns it from their messages.
+// first step holds nobody back: the others' steps do not wait for it, they
+// leave it out of their rounds and tell it so; it learns it from their
+// messages.
 TEST(AsyncAverage, DefaultsLeaveAStragglerOutFromItsFirstStep) {
   const int n = test::world_size();
   if (n < 4) GTEST_SKIP() << "needs 4 ranks: a straggler and rounds without it";
@@ -806,15 +807,17 @@ TEST(AsyncAverage, DefaultsLeaveAStragglerOutFromItsFirstStep) {
   options.stats = &stats;
   AsyncModelAverager averager(comm, TensorView::host(x.data(), 1024), lock, options);
   const int steps = me == slow ? 15 : 45;  // about as long on every rank
+  const auto start = Clock::now();
   for (int step = 0; step < steps; ++step) {
     std::this_thread::sleep_for(me == slow ? 30ms : 10ms);
     averager.step();
   }
+  const auto took = Clock::now() - start;
   averager.stop();
-  const AsyncAverageCounts counts = averager.counts();
   const RelaxedCounts c = stats.counts();
   if (me != slow) {
-    EXPECT_EQ(counts.waits, 0) << "a step waited for an average";
+    // 450 ms of compute; at the straggler's pace it would be 1350 ms.
+    EXPECT_LT(took, 1000ms) << "the steps waited for the straggler";
     ASSERT_NE(averager.learned_deadline(), nullptr);
     EXPECT_TRUE(averager.learned_deadline()->straggler(slow));
     EXPECT_LT(averager.learned_deadline()->current(), 30ms);

@@ -28,10 +28,11 @@ AlgorithmCapabilities QAdam::capabilities() const {
   AlgorithmCapabilities c;
   c.depends_on_bucket_boundaries = true;  // chunk scales span a bucket's values
   c.owns_optimizer_step = true;
+  c.takes_learning_rate = true;
   return c;
 }
 
-void QAdam::set_lr(float lr) {
+void QAdam::set_learning_rate(float lr) {
   RELAXCC_ENFORCE(lr > 0, InvalidArgument, "qadam: lr must be > 0, got ", lr);
   options_.adam.lr = lr;
 }

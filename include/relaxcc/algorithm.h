@@ -26,6 +26,9 @@ struct AlgorithmCapabilities {
   bool communicates_gradients = true;
   // optimizer_step() replaces the frontend's optimizer (DiLoCo, Q-Adam).
   bool owns_optimizer_step = false;
+  // That optimizer step takes the frontend optimizer's learning rate
+  // (set_learning_rate; Q-Adam), so the frontend's schedule drives it.
+  bool takes_learning_rate = false;
 };
 
 // What an algorithm sees of the job. `flat_offset[i]` is tensor i's offset
@@ -76,6 +79,9 @@ class Algorithm {
   virtual void before_optimizer_step(const StepInfo&) {}
   // Only when capabilities().owns_optimizer_step.
   virtual void optimizer_step(const StepInfo&, Optimizer&) {}
+  // Only when capabilities().takes_learning_rate: the learning rate of the
+  // following optimizer steps (a schedule's current value).
+  virtual void set_learning_rate(float) {}
   virtual WorkPtr after_optimizer_step(const StepInfo&) { return nullptr; }
   // True at the step where the algorithm changes phase (warmup ends): the
   // frontend resets what depends on the phase (optimizer state, say).

@@ -129,17 +129,13 @@ void AsyncModelAverager::step() {
   ++steps_;
   const bool due = steps_ > options_.warmup_steps &&
                    (steps_ - options_.warmup_steps) % options_.interval_steps == 0;
-  // Every rank numbers the due rounds alike, whatever it skips.
   if (due) ++round_;
   const bool in_flight = in_flight_ && !in_flight_->is_completed();
   const bool stale = in_flight && (steps_ - in_flight_step_ >= options_.max_staleness_steps ||
                                    Clock::now() - in_flight_since_ >= options_.max_staleness);
-  // A round that needs every rank (an allreduce, gossip without a deadline)
-  // must be started by every rank: a due one waits for the round in flight.
-  // With a deadline it is skipped instead (its peers see it missing).
-  const bool must_start =
-      due && learned_deadline() == nullptr && options_.round_deadline.count() == 0;
-  if (in_flight && (stale || must_start)) {
+  // Every rank starts every due round: a due one waits for the round in
+  // flight, which a deadline bounds (a straggler is not waited for).
+  if (in_flight && (stale || due)) {
     {
       std::lock_guard<std::mutex> lock(counts_mutex_);
       ++counts_.waits;
@@ -151,13 +147,7 @@ void AsyncModelAverager::step() {
     done->wait(std::chrono::milliseconds(0));  // rethrows a failed round
     apply_round();
   }
-  if (!due) return;
-  if (in_flight_) {
-    std::lock_guard<std::mutex> lock(counts_mutex_);
-    ++counts_.skipped;
-    return;
-  }
-  start_round();
+  if (due && !in_flight_) start_round();
 }
 
 bool AsyncModelAverager::stop() {

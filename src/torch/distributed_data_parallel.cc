@@ -15,7 +15,6 @@
 #include <utility>
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
-#include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/collective_setup.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
@@ -484,20 +483,20 @@ void DistributedDataParallel::with_averaged_model(const std::function<void()>& f
 }
 
 void DistributedDataParallel::pass_learning_rate() {
-  auto* qadam = dynamic_cast<algorithms::QAdam*>(&algorithm_->inner());
-  if (qadam == nullptr) return;
+  Algorithm& algorithm = algorithm_->inner();
+  if (!algorithm.capabilities().takes_learning_rate) return;
   const auto& groups = optimizer_.param_groups();
-  RELAXCC_ENFORCE(!groups.empty(), InvalidArgument,
-                  "DistributedDataParallel: qadam takes the torch optimizer's learning rate, and "
-                  "the optimizer has no parameter group");
+  RELAXCC_ENFORCE(!groups.empty(), InvalidArgument, "DistributedDataParallel: ", algorithm.name(),
+                  " takes the torch optimizer's learning rate, and the optimizer has no parameter "
+                  "group");
   const double lr = groups[0].options().get_lr();
   for (size_t g = 1; g < groups.size(); ++g)
     RELAXCC_ENFORCE(groups[g].options().get_lr() == lr, InvalidArgument,
-                    "DistributedDataParallel: qadam takes one learning rate, the torch "
-                    "optimizer's, but its parameter group ",
-                    g, " has lr ", groups[g].options().get_lr(), " and group 0 has ", lr,
+                    "DistributedDataParallel: ", algorithm.name(),
+                    " takes one learning rate, the torch optimizer's, but its parameter group ", g,
+                    " has lr ", groups[g].options().get_lr(), " and group 0 has ", lr,
                     "; give every group the same lr");
-  qadam->set_lr(static_cast<float>(lr));
+  algorithm.set_learning_rate(static_cast<float>(lr));
 }
 
 Algorithm& DistributedDataParallel::algorithm() {

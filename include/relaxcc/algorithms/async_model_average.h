@@ -1,7 +1,8 @@
 // async_model_average: asynchronous model averaging as Bagua's
 // AsyncModelAverageAlgorithm runs it (BaguaSys/bagua,
-// bagua/torch_api/algorithms/async_model_average.py): training never waits
-// for the network beyond its staleness bound. Weights, not gradients, travel.
+// bagua/torch_api/algorithms/async_model_average.py): training waits for
+// the network at most a round's deadline or its staleness bound. Weights, not
+// gradients, travel.
 //
 // Warmup: the first warmup_steps steps allreduce gradients (Bagua's
 // warmup). Then every rank steps on its own gradients, and after each
@@ -11,11 +12,10 @@
 // at low priority, and the first step after that average completed applies
 // it, x += avg - snapshot, keeping the local steps taken meanwhile. Each
 // bucket averages on its own, so bucket b's average travels while bucket
-// b + 1's is snapshot. A step waits only for an average that became older
-// than max_staleness_steps steps: a due average while one is in flight is
-// deferred (mode all, gossip without a deadline) or skipped (gossip with a
-// deadline), so a straggler slows the averages that need it, not the others'
-// steps (async_average.h).
+// b + 1's is snapshot. A step waits for the average in flight when the next
+// is due, which the default learned deadline bounds to milliseconds, and
+// for one older than max_staleness_steps steps: a straggler slows the
+// averages that need it, not the others' steps (async_average.h).
 //
 // Bytes per averaging step and rank: mode all, an allreduce of the model
 // (2 (n - 1) / n models); gossip modes, one model per peer. Staleness: an

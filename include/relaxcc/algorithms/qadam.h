@@ -35,7 +35,7 @@ struct QAdamOptions {
   // 0.999, eps 1e-8, no weight decay; the defaults of Bagua's
   // QAdamOptimizer and PyTorch's Adam). decoupled_weight_decay: AdamW.
   // Under relaxcc::torch::DistributedDataParallel the lr is the torch
-  // optimizer's (set_lr at construction and before every step), so a torch
+  // optimizer's (set_learning_rate at construction and before every step), so a torch
   // scheduler drives it; the other fields stay these.
   AdamOptions adam;
   // Steps of full-precision Adam before the variance freezes (Bagua: 100;
@@ -68,8 +68,8 @@ class QAdam final : public Algorithm {
   }
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
-  // The learning rate of the following steps (a schedule's current value).
-  void set_lr(float lr);
+  // Throws InvalidArgument for lr <= 0.
+  void set_learning_rate(float lr) override;
   float lr() const { return options_.adam.lr; }
 
  private:

@@ -50,7 +50,7 @@ struct AdaptiveDeadlineOptions {
   // The floor: this fraction, in [0, 1], of the median interval between
   // this rank's rounds, and at least min_floor.
   double floor_fraction = 0.1;
-  std::chrono::microseconds min_floor{500};
+  std::chrono::microseconds min_floor{5000};
   std::chrono::microseconds cap{std::chrono::seconds(2)};
   int window = 16;           // arrivals kept per peer, and round intervals
   int straggler_misses = 2;  // missed rounds in a row that make a straggler
@@ -120,7 +120,7 @@ class AdaptiveDeadline {
     size_t next = 0;
     int misses_in_row = 0;
     int64_t straggler_rounds = 0;
-    int64_t catch_up = 0;  // us: the next round's wait, once (0: none)
+    int64_t catch_up = 0;                         // us: the next round's wait, once (0: none)
     uint64_t wait_round = 0, wait_answer_us = 0;  // the last round asked, and its wait
     bool wait_straggler = false, wait_probe = false;
     uint64_t miss_round = 0;  // the last round counted missed

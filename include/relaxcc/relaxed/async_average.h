@@ -1,5 +1,5 @@
-// Asynchronous model averaging: training waits for the network only at the
-// staleness bound.
+// Asynchronous model averaging: training waits for the network at most a
+// round's deadline or the staleness bound.
 //
 // Every interval_steps steps (after warmup_steps), step() snapshots the
 // parameters (under the parameters' lock) and starts averaging the snapshot
@@ -11,18 +11,18 @@
 // the engine's threads with the user's lock: a training loop may hold it
 // across waits on other Works.) One average is in
 // flight at a time (two would both pull x towards the mean: overshoot).
-// step() itself only copies and submits. In a gossip mode with a deadline
-// (the default: a learned one, adaptive_deadline.h) a due average while one
-// is still in flight is skipped, its round number used up (its peers see it
-// missing), and a slow peer is left out of the rounds, so step() blocks only
-// when the average in flight has become too stale, started
-// max_staleness_steps steps or max_staleness ago: no parameter ever misses
-// more than max_staleness_steps steps of averaging, and a straggler slows
-// the averages that need it, not the others' steps. Mode all (an allreduce
-// of every rank) and gossip without a deadline (learn_deadline false, no
-// round_deadline) need every rank in every round: every rank starts the
-// same rounds in the same order, so a due one waits for the round in flight
-// and the slowest rank sets the pace.
+// step() itself only copies and submits. Every rank starts every due
+// round, so a due average waits for the one still in flight, and any step
+// waits for an average that has become too stale (started
+// max_staleness_steps steps or max_staleness ago): no parameter ever misses
+// more than max_staleness_steps steps of averaging. In a gossip mode with a
+// deadline (the default: a learned one, adaptive_deadline.h) a round ends by
+// its deadline and leaves a straggler out, so those waits are bounded by the
+// deadline (milliseconds on a healthy link), never by the straggler: it
+// slows the averages that need it, not the others' steps. Mode all (an
+// allreduce of every rank) and gossip without a deadline (learn_deadline
+// false, no round_deadline) need every rank in every round: there the
+// slowest rank sets the pace.
 // A wait lasts at most stop_timeout: a peer that never comes gives Timeout,
 // which poisons the communicator.
 //
@@ -63,8 +63,8 @@ struct AsyncAverageOptions {
   std::chrono::milliseconds stop_timeout{10000};
   RelaxedStats* stats = nullptr;
   // Gossip modes: the point-to-point tags (tag, tag + 1), and the number of
-  // the first due average's round; each later due average (started or
-  // skipped) takes the next number. (tag, round) names a round (gossip.h):
+  // the first due average's round; each later due average takes the next
+  // number. (tag, round) names a round (gossip.h):
   // one averager at a time per communicator and tag, and a later one on the
   // same communicator and tag starts past the earlier one's rounds
   // (first_round = earlier.last_round() + 1), so that a late message of the
@@ -78,7 +78,6 @@ struct AsyncAverageCounts {
   int64_t applied = 0;
   int64_t max_staleness_seen = 0;  // steps between a snapshot and its application
   int64_t waits = 0;               // step() calls that had to wait for a stale average
-  int64_t skipped = 0;             // due averages skipped (one was in flight)
 };
 
 class AsyncModelAverager {
@@ -103,9 +102,8 @@ class AsyncModelAverager {
   // InvalidArgument.
   bool stop();
   AsyncAverageCounts counts() const;
-  // The round number of the last due average (started or skipped), the
-  // same on every rank after the same steps; first_round - 1 before the
-  // first.
+  // The round number of the last due average, the same on every rank after
+  // the same steps; first_round - 1 before the first.
   uint64_t last_round() const { return round_; }
   // The learned deadline of the rounds (`adaptive`, or the averager's own;
   // null without one).
