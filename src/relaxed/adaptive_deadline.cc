@@ -101,11 +101,7 @@ std::chrono::microseconds AdaptiveDeadline::current_locked() const {
 AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer, uint64_t round) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
-  if (round != 0 && round == p.wait_round) {
-    const auto us = std::chrono::microseconds(p.wait_answer_us);
-    return p.wait_probe ? Wait{std::chrono::microseconds(0), true, us}
-                        : Wait{us, p.wait_straggler, {}};
-  }
+  if (round != 0 && round == p.wait_round) return p.wait;
   Wait w{current_locked(), false, {}};
   if (p.catch_up > 0) {
     w.wait = std::min(std::max(w.wait, std::chrono::microseconds(p.catch_up)), options_.cap);
@@ -119,9 +115,7 @@ AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer, uint64_t round) {
     }
   }
   p.wait_round = round;
-  p.wait_probe = w.probe.count() > 0;
-  p.wait_straggler = w.straggler;
-  p.wait_answer_us = static_cast<uint64_t>((p.wait_probe ? w.probe : w.wait).count());
+  p.wait = w;
   return w;
 }
 

@@ -110,23 +110,26 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
       c.recv.started_deadline = r->start + adaptive->options().cap;
       per_peer[peer] = c;
     }
+    for (int peer : plan.send_to) {
+      if (per_peer.count(peer)) continue;
+      // A peer this rank only sends to: judged by what it knows of it.
+      PeerCall c{p2p, p2p, adaptive->straggler(peer), false};
+      c.send.deadline =
+          r->start + (c.left_out ? std::chrono::microseconds(0) : adaptive->current());
+      per_peer[peer] = c;
+    }
   }
   const auto options_for = [&](int peer, bool send) {
     const auto it = per_peer.find(peer);
-    if (it != per_peer.end()) return send ? it->second.send : it->second.recv;
-    if (!adaptive) return p2p;
-    P2POptions o = p2p;  // a peer this rank only sends to
-    o.deadline =
-        r->start + (adaptive->straggler(peer) ? std::chrono::microseconds(0) : adaptive->current());
-    return o;
+    if (it == per_peer.end()) return p2p;
+    return send ? it->second.send : it->second.recv;
   };
 
   std::vector<WorkPtr> works;
   for (int peer : plan.send_to) {
     auto header = std::make_shared<MixHeader>(r->mine);
     const auto it = per_peer.find(peer);
-    if (it != per_peer.end() ? it->second.left_out : adaptive && adaptive->straggler(peer))
-      header->flags |= kLeftOut;
+    if (it != per_peer.end() && it->second.left_out) header->flags |= kLeftOut;
     const TensorView header_out(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header);
     works.push_back(comm.point_to_point(
         {P2POp::send(peer, header_out, call.tag), P2POp::send(peer, data_out, call.tag + 1)}, ctx,

@@ -120,9 +120,9 @@ class AdaptiveDeadline {
     size_t next = 0;
     int misses_in_row = 0;
     int64_t straggler_rounds = 0;
-    int64_t catch_up = 0;                         // us: the next round's wait, once (0: none)
-    uint64_t wait_round = 0, wait_answer_us = 0;  // the last round asked, and its wait
-    bool wait_straggler = false, wait_probe = false;
+    int64_t catch_up = 0;     // us: the next round's wait, once (0: none)
+    uint64_t wait_round = 0;  // the last round asked, and its answer
+    Wait wait;
     uint64_t miss_round = 0;  // the last round counted missed
     int64_t arrived = 0, left_out = 0;
   };
