@@ -5,11 +5,14 @@
 namespace relaxcc {
 
 namespace {
-void add_to(std::vector<uint64_t>& per_peer, uint64_t& total, int peer, uint64_t bytes) {
+void add_to(std::vector<uint64_t>& per_peer, int peer, uint64_t n) {
   if (per_peer.size() <= static_cast<size_t>(peer))
     per_peer.resize(static_cast<size_t>(peer) + 1, 0);
-  per_peer[peer] += bytes;
-  total += bytes;
+  per_peer[static_cast<size_t>(peer)] += n;
+}
+void add_to(std::vector<uint64_t>& per_peer, uint64_t& total, int peer, uint64_t n) {
+  add_to(per_peer, peer, n);
+  total += n;
 }
 }  // namespace
 
@@ -20,11 +23,7 @@ void RelaxedStats::add_round(const std::vector<int>& to, uint64_t sent,
   for (int p : to) add_to(counts_.sent_to, counts_.bytes_sent, p, sent);
   for (int p : from) add_to(counts_.received_from, counts_.bytes_received, p, received);
   for (int p : missing) add_to(counts_.missed_from, counts_.missed, p, 1);
-  for (int p : left_out_by) {
-    if (counts_.left_out_by.size() <= static_cast<size_t>(p))
-      counts_.left_out_by.resize(static_cast<size_t>(p) + 1, 0);
-    ++counts_.left_out_by[static_cast<size_t>(p)];
-  }
+  for (int p : left_out_by) add_to(counts_.left_out_by, p, 1);
   ++counts_.rounds;
   counts_.partial_rounds += missing.empty() ? 0 : 1;
 }
