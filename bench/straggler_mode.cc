@@ -21,8 +21,6 @@
 // as long. "kept" is, over the ranks that are not the slowest, the lowest of
 // (timed steps per second x speed) in the slow run over the lowest steps per
 // second in the even run: 1.0 when the slow ranks cost the others nothing.
-// (low_precision_decentralized_sgd waits for every peer in every round:
-// there every rank takes warmup + steps steps.)
 // The deadline column is the learned deadline (max over the ranks that are
 // not the slowest) at the end of the slow run; left_out lists, per rank,
 // how many rounds the others went on without it, and left_out_by the rounds
@@ -160,6 +158,7 @@ AlgorithmPtr make_module(const std::string& name, int tag) {
   }
   if (name == "low_precision_decentralized_sgd") {
     algorithms::LowPrecisionDecentralizedSgdOptions o;
+    o.deadline.adaptive = true;
     o.tag = tag;
     return std::make_shared<algorithms::LowPrecisionDecentralizedSgd>(o);
   }
@@ -171,6 +170,8 @@ const AdaptiveDeadline* module_deadline(const Algorithm& a) {
   if (auto* m = dynamic_cast<const algorithms::MoshpitSgd*>(&a)) return m->learned_deadline();
   if (auto* s = dynamic_cast<const algorithms::AsyncModelAverage*>(&a))
     return s->learned_deadline();
+  if (auto* c = dynamic_cast<const algorithms::LowPrecisionDecentralizedSgd*>(&a))
+    return c->learned_deadline();
   return nullptr;
 }
 
@@ -179,12 +180,7 @@ Outcome run_case(const StragglerArgs& args, BenchWorld& world, const Communicato
                  const std::string& name, double compute_ms, double speed, int tag, bool slow_run) {
   const bool print = args.per_rank && slow_run;
   const Problem problem{world.size, args.dim};
-  // A case that waits for every peer in every round (CHOCO's rounds take no
-  // deadline) needs the same steps on every rank.
-  const bool waits_for_all = name == "low_precision_decentralized_sgd";
-  const int total = waits_for_all
-                        ? args.warmup + args.steps
-                        : static_cast<int>(std::ceil((args.warmup + args.steps) / speed - 1e-9));
+  const int total = static_cast<int>(std::ceil((args.warmup + args.steps) / speed - 1e-9));
   const int warmup = std::min(total - 1, static_cast<int>(std::ceil(args.warmup / speed - 1e-9)));
   const auto compute = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(compute_ms * speed));

@@ -245,6 +245,56 @@ TEST(Deadlines, SweeperCompletesTheSendOfAPeerThatGaveUp) {
   EXPECT_TRUE(eventually([&] { return comm->stats().requests_pending == 0; }, 5000ms));
 }
 
+// keep_late: a receive abandoned at its deadline leaves its message (small,
+// or large enough for a rendezvous), sent after the deadline, for the next
+// receive of the same round, which takes it exactly; nothing is counted
+// late, and nothing stays pending.
+TEST(Deadlines, KeepLateLeavesTheMessageForTheNextReceiveOfItsRound) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank();
+  for (const int64_t count : {int64_t{100}, int64_t{1} << 20}) {
+    Buffer data(DType::i32, count);
+    P2POptions options;
+    options.round = 1;
+    options.keep_late = true;
+    if (me == 0) {
+      fill_untouched(data);
+      options.deadline = Clock::now() + 5ms;
+      auto work =
+          comm->point_to_point({P2POp::recv(1, data.view(), 9)}, ExecContext::host(), options);
+      work->wait(30s);
+      EXPECT_EQ(work->missing_peers(), std::vector<int>{1}) << count;
+      EXPECT_EQ(count_wrong(data, 1, 1, true), 0) << "an abandoned receive writes nothing";
+      std::this_thread::sleep_for(200ms);  // the message comes meanwhile
+      options.deadline = Clock::now() + 10s;
+      work = comm->point_to_point({P2POp::recv(1, data.view(), 9)}, ExecContext::host(), options);
+      work->wait(30s);
+      EXPECT_EQ(work->contributors(), std::vector<int>{1}) << count;
+      EXPECT_EQ(count_wrong(data, 1, 1), 0) << count;
+    } else if (me == 1) {
+      std::this_thread::sleep_for(100ms);
+      fill_round(data, me, 1);
+      options.deadline = Clock::now() + 1ms;
+      auto work =
+          comm->point_to_point({P2POp::send(0, data.view(), 9)}, ExecContext::host(), options);
+      work->wait(30s);
+    }
+    comm->barrier()->wait(30s);
+  }
+  EXPECT_EQ(comm->stats().late_messages, 0u);
+  EXPECT_TRUE(eventually([&] { return comm->stats().requests_pending == 0; }, 5000ms));
+  P2POptions bad;
+  bad.round = 1;
+  bad.keep_late = true;
+  Buffer one(DType::i32, 1);
+  EXPECT_THROW(
+      comm->point_to_point({P2POp::recv((me + 1) % n, one.view(), 9)}, ExecContext::host(), bad),
+      InvalidArgument)
+      << "keep_late needs a deadline";
+}
+
 // A sender that skips a round: the receive of that round is missing at once
 // (no wait for the deadline), and the message of the next round is kept for
 // the receive of that round.

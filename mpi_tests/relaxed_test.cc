@@ -584,6 +584,53 @@ TEST(Choco, KeepsTheMeanAndCopiesAgreeAndConverges) {
   EXPECT_THROW(ChocoGossip(comm, 4, bad), InvalidArgument);
 }
 
+// CHOCO rounds with a deadline: the last rank is slow in every round; the
+// others go on without it (it is missing from some of their rounds), and no
+// q is lost: after settle() every rank's copy of a neighbour is bitwise the
+// neighbour's own, and the ranks moved towards consensus.
+TEST(Choco, WithADeadlineASlowRankIsLeftOutAndNoQIsLost) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int64_t kCount = 3000;
+  std::vector<float> x(kCount);
+  for (int64_t i = 0; i < kCount; ++i) x[i] = static_cast<float>(dyadic(me, i));
+  ChocoOptions options;
+  options.tag = 30320;
+  options.gamma = 0.5;
+  ChocoGossip choco(comm, kCount, options);
+  const bool slow = me == n - 1;
+  int64_t missing = 0;
+  constexpr int kRounds = 12;
+  for (uint64_t round = 1; round <= kRounds; ++round) {
+    if (slow) std::this_thread::sleep_for(20ms);
+    ChocoRound timing;
+    timing.deadline = std::chrono::steady_clock::now() + 2ms;
+    WorkPtr w = choco.step(TensorView::host(x.data(), kCount), round, ExecContext::host(), timing);
+    w->wait(30s);
+    missing += static_cast<int64_t>(w->missing_peers().size());
+    for (float v : x) ASSERT_TRUE(std::isfinite(v));
+  }
+  choco.settle(30s);
+  // A neighbour of the slow rank (the slow rank's left neighbour on the
+  // ring: rank n - 2) went on without it at least once.
+  std::vector<int64_t> missed{missing};
+  comm->allreduce(TensorView::host(missed.data(), 1), ExecContext::host())->wait(30s);
+  EXPECT_GE(missed[0], 1) << "no round went on without the slow rank";
+  const std::vector<int>& peers = choco.neighbours();
+  for (size_t k = 0; k < peers.size(); ++k) {
+    std::vector<float> theirs_own(kCount);
+    const int to = peers.size() == 1 ? peers[0] : peers[1 - k];
+    MPI_Sendrecv(choco.own_copy().data(), kCount, MPI_FLOAT, to, 8, theirs_own.data(), kCount,
+                 MPI_FLOAT, peers[k], 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    ASSERT_EQ(
+        std::memcmp(theirs_own.data(), choco.neighbour_copies()[k].data(), kCount * sizeof(float)),
+        0)
+        << "copy of rank " << peers[k];
+  }
+  EXPECT_FALSE(comm->poisoned());
+}
+
 // A round whose neighbours compress otherwise fails with PeerMismatch on
 // every rank (each rank's codec differs from both its neighbours': f16
 // against bf16 of the same size, checked by the payload header, and on an

@@ -9,7 +9,8 @@ namespace relaxcc::algorithms {
 LowPrecisionDecentralizedSgd::LowPrecisionDecentralizedSgd(
     LowPrecisionDecentralizedSgdOptions options)
     : WeightRounds("low_precision_decentralized_sgd", options.communication_interval),
-      options_(options) {
+      options_(options),
+      deadline_(options.deadline, "low_precision_decentralized_sgd") {
   RELAXCC_ENFORCE(options_.gamma > 0 && options_.gamma <= 1, InvalidArgument,
                   "low_precision_decentralized_sgd: gamma must be in (0, 1], got ", options_.gamma);
   options_.codec.validate();
@@ -42,7 +43,14 @@ void LowPrecisionDecentralizedSgd::bound() {
 
 WorkPtr LowPrecisionDecentralizedSgd::start_round(int bucket, uint64_t round,
                                                   const TensorView& weights) {
-  return gossip_[static_cast<size_t>(bucket)]->step(weights, round, context().exec);
+  ChocoRound timing;
+  deadline_.apply(timing);
+  return gossip_[static_cast<size_t>(bucket)]->step(weights, round, context().exec, timing);
+}
+
+void LowPrecisionDecentralizedSgd::drain(std::chrono::milliseconds timeout) {
+  WeightRounds::drain(timeout);
+  for (auto& g : gossip_) g->settle(timeout);
 }
 
 StateDict LowPrecisionDecentralizedSgd::state_dict() const {

@@ -124,6 +124,8 @@ void check_point_to_point(const std::vector<P2POp>& ops, const P2POptions& optio
   RELAXCC_ENFORCE(!options.started_deadline || *options.started_deadline >= *options.deadline,
                   InvalidArgument, what(),
                   ": started_deadline must not be earlier than the deadline");
+  RELAXCC_ENFORCE(!options.keep_late || options.deadline, InvalidArgument, what(),
+                  ": keep_late needs a deadline (P2POptions::deadline)");
 }
 
 bool overlap(const TensorView& a, const TensorView& b) noexcept {

@@ -73,6 +73,7 @@ P2PBatchOp::P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options,
       round_(options.round),
       deadline_(options.deadline),
       started_deadline_(options.started_deadline),
+      keep_late_(options.keep_late),
       part_bytes_(std::move(part_bytes)),
       parts_(ops_.size()),
       buffers_(ops_.size()),
@@ -168,6 +169,7 @@ void P2PBatchOp::drop_unstarted_sends() {
   // A peer that has a message of this batch gets the rest of it, posted at
   // once: its batch has begun, and would wait for the rest until its
   // started_deadline (or drops it as late, if it gave up).
+  if (keep_late_) return;
   std::vector<int> started;
   for (size_t i = 0; i < next_data_send_; ++i)
     if (ops_[i].kind == P2POp::Kind::send) started.push_back(ops_[i].peer);
@@ -309,7 +311,7 @@ void P2PBatchOp::on_round_message(Transport& t, size_t i, size_t bytes) {
   // A message taken for a receive abandoned meanwhile may be the one the
   // stream's sweeper waits for.
   if (!mine && round >= stream.abandoned) stream.abandoned = 0;
-  if (round > round_) {
+  if (round > round_ || (!mine && keep_late_ && round == round_)) {
     keep_early(t, stream, round, std::move(buffers_[i]), bytes);
     if (mine) settle(i, RecvState::missing);
     return;
@@ -351,6 +353,7 @@ void P2PBatchOp::abandon_receives(Transport& t) {
     if (streams_[i] == nullptr || recv_state_[i] > RecvState::receiving) continue;
     RoundStream& stream = *streams_[i];
     settle(i, RecvState::missing);
+    if (keep_late_) continue;  // its message stays for the next receive of its round
     stream.abandoned = std::max(stream.abandoned, round_);
     stream.sweep_until = until;
     if (!stream.sweeping && stream.receivers.empty() && !t.poisoned()) {

@@ -128,7 +128,8 @@ class P2PBatchOp final : public Operation {
   // that was already sent a message of this batch.
   void drop_unstarted_sends();
   // Abandons every unsettled round receive (the deadline passed, or the
-  // batch stops): its stream's sweeper drops its late message.
+  // batch stops): its stream's sweeper drops its late message (keep_late:
+  // the message is kept for the next receive of its round).
   void abandon_receives(Transport& t);
   std::string where(size_t i) const;
 
@@ -138,6 +139,7 @@ class P2PBatchOp final : public Operation {
   uint64_t round_ = 0;
   std::optional<Clock::time_point> deadline_;
   std::optional<Clock::time_point> started_deadline_;
+  bool keep_late_ = false;
   bool started_ = false;
   int outstanding_ = 0;
   size_t next_data_send_ = 0;  // ops_ before it: data sent or not a send

@@ -12,9 +12,13 @@
 //
 // Bytes per communicating step and rank: two encodings of the model (one to
 // each neighbour; 8-bit min-max: about 1/4 of the f32 model plus 8 bytes
-// per chunk each). Staleness: none; the models differ by the consensus
-// error (evaluate after average_model()). Rounds take no deadline (a missed
-// q would leave the public copies different for good).
+// per chunk each). Staleness: none without a deadline; the models differ
+// by the consensus error (evaluate after average_model()).
+//
+// With a deadline (`deadline`: fixed, or learned per neighbour so that a
+// straggler is not waited for) a round goes on without a neighbour whose q
+// has not begun to arrive, and applies it in a later round: no q is lost,
+// so the public copies stay equal (choco_gossip.h, rounds with a deadline).
 //
 // State (state_dict): every bucket's public copies, so a checkpoint resumes
 // bit for bit. The copies belong to the bucket layout: a plan change that
@@ -27,6 +31,7 @@
 
 #include "relaxcc/algorithm.h"
 #include "relaxcc/algorithms/bucket_weights.h"
+#include "relaxcc/algorithms/round_deadline.h"
 #include "relaxcc/relaxed/choco_gossip.h"
 
 namespace relaxcc::algorithms {
@@ -43,17 +48,25 @@ struct LowPrecisionDecentralizedSgdOptions {
   double gamma = 0.8;
   // Bagua: communication_interval=1.
   int communication_interval = 1;
-  // Point-to-point tags: bucket b's rounds use tag + 2 b.
+  // Point-to-point tags: bucket b's rounds use tag + 2 b and tag + 2 b + 1.
   int tag = 32000;
+  // How long a round waits for each neighbour (none: for both, always).
+  RoundDeadlineOptions deadline;
 };
 
 class LowPrecisionDecentralizedSgd final : public WeightRounds {
  public:
-  // Throws InvalidArgument for an interval < 1, gamma outside (0, 1] or an
-  // invalid codec.
+  // Throws InvalidArgument for an interval < 1, gamma outside (0, 1], an
+  // invalid codec or a negative deadline.
   explicit LowPrecisionDecentralizedSgd(LowPrecisionDecentralizedSgdOptions options = {});
+  // The learned deadline of the rounds (null without one).
+  const AdaptiveDeadline* learned_deadline() const { return deadline_.adaptive(); }
   std::string name() const override { return "low_precision_decentralized_sgd"; }
   AlgorithmCapabilities capabilities() const override;
+  // With a deadline: settles every bucket's copies with the neighbours
+  // (ChocoGossip::settle), so that a checkpoint or the end leaves no q in
+  // flight.
+  void drain(std::chrono::milliseconds timeout) override;
   StateDict state_dict() const override;
   // InvalidArgument for a checkpoint of another bucket plan.
   void load_state_dict(const StateDict& state) override;
@@ -62,6 +75,7 @@ class LowPrecisionDecentralizedSgd final : public WeightRounds {
   WorkPtr start_round(int bucket, uint64_t round, const TensorView& weights) override;
   void bound() override;
   LowPrecisionDecentralizedSgdOptions options_;
+  RoundDeadline deadline_;
   std::vector<std::unique_ptr<ChocoGossip>> gossip_;
 };
 

@@ -33,7 +33,7 @@ class RoundDeadline {
   }
   bool enabled() const { return adaptive_ != nullptr || options_.fixed.count() > 0; }
   // Sets the deadline of a round that starts now on `o` (GossipOptions,
-  // GroupAverageOptions).
+  // GroupAverageOptions, ChocoRound).
   template <typename RoundOptions>
   void apply(RoundOptions& o) const {
     if (adaptive_) {

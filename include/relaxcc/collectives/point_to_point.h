@@ -83,6 +83,15 @@ struct P2POptions : OpOptions {
   // and this how long its transfer may take (the relaxed rounds' adaptive
   // deadline: peer_mixing).
   std::optional<std::chrono::steady_clock::time_point> started_deadline;
+  // Only with a deadline: nothing of the batch is dropped as late. A receive
+  // abandoned at the deadline leaves its message (coming or to come) for
+  // the next receive of the same round on its (peer, tag), which takes it
+  // whatever the time, and sends not posted by the deadline are posted then.
+  // For streams whose every message must be applied, in order, however late
+  // (CHOCO's public copies, choco_gossip.h): the receiver asks for round
+  // r + 1 only once round r arrived, and the sender numbers its messages on
+  // the stream 1, 2, 3, ...
+  bool keep_late = false;
 };
 
 }  // namespace relaxcc
