@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "relaxcc/element_cast.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
 

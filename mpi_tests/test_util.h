@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "relaxcc/dtype.h"
+#include "relaxcc/element_cast.h"
 #include "relaxcc/exec_context.h"
 #include "relaxcc/kernels/reduce.h"
 #include "relaxcc/mpi_communicator.h"

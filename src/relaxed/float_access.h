@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "relaxcc/dtype.h"
+#include "relaxcc/element_cast.h"
 #include "relaxcc/half.h"
 
 namespace relaxcc::relaxed {
