@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "relaxcc/element_cast.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
 
@@ -51,28 +52,10 @@ double median(std::vector<double> v) {
 
 namespace {
 
-template <typename T>
-T from_f64(double v) {
-  if constexpr (std::is_same_v<T, Half>)
-    return to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>)
-    return to_bfloat16(static_cast<float>(v));
-  else
-    return static_cast<T>(v);
-}
-
 // fill_encoded's element i on rank r.
 template <typename T>
 T encoded(int rank, int64_t i) {
-  return from_f64<T>(static_cast<double>((rank + i) % 4));
-}
-
-template <typename T>
-bool same(T a, T b) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-    return a.bits == b.bits;
-  else
-    return a == b;
+  return from_double<T>(static_cast<double>((rank + i) % 4));
 }
 
 // The exact result at index i: the sum/min/max of (r + i) % 4 over ranks,
@@ -88,15 +71,15 @@ T expected(int64_t i, ReduceOp op, int ranks) {
   }
   switch (op) {
     case ReduceOp::sum:
-      return from_f64<T>(static_cast<double>(sum));
+      return from_double<T>(static_cast<double>(sum));
     case ReduceOp::min:
-      return from_f64<T>(static_cast<double>(lo));
+      return from_double<T>(static_cast<double>(lo));
     case ReduceOp::max:
-      return from_f64<T>(static_cast<double>(hi));
+      return from_double<T>(static_cast<double>(hi));
     case ReduceOp::avg:
       break;
   }
-  T out = from_f64<T>(static_cast<double>(sum));
+  T out = from_double<T>(static_cast<double>(sum));
   kernels::finish_average(TensorView{&out, 1, dtype_of<T>()}, ranks, ExecContext::host());
   return out;
 }
@@ -124,7 +107,8 @@ int64_t count_wrong(const TensorView& t, ReduceOp op, int ranks, int64_t first_i
     T want[4];
     for (int k = 0; k < 4; ++k) want[k] = expected<T>(k, op, ranks);
     int64_t wrong = 0;
-    for (int64_t i = 0; i < t.numel; ++i) wrong += same(p[i], want[(first_index + i) % 4]) ? 0 : 1;
+    for (int64_t i = 0; i < t.numel; ++i)
+      wrong += same_element(p[i], want[(first_index + i) % 4]) ? 0 : 1;
     return wrong;
   });
 }
@@ -142,7 +126,7 @@ int64_t count_not_encoded(const TensorView& t, int rank) {
     using T = decltype(tag);
     const auto* p = t.as<T>();
     int64_t wrong = 0;
-    for (int64_t i = 0; i < t.numel; ++i) wrong += same(p[i], encoded<T>(rank, i)) ? 0 : 1;
+    for (int64_t i = 0; i < t.numel; ++i) wrong += same_element(p[i], encoded<T>(rank, i)) ? 0 : 1;
     return wrong;
   });
 }

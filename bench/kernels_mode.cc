@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -53,6 +54,61 @@ double median_us(int iters, Fn&& fn) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// A codec the bench times, under the name its rows carry.
+struct TimedCodec {
+  std::string name;
+  kernels::CompressorConfig config;
+};
+
+// The codecs timed, in the order of the rows: minmax at 8, 4, 2 and 1 bits,
+// minmax 8-bit with stochastic rounding, f16 and bf16; on the host also
+// sign, randomk and cocktail (10% rolling, top 20%, 4-bit), which have no
+// CUDA kernel.
+std::vector<TimedCodec> timed_codecs(bool host) {
+  std::vector<TimedCodec> out;
+  kernels::CompressorConfig c;
+  for (int bits : {8, 4, 2, 1}) {
+    c = {};
+    c.kind = kernels::CompressorKind::minmax;
+    c.bits = bits;
+    out.push_back({"minmax", c});
+  }
+  c = {};
+  c.kind = kernels::CompressorKind::minmax;
+  c.rounding = kernels::Rounding::stochastic;
+  out.push_back({"minmax_sr", c});
+  std::vector<kernels::CompressorKind> kinds{kernels::CompressorKind::f16,
+                                             kernels::CompressorKind::bf16};
+  if (host) {
+    kinds.push_back(kernels::CompressorKind::sign);
+    kinds.push_back(kernels::CompressorKind::randomk);
+  }
+  for (auto kind : kinds) {
+    c = {};
+    c.kind = kind;
+    out.push_back({kernels::compressor_name(kind), c});
+  }
+  if (host) {
+    c = {};
+    c.kind = kernels::CompressorKind::cocktail;
+    c.bits = 4;
+    c.chunk = 128;
+    c.ratio = 0.1;
+    c.topk_ratio = 0.2;
+    c.random_mode = kernels::RandomKMode::rolling;
+    out.push_back({"cocktail", c});
+  }
+  return out;
+}
+
+// The `bits` column of a codec's rows: its width for minmax and cocktail, 0
+// for the others.
+int bits_column(const kernels::CompressorConfig& c) {
+  return c.kind == kernels::CompressorKind::minmax || c.kind == kernels::CompressorKind::cocktail
+             ? c.bits
+             : 0;
 }
 
 // The CUDA kernels on device memory against a device-to-device copy.
@@ -121,27 +177,11 @@ void run_device_kernels(const KernelsArgs& args, Device device) {
     // validation flag back): each timing ends with the kernels done.
     const double enc = median_us(args.iters, [&] { kernels::encode(in, p, c, ctx); });
     const double dec = median_us(args.iters, [&] { kernels::decode(p, out, ctx); });
-    const int bits = c.kind == kernels::CompressorKind::minmax ? c.bits : 0;
     const double moved = static_cast<double>(f32_bytes + payload_bytes);
-    emit(name + "_encode", bits, enc, moved);
-    emit(name + "_decode", bits, dec, moved);
+    emit(name + "_encode", bits_column(c), enc, moved);
+    emit(name + "_decode", bits_column(c), dec, moved);
   };
-  kernels::CompressorConfig c;
-  for (int bits : {8, 4, 2, 1}) {
-    c = {};
-    c.kind = kernels::CompressorKind::minmax;
-    c.bits = bits;
-    codec("minmax", c);
-  }
-  c = {};
-  c.kind = kernels::CompressorKind::minmax;
-  c.rounding = kernels::Rounding::stochastic;
-  codec("minmax_sr", c);
-  for (auto kind : {kernels::CompressorKind::f16, kernels::CompressorKind::bf16}) {
-    c = {};
-    c.kind = kind;
-    codec(kernels::compressor_name(kind), c);
-  }
+  for (const TimedCodec& t : timed_codecs(false)) codec(t.name, t.config);
 }
 
 void run_kernels(const KernelsArgs& args) {
@@ -205,38 +245,11 @@ void run_kernels(const KernelsArgs& args) {
       const TensorView in = TensorView::host(x.data(), n), out = TensorView::host(y.data(), n);
       const double enc = median_us(args.iters, [&] { kernels::encode(in, payload, c, ctx); });
       const double dec = median_us(args.iters, [&] { kernels::decode(payload, out, ctx); });
-      const int bits =
-          c.kind == kernels::CompressorKind::minmax || c.kind == kernels::CompressorKind::cocktail
-              ? c.bits
-              : 0;
-      emit(name + "_encode", bits, enc);
-      emit(name + "_decode", bits, dec);
+      emit(name + "_encode", bits_column(c), enc);
+      emit(name + "_decode", bits_column(c), dec);
     };
+    for (const TimedCodec& t : timed_codecs(true)) codec(t.name, t.config);
     kernels::CompressorConfig c;
-    for (int bits : {8, 4, 2, 1}) {
-      c = {};
-      c.kind = kernels::CompressorKind::minmax;
-      c.bits = bits;
-      codec("minmax", c);
-    }
-    c = {};
-    c.kind = kernels::CompressorKind::minmax;
-    c.rounding = kernels::Rounding::stochastic;
-    codec("minmax_sr", c);
-    for (auto kind : {kernels::CompressorKind::f16, kernels::CompressorKind::bf16,
-                      kernels::CompressorKind::sign, kernels::CompressorKind::randomk}) {
-      c = {};
-      c.kind = kind;
-      codec(kernels::compressor_name(kind), c);
-    }
-    c = {};
-    c.kind = kernels::CompressorKind::cocktail;
-    c.bits = 4;
-    c.chunk = 128;
-    c.ratio = 0.1;
-    c.topk_ratio = 0.2;
-    c.random_mode = kernels::RandomKMode::rolling;
-    codec("cocktail", c);
 
     // Top-1%: the baseline, then relaxcc's exact and approximate selections.
     const int64_t k = std::max<int64_t>(1, n / 100);

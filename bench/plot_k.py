@@ -1,12 +1,14 @@
 #!/usr/bin/python3
-"""Plots issue [K]'s `relaxcc-bench algorithms` results (docs/benchmarks.md)
+"""Plots the `relaxcc-bench algorithms` results of the decentralized,
+asynchronous and DiLoCo modules (docs/benchmarks.md)
 from the JSON rows recorded under docs/results/. Needs matplotlib
 (python3-matplotlib).
 
   bench/plot_k.py [results_dir]   # default docs/results; writes k_*.png there
 
   k_bytes_and_step.png     bytes per step and step time (x gradient_allreduce),
-                           every [K] module, 2 and 4 hosts, ResNet-50
+                           every decentralized, asynchronous and DiLoCo
+                           module, 2 and 4 hosts, ResNet-50
   k_diloco_h500.png        DiLoCo at H 500, 100 Mbit/s: mean step time
                            against the no-sync step (both runs)
   k_streaming_peak.png     Streaming DiLoCo: peak bytes one rank sends in one
@@ -58,7 +60,7 @@ def bytes_and_step(d, out):
     ax2.set_xlabel("step time / gradient_allreduce's")
     ax2.axvline(1.0, color="gray", lw=0.8)
     ax2.set_yticklabels([])
-    fig.suptitle("[K] modules, ResNet-50 (25.6M f32), 200 ms compute, unshaped links")
+    fig.suptitle("Decentralized, asynchronous and DiLoCo modules, ResNet-50 (25.6M f32), 200 ms compute, unshaped links")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -17,7 +17,7 @@ constexpr int64_t kBlock = 1024;  // f16/bf16 are widened to f32 in blocks of th
 // Plain loops that GCC vectorizes at -O3; `out` may alias a or b exactly.
 // Each is compiled twice: for the baseline ISA and for AVX2, picked at run
 // time (the AVX2 build runs the same operations on wider vectors, so results
-// are identical; in-cache reductions run about 1.6x faster).
+// are identical).
 template <typename T>
 [[gnu::always_inline]] inline void combine_loop(T* out, const T* a, const T* b, int64_t n,
                                                 ReduceOp op) {

@@ -37,7 +37,7 @@ void for_each_dtype(DType t, Fn&& fn) {
 template <typename T, typename Want>
 int64_t count_wrong(Buffer& b, Want want) {
   int64_t wrong = 0;
-  for (int64_t i = 0; i < b.numel; ++i) wrong += test::same_bits(b.as<T>()[i], want(i)) ? 0 : 1;
+  for (int64_t i = 0; i < b.numel; ++i) wrong += same_element(b.as<T>()[i], want(i)) ? 0 : 1;
   return wrong;
 }
 
@@ -288,8 +288,7 @@ TEST_P(ReduceScatterTest, EveryDtypeOpAndCountIsExact) {
         for_each_dtype(t, [&](auto tag) {
           using T = decltype(tag);
           ASSERT_EQ(
-              count_wrong<T>(in, [&](int64_t i) { return test::from_i64<T>(test::encode(r, i)); }),
-              0);
+              count_wrong<T>(in, [&](int64_t i) { return from_double<T>(test::encode(r, i)); }), 0);
         });
       }
     }
@@ -365,7 +364,7 @@ TEST_P(AllgatherTest, EqualAndVariableCounts) {
         using T = decltype(tag);
         ASSERT_EQ(count_wrong<T>(out,
                                  [&](int64_t i) {
-                                   return test::from_i64<T>(test::encode(
+                                   return from_double<T>(test::encode(
                                        static_cast<int>(i / std::max<int64_t>(count, 1)), i));
                                  }),
                   0)
@@ -394,7 +393,7 @@ TEST_P(AllgatherTest, EqualAndVariableCounts) {
                                      1;
                                  int p = owner;
                                  while (counts[p] == 0 || i >= offsets[p] + counts[p]) --p;
-                                 return test::from_i64<T>(test::encode(p, i));
+                                 return from_double<T>(test::encode(p, i));
                                }),
                 0)
           << "allgatherv dtype " << t;
@@ -419,9 +418,9 @@ TEST(Broadcast, FromEveryRoot) {
         comm->broadcast(b.view(), ExecContext::host(), o)->wait();
         for_each_dtype(t, [&](auto tag) {
           using T = decltype(tag);
-          ASSERT_EQ(count_wrong<T>(
-                        b, [&](int64_t i) { return test::from_i64<T>(test::encode(root, i)); }),
-                    0);
+          ASSERT_EQ(
+              count_wrong<T>(b, [&](int64_t i) { return from_double<T>(test::encode(root, i)); }),
+              0);
         });
       }
     }
@@ -441,8 +440,8 @@ TEST(Alltoall, EqualAndVariableBlocks) {
       // Block p of the output came from rank p's block r.
       ASSERT_EQ(count_wrong<T>(out,
                                [&](int64_t i) {
-                                 return test::from_i64<T>(test::encode(static_cast<int>(i / block),
-                                                                       r * block + i % block));
+                                 return from_double<T>(test::encode(static_cast<int>(i / block),
+                                                                    r * block + i % block));
                                }),
                 0)
           << t;

@@ -1,4 +1,4 @@
-// The convergence harness every algorithm module is held to (issue [G]).
+// The convergence harness every algorithm module is held to.
 //
 // The problem is fixed, so it cannot be tuned away:
 //   - distributed least squares, kFeatures = 256 features: rank r holds

@@ -385,7 +385,8 @@ TEST(Config, BadConfigurationIsInvalidArgument) {
   EXPECT_NO_THROW(ByteGrad(ByteGradOptions{1}));
 }
 
-// [K]'s modules: weights (or pseudo-gradients) travel, not gradients.
+// The decentralized, asynchronous and DiLoCo modules: weights (or
+// pseudo-gradients) travel, not gradients.
 DecentralizedSgdOptions gossip_options(GossipMode mode, int tag) {
   DecentralizedSgdOptions o;
   o.mode = mode;

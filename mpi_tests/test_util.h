@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include "relaxcc/dtype.h"
+#include "relaxcc/element_cast.h"
 #include "relaxcc/exec_context.h"
 #include "relaxcc/kernels/reduce.h"
 #include "relaxcc/mpi_communicator.h"
@@ -48,32 +48,6 @@ inline int64_t encode(int rank, int64_t index) {
   return (rank + 1) + (index % 7) * 2;
 }
 
-template <typename T>
-T from_i64(int64_t v) {
-  if constexpr (std::is_same_v<T, Half>)
-    return to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>)
-    return to_bfloat16(static_cast<float>(v));
-  else
-    return static_cast<T>(v);
-}
-
-template <typename T>
-bool same_bits(T a, T b) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-    return a.bits == b.bits;
-  else
-    return a == b;
-}
-
-template <typename T>
-double as_double(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-    return to_f32(v);
-  else
-    return static_cast<double>(v);
-}
-
 // A typed host buffer viewed as a TensorView.
 // Test data whose views carry it as their owner, as the library's contract
 // asks: a Work (and a request parked after a timeout) keeps it alive.
@@ -99,7 +73,7 @@ inline void fill(Buffer& b, int rank, int64_t index_offset = 0) {
   visit_dtype(b.dtype, [&](auto tag) {
     using T = decltype(tag);
     for (int64_t i = 0; i < b.numel; ++i)
-      b.as<T>()[i] = from_i64<T>(encode(rank, i + index_offset));
+      b.as<T>()[i] = from_double<T>(encode(rank, i + index_offset));
   });
 }
 
@@ -114,9 +88,9 @@ T expected_reduction(int64_t index, ReduceOp op, int ranks) {
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
-  if (op == ReduceOp::min) return from_i64<T>(lo);
-  if (op == ReduceOp::max) return from_i64<T>(hi);
-  T out = from_i64<T>(sum);
+  if (op == ReduceOp::min) return from_double<T>(lo);
+  if (op == ReduceOp::max) return from_double<T>(hi);
+  T out = from_double<T>(sum);
   if (op == ReduceOp::avg)
     kernels::finish_average(TensorView(&out, 1, dtype_of<T>()), ranks, ExecContext::host());
   return out;

@@ -21,14 +21,14 @@ cd "$(dirname "$0")/.."
 
 # The targets, in one place: "check|label|target".
 #   hosts: MPI_Allreduce time / compressed allreduce time, 2 emulated hosts
-#          at 1 Gbit/s, 64 MiB (issue [F]);
+#          at 1 Gbit/s, 64 MiB;
 #   shm:   relaxcc busbw / MPI_Allreduce busbw, 2 ranks on shared memory,
 #          out of place, ordinary and communicator memory, and in place on
-#          communicator memory (issue [B]);
+#          communicator memory;
 #   straggler: the others' step rate with rank 3 of 4 three times slower
 #          from its first step over their rate without it: the primitives
-#          bench's group averaging (issue [L]) and the straggler bench's
-#          cases at 20 ms of compute (issue [R]).
+#          bench's group averaging and the straggler bench's cases at
+#          20 ms of compute.
 TARGETS=(
   "hosts|compressed_8bit 64M|3.5"
   "hosts|compressed_4bit 64M|6.0"

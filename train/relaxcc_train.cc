@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -523,6 +524,78 @@ std::string read_summary(const std::string& path, std::vector<double>& out) {
   return "";
 }
 
+// The highest accuracy in a curve file (wall seconds, bytes, accuracy per
+// line); nullopt when it holds none.
+std::optional<double> best_in_curve(const std::string& path) {
+  std::ifstream in(path);
+  std::optional<double> best;
+  double wall = 0, bytes = 0, accuracy = 0;
+  while (in >> wall >> bytes >> accuracy)
+    if (!best || accuracy > *best) best = accuracy;
+  return best;
+}
+
+// The gnuplot script of the two plots: each row's curve of its first seed
+// that succeeded (the title names the seed when it is not the first of
+// --seeds), every series with its own colour and point shape, the accuracy
+// axis from a little below the lowest final accuracy of the plotted curves
+// to a little above the highest accuracy any of them reached, and
+// torch_ddp's final accuracy (of its plotted seed) as a dashed line in the
+// key.
+std::string plot_script(const std::string& dir, const std::vector<Row>& rows,
+                        const std::string& first_seed) {
+  // 14 colours and 13 point shapes: no two of the first 182 series look alike.
+  static const char* const colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                        "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22",
+                                        "#000080", "#800000", "#008080", "#000000"};
+  static const int shapes[] = {7, 5, 9, 11, 13, 15, 6, 4, 8, 10, 12, 14, 2};
+  double lowest_final = 1, highest = 0;
+  const Row* ddp = nullptr;
+  for (const Row& r : rows) {
+    if (r.seeds.empty()) continue;
+    const double final_accuracy = r.accuracy.front();  // the plotted seed's
+    lowest_final = std::min(lowest_final, final_accuracy);
+    highest = std::max(highest, final_accuracy);
+    if (const std::optional<double> best =
+            best_in_curve(dir + "/" + r.name + ".seed" + r.seeds.front() + ".dat"))
+      highest = std::max(highest, *best);
+    if (r.name == "torch_ddp") ddp = &r;
+  }
+  const double pad = std::max(0.005, 0.1 * (highest - lowest_final));
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 1100,650 noenhanced\nset key outside right top\nset grid\n"
+        "set ylabel 'test accuracy'\nset yrange ["
+     << std::max(0.0, lowest_final - pad) << ":" << std::min(1.0, highest + pad) << "]\n";
+  // torch_ddp's final accuracy: a dashed horizontal line with its own key entry.
+  std::string ddp_line;
+  if (ddp) {
+    char value[32];
+    std::snprintf(value, sizeof value, "%.4f", ddp->accuracy.front());
+    ddp_line = std::string(", ") + value +
+               " with lines dashtype 2 linewidth 2 linecolor rgb '#404040' title 'torch_ddp final" +
+               (ddp->seeds.front() == first_seed ? "" : " (seed " + ddp->seeds.front() + ")") +
+               ": " + value + "'";
+  }
+  auto plot = [&](const std::string& file, const std::string& xlabel, const std::string& using_) {
+    gp << "set output '" << dir << "/" << file << "'\nset xlabel '" << xlabel << "'\nplot ";
+    size_t i = 0;
+    for (const Row& r : rows) {
+      if (r.seeds.empty()) continue;
+      const std::string& seed = r.seeds.front();
+      gp << (i ? ", " : "") << "'" << dir << "/" << r.name << ".seed" << seed << ".dat' using "
+         << using_ << " with linespoints linewidth 1.5 linecolor rgb '"
+         << colours[i % std::size(colours)] << "' pointtype " << shapes[i % std::size(shapes)]
+         << " pointsize 1.2 title '" << r.name << (seed == first_seed ? "" : " (seed " + seed + ")")
+         << "'";
+      ++i;
+    }
+    gp << ddp_line << "\n";
+  };
+  plot("accuracy_vs_time.png", "wall time (s, training only)", "1:3");
+  plot("accuracy_vs_bytes.png", "MB sent per rank", "($2/1e6):3");
+  return gp.str();
+}
+
 // Runs every algorithm (and peer) for every seed, one run after the other.
 // Exits 0 only when every run succeeded and wrote its summary; a failed run
 // is left out of its row's mean, and the table names its seed.
@@ -666,30 +739,10 @@ int compare(const Options& o, const char* self) {
   }
   std::printf("%s%s", header.str().c_str(), t.str().c_str());
 
-  // Plots of each row's curve of its first seed that succeeded (the first
-  // of --seeds unless that run failed; the title then names the seed).
-  std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,600 noenhanced\nset key bottom right\nset grid\n"
-        "set ylabel 'test accuracy'\n";
-  auto plot = [&](const std::string& file, const std::string& xlabel, const std::string& using_) {
-    gp << "set output '" << dir << "/" << file << "'\nset xlabel '" << xlabel << "'\nplot ";
-    bool first = true;
-    for (const Row& r : rows) {
-      if (r.seeds.empty()) continue;
-      const std::string& seed = r.seeds.front();
-      gp << (first ? "" : ", ") << "'" << dir << "/" << r.name << ".seed" << seed << ".dat' using "
-         << using_ << " with linespoints title '" << r.name
-         << (seed == seeds.front() ? "" : " (seed " + seed + ")") << "'";
-      first = false;
-    }
-    gp << "\n";
-  };
   const bool any =
       std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.seeds.empty(); });
   if (any) {
-    plot("accuracy_vs_time.png", "wall time (s, training only)", "1:3");
-    plot("accuracy_vs_bytes.png", "MB sent per rank", "($2/1e6):3");
-    std::ofstream(dir + "/plots.gp") << gp.str();
+    std::ofstream(dir + "/plots.gp") << plot_script(dir, rows, seeds.front());
     if (run("gnuplot " + dir + "/plots.gp") != 0)
       std::fprintf(stderr, "relaxcc-train --compare: gnuplot failed; no plots\n");
   } else {

@@ -1,5 +1,6 @@
-// Communicator: the interface every transport (MPI today, NCCL next)
-// implements, and that relaxed primitives and algorithms are written against.
+// Communicator: the interface every transport implements (MpiCommunicator,
+// mpi_communicator.h; NcclCommunicator, nccl_communicator.h), and that
+// relaxed primitives and algorithms are written against.
 //
 // Every data operation is asynchronous and returns a Work. Operations that
 // involve several ranks must be called in the same order on every rank (as

@@ -19,13 +19,30 @@
 //   - create_mpi_communicator() throws Unsupported when MPI was initialized
 //     with a level below MPI_THREAD_MULTIPLE.
 //
-// Threading: one engine thread per communicator family (a communicator made
-// by create_mpi_communicator, with its groups and splits, and the
-// communicators created to share its engine: share_engine_with) owns every
-// MPI call on it. Calling threads only enqueue operations and wait on Work. The engine
-// sleeps on a condition variable when idle; while requests are pending it
-// polls for RELAXCC_SPIN_US, then backs off with sleeps up to
-// RELAXCC_MAX_SLEEP_US, so oversubscribed ranks do not starve each other.
+// Threading: one engine per communicator family (a communicator made by
+// create_mpi_communicator, with its groups and splits, and the communicators
+// created to share its engine: share_engine_with). Once the communicator
+// exists, every MPI call of an operation on it is made by the one thread that
+// holds the engine's progress token, and the token is only ever tried, never
+// waited for. That thread is
+//   - the engine's own thread, while no caller drives progress;
+//   - a caller blocked in Work::wait (or wait_for), which takes the token and
+//     runs the progress iterations itself until its Work completes, so a
+//     blocking wait needs no hand-off to another thread;
+//   - a caller of a recursive-doubling allreduce (the small sizes) while the
+//     engine is quiet (nothing active, queued or signalled, no `after`): the
+//     operation runs to completion on the caller at once, on a lane of two
+//     ranks as a direct exchange whose requests the caller tests itself,
+//     outside the engine's request table; when it cannot finish at once it
+//     becomes an ordinary operation of the engine and its Work is returned.
+// Any other call takes its sequence number, queues its operation and returns
+// its Work without calling MPI. create_mpi_communicator() itself calls MPI on
+// the calling thread (initialization and the two duplicates); its handshake
+// is an operation like the others.
+// The engine thread sleeps on a condition variable when idle; while requests
+// are pending the token's holder polls for RELAXCC_SPIN_US, then yields or
+// sleeps (up to RELAXCC_MAX_SLEEP_US), so oversubscribed ranks do not starve
+// each other.
 //
 // create_mpi_communicator() duplicates the given communicator twice (two
 // MPI_Comm_idup posted together, under MPI_ERRORS_RETURN; its own handler is

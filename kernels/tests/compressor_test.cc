@@ -315,7 +315,7 @@ TEST(MinMax, StochasticCodesMatchTheScalarReference) {
 
 // Chunks of kTinyChunk elements whose ranges max - min are far below
 // (2^bits - 1) / FLT_MAX, where a scale (2^bits - 1) / (max - min) would
-// overflow f32: the issue's [0, 1e-40] and [0, 1e-38] first, then ramps of
+// overflow f32: the reported [0, 1e-40] and [0, 1e-38] first, then ramps of
 // subnormal and tiny normal values, a range of one subnormal ulp, and
 // ranges either side of the pre-scaling threshold 2^-100.
 constexpr int64_t kTinyChunk = 17;
@@ -359,7 +359,7 @@ void expect_tiny_bound(const std::vector<float>& x, const std::vector<float>& y,
 TEST(MinMax, TinyRangesKeepTheBoundAndDecodeWithinTheChunk) {
   const std::vector<float> x = tiny_chunks();
   const auto n = static_cast<int64_t>(x.size());
-  // The issue's cases, alone in a chunk of two: [0, 1e-40] decoded to [0, 0]
+  // The reported cases, alone in a chunk of two: [0, 1e-40] decoded to [0, 0]
   // and [0, 1e-38] with stochastic rounding to 1.18e-38.
   for (const std::vector<float>& pair :
        {std::vector<float>{0.0f, 1e-40f}, std::vector<float>{0.0f, 1e-38f}}) {
@@ -957,7 +957,7 @@ std::vector<float> minmax_ramp(int bits, int64_t n) {
 }
 
 TEST(DecoderContract, FlippedScaleBitThatOverflowsTheRangeIsCorrupt) {
-  // The issue's case: one flipped bit turned a chunk's scale from 39.1 into
+  // The reported case: one flipped bit turned a chunk's scale from 39.1 into
   // 1.15e-37, and decoding wrote 254 Infs. Chunk 1's scale sits at byte
   // 48 + (8 + 256 * bits / 8) + 4.
   const int64_t n = 768;
@@ -1032,7 +1032,7 @@ TEST(DecoderContract, RandomByteOverwritesThrowCorruptPayloadOrDecodeFinite) {
   // Single random bytes overwritten anywhere in valid payloads of every
   // kind (and every width of the quantizing kinds): decode and
   // decode_accumulate either throw CorruptPayload, writing nothing, or
-  // write only finite values. The issue saw 3 Infs in 3000 of these.
+  // write only finite values. A report saw 3 Infs in 3000 of these.
   std::mt19937 rng(2024);
   const int64_t n = 1000;
   const auto x = gaussian(n, 17, 4.0f);

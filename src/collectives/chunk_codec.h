@@ -5,7 +5,7 @@
 //   allgather hop        out = decode(wire_in); forward wire_in unchanged
 // The identity codec sends raw elements: acc aliases the received wire
 // buffer, allgather receives straight into the output, and nothing is copied.
-// Compressed codecs (quantized, sparsified; issue [F]) encode into scratch.
+// Compressed codecs (quantized, sparsified) encode into scratch.
 #pragma once
 
 #include <cstddef>

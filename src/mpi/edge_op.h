@@ -50,9 +50,9 @@ namespace relaxcc::mpi {
 
 // A first data message up to this size may travel inside the header message,
 // so that the two stay within Open MPI's shared-memory eager limit (4 KiB
-// including MPI's own headers: a sendrecv of 4040 bytes took 1.5 us on this
-// VM, one of 4064 bytes 3.7 us, by rendezvous). Schedules that move a few
-// KiB per step split their data into messages of this size (eager ones).
+// including MPI's own headers; a larger message goes by rendezvous,
+// docs/benchmarks.md, small-message latency). Schedules that move a few KiB
+// per step split their data into messages of this size (eager ones).
 inline constexpr size_t kInlineBytes = 4000 - sizeof(OpHeader);
 inline constexpr size_t kHeaderMessageBytes = sizeof(OpHeader) + kInlineBytes;
 

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "relaxcc/dtype.h"
+#include "relaxcc/element_cast.h"
 #include "relaxcc/half.h"
 
 namespace relaxcc::relaxed {
@@ -23,12 +24,7 @@ double load(const T* p, int64_t i) {
 
 template <typename T>
 void store(T* p, int64_t i, double v) {
-  if constexpr (std::is_same_v<T, Half>)
-    p[i] = to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>)
-    p[i] = to_bfloat16(static_cast<float>(v));
-  else
-    p[i] = static_cast<T>(v);
+  p[i] = from_double<T>(v);
 }
 
 // Calls fn(T{}) for a floating dtype; nothing for others.

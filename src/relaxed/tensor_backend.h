@@ -88,9 +88,11 @@ class TensorBackend {
 
   // A Work that completes once every one of `works` completed and then
   // `local` (if any) ran on the backend's data: a completion callback on the
-  // host (when_all); stepped backends wait for them (each wait bounded by its
-  // communicator's timeout), run `local` with the stream synchronized, and
-  // return a completed Work.
+  // host (when_all); stepped backends wait for them on the calling thread
+  // (Work::wait, each bounded by that Work's timeout), run `local` there and
+  // return a completed Work. Either way `local` does not run once one of
+  // `works` failed, and the result fails with the first error in `works`
+  // order, or with what `local` threw.
   virtual WorkPtr after(std::vector<WorkPtr> works, std::function<void()> local,
                         std::string what) const = 0;
 };

@@ -16,17 +16,21 @@ struct OpOptions {
   // Submit after `after`: the operation takes its place in the
   // communicator's order at the call (its sequence number, and so its tags,
   // are fixed then), but starts, and touches its buffers, only once `after`
-  // has completed. `after` may belong to any communicator. This is how a
+  // has completed. On an MpiCommunicator `after` may belong to any
+  // communicator; an NcclCommunicator takes a pending Work of an NCCL
+  // communicator or a completed one (Unsupported otherwise). This is how a
   // multi-stage operation (reduce in the node, across node leaders, back
   // down) is submitted from one thread in one order on every rank, with no
   // thread per chain: each stage's place is the same on every rank whatever
   // the timing. If `after` fails, this operation fails with
-  // CommunicationError ("a stage it runs after failed: ..."), and its peers
-  // learn of it where the protocol allows: the ring and recursive doubling
-  // send them abort records, the MPI-backed collectives (broadcast,
-  // alltoall, barrier) fail on every rank with CommunicationError; a
-  // point-to-point batch just fails locally, so its peers see their own
-  // timeout.
+  // CommunicationError ("a stage it runs after failed: ..."). On an
+  // MpiCommunicator its peers learn of it where the protocol allows: every
+  // collective (the ring, recursive doubling and so the barrier, the
+  // broadcast chain, the pairwise alltoall) sends them its header and an
+  // abort record, so the peers whose result depends on this rank fail with
+  // CommunicationError (broadcast.h and alltoall.h say which ranks can still
+  // complete); a point-to-point batch just fails locally, so its peers see
+  // their own timeout.
   WorkPtr after;
 };
 

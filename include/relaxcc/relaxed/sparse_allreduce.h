@@ -1,4 +1,4 @@
-// Sparse allreduce (issue [F] item 5): x becomes the sum (or average) over
+// Sparse allreduce: x becomes the sum (or average) over
 // the ranks of a sparse selection of every rank's x, at full precision, with
 // 0 at the coordinates nobody kept. The codec's kind picks the selection.
 //
