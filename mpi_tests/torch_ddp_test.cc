@@ -727,7 +727,7 @@ TEST(Ddp, AnAlgorithmThatRefusesOnOneRankFailsEveryRankAtOnce) {
 }
 
 // Rank 1 throws while the others wait in a collective of the algorithm's
-// init that it never joins: past the agreement's grace (2 s), rank 1
+// init that it never joins: past the agreement's grace (0.5 s), rank 1
 // poisons the communicator, and the others throw CommunicatorPoisoned
 // naming rank 1 and its error, long before their 120 s timeout.
 TEST(Ddp, AnAlgorithmThatFailsWhileTheOthersWaitPoisonsTheCommunicator) {

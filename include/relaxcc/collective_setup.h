@@ -48,7 +48,7 @@ namespace relaxcc {
 void agree_on_checks(Communicator& comm, const std::string& what, const std::function<void()>& step,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(-1),
                      std::initializer_list<Communicator*> also_poison = {},
-                     std::chrono::milliseconds grace = std::chrono::seconds(2));
+                     std::chrono::milliseconds grace = std::chrono::milliseconds(500));
 
 // Runs `fn`, this rank's part of a collective sequence over `comms`. An
 // error that `fn` raises poisons each of `comms` with the error's message

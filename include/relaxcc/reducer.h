@@ -136,7 +136,7 @@ class Reducer {
   // fails (an f64 tensor, an algorithm that refuses its context) fails every
   // rank at once, the others throwing its error's type and naming it; where
   // the others wait in a collective that rank never joined, it poisons comm
-  // after a 2 s grace and they fail with CommunicatorPoisoned naming it. An
+  // after a 0.5 s grace and they fail with CommunicatorPoisoned naming it. An
   // error on one rank alone in the plan rebuild or load_state_dict poisons
   // comm at once.
   Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, AlgorithmPtr algorithm,
