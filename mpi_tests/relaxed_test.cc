@@ -591,7 +591,6 @@ TEST(Choco, KeepsTheMeanAndCopiesAgreeAndConverges) {
 TEST(Choco, WithADeadlineASlowRankIsLeftOutAndNoQIsLost) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();
-  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
   constexpr int64_t kCount = 3000;
   std::vector<float> x(kCount);
   for (int64_t i = 0; i < kCount; ++i) x[i] = static_cast<float>(dyadic(me, i));
@@ -599,6 +598,15 @@ TEST(Choco, WithADeadlineASlowRankIsLeftOutAndNoQIsLost) {
   options.tag = 30320;
   options.gamma = 0.5;
   ChocoGossip choco(comm, kCount, options);
+  if (n == 1) {
+    // No neighbour: a round completes at once and x stays as it is.
+    const std::vector<float> before = x;
+    ChocoRound timing;
+    timing.deadline = std::chrono::steady_clock::now() + 2ms;
+    choco.step(TensorView::host(x.data(), kCount), 1, ExecContext::host(), timing)->wait(30s);
+    EXPECT_EQ(x, before);
+    return;
+  }
   const bool slow = me == n - 1;
   int64_t missing = 0;
   constexpr int kRounds = 12;

@@ -284,7 +284,9 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   for (int peer : s.peers)
     deadlines.push_back(adaptive ? r->start + adaptive->wait_for(peer, round).wait
                                  : *timing.deadline);
-  r->open = static_cast<int>(2 * s.peers.size());
+  // The chains, the sends, and this call (so that nothing completes the
+  // round before every part of it started).
+  r->open = static_cast<int>(2 * s.peers.size()) + 1;
   auto state = state_;
   const auto finish = [state, r] {
     State& st = *state;
@@ -393,8 +395,10 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
     });
   }
   for (size_t k = 0; k < s.peers.size(); ++k) (*chain)(k, deadlines[k], true);
+  WorkPtr done = r->done;
+  finish();
   // From here the chains' callbacks own `chain` (through `next`).
-  return r->done;
+  return done;
 }
 
 }  // namespace relaxcc
