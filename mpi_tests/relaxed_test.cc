@@ -520,6 +520,23 @@ TEST(Deadlines, GossipAndGroupsGoOnWithoutASlowRank) {
   EXPECT_FALSE(comm->poisoned());
 }
 
+// Rank i's copy of its neighbour j is bitwise j's own copy.
+void expect_copies_agree(const ChocoGossip& choco) {
+  const std::vector<int>& peers = choco.neighbours();
+  const auto count = static_cast<int>(choco.own_copy().size());
+  for (size_t k = 0; k < peers.size(); ++k) {
+    std::vector<float> theirs_own(static_cast<size_t>(count));
+    // Send this rank's own copy to the neighbour on the other side.
+    const int to = peers.size() == 1 ? peers[0] : peers[1 - k];
+    MPI_Sendrecv(choco.own_copy().data(), count, MPI_FLOAT, to, 7, theirs_own.data(), count,
+                 MPI_FLOAT, peers[k], 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    ASSERT_EQ(std::memcmp(theirs_own.data(), choco.neighbour_copies()[k].data(),
+                          theirs_own.size() * sizeof(float)),
+              0)
+        << "copy of rank " << peers[k];
+  }
+}
+
 // CHOCO on the ring with 8-bit min-max: the public copies agree bitwise
 // across ranks, the mean drifts by no more than float rounding, and the
 // ranks move towards consensus.
@@ -563,19 +580,7 @@ TEST(Choco, KeepsTheMeanAndCopiesAgreeAndConverges) {
       ASSERT_LE(std::abs(after[i] - before[i]), bound) << "round " << round << " element " << i;
   }
   EXPECT_LT(spread(), 0.25 * spread0) << "the ranks must move towards consensus";
-  // Rank i's copy of its neighbour j is bitwise j's own copy.
-  const std::vector<int>& peers = choco.neighbours();
-  for (size_t k = 0; k < peers.size(); ++k) {
-    std::vector<float> theirs_own(kCount);
-    // Send this rank's own copy to the neighbour on the other side.
-    const int to = peers.size() == 1 ? peers[0] : peers[1 - k];
-    MPI_Sendrecv(choco.own_copy().data(), kCount, MPI_FLOAT, to, 7, theirs_own.data(), kCount,
-                 MPI_FLOAT, peers[k], 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    ASSERT_EQ(
-        std::memcmp(theirs_own.data(), choco.neighbour_copies()[k].data(), kCount * sizeof(float)),
-        0)
-        << "copy of rank " << peers[k];
-  }
+  expect_copies_agree(choco);
   ChocoOptions bad;
   bad.gamma = 0;
   EXPECT_THROW(ChocoGossip(comm, 4, bad), InvalidArgument);
@@ -625,17 +630,7 @@ TEST(Choco, WithADeadlineASlowRankIsLeftOutAndNoQIsLost) {
   std::vector<int64_t> missed{missing};
   comm->allreduce(TensorView::host(missed.data(), 1), ExecContext::host())->wait(30s);
   EXPECT_GE(missed[0], 1) << "no round went on without the slow rank";
-  const std::vector<int>& peers = choco.neighbours();
-  for (size_t k = 0; k < peers.size(); ++k) {
-    std::vector<float> theirs_own(kCount);
-    const int to = peers.size() == 1 ? peers[0] : peers[1 - k];
-    MPI_Sendrecv(choco.own_copy().data(), kCount, MPI_FLOAT, to, 8, theirs_own.data(), kCount,
-                 MPI_FLOAT, peers[k], 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    ASSERT_EQ(
-        std::memcmp(theirs_own.data(), choco.neighbour_copies()[k].data(), kCount * sizeof(float)),
-        0)
-        << "copy of rank " << peers[k];
-  }
+  expect_copies_agree(choco);
   EXPECT_FALSE(comm->poisoned());
 }
 
