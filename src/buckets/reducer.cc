@@ -8,11 +8,11 @@
 #include <set>
 #include <utility>
 
-#include "bucket_memory.h"
 #include "relaxcc/collective_setup.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
+#include "src/buckets/bucket_memory.h"
 
 namespace relaxcc {
 

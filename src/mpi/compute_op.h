@@ -10,7 +10,7 @@
 #include <memory>
 #include <utility>
 
-#include "engine.h"
+#include "src/mpi/engine.h"
 
 namespace relaxcc::mpi {
 

@@ -1,10 +1,10 @@
-#include "edge_op.h"
+#include "src/mpi/edge_op.h"
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
-#include "../collectives/butterfly.h"
+#include "src/collectives/butterfly.h"
 
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"

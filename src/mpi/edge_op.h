@@ -42,9 +42,9 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
-#include "op_header.h"
 #include "relaxcc/exec_context.h"
+#include "src/mpi/engine.h"
+#include "src/protocols/op_header.h"
 
 namespace relaxcc::mpi {
 

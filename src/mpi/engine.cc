@@ -1,6 +1,6 @@
-#include "engine.h"
+#include "src/mpi/engine.h"
 
-#include "op_header.h"
+#include "src/protocols/op_header.h"
 
 #include <sched.h>
 #include <sys/prctl.h>

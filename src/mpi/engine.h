@@ -58,10 +58,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../collectives/scratch_pool.h"
-#include "op_header.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/tunables.h"
+#include "src/collectives/scratch_pool.h"
+#include "src/protocols/op_header.h"
 
 namespace relaxcc::mpi {
 

@@ -1,12 +1,12 @@
-#include "point_to_point.h"
+#include "src/mpi/point_to_point.h"
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <sstream>
 
-#include "op_header.h"
 #include "relaxcc/errors.h"
+#include "src/protocols/op_header.h"
 
 namespace relaxcc::mpi {
 

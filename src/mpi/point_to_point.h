@@ -28,8 +28,8 @@
 #include <optional>
 #include <vector>
 
-#include "engine.h"
 #include "relaxcc/collectives/point_to_point.h"
+#include "src/mpi/engine.h"
 
 namespace relaxcc::mpi {
 

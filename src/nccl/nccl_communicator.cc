@@ -24,14 +24,14 @@
 #include <thread>
 #include <vector>
 
-#include "../collectives/argument_checks.h"
-#include "device_checks.h"
-#include "nccl_types.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/nccl_communicator.h"
-#include "watchdog.h"
+#include "src/collectives/argument_checks.h"
+#include "src/nccl/device_checks.h"
+#include "src/nccl/nccl_types.h"
+#include "src/nccl/watchdog.h"
 
 namespace relaxcc::nccl {
 namespace {

@@ -12,7 +12,7 @@
 // combined on the engine's compute thread.
 //
 // Shared mode (allreduce, reduce-scatter, or allgather, with every rank's full
-// layout in node-shared memory, see src/mpi/shared_memory.h): edges carry empty
+// layout in node-shared memory, see src/collectives/shared_memory.h): edges carry empty
 // tokens instead of data. A token says "segment k of the schedule is ready in
 // my buffer"; the receiver reads it from the sender's buffer in place and
 // combines it into its own (an allreduce's partial sums live in its shared
@@ -37,10 +37,10 @@
 #include <memory>
 #include <vector>
 
-#include "../collectives/chunk_codec.h"
-#include "../collectives/ring_schedule.h"
-#include "edge_op.h"
-#include "shared_memory.h"
+#include "src/collectives/chunk_codec.h"
+#include "src/collectives/ring_schedule.h"
+#include "src/collectives/shared_memory.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 

@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "edge_op.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 

@@ -16,8 +16,8 @@
 #include <array>
 #include <vector>
 
-#include "../collectives/butterfly.h"
-#include "edge_op.h"
+#include "src/collectives/butterfly.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 

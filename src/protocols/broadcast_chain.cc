@@ -1,4 +1,4 @@
-#include "broadcast_chain.h"
+#include "src/protocols/broadcast_chain.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ring.h"
+#include "src/protocols/ring.h"
 
 #include <algorithm>
 #include <atomic>

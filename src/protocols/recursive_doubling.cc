@@ -1,4 +1,4 @@
-#include "recursive_doubling.h"
+#include "src/protocols/recursive_doubling.h"
 
 #include <algorithm>
 #include <cstring>

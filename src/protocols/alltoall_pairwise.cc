@@ -1,4 +1,4 @@
-#include "alltoall_pairwise.h"
+#include "src/protocols/alltoall_pairwise.h"
 
 #include <algorithm>
 #include <cstring>
