@@ -10,7 +10,8 @@
 #include <memory>
 #include <utility>
 
-#include "src/mpi/engine.h"
+#include "src/mpi/operation.h"
+#include "src/mpi/request_poster.h"
 
 namespace relaxcc::mpi {
 

@@ -1,5 +1,7 @@
 #include "src/mpi/edge_op.h"
 
+#include "src/mpi/mpi_errors.h"
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>

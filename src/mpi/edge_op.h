@@ -43,7 +43,10 @@
 #include <vector>
 
 #include "relaxcc/exec_context.h"
-#include "src/mpi/engine.h"
+#include "relaxcc/tensor.h"
+#include "src/mpi/direct_exchange.h"
+#include "src/mpi/operation.h"
+#include "src/mpi/request_poster.h"
 #include "src/protocols/op_header.h"
 
 namespace relaxcc::mpi {

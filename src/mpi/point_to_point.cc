@@ -1,5 +1,7 @@
 #include "src/mpi/point_to_point.h"
 
+#include "src/mpi/mpi_errors.h"
+
 #include <algorithm>
 #include <climits>
 #include <cstring>

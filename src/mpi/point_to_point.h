@@ -29,7 +29,10 @@
 #include <vector>
 
 #include "relaxcc/collectives/point_to_point.h"
-#include "src/mpi/engine.h"
+#include "src/mpi/clock.h"
+#include "src/mpi/lane.h"
+#include "src/mpi/operation.h"
+#include "src/mpi/request_poster.h"
 
 namespace relaxcc::mpi {
 
