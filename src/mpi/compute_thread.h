@@ -1,4 +1,4 @@
-// ComputeThread: the engine's thread for Transport::compute's functions.
+// ComputeThread: the engine's thread for RequestPoster::compute's functions.
 #pragma once
 
 #include <condition_variable>
@@ -13,7 +13,7 @@ namespace relaxcc::mpi {
 
 class Operation;
 
-// The engine's compute thread: runs Transport::compute's functions in order
+// The engine's compute thread: runs RequestPoster::compute's functions in order
 // and hands each result to `done` (which rings the engine's doorbell).
 // Started with the first function.
 class ComputeThread {

@@ -48,7 +48,7 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
     return done;
   }
   if (direct == Direct::unavailable) start(op);
-  Transport& t = lane->transport_;
+  RequestPoster& t = lane->poster_;
   // A short budget: a late peer must not hold the caller (who may hold
   // locks of its own) longer than the engine's busy polling would.
   const auto budget = std::chrono::microseconds(tunables_.spin_us);
@@ -104,7 +104,7 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
                                   Clock::time_point started) {
   // Traced runs show every request; a prologue or a dependency means start().
   if (trace_.is_open() || op->prologue_ || op->after_) return Direct::unavailable;
-  Transport& t = lane.transport_;
+  RequestPoster& t = lane.poster_;
   DirectExchange x;
   try {
     if (!op->begin_direct(t, x)) return Direct::unavailable;
@@ -184,7 +184,7 @@ void Engine::count_direct(Lane& lane, const DirectExchange& x, int k) {
 
 void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x,
                           std::exception_ptr error) {
-  Transport& t = op->lane_->transport_;
+  RequestPoster& t = op->lane_->poster_;
   activate(op);
   for (int k = 0; k < x.count; ++k) {
     DirectExchange::Request& r = x.requests[k];

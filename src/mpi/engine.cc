@@ -185,7 +185,7 @@ bool Engine::iterate(Clock::time_point now) {
   }
   for (auto& c : computed) {
     --c.op->computing_;
-    Transport& t = c.op->lane_->transport_;
+    RequestPoster& t = c.op->lane_->poster_;
     try {
       c.op->on_computed(t, c.slot, std::move(c.error));
     } catch (...) {
@@ -197,7 +197,7 @@ bool Engine::iterate(Clock::time_point now) {
   for (size_t i = 0; i < active_.size(); ++i) {
     Operation& op = *active_[i];
     if (op.background() && op.pending_ == 0 && !poll_background) continue;
-    Transport& t = op.lane_->transport_;
+    RequestPoster& t = op.lane_->poster_;
     try {
       op.progress(t);
     } catch (...) {

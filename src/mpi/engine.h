@@ -80,7 +80,7 @@ struct Doorbell {
   // the mutex.
   std::atomic<bool> signalled{false};
   bool released = false;  // a waiting operation's dependency completed (under mutex)
-  // Transport::compute results not handed to their operation yet (under mutex).
+  // RequestPoster::compute results not handed to their operation yet (under mutex).
   struct Computed {
     Operation* op;
     int64_t slot;
@@ -210,7 +210,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void wake_for_callbacks();
 
  private:
-  friend class Transport;
+  friend class RequestPoster;
   struct Pending {
     Operation* op = nullptr;
     int64_t slot = 0;
@@ -361,7 +361,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Clock::time_point shutdown_deadline_{};
   std::vector<std::shared_ptr<Operation>> active_;   // sorted by priority, then seq
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
-  std::vector<std::shared_ptr<Operation>> spawned_;  // Transport::spawn, not started yet
+  std::vector<std::shared_ptr<Operation>> spawned_;  // RequestPoster::spawn, not started yet
   Clock::time_point last_background_poll_{};
   // Requests in flight at their slots (MPI_REQUEST_NULL: free). Free slots
   // are taken lowest first (free_slots_ is a min-heap), so those in use stay

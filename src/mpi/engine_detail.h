@@ -1,4 +1,5 @@
-// Shared by the engine's sources only (engine.cc, operation.cc, ...): the
+// Shared by the engine's sources only (engine.cc, operation.cc,
+// direct_exchange.cc, request_table.cc, poison_notices.cc, lane.cc): the
 // intervals of the progress loop and the progress token's hold.
 #pragma once
 

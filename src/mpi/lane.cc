@@ -19,7 +19,7 @@ namespace relaxcc::mpi {
 Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
            uint32_t id, std::vector<uint32_t> windows, Tunables tunables)
     : engine_(engine),
-      transport_(engine, *this),
+      poster_(engine, *this),
       comms_(std::move(comms)),
       members_(std::move(members)),
       rank_(rank),

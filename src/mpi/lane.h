@@ -95,10 +95,10 @@ class Lane {
 
  private:
   friend class Engine;
-  friend class Transport;
+  friend class RequestPoster;
   friend class Operation;
   Engine& engine_;
-  Transport transport_;
+  RequestPoster poster_;
   std::shared_ptr<CommPair> comms_;
   std::vector<int> members_;  // empty: every rank of comms_, in order
   int rank_ = 0;

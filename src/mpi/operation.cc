@@ -65,7 +65,7 @@ void Engine::take_seq_locked(Lane& lane, Operation& op, Clock::time_point now) {
 void Engine::bind_work_locked(const std::shared_ptr<Lane>& lane, Operation& op,
                               const std::string& label, Details details, uint64_t submission) {
   const int tag =
-      lane->transport_.collective_tag(op.seq_, Channel::header, (lane->rank_ + 1) % lane->size_);
+      lane->poster_.collective_tag(op.seq_, Channel::header, (lane->rank_ + 1) % lane->size_);
   // A reused operation brings its last Work: reused too when nobody holds it.
   if (op.work_ && op.work_.use_count() == 1 && op.work_->is_completed()) {
     std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's release
@@ -193,7 +193,7 @@ void Engine::start(const std::shared_ptr<Operation>& op) {
     op->after_.reset();
   }
   Operation& ref = activate(op);
-  Transport& t = ref.lane_->transport_;
+  RequestPoster& t = ref.lane_->poster_;
   try {
     if (failed) {
       ref.start_failed(t, failed);
@@ -215,7 +215,7 @@ void Engine::abort_all(const Lane* lane, const std::string& reason) {
                        reason, ")"),
         __FILE__, __LINE__));
     try {
-      op->abort(op->lane_->transport_, err);
+      op->abort(op->lane_->poster_, err);
     } catch (...) {
       RELAXCC_LOG(error, "abort of ", op->name(), " #", op->seq(), " failed");
     }

@@ -19,7 +19,7 @@ namespace relaxcc::mpi {
 
 class EngineWork;
 class Lane;
-class Transport;
+class RequestPoster;
 struct DirectExchange;
 
 // A resumable operation. Every method runs on the thread that holds the
@@ -32,20 +32,22 @@ class Operation {
 
   // Posts the first requests. Called once: in submission order, or once the
   // Work it runs after completed.
-  virtual void start(Transport& t) = 0;
+  virtual void start(RequestPoster& t) = 0;
   // Called instead of start() when the Work it runs after failed with
   // `error`: fail, telling the peers where the protocol allows. The default
   // aborts without starting (the peers see their own timeout).
-  virtual void start_failed(Transport& t, std::exception_ptr error) { abort(t, std::move(error)); }
+  virtual void start_failed(RequestPoster& t, std::exception_ptr error) {
+    abort(t, std::move(error));
+  }
   // Posts whatever can be posted now. Called every engine iteration.
-  virtual void progress(Transport&) {}
-  // Transport::compute's function for `slot` returned (error: what it threw).
-  virtual void on_computed(Transport&, int64_t /*slot*/, std::exception_ptr /*error*/) {}
+  virtual void progress(RequestPoster&) {}
+  // RequestPoster::compute's function for `slot` returned (error: what it threw).
+  virtual void on_computed(RequestPoster&, int64_t /*slot*/, std::exception_ptr /*error*/) {}
   // Request `slot` completed. `error` is the MPI error code (MPI_SUCCESS).
-  virtual void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) = 0;
+  virtual void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) = 0;
   // Stop: post nothing new, tell peers that wait on this rank, drain.
   // The first error wins; later ones are ignored.
-  virtual void abort(Transport& t, std::exception_ptr error) = 0;
+  virtual void abort(RequestPoster& t, std::exception_ptr error) = 0;
   // The operation finished its protocol (pending requests aside).
   virtual bool done() const = 0;
   // Collective operations take the communicator's next sequence number
@@ -55,7 +57,7 @@ class Operation {
   // Which peers it still waits for ("rank 3: data 2/8"), for the stall
   // inspector and timeout messages.
   virtual std::string waiting_for() const { return {}; }
-  // A background operation (Transport::spawn: a sweeper) keeps the engine
+  // A background operation (RequestPoster::spawn: a sweeper) keeps the engine
   // looking only about every millisecond: while it has no request pending,
   // the engine counts as idle and calls its progress() at that rate.
   // Shutdown does not wait for it.
@@ -65,7 +67,7 @@ class Operation {
   virtual void report(Work&) const {}
   // The direct path of Engine::run_now, for an operation that exchanges a
   // few messages with one peer. begin_direct() does what start() would, but
-  // posts with Transport::post_isend/post_irecv into `x`; it returns false,
+  // posts with RequestPoster::post_isend/post_irecv into `x`; it returns false,
   // having done nothing, when the operation has no direct path (start()
   // then). Each time every receive of `x` completed and something moved
   // since the last call, continue_direct() either completes the operation
@@ -79,9 +81,11 @@ class Operation {
   // what the protocol expects of the consumed completions and the receives
   // posted. An operation that took a completion must not refuse.
   enum class DirectStep { finished, more, refused };
-  virtual bool begin_direct(Transport&, DirectExchange&) { return false; }
-  virtual DirectStep continue_direct(Transport&, DirectExchange&) { return DirectStep::refused; }
-  virtual void leave_direct(Transport&) {}
+  virtual bool begin_direct(RequestPoster&, DirectExchange&) { return false; }
+  virtual DirectStep continue_direct(RequestPoster&, DirectExchange&) {
+    return DirectStep::refused;
+  }
+  virtual void leave_direct(RequestPoster&) {}
 
   // A local step the operation needs before start() (a copy of its input
   // into its output, say); runs on the token holder, not before
@@ -110,13 +114,13 @@ class Operation {
 
  private:
   friend class Engine;
-  friend class Transport;
+  friend class RequestPoster;
   // Releases its sequence number in its lane (once the engine dropped it).
   void release_seq();
   int priority_;
   uint64_t seq_ = 0;
   int pending_ = 0;
-  int computing_ = 0;  // Transport::compute calls not returned to on_computed yet
+  int computing_ = 0;  // RequestPoster::compute calls not returned to on_computed yet
   std::exception_ptr error_;
   Clock::time_point submitted_;
   Clock::time_point started_;

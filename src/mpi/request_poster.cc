@@ -16,7 +16,7 @@
 namespace relaxcc::mpi {
 
 namespace {
-void require_engine_thread(const Engine& e) {
+void require_progress_token(const Engine& e) {
   RELAXCC_ENFORCE(e.holds_token(), InternalError,
                   "MPI call without the engine's progress token: only its holder may call MPI");
 }
@@ -27,8 +27,8 @@ int byte_count(size_t bytes) {
 }
 }  // namespace
 
-MPI_Request Transport::post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll) {
-  require_engine_thread(engine_);
+MPI_Request RequestPoster::post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll) {
+  require_progress_token(engine_);
   MPI_Request req;
   check_mpi(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
                       coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
@@ -36,8 +36,8 @@ MPI_Request Transport::post_isend(const void* buf, size_t bytes, int peer, int t
   return req;
 }
 
-MPI_Request Transport::post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll) {
-  require_engine_thread(engine_);
+MPI_Request RequestPoster::post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll) {
+  require_progress_token(engine_);
   MPI_Request req;
   check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
                       coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
@@ -45,20 +45,20 @@ MPI_Request Transport::post_irecv(void* buf, size_t bytes, int peer, int tag, bo
   return req;
 }
 
-void Transport::isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer, int tag,
-                      bool coll) {
+void RequestPoster::isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer,
+                          int tag, bool coll) {
   engine_.add_request(op, slot, post_isend(buf, bytes, peer, tag, coll), bytes, peer, true, false);
 }
 
-void Transport::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
-                      bool coll) {
+void RequestPoster::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
+                          bool coll) {
   const int index = engine_.add_request(op, slot, post_irecv(buf, bytes, peer, tag, coll), bytes,
                                         peer, false, true);
   engine_.pending_[index].cancellable = true;
 }
 
-bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes, bool coll) {
-  require_engine_thread(engine_);
+bool RequestPoster::improbe(int peer, int tag, MPI_Message* message, size_t* bytes, bool coll) {
+  require_progress_token(engine_);
   int flag = 0;
   MPI_Status status;
   check_mpi(MPI_Improbe(lane_.comm_rank(peer), tag, coll ? lane_.comms_->coll : lane_.comms_->p2p,
@@ -71,16 +71,16 @@ bool Transport::improbe(int peer, int tag, MPI_Message* message, size_t* bytes, 
   return true;
 }
 
-void Transport::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message,
-                       int peer) {
-  require_engine_thread(engine_);
+void RequestPoster::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes,
+                           MPI_Message* message, int peer) {
+  require_progress_token(engine_);
   MPI_Request req;
   check_mpi(MPI_Imrecv(buf, byte_count(bytes), MPI_BYTE, message, &req), "MPI_Imrecv");
   engine_.add_request(op, slot, req, bytes, peer, false, true);
 }
 
-void Transport::cancel_receives(Operation& op, int64_t slot) {
-  require_engine_thread(engine_);
+void RequestPoster::cancel_receives(Operation& op, int64_t slot) {
+  require_progress_token(engine_);
   for (int i = 0; i < engine_.slots_in_use_; ++i) {
     auto& p = engine_.pending_[i];
     if (p.op == &op && p.slot == slot && p.cancellable &&
@@ -91,48 +91,48 @@ void Transport::cancel_receives(Operation& op, int64_t slot) {
   }
 }
 
-bool Transport::throttled(const Operation& op) const {
+bool RequestPoster::throttled(const Operation& op) const {
   for (const auto& other : engine_.active_)
     if (other->priority() > op.priority() && !other->done()) return true;
   return false;
 }
 
-int Transport::rank() const {
+int RequestPoster::rank() const {
   return lane_.rank_;
 }
-int Transport::size() const {
+int RequestPoster::size() const {
   return lane_.size_;
 }
-bool Transport::poisoned() const {
+bool RequestPoster::poisoned() const {
   return lane_.poisoned();
 }
-uint32_t Transport::lane_id() const {
+uint32_t RequestPoster::lane_id() const {
   return lane_.id_;
 }
-const Tunables& Transport::tunables() const {
+const Tunables& RequestPoster::tunables() const {
   return lane_.tunables_;
 }
-int Transport::collective_tag(uint64_t seq, Channel channel, int peer) const {
+int RequestPoster::collective_tag(uint64_t seq, Channel channel, int peer) const {
   return mpi::collective_tag(lane_.window(peer), seq, channel, lane_.comms_->max_tag);
 }
-ScratchPool::Buffer Transport::scratch(size_t bytes) {
+ScratchPool::Buffer RequestPoster::scratch(size_t bytes) {
   return engine_.scratch_->acquire(bytes);
 }
-RoundStream& Transport::round_stream(int peer, int tag) {
+RoundStream& RequestPoster::round_stream(int peer, int tag) {
   return lane_.round_streams_[{peer, tag}];
 }
-void Transport::spawn(const Operation& from, std::shared_ptr<Operation> op) {
-  require_engine_thread(engine_);
+void RequestPoster::spawn(const Operation& from, std::shared_ptr<Operation> op) {
+  require_progress_token(engine_);
   op->lane_ = from.lane_;
   op->started_ = Clock::now();
   engine_.spawned_.push_back(std::move(op));
 }
-void Transport::compute(Operation& op, int64_t slot, std::function<void()> fn) {
-  require_engine_thread(engine_);
+void RequestPoster::compute(Operation& op, int64_t slot, std::function<void()> fn) {
+  require_progress_token(engine_);
   ++op.computing_;
   engine_.compute_.submit(&op, slot, std::move(fn));
 }
-void Transport::count_late(uint64_t n) {
+void RequestPoster::count_late(uint64_t n) {
   LaneCounters::add(lane_.counters_.late_messages, n);
 }
 

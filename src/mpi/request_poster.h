@@ -1,4 +1,4 @@
-// Transport: what an operation of a lane may do on the progress token's
+// RequestPoster: what an operation of a lane may do on the progress token's
 // holder: post and cancel its requests, probe, spawn and compute.
 #pragma once
 
@@ -23,9 +23,9 @@ struct RoundStream;
 // Posts MPI requests for the operations of one lane. Peers are ranks of the
 // lane; tags are the lane's. Valid only on the thread that holds the
 // engine's progress token.
-class Transport {
+class RequestPoster {
  public:
-  Transport(Engine& engine, Lane& lane) : engine_(engine), lane_(lane) {}
+  RequestPoster(Engine& engine, Lane& lane) : engine_(engine), lane_(lane) {}
 
   // Non-blocking send/receive on the collective (coll == true) or the
   // point-to-point communicator. `slot` comes back in on_complete.

@@ -101,12 +101,12 @@ void Engine::complete_request(const Pending& p, const MPI_Status& status, int er
                 detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"",
                                p.op->name(), "\",\"seq\":", p.op->seq()));
   try {
-    p.op->on_complete(p.op->lane_->transport_, p.slot, status, err);
+    p.op->on_complete(p.op->lane_->poster_, p.slot, status, err);
   } catch (...) {
     // An abort that fails (a send it posts throws) must not lose the other
     // completions of this batch: their requests are freed already.
     try {
-      p.op->abort(p.op->lane_->transport_, std::current_exception());
+      p.op->abort(p.op->lane_->poster_, std::current_exception());
     } catch (...) {
       poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": abort failed: ",
                                          abort_cause(std::current_exception()).reason));
