@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "../kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "modes.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"

@@ -6,10 +6,10 @@
 
 #include <memory>
 
-#include "../src/nccl/nccl_types.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/nccl_communicator.h"
+#include "src/nccl/nccl_types.h"
 
 namespace relaxcc::bench {
 

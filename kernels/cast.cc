@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "cpu/cpu_kernels.h"
-#include "cuda/cuda_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/thread_pool.h"
 

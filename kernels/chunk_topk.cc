@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/topk.h"
+#include "kernels/cpu/topk.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 

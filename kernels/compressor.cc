@@ -6,10 +6,10 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/cpu_kernels.h"
-#include "cpu/quantize.h"
-#include "cpu/topk.h"
-#include "cuda/cuda_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/quantize.h"
+#include "kernels/cpu/topk.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/philox.h"
 #include "relaxcc/thread_pool.h"

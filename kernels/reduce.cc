@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/thread_pool.h"
 

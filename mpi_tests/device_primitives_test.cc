@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/forwarding_communicator.h"
 #include "relaxcc/kernels/cuda_runtime.h"

@@ -17,11 +17,11 @@
 
 #include <gtest/gtest.h>
 
-#include "mpi/engine.h"
-#include "mpi/op_header.h"
-#include "mpi/recursive_doubling.h"
 #include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
+#include "src/mpi/engine.h"
+#include "src/protocols/op_header.h"
+#include "src/protocols/recursive_doubling.h"
 #include "test_util.h"
 
 namespace relaxcc::mpi {

@@ -17,9 +17,9 @@
 
 #include <gtest/gtest.h>
 
-#include "mpi/engine.h"
-#include "mpi/op_header.h"
 #include "relaxcc/errors.h"
+#include "src/mpi/engine.h"
+#include "src/protocols/op_header.h"
 #include "test_util.h"
 
 namespace relaxcc {

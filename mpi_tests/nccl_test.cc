@@ -18,12 +18,12 @@
 
 #include <gtest/gtest.h>
 
-#include "nccl/device_checks.h"
-#include "nccl/watchdog.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 #include "relaxcc/nccl_communicator.h"
+#include "src/nccl/device_checks.h"
+#include "src/nccl/watchdog.h"
 #include "test_util.h"
 
 namespace relaxcc {

@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/algorithms/bytegrad.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <charconv>
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -113,6 +114,11 @@ std::string concat(const Args&... args) {
 inline std::string of_label(const std::string& label) {
   return label.empty() ? std::string() : concat(" of '", label, "'");
 }
+
+// The message `e` carries, to quote in another error: Error::message() for
+// relaxcc's errors (no kind, rank or location), what() for other standard
+// exceptions, "an exception of unknown type" for anything else. `e` is not null.
+std::string message_of(const std::exception_ptr& e);
 }  // namespace detail
 
 }  // namespace relaxcc

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace relaxcc::kernels::cpu {
 

@@ -1,4 +1,4 @@
-#include "quantize.h"
+#include "kernels/cpu/quantize.h"
 
 #include <immintrin.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "relaxcc/kernels/philox.h"
 
 namespace relaxcc::kernels::cpu {

@@ -1,4 +1,4 @@
-#include "topk.h"
+#include "kernels/cpu/topk.h"
 
 #include <immintrin.h>
 
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <memory>
 
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/thread_pool.h"
 

@@ -3,7 +3,7 @@
 // bit, NaN payloads included.
 #include <cuda_runtime.h>
 
-#include "cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/half.h"
 

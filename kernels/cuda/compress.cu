@@ -8,8 +8,8 @@
 
 #include <cstring>
 
-#include "cuda_check.h"
-#include "cuda_kernels.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/half.h"
 #include "relaxcc/kernels/philox.h"

@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "cuda_check.h"
-#include "cuda_kernels.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 
 namespace relaxcc::kernels::cuda {

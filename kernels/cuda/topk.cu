@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
-#include "cuda_check.h"
-#include "cuda_kernels.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 
 namespace relaxcc::kernels::cuda {

@@ -1,6 +1,6 @@
 // Stand-ins for the CUDA entry points in a build without CUDA. They report
 // the situation to the caller; they never pretend to run.
-#include "cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/cuda_runtime.h"
 

@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "../cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/cuda_runtime.h"

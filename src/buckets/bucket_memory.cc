@@ -1,8 +1,8 @@
-#include "bucket_memory.h"
+#include "src/buckets/bucket_memory.h"
 
 #include <cstring>
 
-#include "../../kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 
 namespace relaxcc::buckets {

@@ -1,4 +1,4 @@
-#include "argument_checks.h"
+#include "src/collectives/argument_checks.h"
 
 #include <numeric>
 

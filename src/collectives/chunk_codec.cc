@@ -1,4 +1,4 @@
-#include "chunk_codec.h"
+#include "src/collectives/chunk_codec.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "ring_schedule.h"
+#include "src/collectives/ring_schedule.h"
 
 #include <algorithm>
 

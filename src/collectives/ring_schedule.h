@@ -1,7 +1,7 @@
 // The pipelined ring's schedule for one rank of `size` (ranks of a
 // communicator or group, in ring order r -> r+1): the segments it receives
 // from r-1 and sends to r+1, in order, and what each waits for.
-// Transport-neutral: src/mpi/ring.h runs it over MPI messages or node-shared
+// Transport-neutral: src/protocols/ring.h runs it over MPI messages or node-shared
 // memory; a compressed mode only changes what a segment carries.
 //
 // The tensor is split into size chunks (chunk c belongs to rank c) and each

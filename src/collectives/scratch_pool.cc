@@ -1,4 +1,4 @@
-#include "scratch_pool.h"
+#include "src/collectives/scratch_pool.h"
 
 #include <algorithm>
 #include <bit>

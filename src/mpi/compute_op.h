@@ -10,7 +10,8 @@
 #include <memory>
 #include <utility>
 
-#include "engine.h"
+#include "src/mpi/operation.h"
+#include "src/mpi/request_poster.h"
 
 namespace relaxcc::mpi {
 
@@ -19,20 +20,20 @@ class ComputeOp final : public Operation {
   ComputeOp(std::function<void()> fn, int priority)
       : Operation("compute", priority), fn_(std::move(fn)) {}
 
-  void start(Transport& t) override {
+  void start(RequestPoster& t) override {
     t.compute(*this, 0, [fn = std::exchange(fn_, nullptr), phase = phase_] {
       Phase queued = Phase::queued;
       if (phase->compare_exchange_strong(queued, Phase::running)) fn();
     });
   }
-  void on_computed(Transport&, int64_t, std::exception_ptr error) override {
+  void on_computed(RequestPoster&, int64_t, std::exception_ptr error) override {
     if (error) set_error(std::move(error));
     finished_ = true;
   }
-  void on_complete(Transport&, int64_t, const MPI_Status&, int) override {}
+  void on_complete(RequestPoster&, int64_t, const MPI_Status&, int) override {}
   // A poisoned lane or a failed dependency: the Work fails, and the function
   // never runs, unless it started already (then its own result stands).
-  void abort(Transport&, std::exception_ptr error) override {
+  void abort(RequestPoster&, std::exception_ptr error) override {
     Phase queued = Phase::queued;
     if (!phase_->compare_exchange_strong(queued, Phase::cancelled)) return;
     set_error(std::move(error));

@@ -1,10 +1,12 @@
-#include "edge_op.h"
+#include "src/mpi/edge_op.h"
+
+#include "src/mpi/mpi_errors.h"
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
-#include "../collectives/butterfly.h"
+#include "src/collectives/butterfly.h"
 
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
@@ -58,7 +60,7 @@ FirstContacts first_contacts(int rank, int size) {
   return peers;
 }
 
-void EdgeOp::start(Transport& t) {
+void EdgeOp::start(RequestPoster& t) {
   open_edges(t);
   // The peers' header messages are received after this rank's went out (its
   // send is what they wait for), whatever happens here.
@@ -92,13 +94,13 @@ void EdgeOp::start(Transport& t) {
   check_finished(t);
 }
 
-bool EdgeOp::can_exchange(Transport& t, int count) const {
+bool EdgeOp::can_exchange(RequestPoster& t, int count) const {
   // Of two ranks, the peer is the only first contact.
   return t.size() == 2 && peers_.size() == 1 && peers_[0].msgs_to == count &&
          peers_[0].msgs_from == count && count >= 1 && 2 * count <= DirectExchange::kMaxRequests;
 }
 
-void EdgeOp::begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x) {
+void EdgeOp::begin_exchange(RequestPoster& t, const Part* parts, int count, DirectExchange& x) {
   open_edges(t);
   Peer& p = peers_[0];
   put_inline(0, parts[0].data, parts[0].bytes);
@@ -140,7 +142,7 @@ void EdgeOp::take_exchanged_header(DirectExchange& x) {
   exchanged_header_ = x.received(exchange_header_request_);
 }
 
-void EdgeOp::receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes,
+void EdgeOp::receive_exchanged(RequestPoster& t, int64_t msg, void* buf, size_t bytes,
                                DirectExchange& x) {
   const Peer& p = peers_[0];
   x.add(t.post_irecv(buf, bytes, p.rank, tag(p, Channel::data)), slot(kDataRecv, 0, msg), bytes,
@@ -148,7 +150,7 @@ void EdgeOp::receive_exchanged(Transport& t, int64_t msg, void* buf, size_t byte
   ++exchanged_posted_;
 }
 
-void EdgeOp::leave_exchange(Transport& t) {
+void EdgeOp::leave_exchange(RequestPoster& t) {
   if (exchanged_header_ == 0) return;
   // What on_complete does with a matching header message, then recv_data
   // and deliver_inline.
@@ -160,7 +162,7 @@ void EdgeOp::leave_exchange(Transport& t) {
   post_abort_recv(t, 0);
 }
 
-void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
+void EdgeOp::start_failed(RequestPoster& t, std::exception_ptr error) {
   // Headers and abort records to every peer, data to none: they fail too.
   open_edges(t);
   fail(t, error, abort_cause(error).reason, AbortKind::error);
@@ -168,7 +170,7 @@ void EdgeOp::start_failed(Transport& t, std::exception_ptr error) {
   check_finished(t);
 }
 
-void EdgeOp::open_edges(Transport& t) {
+void EdgeOp::open_edges(RequestPoster& t) {
   header_.seq = seq();
   header_.lane = t.lane_id();
   started_ = true;
@@ -192,13 +194,13 @@ void EdgeOp::open_edges(Transport& t) {
   }
 }
 
-void EdgeOp::receive_headers(Transport& t) {
+void EdgeOp::receive_headers(RequestPoster& t) {
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi)
     t.irecv(*this, slot(kHeaderRecv, pi, 0), peers_[pi].header_buf.data(), peers_[pi].header_len,
             peers_[pi].rank, tag(peers_[pi], Channel::header));
 }
 
-void EdgeOp::progress(Transport& t) {
+void EdgeOp::progress(RequestPoster& t) {
   if (finished_) return;
   if (aborted_) {
     if (!hard_abort_) drain(t);
@@ -209,7 +211,7 @@ void EdgeOp::progress(Transport& t) {
   check_finished(t);
 }
 
-void EdgeOp::deliver_inline(Transport& t) {
+void EdgeOp::deliver_inline(RequestPoster& t) {
   for (bool again = true; again && !aborted_;) {
     again = false;
     for (int pi = 0; pi < static_cast<int>(peers_.size()) && !aborted_; ++pi) {
@@ -223,7 +225,7 @@ void EdgeOp::deliver_inline(Transport& t) {
   }
 }
 
-void EdgeOp::send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes) {
+void EdgeOp::send_data(RequestPoster& t, int pi, int64_t msg, const void* buf, size_t bytes) {
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(!p.mismatch && !aborted_, InternalError, name(), ": data send on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_out, InternalError, name(), ": data sends out of order");
@@ -260,7 +262,7 @@ void EdgeOp::take_header_message(Peer& p, size_t got) {
   p.header_len = p.inline_in ? got : 0;
 }
 
-void EdgeOp::send_header(Transport& t, int pi) {
+void EdgeOp::send_header(RequestPoster& t, int pi) {
   Peer& p = peers_[pi];
   if (p.header_sent) return;
   if (!p.inline_out) {
@@ -273,7 +275,7 @@ void EdgeOp::send_header(Transport& t, int pi) {
   p.header_sent = true;  // only once it is: a failed send is tried again by fail()
 }
 
-void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes) {
+void EdgeOp::recv_data(RequestPoster& t, int pi, int64_t msg, void* buf, size_t bytes) {
   Peer& p = peers_[pi];
   RELAXCC_ENFORCE(p.live && !aborted_, InternalError, name(), ": data receive on a closed edge");
   RELAXCC_ENFORCE_EQ(msg, p.posted_in, InternalError, name(), ": data receives out of order");
@@ -297,7 +299,7 @@ void EdgeOp::recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t byte
   ++p.posted_in;  // only once it is: a receive that failed never completes
 }
 
-void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int error) {
+void EdgeOp::on_complete(RequestPoster& t, int64_t s, const MPI_Status& status, int error) {
   const auto kind = static_cast<SlotKind>(s >> 56);
   const int pi = static_cast<int>((s >> 40) & 0xffff);
   const int64_t index = s & ((int64_t{1} << 40) - 1);
@@ -389,7 +391,7 @@ void EdgeOp::on_complete(Transport& t, int64_t s, const MPI_Status& status, int 
   check_finished(t);
 }
 
-void EdgeOp::abort(Transport& t, std::exception_ptr error) {
+void EdgeOp::abort(RequestPoster& t, std::exception_ptr error) {
   const AbortCause cause = abort_cause(error);
   const std::string& reason = cause.reason;
   if (cause.kind == AbortKind::poisoned && !hard_abort_) {
@@ -410,7 +412,7 @@ void EdgeOp::abort(Transport& t, std::exception_ptr error) {
   check_finished(t);
 }
 
-void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& reason,
+void EdgeOp::fail(RequestPoster& t, std::exception_ptr error, const std::string& reason,
                   AbortKind kind) {
   set_error(std::move(error));
   if (aborted_) return;
@@ -432,7 +434,7 @@ void EdgeOp::fail(Transport& t, std::exception_ptr error, const std::string& rea
   }
 }
 
-void EdgeOp::send_abort(Transport& t, int pi) {
+void EdgeOp::send_abort(RequestPoster& t, int pi) {
   Peer& p = peers_[pi];
   if (p.abort_sent) return;
   p.abort_sent = true;
@@ -444,7 +446,7 @@ void EdgeOp::send_abort(Transport& t, int pi) {
           tag(p, Channel::abort));
 }
 
-void EdgeOp::post_abort_recv(Transport& t, int pi) {
+void EdgeOp::post_abort_recv(RequestPoster& t, int pi) {
   Peer& p = peers_[pi];
   if (p.abort_recv_posted) return;
   t.irecv(*this, slot(kAbortRecv, pi, 0), &p.abort_in, sizeof(AbortRecord), p.rank,
@@ -452,7 +454,7 @@ void EdgeOp::post_abort_recv(Transport& t, int pi) {
   p.abort_recv_posted = true;
 }
 
-void EdgeOp::drain(Transport& t) {
+void EdgeOp::drain(RequestPoster& t) {
   // One message at a time per peer, sized by a matched probe: the buffer
   // only grows while no receive writes into it.
   for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
@@ -475,7 +477,7 @@ void EdgeOp::drain(Transport& t) {
   }
 }
 
-void EdgeOp::check_finished(Transport& t) {
+void EdgeOp::check_finished(RequestPoster& t) {
   if (finished_ || !started_) return;
   for (const Peer& p : peers_)
     if (!p.header_received) return;

@@ -42,9 +42,12 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
-#include "op_header.h"
 #include "relaxcc/exec_context.h"
+#include "relaxcc/tensor.h"
+#include "src/mpi/direct_exchange.h"
+#include "src/mpi/operation.h"
+#include "src/mpi/request_poster.h"
+#include "src/protocols/op_header.h"
 
 namespace relaxcc::mpi {
 
@@ -70,11 +73,11 @@ class EdgeOp : public Operation {
  public:
   EdgeOp(std::string name, int priority, std::string label);
 
-  void start(Transport& t) final;
-  void start_failed(Transport& t, std::exception_ptr error) final;
-  void progress(Transport& t) final;
-  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) final;
-  void abort(Transport& t, std::exception_ptr error) final;
+  void start(RequestPoster& t) final;
+  void start_failed(RequestPoster& t, std::exception_ptr error) final;
+  void progress(RequestPoster& t) final;
+  void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) final;
+  void abort(RequestPoster& t, std::exception_ptr error) final;
   bool done() const final { return finished_; }
   std::string waiting_for() const override;
 
@@ -97,9 +100,9 @@ class EdgeOp : public Operation {
   void reset_edges(const std::string& label);
 
   // Posts data; called while the operation runs and is not aborted.
-  virtual void run(Transport& t) = 0;
-  virtual void on_sent(Transport& t, int peer_index, int64_t msg) = 0;
-  virtual void on_received(Transport& t, int peer_index, int64_t msg) = 0;
+  virtual void run(RequestPoster& t) = 0;
+  virtual void on_sent(RequestPoster& t, int peer_index, int64_t msg) = 0;
+  virtual void on_received(RequestPoster& t, int peer_index, int64_t msg) = 0;
   // The data schedule finished on this rank.
   virtual bool data_done() const = 0;
 
@@ -109,8 +112,8 @@ class EdgeOp : public Operation {
   bool edge_live(int pi) const { return peers_[pi].live; }
   // The peer's header; valid once the edge is live.
   const OpHeader& peer_header(int pi) const { return peers_[pi].header_in; }
-  void send_data(Transport& t, int pi, int64_t msg, const void* buf, size_t bytes);
-  void recv_data(Transport& t, int pi, int64_t msg, void* buf, size_t bytes);
+  void send_data(RequestPoster& t, int pi, int64_t msg, const void* buf, size_t bytes);
+  void recv_data(RequestPoster& t, int pi, int64_t msg, void* buf, size_t bytes);
 
   // The direct path (Operation::begin_direct) of an operation of two ranks
   // that sends the other `count` data messages (the first at most
@@ -123,8 +126,8 @@ class EdgeOp : public Operation {
     const void* data;
     size_t bytes;
   };
-  bool can_exchange(Transport& t, int count) const;
-  void begin_exchange(Transport& t, const Part* parts, int count, DirectExchange& x);
+  bool can_exchange(RequestPoster& t, int count) const;
+  void begin_exchange(RequestPoster& t, const Part* parts, int count, DirectExchange& x);
   // The peer's inline data message of `bytes`, once its header message
   // arrived in `x`; null, changing nothing, unless the peer's header matches
   // this rank's and carries exactly that message.
@@ -136,12 +139,12 @@ class EdgeOp : public Operation {
   void take_exchanged_header(DirectExchange& x);
   bool exchange_taken() const { return exchanged_header_ > 0; }
   unsigned char* exchanged_first() const { return peers_[0].header_buf.data() + sizeof(OpHeader); }
-  void receive_exchanged(Transport& t, int64_t msg, void* buf, size_t bytes, DirectExchange& x);
+  void receive_exchanged(RequestPoster& t, int64_t msg, void* buf, size_t bytes, DirectExchange& x);
   // Operation::leave_direct once the header was taken: the edge as the
   // protocol leaves it when the header message arrives and the data
   // receives are posted (message 0 delivered; the abort record's receive
   // posted now).
-  void leave_exchange(Transport& t);
+  void leave_exchange(RequestPoster& t);
 
  private:
   struct Peer {
@@ -193,26 +196,26 @@ class EdgeOp : public Operation {
   }
 
   // start(): first contacts and this rank's edges.
-  void open_edges(Transport& t);
+  void open_edges(RequestPoster& t);
   // Posts the header receive of every edge (once, in start()).
-  void receive_headers(Transport& t);
+  void receive_headers(RequestPoster& t);
   // This rank's header on edge `pi`.
   OpHeader edge_header(int pi) const;
-  void fail(Transport& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
-  void send_abort(Transport& t, int pi);
-  void post_abort_recv(Transport& t, int pi);
-  void send_header(Transport& t, int pi);
+  void fail(RequestPoster& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
+  void send_abort(RequestPoster& t, int pi);
+  void post_abort_recv(RequestPoster& t, int pi);
+  void send_header(RequestPoster& t, int pi);
   // This rank's header message to peer `pi` with the data message `buf`
   // (of at most kInlineBytes) inside, ready to send.
   void put_inline(int pi, const void* buf, size_t bytes);
   // The peer's header message of `got` bytes arrived in its buffer: its
   // header, and whether a data message rides in it.
   void take_header_message(Peer& p, size_t got);
-  void drain(Transport& t);
+  void drain(RequestPoster& t);
   // Hands inline data messages copied by recv_data to on_received (outside
   // run(), which posted them).
-  void deliver_inline(Transport& t);
-  void check_finished(Transport& t);
+  void deliver_inline(RequestPoster& t);
+  void check_finished(RequestPoster& t);
   // The operation's tag on channel `c` with peer `p` (open_edges computed
   // the first).
   static int tag(const Peer& p, Channel c) { return p.header_tag + static_cast<int>(c); }

@@ -13,22 +13,22 @@
 #include <array>
 #include <fstream>
 
-#include "../collectives/argument_checks.h"
-#include "alltoall_pairwise.h"
-#include "broadcast_chain.h"
-#include "compute_op.h"
-#include "engine.h"
-#include "op_header.h"
-#include "point_to_point.h"
-#include "polling.h"
-#include "recursive_doubling.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/topology.h"
-#include "ring.h"
-#include "shared_memory.h"
+#include "src/collectives/argument_checks.h"
+#include "src/collectives/shared_memory.h"
+#include "src/mpi/compute_op.h"
+#include "src/mpi/engine.h"
+#include "src/mpi/point_to_point.h"
+#include "src/mpi/polling.h"
+#include "src/protocols/alltoall_pairwise.h"
+#include "src/protocols/broadcast_chain.h"
+#include "src/protocols/op_header.h"
+#include "src/protocols/recursive_doubling.h"
+#include "src/protocols/ring.h"
 
 namespace relaxcc {
 namespace mpi {

@@ -1,12 +1,14 @@
-#include "point_to_point.h"
+#include "src/mpi/point_to_point.h"
+
+#include "src/mpi/mpi_errors.h"
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <sstream>
 
-#include "op_header.h"
 #include "relaxcc/errors.h"
+#include "src/protocols/op_header.h"
 
 namespace relaxcc::mpi {
 
@@ -25,7 +27,7 @@ uint64_t round_of(const unsigned char* message, size_t bytes, RoundHeader* heade
 }
 
 // Keeps a message of a later round for the receive of its round.
-void keep_early(Transport& t, RoundStream& stream, uint64_t round, ScratchPool::Buffer message,
+void keep_early(RequestPoster& t, RoundStream& stream, uint64_t round, ScratchPool::Buffer message,
                 size_t bytes) {
   if (stream.early.size() >= kMaxEarly) {
     stream.early.pop_front();
@@ -35,8 +37,9 @@ void keep_early(Transport& t, RoundStream& stream, uint64_t round, ScratchPool::
 }
 }  // namespace
 
-bool receive_round_parts(Transport& t, Operation& op, int64_t slot, RoundStream& stream, int peer,
-                         int tag, ScratchPool::Buffer& first, size_t got, RoundParts& parts) {
+bool receive_round_parts(RequestPoster& t, Operation& op, int64_t slot, RoundStream& stream,
+                         int peer, int tag, ScratchPool::Buffer& first, size_t got,
+                         RoundParts& parts) {
   RoundHeader h;
   if (round_of(first.data(), got, &h) == 0 || h.part_bytes == 0 || h.dtype >= kNumDTypes ||
       h.count < 0)
@@ -104,7 +107,7 @@ std::string P2PBatchOp::where(size_t i) const {
                         rounds() ? detail::concat(", round ", round_) : std::string(), ")");
 }
 
-void P2PBatchOp::start(Transport& t) {
+void P2PBatchOp::start(RequestPoster& t) {
   started_ = true;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const P2POp& op = ops_[i];
@@ -144,7 +147,7 @@ void P2PBatchOp::start(Transport& t) {
   if (rounds()) progress(t);
 }
 
-void P2PBatchOp::progress(Transport& t) {
+void P2PBatchOp::progress(RequestPoster& t) {
   if (aborted_) return;
   if (rounds() && deadline_ && !deadline_passed_ && !done() && Clock::now() >= *deadline_) {
     // What came by the deadline counts: while a receive that had begun by
@@ -199,7 +202,7 @@ bool P2PBatchOp::still_begun() const {
   return false;
 }
 
-void P2PBatchOp::take_arrived(Transport& t) {
+void P2PBatchOp::take_arrived(RequestPoster& t) {
   for (size_t i = 0; i < ops_.size() && !aborted_; ++i)
     if (streams_[i] != nullptr && recv_state_[i] == RecvState::waiting &&
         streams_[i]->receivers.front() == &ops_[i])
@@ -221,7 +224,7 @@ std::pair<size_t, size_t> P2PBatchOp::send_part(size_t i, int64_t m) const {
   return {begin, std::min(end, sizeof(RoundHeader) + static_cast<size_t>(m + 1) * part)};
 }
 
-void P2PBatchOp::post_data_sends(Transport& t) {
+void P2PBatchOp::post_data_sends(RequestPoster& t) {
   for (; next_data_send_ < ops_.size(); ++next_data_send_) {
     const size_t i = next_data_send_;
     const P2POp& op = ops_[i];
@@ -258,7 +261,7 @@ bool P2PBatchOp::done() const {
   return outstanding_ == 0 && sent;
 }
 
-void P2PBatchOp::take_next(Transport& t, size_t i) {
+void P2PBatchOp::take_next(RequestPoster& t, size_t i) {
   RoundStream& stream = *streams_[i];
   while (!stream.early.empty()) {
     EarlyMessage& e = stream.early.front();
@@ -291,7 +294,7 @@ void P2PBatchOp::take_next(Transport& t, size_t i) {
   recv_state_[i] = RecvState::receiving;
 }
 
-void P2PBatchOp::on_round_message(Transport& t, size_t i, size_t bytes) {
+void P2PBatchOp::on_round_message(RequestPoster& t, size_t i, size_t bytes) {
   const P2POp& op = ops_[i];
   RoundHeader h;
   const uint64_t round = round_of(buffers_[i].data(), bytes, &h);
@@ -347,7 +350,7 @@ void P2PBatchOp::settle(size_t i, RecvState state) {
   --unsettled_;
 }
 
-void P2PBatchOp::abandon_receives(Transport& t) {
+void P2PBatchOp::abandon_receives(RequestPoster& t) {
   const auto until = Clock::now() + std::chrono::milliseconds(t.tunables().timeout_ms);
   for (size_t i = 0; i < ops_.size(); ++i) {
     if (streams_[i] == nullptr || recv_state_[i] > RecvState::receiving) continue;
@@ -363,7 +366,7 @@ void P2PBatchOp::abandon_receives(Transport& t) {
   }
 }
 
-void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) {
+void P2PBatchOp::on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) {
   --outstanding_;
   const auto i = static_cast<size_t>(slot / 2);
   const bool is_header = slot % 2 == 0;
@@ -417,7 +420,7 @@ void P2PBatchOp::on_complete(Transport& t, int64_t slot, const MPI_Status& statu
   if (!cancelled) on_plain_complete(t, i, is_header, error);
 }
 
-void P2PBatchOp::on_plain_complete(Transport& t, size_t i, bool is_header, int) {
+void P2PBatchOp::on_plain_complete(RequestPoster& t, size_t i, bool is_header, int) {
   const P2POp& op = ops_[i];
   if (op.kind != P2POp::Kind::recv || !is_header || aborted_) return;
   const Wire& h = headers_[i];
@@ -445,7 +448,7 @@ void P2PBatchOp::on_plain_complete(Transport& t, size_t i, bool is_header, int) 
   ++pending_[i];
 }
 
-void P2PBatchOp::abort(Transport& t, std::exception_ptr error) {
+void P2PBatchOp::abort(RequestPoster& t, std::exception_ptr error) {
   set_error(std::move(error));
   if (rounds()) {
     abandon_receives(t);
@@ -494,7 +497,7 @@ void P2PBatchOp::report(Work& work) const {
 RoundSweeper::RoundSweeper(RoundStream& stream, int peer, int tag)
     : Operation("round sweeper", INT_MIN), stream_(stream), peer_(peer), tag_(tag) {}
 
-void RoundSweeper::start(Transport&) {
+void RoundSweeper::start(RequestPoster&) {
   stream_.sweeping = true;
 }
 
@@ -503,7 +506,7 @@ void RoundSweeper::finish() {
   finished_ = true;
 }
 
-void RoundSweeper::progress(Transport& t) {
+void RoundSweeper::progress(RequestPoster& t) {
   // An abandoned receive's message still arriving: the next one follows it.
   if (finished_ || receiving_ || stream_.matched > 0) return;
   if (stream_.abandoned == 0 || !stream_.receivers.empty() || t.poisoned() ||
@@ -520,7 +523,7 @@ void RoundSweeper::progress(Transport& t) {
   receiving_ = true;
 }
 
-void RoundSweeper::on_complete(Transport& t, int64_t, const MPI_Status& status, int error) {
+void RoundSweeper::on_complete(RequestPoster& t, int64_t, const MPI_Status& status, int error) {
   --stream_.matched;
   bool failed = error != MPI_SUCCESS;
   size_t got = 0;

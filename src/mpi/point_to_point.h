@@ -22,14 +22,17 @@
 //          receives still waiting are abandoned; a RoundSweeper drops their
 //          late messages while no other receive waits on the stream.
 // Data sends go out in batch order, one at a time while a higher-priority
-// operation is active (Transport::throttled); a message in parts goes whole.
+// operation is active (RequestPoster::throttled); a message in parts goes whole.
 #pragma once
 
 #include <optional>
 #include <vector>
 
-#include "engine.h"
 #include "relaxcc/collectives/point_to_point.h"
+#include "src/mpi/clock.h"
+#include "src/mpi/lane.h"
+#include "src/mpi/operation.h"
+#include "src/mpi/request_poster.h"
 
 namespace relaxcc::mpi {
 
@@ -65,8 +68,9 @@ struct RoundParts {
 // other parts' receives for `op` with `slot` (each counted in
 // stream.matched) and returns true. Otherwise (one message, or a header
 // that does not add up, left to the caller to judge) returns false.
-bool receive_round_parts(Transport& t, Operation& op, int64_t slot, RoundStream& stream, int peer,
-                         int tag, ScratchPool::Buffer& first, size_t got, RoundParts& parts);
+bool receive_round_parts(RequestPoster& t, Operation& op, int64_t slot, RoundStream& stream,
+                         int peer, int tag, ScratchPool::Buffer& first, size_t got,
+                         RoundParts& parts);
 // On completion of a part of `parts` (left > 0): true once the message is whole.
 inline bool round_part_arrived(RoundParts& parts) {
   return --parts.left == 0;
@@ -85,10 +89,10 @@ class P2PBatchOp final : public Operation {
   P2PBatchOp(std::vector<P2POp> ops, const P2POptions& options, std::vector<int64_t> part_bytes);
   ~P2PBatchOp() override;
 
-  void start(Transport& t) override;
-  void progress(Transport& t) override;
-  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
-  void abort(Transport& t, std::exception_ptr error) override;
+  void start(RequestPoster& t) override;
+  void progress(RequestPoster& t) override;
+  void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) override;
+  void abort(RequestPoster& t, std::exception_ptr error) override;
   bool collective() const override { return false; }
   bool done() const override;
   std::string waiting_for() const override;
@@ -106,20 +110,20 @@ class P2PBatchOp final : public Operation {
   bool rounds() const { return round_ != 0; }
   // Posts data sends from next_data_send_ on (one message in flight when
   // throttled; a message in parts counts as one).
-  void post_data_sends(Transport& t);
+  void post_data_sends(RequestPoster& t);
   // The messages of round send `i`, and the bytes of its buffer message `m` spans.
   int64_t send_parts(size_t i) const;
   std::pair<size_t, size_t> send_part(size_t i, int64_t m) const;
-  void on_plain_complete(Transport& t, size_t i, bool is_header, int error);
+  void on_plain_complete(RequestPoster& t, size_t i, bool is_header, int error);
   // Round receive `i` at the head of its stream: takes a kept message of its
   // round, or probes for the next one.
-  void take_next(Transport& t, size_t i);
+  void take_next(RequestPoster& t, size_t i);
   // The round message in buffers_[i] (`bytes` long) came in for receive `i`.
-  void on_round_message(Transport& t, size_t i, size_t bytes);
+  void on_round_message(RequestPoster& t, size_t i, size_t bytes);
   // Receive `i` is settled: it leaves its stream.
   void settle(size_t i, RecvState state);
   // Takes what arrived for the round receives at the heads of their streams.
-  void take_arrived(Transport& t);
+  void take_arrived(RequestPoster& t);
   // Whether round receive `i` has begun to take a message of this round;
   // whether one that had by the deadline still has (begun_).
   bool begun(size_t i) const;
@@ -130,7 +134,7 @@ class P2PBatchOp final : public Operation {
   // Abandons every unsettled round receive (the deadline passed, or the
   // batch stops): its stream's sweeper drops its late message (keep_late:
   // the message is kept for the next receive of its round).
-  void abandon_receives(Transport& t);
+  void abandon_receives(RequestPoster& t);
   std::string where(size_t i) const;
 
   std::vector<P2POp> ops_;
@@ -167,10 +171,10 @@ class RoundSweeper final : public Operation {
  public:
   RoundSweeper(RoundStream& stream, int peer, int tag);
 
-  void start(Transport&) override;
-  void progress(Transport& t) override;
-  void on_complete(Transport& t, int64_t slot, const MPI_Status& status, int error) override;
-  void abort(Transport&, std::exception_ptr) override { finish(); }
+  void start(RequestPoster&) override;
+  void progress(RequestPoster& t) override;
+  void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) override;
+  void abort(RequestPoster&, std::exception_ptr) override { finish(); }
   bool done() const override { return finished_; }
   bool collective() const override { return false; }
   bool background() const override { return true; }

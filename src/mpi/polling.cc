@@ -1,4 +1,4 @@
-#include "polling.h"
+#include "src/mpi/polling.h"
 
 #include <mpi.h>
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "engine.h"
+#include "src/mpi/engine.h"
 
 namespace relaxcc::mpi {
 

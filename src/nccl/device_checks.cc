@@ -1,4 +1,4 @@
-#include "device_checks.h"
+#include "src/nccl/device_checks.h"
 
 #include "relaxcc/errors.h"
 

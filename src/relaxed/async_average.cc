@@ -3,10 +3,10 @@
 #include <cstring>
 #include <utility>
 
-#include "float_access.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
-#include "tensor_backend.h"
+#include "src/relaxed/float_access.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

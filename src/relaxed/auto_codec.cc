@@ -8,11 +8,11 @@
 #include <memory>
 #include <span>
 
-#include "compressed_shards.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
-#include "tensor_backend.h"
+#include "src/relaxed/compressed_shards.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

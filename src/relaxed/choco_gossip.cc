@@ -7,7 +7,7 @@
 #include <span>
 
 #include "relaxcc/errors.h"
-#include "tensor_backend.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

@@ -6,9 +6,9 @@
 #include <numeric>
 #include <span>
 
-#include "compressed_shards.h"
 #include "relaxcc/errors.h"
-#include "tensor_backend.h"
+#include "src/relaxed/compressed_shards.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

@@ -1,4 +1,4 @@
-#include "compressed_shards.h"
+#include "src/relaxed/compressed_shards.h"
 
 #include <numeric>
 

@@ -9,10 +9,10 @@
 #include <span>
 #include <vector>
 
-#include "../collectives/ring_schedule.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/relaxed/relaxed_stats.h"
+#include "src/collectives/ring_schedule.h"
 
 namespace relaxcc::relaxed {
 

@@ -3,10 +3,10 @@
 #include <cmath>
 #include <numeric>
 
-#include "compressed_shards.h"
-#include "peer_mixing.h"
 #include "relaxcc/errors.h"
-#include "tensor_backend.h"
+#include "src/relaxed/compressed_shards.h"
+#include "src/relaxed/peer_mixing.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

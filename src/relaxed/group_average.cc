@@ -4,11 +4,11 @@
 #include <numeric>
 #include <random>
 
-#include "compressed_shards.h"
-#include "peer_mixing.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
-#include "tensor_backend.h"
+#include "src/relaxed/compressed_shards.h"
+#include "src/relaxed/peer_mixing.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

@@ -1,6 +1,6 @@
-#include "peer_mixing.h"
+#include "src/relaxed/peer_mixing.h"
 
-#include "float_access.h"
+#include "src/relaxed/float_access.h"
 
 #include <cstring>
 #include <functional>

@@ -9,11 +9,11 @@
 #include <span>
 #include <vector>
 
-#include "compressed_shards.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/kernels/reduce.h"
-#include "tensor_backend.h"
+#include "src/relaxed/compressed_shards.h"
+#include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
 

@@ -1,13 +1,13 @@
-#include "tensor_backend.h"
+#include "src/relaxed/tensor_backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "../../kernels/cuda/cuda_kernels.h"
-#include "../collectives/scratch_pool.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
+#include "src/collectives/scratch_pool.h"
 
 namespace relaxcc::relaxed {
 

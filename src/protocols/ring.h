@@ -12,7 +12,7 @@
 // combined on the engine's compute thread.
 //
 // Shared mode (allreduce, reduce-scatter, or allgather, with every rank's full
-// layout in node-shared memory, see src/mpi/shared_memory.h): edges carry empty
+// layout in node-shared memory, see src/collectives/shared_memory.h): edges carry empty
 // tokens instead of data. A token says "segment k of the schedule is ready in
 // my buffer"; the receiver reads it from the sender's buffer in place and
 // combines it into its own (an allreduce's partial sums live in its shared
@@ -37,10 +37,10 @@
 #include <memory>
 #include <vector>
 
-#include "../collectives/chunk_codec.h"
-#include "../collectives/ring_schedule.h"
-#include "edge_op.h"
-#include "shared_memory.h"
+#include "src/collectives/chunk_codec.h"
+#include "src/collectives/ring_schedule.h"
+#include "src/collectives/shared_memory.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 
@@ -61,7 +61,7 @@ struct RingSpec {
   int64_t segment_bytes = 1 << 20;
   int pipeline_depth = 4;
   // Segments of at least this many bytes are combined on the engine's
-  // compute thread (Transport::compute); 0: all on the engine thread.
+  // compute thread (RequestPoster::compute); 0: all on the engine thread.
   int64_t offload_bytes = 0;
   int algo_id = 1;
   // Shared mode: where this rank's buffer lies (pid 0: not shared), and the
@@ -82,10 +82,10 @@ class RingOp final : public EdgeOp {
  private:
   using RingSegment = relaxcc::RingSegment;
 
-  void run(Transport& t) override;
-  void on_sent(Transport& t, int pi, int64_t msg) override;
-  void on_received(Transport& t, int pi, int64_t msg) override;
-  void on_computed(Transport& t, int64_t msg, std::exception_ptr error) override;
+  void run(RequestPoster& t) override;
+  void on_sent(RequestPoster& t, int pi, int64_t msg) override;
+  void on_received(RequestPoster& t, int pi, int64_t msg) override;
+  void on_computed(RequestPoster& t, int64_t msg, std::exception_ptr error) override;
   // Combines or decodes incoming message `index` where the schedule puts
   // it. Touches no transport state: it may run on the compute thread.
   void absorb(int64_t index);
@@ -94,7 +94,7 @@ class RingOp final : public EdgeOp {
   bool data_done() const override;
 
   unsigned char* wire_slot(const RingSegment& m);
-  void run_shared(Transport& t, int64_t depth, int64_t send_window);
+  void run_shared(RequestPoster& t, int64_t depth, int64_t send_window);
   // Where an incoming message's data lies: the received wire buffer, or the
   // left neighbour's buffer in shared mode.
   const unsigned char* incoming(const RingSegment& m);

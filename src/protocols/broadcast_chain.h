@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "edge_op.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 
@@ -22,9 +22,9 @@ class BroadcastChainOp final : public EdgeOp {
                    int root, int rank, int size, int64_t segment_bytes, int pipeline_depth);
 
  private:
-  void run(Transport& t) override;
-  void on_sent(Transport& t, int pi, int64_t msg) override;
-  void on_received(Transport& t, int pi, int64_t msg) override;
+  void run(RequestPoster& t) override;
+  void on_sent(RequestPoster& t, int pi, int64_t msg) override;
+  void on_received(RequestPoster& t, int pi, int64_t msg) override;
   bool data_done() const override;
 
   // Bytes [offset, offset + length) of segment `k`.

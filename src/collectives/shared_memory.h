@@ -26,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "../collectives/scratch_pool.h"
 #include "relaxcc/tensor.h"
+#include "src/collectives/scratch_pool.h"
 
 namespace relaxcc::mpi {
 

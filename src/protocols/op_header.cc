@@ -1,4 +1,4 @@
-#include "op_header.h"
+#include "src/protocols/op_header.h"
 
 #include <string_view>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "alltoall_pairwise.h"
+#include "src/protocols/alltoall_pairwise.h"
 
 #include <algorithm>
 #include <cstring>
@@ -42,7 +42,7 @@ AlltoallPairwiseOp::AlltoallPairwiseOp(std::string name, int priority, std::stri
   }
 }
 
-void AlltoallPairwiseOp::run(Transport& t) {
+void AlltoallPairwiseOp::run(RequestPoster& t) {
   const size_t esize = dtype_size(input_.dtype);
   if (!copied_) {
     copied_ = true;
@@ -73,10 +73,10 @@ void AlltoallPairwiseOp::run(Transport& t) {
   }
 }
 
-void AlltoallPairwiseOp::on_sent(Transport&, int, int64_t) {
+void AlltoallPairwiseOp::on_sent(RequestPoster&, int, int64_t) {
   ++sent_;
 }
-void AlltoallPairwiseOp::on_received(Transport&, int, int64_t) {
+void AlltoallPairwiseOp::on_received(RequestPoster&, int, int64_t) {
   ++received_;
 }
 

@@ -1,4 +1,4 @@
-#include "recursive_doubling.h"
+#include "src/protocols/recursive_doubling.h"
 
 #include <algorithm>
 #include <cstring>
@@ -81,7 +81,7 @@ void RecursiveDoublingOp::reuse(int priority, const std::string& label, const Te
   sends_done_ = recvs_done_ = 0;
 }
 
-void RecursiveDoublingOp::run(Transport& t) {
+void RecursiveDoublingOp::run(RequestPoster& t) {
   while (step_ < num_steps_) {
     const Step& s = steps_[step_];
     const ButterflyMove& m = s.move;
@@ -113,7 +113,7 @@ void RecursiveDoublingOp::run(Transport& t) {
   }
 }
 
-bool RecursiveDoublingOp::begin_direct(Transport& t, DirectExchange& x) {
+bool RecursiveDoublingOp::begin_direct(RequestPoster& t, DirectExchange& x) {
   if (size_ != 2 || !inline_first_ || !can_exchange(t, parts_)) return false;
   std::array<Part, kMaxSplitBytes / kInlineBytes> parts;
   for (int p = 0; p < parts_; ++p)
@@ -123,7 +123,7 @@ bool RecursiveDoublingOp::begin_direct(Transport& t, DirectExchange& x) {
   return true;
 }
 
-Operation::DirectStep RecursiveDoublingOp::continue_direct(Transport& t, DirectExchange& x) {
+Operation::DirectStep RecursiveDoublingOp::continue_direct(RequestPoster& t, DirectExchange& x) {
   unsigned char* first = exchange_taken() ? exchanged_first() : exchanged_data(x, part_size(0));
   if (first == nullptr) return DirectStep::refused;
   if (parts_ > 1 && !exchange_taken()) {
@@ -148,7 +148,7 @@ Operation::DirectStep RecursiveDoublingOp::continue_direct(Transport& t, DirectE
   return DirectStep::finished;
 }
 
-void RecursiveDoublingOp::leave_direct(Transport& t) {
+void RecursiveDoublingOp::leave_direct(RequestPoster& t) {
   if (!exchange_taken()) return;
   // As run() and the protocol leave it once the header matched and the
   // receives were posted: the first part delivered into theirs_.
@@ -179,11 +179,11 @@ void RecursiveDoublingOp::finish_step() {
     kernels::finish_average(data_, size_, ctx_);
 }
 
-void RecursiveDoublingOp::on_sent(Transport& t, int, int64_t) {
+void RecursiveDoublingOp::on_sent(RequestPoster& t, int, int64_t) {
   if (++sends_done_ == parts_) run(t);
 }
 
-void RecursiveDoublingOp::on_received(Transport& t, int, int64_t) {
+void RecursiveDoublingOp::on_received(RequestPoster& t, int, int64_t) {
   if (++recvs_done_ == parts_) run(t);
 }
 

@@ -16,8 +16,8 @@
 #include <array>
 #include <vector>
 
-#include "../collectives/butterfly.h"
-#include "edge_op.h"
+#include "src/collectives/butterfly.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 
@@ -63,12 +63,12 @@ class RecursiveDoublingOp final : public EdgeOp {
   }
 
   // Two ranks whose first part rides in the header message.
-  bool begin_direct(Transport& t, DirectExchange& x) override;
-  DirectStep continue_direct(Transport& t, DirectExchange& x) override;
-  void leave_direct(Transport& t) override;
-  void run(Transport& t) override;
-  void on_sent(Transport& t, int pi, int64_t msg) override;
-  void on_received(Transport& t, int pi, int64_t msg) override;
+  bool begin_direct(RequestPoster& t, DirectExchange& x) override;
+  DirectStep continue_direct(RequestPoster& t, DirectExchange& x) override;
+  void leave_direct(RequestPoster& t) override;
+  void run(RequestPoster& t) override;
+  void on_sent(RequestPoster& t, int pi, int64_t msg) override;
+  void on_received(RequestPoster& t, int pi, int64_t msg) override;
   bool data_done() const override { return step_ == num_steps_; }
   // Bytes of part `p` of a step's data.
   size_t part_offset(int p) const { return static_cast<size_t>(p) * part_bytes_; }

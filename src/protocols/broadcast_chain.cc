@@ -1,4 +1,4 @@
-#include "broadcast_chain.h"
+#include "src/protocols/broadcast_chain.h"
 
 #include <algorithm>
 
@@ -33,7 +33,7 @@ size_t BroadcastChainOp::segment_length(int64_t k) const {
   return std::min(segment_bytes_, data_.nbytes() - segment_offset(k));
 }
 
-void BroadcastChainOp::run(Transport& t) {
+void BroadcastChainOp::run(RequestPoster& t) {
   auto* bytes = static_cast<unsigned char*>(data_.data);
   // The root has every segment; the others forward what arrived.
   const int64_t available = left_ < 0 ? segments_ : received_;
@@ -50,12 +50,12 @@ void BroadcastChainOp::run(Transport& t) {
   }
 }
 
-void BroadcastChainOp::on_sent(Transport& t, int, int64_t) {
+void BroadcastChainOp::on_sent(RequestPoster& t, int, int64_t) {
   ++sent_;
   run(t);
 }
 
-void BroadcastChainOp::on_received(Transport& t, int, int64_t msg) {
+void BroadcastChainOp::on_received(RequestPoster& t, int, int64_t msg) {
   arrived_[static_cast<size_t>(msg)] = 1;
   while (received_ < segments_ && arrived_[static_cast<size_t>(received_)]) ++received_;
   run(t);

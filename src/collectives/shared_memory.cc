@@ -1,4 +1,4 @@
-#include "shared_memory.h"
+#include "src/collectives/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

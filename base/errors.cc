@@ -35,4 +35,16 @@ Error::Error(std::string_view kind, std::string message, const char* file, int l
       line_(line),
       rank_(process_rank()) {}
 
+std::string detail::message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& error) {
+    return error.message();
+  } catch (const std::exception& error) {
+    return error.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
 }  // namespace relaxcc

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "edge_op.h"
+#include "src/mpi/edge_op.h"
 
 namespace relaxcc::mpi {
 
@@ -21,9 +21,9 @@ class AlltoallPairwiseOp final : public EdgeOp {
                      std::vector<int64_t> recv_counts, int rank, int size, int64_t part_bytes);
 
  private:
-  void run(Transport& t) override;
-  void on_sent(Transport& t, int pi, int64_t msg) override;
-  void on_received(Transport& t, int pi, int64_t msg) override;
+  void run(RequestPoster& t) override;
+  void on_sent(RequestPoster& t, int pi, int64_t msg) override;
+  void on_received(RequestPoster& t, int pi, int64_t msg) override;
   bool data_done() const override { return sent_ == to_send_ && received_ == to_receive_; }
 
   // Messages of a block of `count` elements (each at most part_elems_).

@@ -64,7 +64,7 @@ struct OpHeader {
   // A shared reduce-scatter's partial sums: the sender's scratch object (from
   // offset 0, same pid); 0 when it has none.
   uint32_t shm_scratch = 0;
-  // The lane (Transport::lane_id): a hash of a group's identity (op_header.h's
+  // The lane (RequestPoster::lane_id): a hash of a group's identity (op_header.h's
   // tag windows keep groups apart; this catches what would not).
   uint32_t lane = 0;
 };

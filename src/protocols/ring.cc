@@ -1,4 +1,4 @@
-#include "ring.h"
+#include "src/protocols/ring.h"
 
 #include <algorithm>
 #include <atomic>
@@ -115,7 +115,7 @@ const unsigned char* RingOp::incoming(const RingSegment& m) {
   return left_buffer_->base + peer_header(left_).shm_offset + at;
 }
 
-void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
+void RingOp::run_shared(RequestPoster& t, int64_t depth, int64_t send_window) {
   // Release this rank's writes before the tokens that announce them.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const auto n_out = static_cast<int64_t>(sched_.out.size()),
@@ -151,7 +151,7 @@ void RingOp::run_shared(Transport& t, int64_t depth, int64_t send_window) {
   }
 }
 
-void RingOp::run(Transport& t) {
+void RingOp::run(RequestPoster& t) {
   const bool throttled = t.throttled(*this);
   const int64_t depth = throttled ? 1 : std::max(1, spec_.pipeline_depth);
   const int64_t send_window = throttled ? 1 : static_cast<int64_t>(sched_.out.size());
@@ -204,7 +204,7 @@ void RingOp::run(Transport& t) {
   }
 }
 
-void RingOp::on_received(Transport& t, int pi, int64_t index) {
+void RingOp::on_received(RequestPoster& t, int pi, int64_t index) {
   if (shared_ && pi == right_ && index == done_in_) {
     done_received_ = true;
     return;
@@ -222,7 +222,7 @@ void RingOp::on_received(Transport& t, int pi, int64_t index) {
   run(t);
 }
 
-void RingOp::on_computed(Transport& t, int64_t index, std::exception_ptr error) {
+void RingOp::on_computed(RequestPoster& t, int64_t index, std::exception_ptr error) {
   if (error) {
     abort(t, std::move(error));
     return;
@@ -260,7 +260,7 @@ void RingOp::absorb(int64_t index) {
   }
 }
 
-void RingOp::on_sent(Transport& t, int pi, int64_t index) {
+void RingOp::on_sent(RequestPoster& t, int pi, int64_t index) {
   if (shared_ && pi == left_ && index == done_out_) {
     done_sent_ = true;
     return;

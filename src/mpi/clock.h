@@ -1,0 +1,10 @@
+// The clock of the engine's deadlines, back-offs and traces.
+#pragma once
+
+#include <chrono>
+
+namespace relaxcc::mpi {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace relaxcc::mpi

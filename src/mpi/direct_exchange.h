@@ -1,0 +1,54 @@
+// DirectExchange: the requests of Engine::run_now's direct path.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace relaxcc::mpi {
+
+// The requests of a direct exchange (Operation::begin_direct), posted
+// outside the engine's request table, in the order they were posted: this
+// rank's messages to one peer, the receive of the peer's header message,
+// then any receives continue_direct adds. Each has the slot under which
+// on_complete knows it.
+struct DirectExchange {
+  static constexpr int kMaxRequests = 24;
+  struct Request {
+    MPI_Request request;
+    int64_t slot;
+    size_t bytes;
+    bool send;
+    bool completed;  // tested complete (or failed): MPI released it
+    bool consumed;   // continue_direct took it: not for on_complete
+    int error;
+    MPI_Status status;
+  };
+  int peer = -1;  // lane rank
+  // Requests [0, count) are set (the others are not initialized: a small
+  // exchange does not pay for clearing them).
+  std::array<Request, kMaxRequests> requests;
+  int count = 0;
+  void add(MPI_Request request, int64_t slot, size_t bytes, bool send) {
+    requests.at(static_cast<size_t>(count++)) =
+        Request{request, slot, bytes, send, false, false, MPI_SUCCESS, MPI_Status{}};
+  }
+  // Whether every send (sends == true) or every receive completed.
+  bool all_completed(bool sends) const {
+    for (int k = 0; k < count; ++k)
+      if (requests[static_cast<size_t>(k)].send == sends &&
+          !requests[static_cast<size_t>(k)].completed)
+        return false;
+    return true;
+  }
+  // Bytes received by completed receive `k`.
+  size_t received(int k) const {
+    int got = 0;
+    MPI_Get_count(&requests[static_cast<size_t>(k)].status, MPI_BYTE, &got);
+    return static_cast<size_t>(got);
+  }
+};
+
+}  // namespace relaxcc::mpi

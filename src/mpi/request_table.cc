@@ -1,0 +1,123 @@
+#include "src/mpi/engine.h"
+
+#include <sched.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
+#include "relaxcc/logging.h"
+#include "src/mpi/engine_detail.h"
+#include "src/mpi/engine_work.h"
+
+namespace relaxcc::mpi {
+
+int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer,
+                        bool send, bool recv) {
+  int index;
+  if (!free_slots_.empty()) {
+    std::pop_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
+    index = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    index = static_cast<int>(requests_.size());
+    requests_.push_back(MPI_REQUEST_NULL);
+    pending_.emplace_back();
+    indices_.resize(requests_.size());
+    statuses_.resize(requests_.size());
+  }
+  requests_[index] = req;
+  slots_in_use_ = std::max(slots_in_use_, index + 1);
+  pending_[index] = Pending{
+      &op, slot, bytes, peer, send, recv, trace_.is_open() ? Clock::now() : Clock::time_point{}};
+  ++num_pending_;
+  ++op.pending_;
+  op.lane_->requests_pending_.fetch_add(1, std::memory_order_relaxed);
+  if (send) {
+    LaneCounters& c = op.lane_->counters_;
+    LaneCounters::add(c.bytes_sent, bytes);
+    LaneCounters::add(c.sent_to[peer], bytes);
+  }
+  return index;
+}
+
+void Engine::test_requests(bool& progressed) {
+  tested_ = num_pending_ > 0;
+  if (num_pending_ == 0) return;
+  int outcount = 0;
+  // Open MPI's MPI_Testsome looks for completed requests before it runs its
+  // progress, not after: a call that finds none looks once more, so a
+  // request that its progress completed is found now, not an iteration later
+  // (not where MPI's progress yields the CPU when idle: twice the yields).
+  int rc = MPI_SUCCESS;
+  const int tries = mpi_yields_.load(std::memory_order_relaxed) ? 1 : 2;
+  for (int k = 0; k < tries && rc == MPI_SUCCESS && outcount == 0; ++k)
+    rc =
+        MPI_Testsome(slots_in_use_, requests_.data(), &outcount, indices_.data(), statuses_.data());
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+    const std::string reason = "MPI_Testsome failed: " + mpi_error_string(rc);
+    std::vector<std::shared_ptr<Lane>> lanes;
+    for (const auto& op : active_) lanes.push_back(op->lane_);
+    for (const auto& lane : lanes) poison(lane, reason);
+    abort_all(nullptr, reason);
+    return;
+  }
+  if (outcount == MPI_UNDEFINED || outcount == 0) return;
+  progressed = true;
+  for (int k = 0; k < outcount; ++k) {
+    const int index = indices_[k];
+    const Pending p = pending_[index];
+    // A copy: on_complete may post requests, and add_request may grow statuses_.
+    const MPI_Status status = statuses_[k];
+    const int err = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+    requests_[index] = MPI_REQUEST_NULL;
+    pending_[index] = Pending{};
+    free_slots_.push_back(index);
+    std::push_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
+    --num_pending_;
+    --p.op->pending_;
+    p.op->lane_->requests_pending_.fetch_sub(1, std::memory_order_relaxed);
+    complete_request(p, status, err);
+  }
+  while (slots_in_use_ > 0 && requests_[slots_in_use_ - 1] == MPI_REQUEST_NULL) --slots_in_use_;
+}
+
+void Engine::complete_request(const Pending& p, const MPI_Status& status, int err) {
+  if (p.recv && err == MPI_SUCCESS) {
+    int cancelled = 0;
+    MPI_Test_cancelled(&status, &cancelled);
+    int got = 0;
+    if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
+    LaneCounters& c = p.op->lane_->counters_;
+    LaneCounters::add(c.bytes_received, static_cast<uint64_t>(got));
+    LaneCounters::add(c.received_from[p.peer], static_cast<uint64_t>(got));
+  }
+  if (trace_.is_open() && (p.send || p.recv))
+    trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
+                detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"",
+                               p.op->name(), "\",\"seq\":", p.op->seq()));
+  try {
+    p.op->on_complete(p.op->lane_->poster_, p.slot, status, err);
+  } catch (...) {
+    // An abort that fails (a send it posts throws) must not lose the other
+    // completions of this batch: their requests are freed already.
+    try {
+      p.op->abort(p.op->lane_->poster_, std::current_exception());
+    } catch (...) {
+      poison(p.op->lane_, detail::concat(p.op->name(), " #", p.op->seq(), ": abort failed: ",
+                                         abort_cause(std::current_exception()).reason));
+    }
+  }
+  // The transport gave up on a peer (a lost connection, a dead process):
+  // nothing more on this lane can be trusted to complete.
+  if (err != MPI_SUCCESS && p.peer >= 0)
+    poison(p.op->lane_,
+           detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
+                          ": ", mpi_error_string(err)));
+}
+
+}  // namespace relaxcc::mpi
