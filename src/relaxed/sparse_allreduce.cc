@@ -685,7 +685,8 @@ WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
   // whatever the alltoallv ended with: its failure, too, becomes the
   // owner's status word, so the all-gather below runs and every rank learns
   // of it.
-  auto settled = std::make_shared<Work>("sparse_allreduce: the alltoallv settled");
+  auto settled = std::make_shared<Work>("sparse_allreduce: the alltoallv settled",
+                                        exchanged->default_timeout());
   exchanged->then(
       [c, settled](const Work& done) {
         c->exchange_error = done.exception();
