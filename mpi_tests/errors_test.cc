@@ -427,22 +427,26 @@ constexpr auto kCommTimeout = 1000ms;
 constexpr auto kTimeoutMargin = 3000ms;
 
 // A communicator whose timeout is kCommTimeout: set in its options, or (as a
-// user would) in RELAXCC_TIMEOUT_MS when it is created.
+// user would) in RELAXCC_TIMEOUT_MS when it is created. Its creation has a
+// timeout of its own, long enough for a loaded machine.
 CommunicatorPtr timing_out_communicator(bool from_env) {
   if (!from_env) {
     MpiCommunicatorOptions o;
     o.tunables.timeout_ms = kCommTimeout.count();
+    o.timeout = 60s;
     return create_mpi_communicator(o);
   }
   const char* before = std::getenv("RELAXCC_TIMEOUT_MS");
   const std::string saved = before ? before : "";
   setenv("RELAXCC_TIMEOUT_MS", std::to_string(kCommTimeout.count()).c_str(), 1);
-  CommunicatorPtr comm = create_mpi_communicator();
+  MpiCommunicatorOptions o;  // its tunables read the environment
   if (before)
     setenv("RELAXCC_TIMEOUT_MS", saved.c_str(), 1);
   else
     unsetenv("RELAXCC_TIMEOUT_MS");
-  return comm;
+  EXPECT_EQ(o.tunables.timeout_ms, kCommTimeout.count());
+  o.timeout = 60s;
+  return create_mpi_communicator(o);
 }
 
 // Rank 0 never calls. Every rank that `calls` (default: every other one;
