@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
@@ -12,7 +10,6 @@
 #include "compressed_shards.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
-#include "relaxcc/kernels/reduce.h"
 #include "tensor_backend.h"
 
 namespace relaxcc {
@@ -34,7 +31,7 @@ struct PendingResidual {
   bool begun = false;
 
   // The call's copy; an empty view without feedback.
-  TensorView begin(const relaxed::TensorBackend& backend, const ExecContext& ctx) {
+  TensorView begin(const TensorBackend& backend, const ExecContext& ctx) {
     if (!feedback) return {};
     const auto n = std::ssize(feedback->residual());
     if (backend.device().is_host()) {
@@ -47,7 +44,7 @@ struct PendingResidual {
     begun = true;
     return copy;
   }
-  void commit(const relaxed::TensorBackend& backend, const ExecContext& ctx) {
+  void commit(const TensorBackend& backend, const ExecContext& ctx) {
     if (!begun) return;
     if (backend.device().is_host()) {
       next.swap(feedback->residual());
