@@ -18,10 +18,11 @@
 //       - any other Work: the timeout it was constructed with (negative:
 //         Tunables{}.timeout_ms, the compiled default, not the environment).
 //     Waiting on a composite (then(), when_all(), a relaxed primitive's
-//     result) drives and times out its parts as their own waits would: when
-//     its timeout passes, the operation still pending inside it is timed
-//     out too (its communicator poisoned, the operation failed), even when
-//     nobody waits on that operation's own Work.
+//     result) drives its parts as their own waits would, and when its
+//     timeout passes it times out the first part still pending as that
+//     part's own wait would: for a communicator's operation, the
+//     communicator is poisoned and the operation fails, even when nobody
+//     waits on that operation's own Work.
 //   - wait(timeout) is the blocking wait. When the timeout passes first it
 //     throws Timeout and POISONS the communicator the operation runs on (see
 //     communicator.h): a collective that did not finish in time leaves its
