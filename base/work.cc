@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 #include "relaxcc/tunables.h"
@@ -17,8 +19,9 @@ namespace detail {
 // wait() on it poisons what its parent's would (the parent is what is late).
 class ThenWork final : public Work {
  public:
-  ThenWork(std::string description, std::weak_ptr<Work> parent)
-      : Work(std::move(description)), parent_(std::move(parent)) {}
+  ThenWork(std::string description, std::chrono::milliseconds default_timeout,
+           std::weak_ptr<Work> parent)
+      : Work(std::move(description), default_timeout), parent_(std::move(parent)) {}
 
  protected:
   std::string on_timeout(const std::string& reason) override;
@@ -35,7 +38,9 @@ class ThenWork final : public Work {
 class AllWork final : public Work {
  public:
   AllWork(std::string description, std::vector<WorkPtr> works, std::function<void(Work&)> finish)
-      : Work(std::move(description)), works_(std::move(works)), finish_(std::move(finish)) {}
+      : Work(std::move(description), longest_timeout(works)),
+        works_(std::move(works)),
+        finish_(std::move(finish)) {}
 
   // Registers the callbacks (after construction: they hold a reference).
   void arm(const std::shared_ptr<AllWork>& self) {
@@ -73,6 +78,14 @@ class AllWork final : public Work {
     }
     finish_ = nullptr;
     complete(std::move(error));
+  }
+
+  // The largest default timeout of `works`; negative (the compiled
+  // default) when there are none.
+  static std::chrono::milliseconds longest_timeout(const std::vector<WorkPtr>& works) {
+    std::chrono::milliseconds longest(-1);
+    for (const WorkPtr& w : works) longest = std::max(longest, w->default_timeout());
+    return longest;
   }
 
   std::vector<WorkPtr> works_;
@@ -190,7 +203,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
 WorkPtr Work::then(Callback callback, std::string description) {
   auto next = std::make_shared<detail::ThenWork>(
       description.empty() ? detail::concat(this->description(), " then") : std::move(description),
-      weak_from_this());
+      default_timeout_, weak_from_this());
   Callback run = [next, callback = std::move(callback)](const Work& done) {
     std::exception_ptr error = done.exception();
     try {

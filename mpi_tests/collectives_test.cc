@@ -2,6 +2,7 @@
 // checked exactly on data that encodes rank and index.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -173,6 +174,37 @@ TEST(SharedBuffers, AllocateIsZeroedAndOwned) {
   for (int64_t i = 0; i < v.numel; ++i) ASSERT_EQ(static_cast<int32_t*>(v.data)[i], 0) << i;
   EXPECT_EQ(comm->allocate(0, DType::f32).numel, 0);
   EXPECT_THROW(comm->allocate(-1, DType::f32), InvalidArgument);
+}
+
+// host_scratch(): zeroed host memory that a released view gives back to a
+// pool shared with the communicator's groups, so the next request of its
+// size reuses it instead of faulting fresh pages in.
+TEST(HostScratch, ZeroedAndReusedByTheCommunicatorAndItsGroups) {
+  auto comm = world();
+  // A size no other test of this program asks for.
+  constexpr int64_t kBytes = (int64_t{5} << 20) + 3;
+  TensorView a = comm->host_scratch(kBytes);
+  ASSERT_NE(a.owner, nullptr);
+  ASSERT_EQ(a.numel, kBytes);
+  ASSERT_EQ(a.dtype, DType::u8);
+  auto* bytes = static_cast<unsigned char*>(a.data);
+  EXPECT_EQ(std::count(bytes, bytes + kBytes, 0), kBytes);
+  std::memset(bytes, 0xab, static_cast<size_t>(kBytes));
+  const void* first = a.data;
+  a = TensorView();
+  TensorView b = comm->host_scratch(kBytes);
+  EXPECT_EQ(b.data, first);
+  bytes = static_cast<unsigned char*>(b.data);
+  EXPECT_EQ(std::count(bytes, bytes + kBytes, 0), kBytes);
+  b = TensorView();
+  std::vector<int> everyone(static_cast<size_t>(comm->size()));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  GroupOptions key;
+  key.key = 4242;
+  const CommunicatorPtr group = comm->group(everyone, key);
+  EXPECT_EQ(group->host_scratch(kBytes).data, first);
+  EXPECT_EQ(comm->host_scratch(0).numel, 0);
+  EXPECT_THROW(comm->host_scratch(-1), InvalidArgument);
 }
 
 // Many shared-buffer allreduces in flight on slices of one arena (a Reducer's

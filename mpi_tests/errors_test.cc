@@ -7,10 +7,14 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/relaxed/compressed_allreduce.h"
+#include "relaxcc/relaxed/gossip.h"
+#include "relaxcc/relaxed/sparse_allreduce.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -413,6 +417,137 @@ TEST(Timeout, ComputeAfterAPoisoningNeverRuns) {
     expect_throw<CommunicatorPoisoned>([&] { comm->compute([] {}); });
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// ---- composite Works wait for the communicator's timeout -------------------
+
+// The communicator's timeout in these tests, and what a wait may take past
+// it: the poisoning's report (at most 200 ms) and a loaded CI machine.
+constexpr auto kCommTimeout = 1000ms;
+constexpr auto kTimeoutMargin = 3000ms;
+
+// A communicator whose timeout is kCommTimeout: set in its options, or (as a
+// user would) in RELAXCC_TIMEOUT_MS when it is created. Its creation has a
+// timeout of its own, long enough for a loaded machine.
+CommunicatorPtr timing_out_communicator(bool from_env) {
+  if (!from_env) {
+    MpiCommunicatorOptions o;
+    o.tunables.timeout_ms = kCommTimeout.count();
+    o.timeout = 60s;
+    return create_mpi_communicator(o);
+  }
+  const char* before = std::getenv("RELAXCC_TIMEOUT_MS");
+  const std::string saved = before ? before : "";
+  setenv("RELAXCC_TIMEOUT_MS", std::to_string(kCommTimeout.count()).c_str(), 1);
+  MpiCommunicatorOptions o;  // its tunables read the environment
+  if (before)
+    setenv("RELAXCC_TIMEOUT_MS", saved.c_str(), 1);
+  else
+    unsetenv("RELAXCC_TIMEOUT_MS");
+  EXPECT_EQ(o.tunables.timeout_ms, kCommTimeout.count());
+  o.timeout = 60s;
+  return create_mpi_communicator(o);
+}
+
+// Rank 0 never calls. Every rank that `calls` (default: every other one;
+// each of them waits for rank 0) starts a composite (`start` returns it,
+// and lists in `inner` operations inside it that nobody waits on) and waits
+// on it without a timeout: it fails within the communicator's timeout plus
+// kTimeoutMargin, with Timeout (or, on 3 or more ranks,
+// CommunicatorPoisoned from a rank that timed out first), the communicator
+// is poisoned, and the composite and every inner operation have failed.
+void expect_composite_timeout(
+    const std::string& name, bool from_env,
+    const std::function<WorkPtr(Communicator& comm, std::vector<WorkPtr>& inner)>& start,
+    const std::function<bool(int rank, int size)>& calls = [](int rank, int) {
+      return rank != 0;
+    }) {
+  if (test::world_size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  auto comm = timing_out_communicator(from_env);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (calls(comm->rank(), comm->size())) {
+    std::vector<WorkPtr> inner;
+    const auto t0 = std::chrono::steady_clock::now();
+    const WorkPtr composite = start(*comm, inner);
+    bool timed_out = false;
+    std::string what;
+    try {
+      composite->wait();
+      ADD_FAILURE() << name << ": no exception";
+    } catch (const Timeout& e) {
+      timed_out = true;
+      what = e.what();
+    } catch (const CommunicationError& e) {
+      what = e.what();
+    }
+    const auto elapsed = std::chrono::steady_clock::now() - t0;
+    if (timed_out) {
+      EXPECT_GE(elapsed, kCommTimeout) << name << ": " << what;
+    }
+    EXPECT_LT(elapsed, kCommTimeout + kTimeoutMargin) << name << ": " << what;
+    EXPECT_NE(what.find("poisoned"), std::string::npos) << name << ": " << what;
+    EXPECT_TRUE(comm->poisoned()) << name;
+    // The composite itself completes, failed, once its parts have.
+    EXPECT_THROW(composite->wait_for(5s), CommunicationError) << name;
+    for (const WorkPtr& w : inner)
+      EXPECT_THROW(w->wait_for(5s), CommunicationError) << name << ": " << w->description();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(CompositeTimeout, ThenOfAnAllreduceWithTheEnvironmentsTimeout) {
+  auto x = std::make_shared<Buffer>(DType::f32, 1000);
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  expect_composite_timeout(
+      "allreduce then", /*from_env=*/true, [&](Communicator& comm, std::vector<WorkPtr>& inner) {
+        inner.push_back(comm.allreduce(x->view(), ExecContext::host()));
+        return inner.back()->then([ran](const Work& done) { *ran = done.exception() != nullptr; });
+      });
+  if (test::world_rank() != 0) {
+    EXPECT_TRUE(*ran);
+  }
+}
+
+TEST(CompositeTimeout, WhenAllOfTwoAllreduces) {
+  auto a = std::make_shared<Buffer>(DType::f32, 1000), b = std::make_shared<Buffer>(DType::i32, 10);
+  expect_composite_timeout("when_all", /*from_env=*/false,
+                           [&](Communicator& comm, std::vector<WorkPtr>& inner) {
+                             inner = {comm.allreduce(a->view(), ExecContext::host()),
+                                      comm.allreduce(b->view(), ExecContext::host())};
+                             return when_all(inner, nullptr, "both allreduces");
+                           });
+}
+
+TEST(CompositeTimeout, CompressedAllreduce) {
+  auto x = std::make_shared<Buffer>(DType::f32, 1 << 16);
+  expect_composite_timeout("compressed_allreduce", /*from_env=*/false,
+                           [&](Communicator& comm, std::vector<WorkPtr>&) {
+                             return compressed_allreduce(comm, x->view(), ExecContext::host());
+                           });
+}
+
+TEST(CompositeTimeout, SparseAllreduce) {
+  for (const auto kind : {kernels::CompressorKind::randomk, kernels::CompressorKind::topk}) {
+    auto x = std::make_shared<Buffer>(DType::f32, 1 << 14);
+    SparseAllreduceOptions o;
+    o.codec.kind = kind;
+    o.codec.ratio = 0.25;
+    expect_composite_timeout(detail::concat("sparse_allreduce ", kernels::compressor_name(kind)),
+                             /*from_env=*/false, [&](Communicator& comm, std::vector<WorkPtr>&) {
+                               return sparse_allreduce(comm, x->view(), ExecContext::host(), o);
+                             });
+  }
+}
+
+// A ring round: the ranks beside rank 0 (1 and the last) wait for it.
+TEST(CompositeTimeout, Gossip) {
+  auto x = std::make_shared<Buffer>(DType::f32, 1000);
+  expect_composite_timeout(
+      "gossip", /*from_env=*/false,
+      [&](Communicator& comm, std::vector<WorkPtr>&) {
+        return gossip(comm, x->view(), ExecContext::host());
+      },
+      [](int rank, int size) { return rank == 1 || rank == size - 1; });
 }
 
 }  // namespace

@@ -191,6 +191,16 @@ class Communicator {
   // buffers, or none (otherwise PeerMismatch). Throws CommunicationError when the system has no
   // shared memory left.
   virtual TensorView allocate(int64_t numel, DType dtype) = 0;
+  // `bytes` zeroed bytes of host memory for an operation's own buffers (the payloads a relaxed
+  // primitive encodes on the host), freed or reused once the view's owner is released: an MPI
+  // communicator takes them from a pool that it shares with the groups made from it, so a call
+  // that needs the same sizes call after call does not fault fresh pages in every time. Process
+  // memory, never node-shared (unlike allocate()'s): collectives move it as any other buffer.
+  // Local, not collective. The default allocates fresh memory.
+  virtual TensorView host_scratch(int64_t bytes) {
+    auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(bytes));
+    return TensorView(memory->data(), bytes, DType::u8, Device::host(), memory);
+  }
 
   virtual WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
                                  const P2POptions& options = {}) = 0;

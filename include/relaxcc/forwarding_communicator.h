@@ -45,6 +45,7 @@ class ForwardingCommunicator : public Communicator {
   TensorView allocate(int64_t numel, DType dtype) override {
     return inner_->allocate(numel, dtype);
   }
+  TensorView host_scratch(int64_t bytes) override { return inner_->host_scratch(bytes); }
   WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
                          const P2POptions& options) override {
     return inner_->point_to_point(ops, ctx, options);

@@ -5,6 +5,24 @@
 // and its internal scratch) until the transport has let go of them.
 //
 // Waiting. The rule on timeouts:
+//   - wait() without a timeout waits for the Work's default timeout:
+//       - a communicator's operation: the communicator's timeout
+//         (Tunables::timeout_ms of its options, RELAXCC_TIMEOUT_MS unless
+//         the caller set it; an NCCL communicator's `timeout` option);
+//       - then(): the default timeout of the Work it was called on;
+//       - when_all(): the largest of its inputs' default timeouts (so the
+//         composite waits as long as the slowest of them would);
+//       - a relaxed primitive's result (relaxcc/relaxed/): composed with
+//         then() and when_all() from its communicator's operations, or
+//         given the timeout of one of them, so it is its communicator's too;
+//       - any other Work: the timeout it was constructed with (negative:
+//         Tunables{}.timeout_ms, the compiled default, not the environment).
+//     Waiting on a composite (then(), when_all(), a relaxed primitive's
+//     result) drives its parts as their own waits would, and when its
+//     timeout passes it times out the first part still pending as that
+//     part's own wait would: for a communicator's operation, the
+//     communicator is poisoned and the operation fails, even when nobody
+//     waits on that operation's own Work.
 //   - wait(timeout) is the blocking wait. When the timeout passes first it
 //     throws Timeout and POISONS the communicator the operation runs on (see
 //     communicator.h): a collective that did not finish in time leaves its
@@ -57,8 +75,10 @@ class Work : public std::enable_shared_from_this<Work> {
   using Callback = std::function<void(const Work&)>;
 
   // `default_timeout`: what wait() uses when given a negative timeout
-  // (negative here: RELAXCC_TIMEOUT_MS's default). `spin`: how long wait()
-  // polls before it blocks (zero: block at once).
+  // (negative here: Tunables{}.timeout_ms, the compiled default; a Work that
+  // stands for a communicator's operations takes the communicator's, see
+  // above). `spin`: how long wait() polls before it blocks (zero: block at
+  // once).
   explicit Work(std::string description,
                 std::chrono::milliseconds default_timeout = std::chrono::milliseconds(-1),
                 std::chrono::microseconds spin = std::chrono::microseconds(0));
@@ -70,7 +90,7 @@ class Work : public std::enable_shared_from_this<Work> {
   bool is_completed() const noexcept { return done_.load(std::memory_order_acquire); }
 
   // Waits until the operation finished and rethrows its exception, if any.
-  // A negative timeout uses the communicator's default (RELAXCC_TIMEOUT_MS).
+  // A negative timeout uses default_timeout().
   // When the timeout passes first, throws Timeout naming the operation, its
   // sequence number, tag, peers and the elapsed time, and POISONS the
   // communicator the operation runs on.
@@ -87,8 +107,9 @@ class Work : public std::enable_shared_from_this<Work> {
 
   // Runs `callback` after completion (see above) and returns a Work that
   // completes once the callback returned: with the callback's exception if it
-  // threw, otherwise with this Work's. Waiting on the returned Work with an
-  // expiring wait() poisons what waiting on this one would.
+  // threw, otherwise with this Work's. The returned Work has this one's
+  // default timeout; waiting on it with an expiring wait() poisons what
+  // waiting on this one would.
   WorkPtr then(Callback callback, std::string description = {});
 
   // Makes work enqueued later on `stream` (a cudaStream_t) wait for this
@@ -112,6 +133,9 @@ class Work : public std::enable_shared_from_this<Work> {
 
   // "allreduce #12 (ring, tag 49, peers 1,3)": what this Work is for.
   const std::string& description() const noexcept;
+
+  // What wait() waits without a timeout (see the rule above).
+  std::chrono::milliseconds default_timeout() const noexcept { return default_timeout_; }
 
   // Completes the Work with `error` (null: success) and runs its callbacks on
   // the calling thread. Only the first call has an effect. For code that
@@ -169,8 +193,10 @@ class Work : public std::enable_shared_from_this<Work> {
 // the result Work (to record contributions), unless one of them failed. The
 // result completes with the first of their errors in `works` order, or with
 // what `finish` threw. `finish` follows the rules of a completion callback.
-// An expiring wait() on the result poisons what a wait on the first one
-// still pending would. c10d's collectAll.
+// Its default timeout is the largest of `works`' (no works: the compiled
+// default; it has completed already). An expiring wait() on the result
+// poisons what a wait on the first one still pending would. c10d's
+// collectAll.
 WorkPtr when_all(std::vector<WorkPtr> works, std::function<void(Work& result)> finish,
                  std::string description);
 

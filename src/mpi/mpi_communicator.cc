@@ -245,15 +245,19 @@ uint64_t handshake_hash(const Tunables& t) {
 class MpiCommunicator final : public Communicator {
  public:
   // A communicator over `lane`; `shared_memory` is set when its members
-  // share one node (and may be its parent's).
+  // share one node (and may be its parent's); `host_scratch`: its parent's
+  // pool for host_scratch() (null: a new one).
   MpiCommunicator(std::shared_ptr<Engine> engine, std::shared_ptr<Lane> lane,
                   std::shared_ptr<const NodeLayoutMap> nodes,
-                  std::shared_ptr<SharedMemory> shared_memory)
+                  std::shared_ptr<SharedMemory> shared_memory,
+                  std::shared_ptr<ScratchPool> host_scratch = nullptr)
       : selection_(AllreduceSelection::parse(lane->tunables().allreduce_algo)),
         engine_(std::move(engine)),
         lane_(std::move(lane)),
         nodes_(std::move(nodes)),
-        shared_memory_(std::move(shared_memory)) {}
+        shared_memory_(std::move(shared_memory)),
+        host_scratch_(host_scratch ? std::move(host_scratch)
+                                   : std::make_shared<ScratchPool>(kHostScratchBytes)) {}
   ~MpiCommunicator() override { engine_->close_lane(lane_); }
   const std::shared_ptr<Engine>& engine() const { return engine_; }
 
@@ -358,7 +362,7 @@ class MpiCommunicator final : public Communicator {
         engine_,
         engine_->add_lane(lane_->comms(), std::move(comm_members), my_rank, lane_id,
                           std::move(windows), lane_->tunables()),
-        nodes_, std::move(shm));
+        nodes_, std::move(shm), host_scratch_);
   }
 
   CommunicatorPtr split(int color, int key, const SplitOptions& options) override {
@@ -398,6 +402,14 @@ class MpiCommunicator final : public Communicator {
     auto memory = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(numel) *
                                                                dtype_size(dtype));
     return TensorView(memory->data(), numel, dtype, Device::host(), memory);
+  }
+
+  TensorView host_scratch(int64_t bytes) override {
+    RELAXCC_ENFORCE(bytes >= 0, InvalidArgument, "host_scratch: negative byte count ", bytes);
+    auto buffer = std::make_shared<ScratchPool::Buffer>(
+        host_scratch_->acquire(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
+    if (bytes > 0) std::memset(buffer->data(), 0, static_cast<size_t>(bytes));
+    return TensorView(buffer->data(), bytes, DType::u8, Device::host(), buffer);
   }
 
   WorkPtr point_to_point(const std::vector<P2POp>& ops, const ExecContext& ctx,
@@ -704,6 +716,10 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<const NodeLayoutMap> nodes_;
   // Set when every rank shares one node; outlives the engine's operations.
   std::shared_ptr<SharedMemory> shared_memory_;
+  // host_scratch()'s pool, shared with the groups made from this
+  // communicator; it keeps at most kHostScratchBytes of released buffers.
+  static constexpr size_t kHostScratchBytes = size_t{256} << 20;
+  std::shared_ptr<ScratchPool> host_scratch_;
   // Splits so far (every rank splits in the same order): the key of the next
   // split's group.
   uint64_t splits_ = 0;

@@ -3,16 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
-#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
-#include "relaxcc/kernels/reduce.h"
-#include "src/relaxed/compressed_shards.h"
 #include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
@@ -21,38 +17,42 @@ namespace {
 
 using kernels::CompressorConfig;
 using kernels::CompressorKind;
-using relaxed::bytes_of;
+using relaxed::TensorBackend;
 
 // Error feedback that a call changes only if it succeeds: the call works on
-// `next`, a copy of the residual taken when it encodes, and commit() puts it
-// in place (a swap) once the call is known to have succeeded everywhere.
+// a copy of the residual taken when it encodes (begin(): a host vector, or
+// memory of the backend's device), and commit() puts it in place (a swap,
+// or a copy back) once the call is known to have succeeded everywhere.
 struct PendingResidual {
   kernels::ErrorFeedback* feedback = nullptr;
-  std::vector<float> next;
+  std::vector<float> next;  // the copy, on the host
+  TensorView copy;          // the copy, on the backend's device (host: `next`)
   bool begun = false;
 
-  std::span<float> begin() {
-    next = feedback->residual();
+  // The call's copy; an empty view without feedback.
+  TensorView begin(const TensorBackend& backend, const ExecContext& ctx) {
+    if (!feedback) return {};
+    const auto n = std::ssize(feedback->residual());
+    if (backend.device().is_host()) {
+      next = feedback->residual();
+      copy = TensorView::host(next.data(), n);
+    } else {
+      copy = backend.zeros(n, DType::f32, ctx);
+      backend.copy(copy.data, feedback->residual().data(), copy.nbytes(), ctx);
+    }
     begun = true;
-    return next;
+    return copy;
   }
-  void commit() {
-    if (begun) next.swap(feedback->residual());
+  void commit(const TensorBackend& backend, const ExecContext& ctx) {
+    if (!begun) return;
+    if (backend.device().is_host()) {
+      next.swap(feedback->residual());
+      return;
+    }
+    backend.copy(feedback->residual().data(), copy.data, copy.nbytes(), ctx);
+    backend.finish(ctx);
   }
 };
-
-// The message of any exception.
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const Error& x) {
-    return x.message();
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception of unknown type";
-  }
-}
 
 OpOptions op_options(const OpOptions& options, WorkPtr after) {
   OpOptions o = options;
@@ -76,36 +76,74 @@ int64_t randomk_hash(int64_t numel, int64_t k, const CompressorConfig& codec) {
                               2);
 }
 
-// What one random-k call keeps until it finishes.
+// What one random-k call keeps until it finishes: its payload (a header,
+// then the k kept values, no indices; its size, k and everything the ranks
+// must agree on follow from the configuration), in payload memory of x's
+// device.
 struct RandomkCall {
-  std::vector<unsigned char> payload;
+  TensorView x;
+  ExecContext ctx;
+  std::shared_ptr<const TensorBackend> backend;
+  CompressorConfig codec;
+  int64_t k = 0;
+  int64_t hash = 0;
+  TensorView payload;
   PendingResidual residual;
+
+  RandomkCall(Communicator& comm, const TensorView& tensor, const ExecContext& context,
+              const SparseAllreduceOptions& options, std::shared_ptr<const TensorBackend> x_backend)
+      : x(tensor),
+        ctx(context),
+        backend(std::move(x_backend)),
+        codec(options.codec),
+        k(kernels::kept_elements(x.numel, codec)),
+        hash(randomk_hash(x.numel, k, codec)),
+        payload(backend->payload_memory(comm,
+                                        static_cast<int64_t>(kernels::encoded_size(x.numel, codec)),
+                                        "sparse_allreduce")) {
+    residual.feedback = options.feedback;
+  }
+
+  std::span<std::byte> bytes() const {
+    return {static_cast<std::byte*>(payload.data), static_cast<size_t>(payload.numel)};
+  }
+  // The k kept values, which the ranks sum.
+  TensorView values() const {
+    return TensorView(static_cast<unsigned char*>(payload.data) + sizeof(kernels::PayloadHeader), k,
+                      DType::f32, payload.device, payload.owner);
+  }
 };
 
+// The k kept values of x (plus the residual, left holding what they miss)
+// into the payload. Throws InvalidArgument for an input the codec refuses.
+void encode_randomk(RandomkCall& c) {
+  const TensorBackend& backend = *c.backend;
+  const TensorView residual = c.residual.begin(backend, c.ctx);
+  const TensorView scratch =
+      residual.numel > 0 ? backend.zeros(c.x.numel, DType::f32, c.ctx) : TensorView();
+  backend.encode(c.x, residual, scratch, c.bytes(), c.codec, c.ctx);
+  backend.finish(c.ctx);  // the scratch is released here
+}
+
+// x = the summed payload (0 where nothing was kept); the residual put in place.
+void decode_randomk(RandomkCall& c) {
+  const TensorBackend& backend = *c.backend;
+  backend.decode(c.bytes(), c.x, false, c.ctx);
+  c.residual.commit(backend, c.ctx);
+  backend.finish(c.ctx);
+}
+
+// Random-k on the host: the encoding runs off the engine thread, after
+// options.after (if any); an input the codec refuses fails this rank's
+// allreduces, and so every rank. One allreduce sums the kept values in
+// place, one of [h, -h] with max checks the selection.
 WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                  const SparseAllreduceOptions& options) {
-  const CompressorConfig& codec = options.codec;
-  // The payload: a header, then the k kept values (no indices). Its size,
-  // k and everything the ranks must agree on follow from the configuration.
-  auto call = std::make_shared<RandomkCall>();
-  call->payload.resize(kernels::encoded_size(x.numel, codec));
-  call->residual.feedback = options.feedback;
-  const int64_t k = kernels::kept_elements(x.numel, codec);
-  const int64_t h = randomk_hash(x.numel, k, codec);
-
-  // Encoding runs off the engine thread, after options.after (if any): an
-  // input the codec refuses fails this rank's allreduces, and so every rank.
-  const WorkPtr encoded = comm.compute(
-      [call, x, codec, ctx] {
-        const std::span<std::byte> out = bytes_of(call->payload, 0, std::ssize(call->payload));
-        if (call->residual.feedback) {
-          std::vector<float> scratch(static_cast<size_t>(x.numel));
-          kernels::compress_with_feedback(x, call->residual.begin(), scratch, out, codec, ctx);
-        } else {
-          kernels::encode(x, out, codec, ctx);
-        }
-      },
-      op_options(options, options.after));
+  auto call =
+      std::make_shared<RandomkCall>(comm, x, ctx, options, relaxed::tensor_backend(x.device));
+  const int64_t h = call->hash;
+  const WorkPtr encoded =
+      comm.compute([call] { encode_randomk(*call); }, op_options(options, options.after));
 
   // What every rank must agree on, as [h, -h]: its max is [h, -h] on every
   // rank only when all hashes are equal.
@@ -120,25 +158,22 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
   AllreduceOptions sum;
   static_cast<OpOptions&>(sum) = op_options(options, encoded);
   sum.op = options.op;
-  const TensorView values(call->payload.data() + sizeof(kernels::PayloadHeader), k, DType::f32,
-                          Device::host(), call);
-  WorkPtr summed = relaxed::counted_allreduce(comm, values, ctx, sum, options.stats);
+  WorkPtr summed = relaxed::counted_allreduce(comm, call->values(), ctx, sum, options.stats);
 
   return when_all(
       {encoded, agreed, summed},
-      [call, check, h, x, ctx](Work&) {
+      [call, check, h](Work&) {
         RELAXCC_ENFORCE((*check)[0] == h && (*check)[1] == -h, PeerMismatch,
                         "sparse_allreduce: ranks disagree on the random-k selection (seed, step, "
                         "ratio, keep or mode)");
-        kernels::decode(std::as_bytes(std::span(call->payload)), x, ctx);
-        call->residual.commit();
+        decode_randomk(*call);
       },
       "sparse_allreduce");
 }
 
 // ---- on a device ----------------------------------------------------------
 
-// The frame of both device paths, stepped on the calling thread: the
+// The frame of both device schedules, stepped on the calling thread: the
 // tensor backend of x's device, which refuses (throws, here) a communicator
 // that cannot move that device's memory (MPI); then, once options.after
 // completed, body(backend). Returns a completed Work: a success when body
@@ -146,12 +181,12 @@ WorkPtr random_k(Communicator& comm, const TensorView& x, const ExecContext& ctx
 template <typename Body>
 WorkPtr on_device(Communicator& comm, const TensorView& x, const SparseAllreduceOptions& options,
                   Body&& body) {
-  const std::unique_ptr<relaxed::TensorBackend> backend = relaxed::tensor_backend(x.device);
+  const std::shared_ptr<const TensorBackend> backend = relaxed::tensor_backend(x.device);
   backend->check_communicator(comm, "sparse_allreduce");
   auto done = std::make_shared<Work>("sparse_allreduce");
   try {
     if (options.after) options.after->wait();
-    body(static_cast<const relaxed::TensorBackend*>(backend.get()));
+    body(backend);
     done->complete(nullptr);
   } catch (...) {
     done->complete(std::current_exception());
@@ -159,50 +194,35 @@ WorkPtr on_device(Communicator& comm, const TensorView& x, const SparseAllreduce
   return done;
 }
 
-// ---- random-k on a device ------------------------------------------------
-
 // Random-k on device tensors over a communicator that moves device memory
 // (NCCL), stepped on the calling thread as the device compressed allreduce
 // is (the CUDA kernels validate on the device and read their flags back):
-// the device gathers the k values into payload memory from comm.allocate()
-// (randomk encode, with the residual on the device when there is error
-// feedback), one allreduce sums them in place, a second one, of three
-// integers [h, -h, 1 + the highest rank whose encode failed (0: none)] with
-// max, checks the selection, then the device scatters the sum into x (0
-// elsewhere). No tensor data goes through the host; the residual of error
-// feedback (kernels::ErrorFeedback, host memory) is copied to the device
-// before the encode and back once the call succeeded. A rank whose encode
-// fails keeps taking part (so no peer waits on it) and throws its own error;
-// the others throw CommunicationError naming it. x and the residual are
-// untouched on every rank unless the call succeeds. Returns a completed Work.
+// the same encoding and decoding as on the host, with the payload in
+// memory from comm.allocate() and the residual of error feedback
+// (kernels::ErrorFeedback, host memory) copied to the device before the
+// encode and back once the call succeeded. An NCCL collective cannot fail
+// because a stage before it did, so a rank whose encode fails keeps taking
+// part (so no peer waits on it: its payload is every byte 0xff, NaN) and
+// throws its own error; the check is an allreduce of three integers [h,
+// -h, 1 + the highest rank whose encode failed (0: none)] with max, and
+// the others throw CommunicationError naming that rank. x and the residual
+// are untouched on every rank unless the call succeeds. Returns a completed
+// Work.
 WorkPtr random_k_device(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                         const SparseAllreduceOptions& options) {
-  return on_device(comm, x, options, [&](const relaxed::TensorBackend* backend) {
-    const CompressorConfig& codec = options.codec;
-    const int64_t k = kernels::kept_elements(x.numel, codec);
-    const int64_t h = randomk_hash(x.numel, k, codec);
-    const auto bytes = static_cast<int64_t>(kernels::encoded_size(x.numel, codec));
-    const TensorView payload = backend->payload_memory(comm, bytes, "sparse_allreduce");
-    const std::span<std::byte> out(static_cast<std::byte*>(payload.data),
-                                   static_cast<size_t>(bytes));
-    TensorView residual, scratch;
+  return on_device(comm, x, options, [&](std::shared_ptr<const TensorBackend> backend) {
+    RandomkCall c(comm, x, ctx, options, std::move(backend));
+    const TensorBackend& b = *c.backend;
     std::exception_ptr encode_error;
     try {
-      if (options.feedback) {
-        const size_t n = static_cast<size_t>(x.numel);
-        residual = backend->zeros(x.numel, DType::f32, ctx);
-        scratch = backend->zeros(x.numel, DType::f32, ctx);
-        backend->copy(residual.data, options.feedback->residual().data(), n * sizeof(float), ctx);
-      }
-      backend->encode(x, residual, scratch, out, codec, ctx);
+      encode_randomk(c);
     } catch (...) {
       encode_error = std::current_exception();
-      // NaN values: the sum is meaningless, and the check below fails everywhere.
-      backend->fill(payload.data, 0xff, static_cast<size_t>(bytes), ctx);
+      b.fill(c.payload.data, 0xff, c.payload.nbytes(), ctx);
     }
     const TensorView check = comm.allocate(3, DType::i64);
-    const std::array<int64_t, 3> mine = {h, -h, encode_error ? comm.rank() + 1 : 0};
-    backend->copy(check.data, mine.data(), sizeof mine, ctx);
+    const std::array<int64_t, 3> mine = {c.hash, -c.hash, encode_error ? comm.rank() + 1 : 0};
+    b.copy(check.data, mine.data(), sizeof mine, ctx);
     AllreduceOptions agree;
     static_cast<OpOptions&>(agree) = op_options(options, nullptr);
     agree.op = ReduceOp::max;
@@ -210,26 +230,19 @@ WorkPtr random_k_device(Communicator& comm, const TensorView& x, const ExecConte
     AllreduceOptions sum;
     static_cast<OpOptions&>(sum) = op_options(options, nullptr);
     sum.op = options.op;
-    const TensorView values(
-        static_cast<unsigned char*>(payload.data) + sizeof(kernels::PayloadHeader), k, DType::f32,
-        x.device, payload.owner);
-    WorkPtr summed = relaxed::counted_allreduce(comm, values, ctx, sum, options.stats);
+    WorkPtr summed = relaxed::counted_allreduce(comm, c.values(), ctx, sum, options.stats);
     agreed->wait();
     summed->wait();
     std::array<int64_t, 3> all{};
-    backend->copy(all.data(), check.data, sizeof all, ctx);
-    backend->finish(ctx);
+    b.copy(all.data(), check.data, sizeof all, ctx);
+    b.finish(ctx);
     if (encode_error) std::rethrow_exception(encode_error);
     RELAXCC_ENFORCE(all[2] == 0, CommunicationError, "sparse_allreduce: rank ", comm.rank(),
                     ": rank ", all[2] - 1, " could not encode its tensor (its own error says why)");
-    RELAXCC_ENFORCE(all[0] == h && all[1] == -h, PeerMismatch,
+    RELAXCC_ENFORCE(all[0] == c.hash && all[1] == -c.hash, PeerMismatch,
                     "sparse_allreduce: ranks disagree on the random-k selection (seed, step, "
                     "ratio, keep or mode)");
-    backend->decode(std::span<const std::byte>(out), x, false, ctx);
-    if (options.feedback)
-      backend->copy(options.feedback->residual().data(), residual.data,
-                    static_cast<size_t>(x.numel) * sizeof(float), ctx);
-    backend->finish(ctx);
+    decode_randomk(c);
   });
 }
 
@@ -301,6 +314,8 @@ struct TopkCall {
   int rank, size;
   TensorView x;
   ExecContext ctx;
+  // The kernels and memory of x's device.
+  std::shared_ptr<const TensorBackend> backend;
   CompressorConfig codec;
   ReduceOp op;
   // Everything the ranks' layouts and results depend on: element count, k,
@@ -314,23 +329,25 @@ struct TopkCall {
   // slot j: owner j's OwnerStatus, then its payload.
   std::vector<int64_t> block_bytes, block_offset, slot_bytes, slot_offset;
   // The blocks of x (alltoallv input), this shard's blocks from every rank
-  // (its output), and every owner's slot (allgatherv output).
-  std::shared_ptr<std::vector<unsigned char>> sent, received, gathered;
+  // (its output), and every owner's slot (allgatherv output): u8 views of
+  // the call's payload memory, on x's device.
+  TensorView sent, received, gathered;
   // Worker-side and server-side error feedback, committed only when every
-  // owner's status is ok.
+  // owner's status is ok; with either, the encoders' scratch (the largest
+  // shard's elements).
   PendingResidual worker, server;
+  TensorView scratch;
   std::exception_ptr encode_error;    // this rank's selection (step 1)
   std::exception_ptr exchange_error;  // this rank's alltoallv
   std::exception_ptr owner_error;     // this rank's owner step (step 3), or its alltoallv's
 
-  // host_buffers: sent, received and gathered are allocated here (the
-  // device path takes them from comm.allocate() instead).
-  TopkCall(const Communicator& comm, const TensorView& tensor, const ExecContext& context,
-           const SparseAllreduceOptions& options, bool host_buffers = true)
+  TopkCall(Communicator& comm, const TensorView& tensor, const ExecContext& context,
+           const SparseAllreduceOptions& options, std::shared_ptr<const TensorBackend> x_backend)
       : rank(comm.rank()),
         size(comm.size()),
         x(tensor),
         ctx(context),
+        backend(std::move(x_backend)),
         codec(options.codec),
         op(options.op),
         shards(tensor.numel, comm.size()) {
@@ -365,27 +382,45 @@ struct TopkCall {
         slot_offset[j] = slot_offset[j - 1] + slot_bytes[j - 1];
       }
     }
-    if (!host_buffers) return;
-    sent = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(sent_bytes()));
-    received = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(received_bytes()));
-    gathered = std::make_shared<std::vector<unsigned char>>(static_cast<size_t>(gathered_bytes()));
+    // One allocation for the three buffers, each starting on a 64-byte
+    // boundary.
+    const int64_t sent_bytes = block_offset.back() + block_bytes.back();
+    const int64_t received_bytes = size * block_bytes[rank];
+    const int64_t gathered_bytes = slot_offset.back() + slot_bytes.back();
+    const auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+    const TensorView all = backend->payload_memory(
+        comm, aligned(sent_bytes) + aligned(received_bytes) + gathered_bytes, "sparse_allreduce");
+    const auto part = [&all](int64_t offset, int64_t bytes) {
+      return TensorView(static_cast<unsigned char*>(all.data) + offset, bytes, DType::u8,
+                        all.device, all.owner);
+    };
+    sent = part(0, sent_bytes);
+    received = part(aligned(sent_bytes), received_bytes);
+    gathered = part(aligned(sent_bytes) + aligned(received_bytes), gathered_bytes);
+    if (worker.feedback || server.feedback)
+      scratch = backend->zeros(shards.count[0], DType::f32, ctx);
   }
 
-  int64_t sent_bytes() const { return block_offset.back() + block_bytes.back(); }
-  int64_t received_bytes() const { return size * block_bytes[static_cast<size_t>(rank)]; }
-  int64_t gathered_bytes() const { return slot_offset.back() + slot_bytes.back(); }
-
-  std::span<std::byte> payload_sent(int j) {
-    return bytes_of(*sent, block_offset[j] + static_cast<int64_t>(sizeof(BlockPrefix)),
-                    payload_bytes[j]);
+  // Byte `offset` of a buffer.
+  static std::byte* at(const TensorView& buffer, int64_t offset) {
+    return static_cast<std::byte*>(buffer.data) + offset;
   }
-  std::span<std::byte> payload_received(int from) {
-    return bytes_of(*received, from * block_bytes[rank] + static_cast<int64_t>(sizeof(BlockPrefix)),
-                    payload_bytes[rank]);
+  std::span<std::byte> payload_sent(int j) const {
+    return {at(sent, block_offset[j] + static_cast<int64_t>(sizeof(BlockPrefix))),
+            static_cast<size_t>(payload_bytes[j])};
   }
-  std::span<std::byte> payload_gathered(int j) {
-    return bytes_of(*gathered, slot_offset[j] + static_cast<int64_t>(sizeof(OwnerStatus)),
-                    payload_bytes[j]);
+  std::span<std::byte> payload_received(int from) const {
+    return {at(received, from * block_bytes[rank] + static_cast<int64_t>(sizeof(BlockPrefix))),
+            static_cast<size_t>(payload_bytes[rank])};
+  }
+  std::span<std::byte> payload_gathered(int j) const {
+    return {at(gathered, slot_offset[j] + static_cast<int64_t>(sizeof(OwnerStatus))),
+            static_cast<size_t>(payload_bytes[j])};
+  }
+  // Owner j's slot of `gathered`.
+  TensorView slot(int j) const {
+    return TensorView(at(gathered, slot_offset[j]), slot_bytes[j], DType::u8, gathered.device,
+                      gathered.owner);
   }
 };
 
@@ -395,23 +430,6 @@ std::string payload_name(int j, int from, bool gathered) {
   return gathered ? detail::concat("the all-gathered payload of shard ", j,
                                    " (from its owner, rank ", from, ")")
                   : detail::concat("the payload of rank ", from, " for shard ", j);
-}
-
-// That payload's header, checked against the layout: a top-k payload of
-// kept[j] in count[j] elements (read_header checks the rest of the header
-// and the size). CorruptPayload otherwise.
-void check_layout(const TopkCall& c, const kernels::PayloadHeader& h, int j, int from,
-                  bool gathered);
-void check_header(const TopkCall& c, std::span<const std::byte> payload, int j, int from,
-                  bool gathered) {
-  kernels::PayloadHeader h;
-  try {
-    h = kernels::read_header(payload);
-  } catch (const CorruptPayload& e) {
-    RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, from, gathered), ": ",
-                  e.message());
-  }
-  check_layout(c, h, j, from, gathered);
 }
 
 // A header that read_header accepted, checked against the layout.
@@ -424,37 +442,69 @@ void check_layout(const TopkCall& c, const kernels::PayloadHeader& h, int j, int
                   " elements, expected topk of ", k, " in ", count);
 }
 
+// That payload's header, checked against the layout: a top-k payload of
+// kept[j] in count[j] elements (read_header checks the rest of the header
+// and the size). CorruptPayload otherwise.
+void check_header(const TopkCall& c, std::span<const std::byte> payload, int j, int from,
+                  bool gathered) {
+  kernels::PayloadHeader h;
+  try {
+    h = c.backend->read_header(payload, c.ctx);
+  } catch (const CorruptPayload& e) {
+    RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, from, gathered), ": ",
+                  e.message());
+  }
+  check_layout(c, h, j, from, gathered);
+}
+
+// A shard of which nothing travels (shard `j`, elements from `begin`): no
+// encoder sees it, so x (plus its residual) is checked for finite values
+// here, and waits in the residual (if any; `scratch` as long as the shard).
+void keep_in_residual(const TopkCall& c, const TensorView& shard, const TensorView& residual,
+                      const TensorView& scratch, int64_t begin) {
+  const TensorBackend& backend = *c.backend;
+  if (residual.numel == 0) {
+    float v = 0;
+    const int64_t i = backend.first_non_finite(shard, &v, c.ctx);
+    RELAXCC_ENFORCE(i < 0, InvalidArgument, "sparse_allreduce: element ", begin + i, " is ", v,
+                    ", expected a finite value");
+    return;
+  }
+  // x + residual in the scratch, checked before the residual takes it.
+  backend.copy(scratch.data, residual.data, residual.nbytes(), c.ctx);
+  backend.add(scratch, shard, c.ctx);
+  float e = 0;
+  const int64_t i = backend.first_non_finite(scratch, &e, c.ctx);
+  if (i >= 0) {
+    float xi = 0, ri = 0;
+    backend.copy(&xi, shard.as<const float>() + i, sizeof xi, c.ctx);
+    backend.copy(&ri, residual.as<const float>() + i, sizeof ri, c.ctx);
+    backend.finish(c.ctx);
+    RELAXCC_THROW(InvalidArgument, "sparse_allreduce: element ", begin + i, " is ", xi,
+                  " plus its residual ", ri, ", expected a finite value");
+  }
+  backend.copy(residual.data, scratch.data, residual.nbytes(), c.ctx);
+}
+
 // Step 1: the top k_j of each shard of x (plus the worker's residual) into
 // the blocks. Throws InvalidArgument for an input the codec refuses; the
 // worker's residual changes only in its PendingResidual.
 void encode_shards(TopkCall& c) {
-  const float* xs = c.x.as<float>();
-  const std::span<float> residual = c.worker.feedback ? c.worker.begin() : std::span<float>();
-  std::vector<float> scratch(c.worker.feedback ? static_cast<size_t>(c.shards.count[0]) : 0);
+  const TensorBackend& backend = *c.backend;
+  const TensorView residual = c.worker.begin(backend, c.ctx);
+  const bool feedback = residual.numel > 0;
   for (int j = 0; j < c.size; ++j) {
     const int64_t begin = c.shards.offset[j], count = c.shards.count[j];
+    const TensorView shard = c.x.slice(begin, count);
+    const TensorView mine = feedback ? residual.slice(begin, count) : TensorView();
+    const TensorView scratch = feedback ? c.scratch.slice(0, count) : TensorView();
     if (c.kept[j] == 0) {
-      // Nothing of this shard travels: x waits in the residual. Checked
-      // here, since no encoder sees it.
-      for (int64_t i = begin; i < begin + count; ++i) {
-        const float e = residual.empty() ? xs[i] : xs[i] + residual[i];
-        RELAXCC_ENFORCE(std::isfinite(e), InvalidArgument, "sparse_allreduce: element ", i, " is ",
-                        xs[i],
-                        residual.empty() ? "" : detail::concat(" plus its residual ", residual[i]),
-                        ", expected a finite value");
-        if (!residual.empty()) residual[i] = e;
-      }
+      keep_in_residual(c, shard, mine, scratch, begin);
       continue;
     }
-    const TensorView shard = c.x.slice(begin, count);
-    const CompressorConfig codec = shard_codec(c.codec, c.kept[j]);
     try {
-      if (c.worker.feedback)
-        kernels::compress_with_feedback(shard, residual.subspan(begin, count),
-                                        std::span(scratch).first(count), c.payload_sent(j), codec,
-                                        c.ctx);
-      else
-        kernels::encode(shard, c.payload_sent(j), codec, c.ctx);
+      backend.encode(shard, mine, scratch, c.payload_sent(j), shard_codec(c.codec, c.kept[j]),
+                     c.ctx);
     } catch (const InvalidArgument& e) {
       RELAXCC_THROW(InvalidArgument, "sparse_allreduce: shard ", j, " (elements from ", begin, ")",
                     c.worker.feedback ? " plus its residual" : "", ": ", e.message());
@@ -473,7 +523,8 @@ void select_shards(TopkCall& c) {
     prefix.code = code_of(c.encode_error);
   }
   for (int j = 0; j < c.size; ++j)
-    std::memcpy(c.sent->data() + c.block_offset[j], &prefix, sizeof prefix);
+    c.backend->copy(TopkCall::at(c.sent, c.block_offset[j]), &prefix, sizeof prefix, c.ctx);
+  c.backend->finish(c.ctx);  // the prefix's host memory is read by the copies
 }
 
 // Step 3's check of every sender's call and selection (the blocks'
@@ -509,6 +560,7 @@ bool senders_ok(const TopkCall& c, const std::vector<BlockPrefix>& prefixes, Own
 // top k_r encoded once after the OwnerStatus of its slot. Returns that
 // status; a failure of this rank's own is kept in c.owner_error.
 OwnerStatus reduce_owned_shard(TopkCall& c) {
+  const TensorBackend& backend = *c.backend;
   const int r = c.rank;
   OwnerStatus s;
   try {
@@ -518,12 +570,13 @@ OwnerStatus reduce_owned_shard(TopkCall& c) {
     }
     std::vector<BlockPrefix> prefixes(static_cast<size_t>(c.size));
     for (int i = 0; i < c.size; ++i)
-      std::memcpy(&prefixes[i], c.received->data() + i * c.block_bytes[r], sizeof(BlockPrefix));
+      backend.copy(&prefixes[static_cast<size_t>(i)],
+                   TopkCall::at(c.received, i * c.block_bytes[r]), sizeof(BlockPrefix), c.ctx);
+    backend.finish(c.ctx);
     if (!senders_ok(c, prefixes, s)) return s;
     const int64_t count = c.shards.count[r], k = c.kept[r];
     if (k == 0) return s;  // nothing was sent, nothing is kept
-    std::vector<float> acc(static_cast<size_t>(count), 0.0f);
-    const TensorView sum = TensorView::host(acc.data(), count);
+    const TensorView sum = backend.zeros(count, DType::f32, c.ctx);
     for (int i = 0; i < c.size; ++i) {
       s.sender = i;
       s.stage = OwnerStatus::payload;
@@ -531,32 +584,35 @@ OwnerStatus reduce_owned_shard(TopkCall& c) {
       check_header(c, payload, r, i, /*gathered=*/false);
       // Indices in [0, count) and strictly increasing, finite values: checked
       // before anything is added.
-      kernels::decode_accumulate(payload, sum, c.ctx);
+      backend.decode(payload, sum, /*accumulate=*/true, c.ctx);
     }
     s.sender = -1;
     s.stage = OwnerStatus::own;
-    if (c.op == ReduceOp::avg) kernels::finish_average(sum, c.size, c.ctx);
-    const CompressorConfig codec = shard_codec(c.codec, k);
+    if (c.op == ReduceOp::avg) backend.scale(sum, static_cast<float>(c.size), true, c.ctx);
     try {
       // The encoder refuses a sum (plus residual) that overflowed f32.
-      if (c.server.feedback) {
-        std::vector<float> scratch(static_cast<size_t>(count));
-        kernels::compress_with_feedback(sum, c.server.begin(), scratch, c.payload_gathered(r),
-                                        codec, c.ctx);
-      } else {
-        kernels::encode(sum, c.payload_gathered(r), codec, c.ctx);
-      }
+      const TensorView residual = c.server.begin(backend, c.ctx);
+      backend.encode(sum, residual, residual.numel > 0 ? c.scratch.slice(0, count) : TensorView(),
+                     c.payload_gathered(r), shard_codec(c.codec, k), c.ctx);
     } catch (const InvalidArgument& e) {
       RELAXCC_THROW(InvalidArgument, "sparse_allreduce: the ",
                     c.op == ReduceOp::avg ? "average" : "sum", " of shard ", r, " (elements from ",
                     c.shards.offset[r], ")", c.server.feedback ? " plus its server residual" : "",
                     " overflows f32: ", e.message());
     }
+    backend.finish(c.ctx);  // the sum's memory is released here
   } catch (...) {
     c.owner_error = std::current_exception();
     s.code = code_of(c.owner_error);
   }
   return s;
+}
+
+// Step 3 as it runs: the owner's status into its slot, ahead of its payload.
+void reduce_into_slot(TopkCall& c) {
+  const OwnerStatus status = reduce_owned_shard(c);
+  c.backend->copy(TopkCall::at(c.gathered, c.slot_offset[c.rank]), &status, sizeof status, c.ctx);
+  c.backend->finish(c.ctx);
 }
 
 // Throws, as the same type on every rank, the failure that owner j's
@@ -584,9 +640,9 @@ OwnerStatus reduce_owned_shard(TopkCall& c) {
                             " does not decode on its owner (rank ", j, ")");
   }
   if (j == c.rank && c.owner_error)
-    what += detail::concat(": ", message_of(c.owner_error));
+    what += detail::concat(": ", detail::message_of(c.owner_error));
   else if (s.stage == OwnerStatus::input && s.sender == c.rank && c.encode_error)
-    what += detail::concat(": ", message_of(c.encode_error));
+    what += detail::concat(": ", detail::message_of(c.encode_error));
   switch (s.code) {
     case OwnerStatus::corrupt:
       RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", what);
@@ -616,13 +672,6 @@ OwnerStatus checked_status(const TopkCall& c, int j, const OwnerStatus& s) {
                   c.size, ")");
   return s;
 }
-
-OwnerStatus status_of(const TopkCall& c, int j) {
-  OwnerStatus s;
-  std::memcpy(&s, c.gathered->data() + c.slot_offset[j], sizeof s);
-  return checked_status(c, j, s);
-}
-
 // The bytes this rank moved: the alltoallv sends each peer its block and
 // receives this shard's; the all-gather ring sends every slot but the right
 // neighbour's own to the right neighbour and receives every slot but this
@@ -637,38 +686,59 @@ void count_traffic(const TopkCall& c, RelaxedStats& stats) {
 // Step 5: every owner's status, then (all ok) the residuals committed and
 // every shard decoded into x from the same bytes on every rank.
 void finish(TopkCall& c) {
+  const TensorBackend& backend = *c.backend;
+  std::vector<OwnerStatus> statuses(static_cast<size_t>(c.size));
+  for (int j = 0; j < c.size; ++j)
+    backend.copy(&statuses[static_cast<size_t>(j)], TopkCall::at(c.gathered, c.slot_offset[j]),
+                 sizeof(OwnerStatus), c.ctx);
+  backend.finish(c.ctx);
   for (int j = 0; j < c.size; ++j) {
-    const OwnerStatus s = status_of(c, j);
+    const OwnerStatus s = checked_status(c, j, statuses[static_cast<size_t>(j)]);
     if (s.code != OwnerStatus::ok) throw_owner_failure(c, j, s);
   }
   // Every owner summed every rank's blocks and sent its payload: the call
   // happened, whatever this rank's copy of the all-gather holds.
-  c.worker.commit();
-  c.server.commit();
+  c.worker.commit(backend, c.ctx);
+  c.server.commit(backend, c.ctx);
   for (int j = 0; j < c.size; ++j)
     if (c.kept[j] > 0) check_header(c, c.payload_gathered(j), j, j, /*gathered=*/true);
   for (int j = 0; j < c.size; ++j) {
     const TensorView shard = c.x.slice(c.shards.offset[j], c.shards.count[j]);
     if (c.kept[j] == 0) {
-      std::fill_n(shard.as<float>(), shard.numel, 0.0f);
+      backend.fill(shard.data, 0, shard.nbytes(), c.ctx);
       continue;
     }
     try {
-      kernels::decode(c.payload_gathered(j), shard, c.ctx);
+      backend.decode(c.payload_gathered(j), shard, /*accumulate=*/false, c.ctx);
     } catch (const CorruptPayload& e) {
       RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, j, true), ": ",
                     e.message());
     }
   }
+  backend.finish(c.ctx);
 }
 
+// Step 5 once the all-gather ended (`gathered`: its failure, if any):
+// decided from the gathered status words, the same on every rank; only
+// when the all-gather itself failed, from what this rank knows.
+void conclude(TopkCall& c, const std::exception_ptr& gathered, RelaxedStats* stats) {
+  if (gathered)
+    std::rethrow_exception(c.owner_error    ? c.owner_error
+                           : c.encode_error ? c.encode_error
+                                            : gathered);
+  if (stats) count_traffic(c, *stats);
+  finish(c);
+}
+
+// Top-k on the host: every step submitted now, each to start once the one
+// before it completed, the local ones off the engine thread.
 WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
               const SparseAllreduceOptions& options) {
   const int n = comm.size(), r = comm.rank();
-  auto c = std::make_shared<TopkCall>(comm, x, ctx, options);
+  auto c = std::make_shared<TopkCall>(comm, x, ctx, options, relaxed::tensor_backend(x.device));
 
-  // 1. Off the engine thread, after options.after: the selection, whose
-  // failure travels in the blocks' prefixes (so the alltoallv runs).
+  // 1. After options.after: the selection, whose failure travels in the
+  // blocks' prefixes (so the alltoallv runs).
   const WorkPtr encoded =
       comm.compute([c] { select_shards(*c); }, op_options(options, options.after));
 
@@ -676,254 +746,75 @@ WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
   AlltoallOptions a2a;
   static_cast<OpOptions&>(a2a) = op_options(options, encoded);
   const std::vector<int64_t> recv_counts(static_cast<size_t>(n), c->block_bytes[r]);
-  const TensorView sent(c->sent->data(), std::ssize(*c->sent), DType::u8, Device::host(), c->sent);
-  const TensorView received(c->received->data(), std::ssize(*c->received), DType::u8,
-                            Device::host(), c->received);
-  const WorkPtr exchanged = comm.alltoallv(sent, c->block_bytes, received, recv_counts, ctx, a2a);
+  const WorkPtr exchanged =
+      comm.alltoallv(c->sent, c->block_bytes, c->received, recv_counts, ctx, a2a);
 
-  // 3. Off the engine thread: the owner's checks, sum and top-k. It runs
-  // whatever the alltoallv ended with: its failure, too, becomes the
-  // owner's status word, so the all-gather below runs and every rank learns
-  // of it.
-  auto settled = std::make_shared<Work>("sparse_allreduce: the alltoallv settled");
+  // 3. The owner's checks, sum and top-k. It runs whatever the alltoallv
+  // ended with: its failure, too, becomes the owner's status word, so the
+  // all-gather below runs and every rank learns of it.
+  auto settled = std::make_shared<Work>("sparse_allreduce: the alltoallv settled",
+                                        exchanged->default_timeout());
   exchanged->then(
       [c, settled](const Work& done) {
         c->exchange_error = done.exception();
         settled->complete(nullptr);
       },
       "sparse_allreduce: the alltoallv's outcome");
-  const WorkPtr reduced = comm.compute(
-      [c] {
-        const OwnerStatus status = reduce_owned_shard(*c);
-        std::memcpy(c->gathered->data() + c->slot_offset[c->rank], &status, sizeof status);
-      },
-      op_options(options, settled));
+  const WorkPtr reduced = comm.compute([c] { reduce_into_slot(*c); }, op_options(options, settled));
 
   // 4. The owners' slots to every rank, unchanged.
   AllgatherOptions ag;
   static_cast<OpOptions&>(ag) = op_options(options, reduced);
-  const TensorView mine(c->gathered->data() + c->slot_offset[r], c->slot_bytes[r], DType::u8,
-                        Device::host(), c->gathered);
-  const TensorView gathered(c->gathered->data(), std::ssize(*c->gathered), DType::u8,
-                            Device::host(), c->gathered);
-  const WorkPtr spread = comm.allgatherv(mine, gathered, c->slot_bytes, ctx, ag);
+  const WorkPtr spread = comm.allgatherv(c->slot(r), c->gathered, c->slot_bytes, ctx, ag);
 
-  // 5. Decided from the gathered status words, the same on every rank;
-  // only when the all-gather itself failed, from what this rank knows.
+  // 5.
   RelaxedStats* stats = options.stats;
-  return spread->then(
-      [c, stats](const Work& done) {
-        if (const std::exception_ptr e = done.exception())
-          std::rethrow_exception(c->owner_error    ? c->owner_error
-                                 : c->encode_error ? c->encode_error
-                                                   : e);
-        if (stats) count_traffic(*c, *stats);
-        finish(*c);
-      },
-      "sparse_allreduce");
+  return spread->then([c, stats](const Work& done) { conclude(*c, done.exception(), stats); },
+                      "sparse_allreduce");
 }
 
-// ---- top-k on a device ----------------------------------------------------
-
 // Top-k on device tensors over a communicator that moves device memory
-// (NCCL), the host protocol's five steps stepped on the calling thread: the
-// blocks, this shard's blocks and the owners' slots live in payload memory
-// from comm.allocate(); the selections (worker and owner) run on the device
-// (kernels/cuda/topk.cu), the owner's sum is the device decoder's
-// accumulation in rank order, and x is decoded on the device. What goes
-// through the host is metadata: every block prefix this owner receives and
-// every status word the all-gather brings (16 bytes each), each payload
-// header the owner or the decoder checks, the decoders' validation flags,
-// and the error-feedback residuals (host memory: copied to the device
-// before the selection and back once the call succeeded). Results and
-// residuals equal the host path's bit for bit; failures are decided from
-// the same status words, with the same types.
+// (NCCL): the host schedule's five steps, stepped on the calling thread,
+// with the blocks, this shard's blocks and the owners' slots in payload
+// memory from comm.allocate(); the selections (worker and owner) run on
+// the device (kernels/cuda/topk.cu), the owner's sum is the device
+// decoder's accumulation in rank order, and x is decoded on the device.
+// What goes through the host is metadata: every block prefix this owner
+// receives and every status word the all-gather brings (16 bytes each),
+// each payload header the owner or the decoder checks, the decoders'
+// validation flags, and the error-feedback residuals (host memory: copied
+// to the device before the selection and back once the call succeeded).
+// Results and residuals equal the host schedule's bit for bit; failures
+// are decided from the same status words, with the same types.
 WorkPtr top_k_device(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                      const SparseAllreduceOptions& options) {
-  return on_device(comm, x, options, [&](const relaxed::TensorBackend* backend) {
-    TopkCall c(comm, x, ctx, options, /*host_buffers=*/false);
+  return on_device(comm, x, options, [&](std::shared_ptr<const TensorBackend> backend) {
+    TopkCall c(comm, x, ctx, options, std::move(backend));
     const int n = c.size, r = c.rank;
-    const TensorView sent = backend->payload_memory(comm, c.sent_bytes(), "sparse_allreduce");
-    const TensorView received =
-        backend->payload_memory(comm, c.received_bytes(), "sparse_allreduce");
-    const TensorView gathered =
-        backend->payload_memory(comm, c.gathered_bytes(), "sparse_allreduce");
-    auto at = [](const TensorView& v, int64_t offset) {
-      return static_cast<std::byte*>(v.data) + offset;
-    };
-    auto payload_sent = [&](int j) {
-      return std::span(at(sent, c.block_offset[j] + sizeof(BlockPrefix)),
-                       static_cast<size_t>(c.payload_bytes[j]));
-    };
-    auto payload_received = [&](int from) {
-      return std::span(at(received, from * c.block_bytes[r] + sizeof(BlockPrefix)),
-                       static_cast<size_t>(c.payload_bytes[r]));
-    };
-    auto payload_gathered = [&](int j) {
-      return std::span(at(gathered, c.slot_offset[j] + sizeof(OwnerStatus)),
-                       static_cast<size_t>(c.payload_bytes[j]));
-    };
-    // A payload's header on the host, checked against the layout.
-    auto header = [&](std::span<std::byte> payload, int j, int from, bool from_gather) {
-      kernels::PayloadHeader h;
-      try {
-        h = backend->read_header(payload, ctx);
-      } catch (const CorruptPayload& e) {
-        RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, from, from_gather),
-                      ": ", e.message());
-      }
-      check_layout(c, h, j, from, from_gather);
-    };
-    const auto numel = static_cast<size_t>(x.numel);
-    TensorView worker, server, scratch;
-    if (c.worker.feedback) {
-      worker = backend->zeros(x.numel, DType::f32, ctx);
-      backend->copy(worker.data, c.worker.feedback->residual().data(), numel * sizeof(float), ctx);
-    }
-    const int64_t owned = c.shards.count[static_cast<size_t>(r)];
-    if (c.server.feedback) {
-      server = backend->zeros(owned, DType::f32, ctx);
-      backend->copy(server.data, c.server.feedback->residual().data(),
-                    static_cast<size_t>(owned) * sizeof(float), ctx);
-    }
-    if (c.worker.feedback || c.server.feedback)
-      scratch = backend->zeros(c.shards.count[0], DType::f32, ctx);
-
-    // 1. The selection of every shard; its failure travels in the prefixes.
-    BlockPrefix prefix{c.fingerprint, OwnerStatus::ok, 0};
-    try {
-      for (int j = 0; j < n; ++j) {
-        const int64_t begin = c.shards.offset[j], count = c.shards.count[j];
-        const TensorView shard = x.slice(begin, count);
-        const TensorView residual = worker.numel > 0 ? worker.slice(begin, count) : TensorView();
-        if (c.kept[j] == 0) {
-          // Nothing of this shard travels: x waits in the residual.
-          if (residual.numel > 0) backend->add(residual, shard, ctx);
-          float bad = 0;
-          const int64_t i =
-              backend->first_non_finite(residual.numel > 0 ? residual : shard, &bad, ctx);
-          RELAXCC_ENFORCE(
-              i<0, InvalidArgument, "sparse_allreduce: element ", begin + i, residual.numel> 0
-                  ? " plus its residual"
-                  : "",
-              " is ", bad, ", expected a finite value");
-          continue;
-        }
-        try {
-          backend->encode(shard, residual,
-                          residual.numel > 0 ? scratch.slice(0, count) : TensorView(),
-                          payload_sent(j), shard_codec(c.codec, c.kept[j]), ctx);
-        } catch (const InvalidArgument& e) {
-          RELAXCC_THROW(InvalidArgument, "sparse_allreduce: shard ", j, " (elements from ", begin,
-                        ")", residual.numel > 0 ? " plus its residual" : "", ": ", e.message());
-        }
-      }
-    } catch (...) {
-      c.encode_error = std::current_exception();
-      prefix.code = code_of(c.encode_error);
-    }
-    for (int j = 0; j < n; ++j)
-      backend->copy(at(sent, c.block_offset[j]), &prefix, sizeof prefix, ctx);
-    backend->finish(ctx);  // the prefix's host memory is read by the copies
-
+    // 1. The selection; its failure travels in the prefixes.
+    select_shards(c);
     // 2. Each shard's block to its owner.
     AlltoallOptions a2a;
     static_cast<OpOptions&>(a2a) = op_options(options, nullptr);
     const std::vector<int64_t> recv_counts(static_cast<size_t>(n), c.block_bytes[r]);
     try {
-      comm.alltoallv(sent, c.block_bytes, received, recv_counts, ctx, a2a)->wait();
+      comm.alltoallv(c.sent, c.block_bytes, c.received, recv_counts, ctx, a2a)->wait();
     } catch (...) {
       c.exchange_error = std::current_exception();
     }
-
     // 3. The owner's checks, sum and top k_r, into its slot.
-    OwnerStatus status;
-    try {
-      if (c.exchange_error) {
-        status.stage = OwnerStatus::exchange;
-        std::rethrow_exception(c.exchange_error);
-      }
-      std::vector<BlockPrefix> prefixes(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i)
-        backend->copy(&prefixes[static_cast<size_t>(i)], at(received, i * c.block_bytes[r]),
-                      sizeof(BlockPrefix), ctx);
-      backend->finish(ctx);
-      const int64_t k = c.kept[static_cast<size_t>(r)];
-      if (senders_ok(c, prefixes, status) && k > 0) {
-        const TensorView sum = backend->zeros(owned, DType::f32, ctx);
-        for (int i = 0; i < n; ++i) {
-          status.sender = i;
-          status.stage = OwnerStatus::payload;
-          header(payload_received(i), r, i, /*from_gather=*/false);
-          backend->decode(payload_received(i), sum, /*accumulate=*/true, ctx);
-        }
-        status.sender = -1;
-        status.stage = OwnerStatus::own;
-        if (c.op == ReduceOp::avg) backend->scale(sum, static_cast<float>(n), true, ctx);
-        try {
-          backend->encode(sum, server, server.numel > 0 ? scratch.slice(0, owned) : TensorView(),
-                          payload_gathered(r), shard_codec(c.codec, k), ctx);
-        } catch (const InvalidArgument& e) {
-          RELAXCC_THROW(
-              InvalidArgument, "sparse_allreduce: the ", c.op == ReduceOp::avg ? "average" : "sum",
-              " of shard ", r, " (elements from ", c.shards.offset[r], ")",
-              server.numel > 0 ? " plus its server residual" : "", " overflows f32: ", e.message());
-        }
-        backend->finish(ctx);  // the sum's memory is released below
-      }
-    } catch (...) {
-      c.owner_error = std::current_exception();
-      status.code = code_of(c.owner_error);
-    }
-    backend->copy(at(gathered, c.slot_offset[r]), &status, sizeof status, ctx);
-    backend->finish(ctx);
-
+    reduce_into_slot(c);
     // 4. The owners' slots to every rank, unchanged.
     AllgatherOptions ag;
     static_cast<OpOptions&>(ag) = op_options(options, nullptr);
-    const TensorView mine(at(gathered, c.slot_offset[r]), c.slot_bytes[r], DType::u8, x.device,
-                          gathered.owner);
+    std::exception_ptr gathered;
     try {
-      comm.allgatherv(mine, gathered, c.slot_bytes, ctx, ag)->wait();
+      comm.allgatherv(c.slot(r), c.gathered, c.slot_bytes, ctx, ag)->wait();
     } catch (...) {
-      std::rethrow_exception(c.owner_error    ? c.owner_error
-                             : c.encode_error ? c.encode_error
-                                              : std::current_exception());
+      gathered = std::current_exception();
     }
-    if (options.stats) count_traffic(c, *options.stats);
-
-    // 5. Every owner's status, then the residuals and x.
-    std::vector<OwnerStatus> statuses(static_cast<size_t>(n));
-    for (int j = 0; j < n; ++j)
-      backend->copy(&statuses[static_cast<size_t>(j)], at(gathered, c.slot_offset[j]),
-                    sizeof(OwnerStatus), ctx);
-    backend->finish(ctx);
-    for (int j = 0; j < n; ++j) {
-      const OwnerStatus s = checked_status(c, j, statuses[static_cast<size_t>(j)]);
-      if (s.code != OwnerStatus::ok) throw_owner_failure(c, j, s);
-    }
-    if (c.worker.feedback)
-      backend->copy(c.worker.feedback->residual().data(), worker.data, numel * sizeof(float), ctx);
-    if (c.server.feedback)
-      backend->copy(c.server.feedback->residual().data(), server.data,
-                    static_cast<size_t>(owned) * sizeof(float), ctx);
-    backend->finish(ctx);
-    for (int j = 0; j < n; ++j)
-      if (c.kept[j] > 0) header(payload_gathered(j), j, j, /*from_gather=*/true);
-    for (int j = 0; j < n; ++j) {
-      const TensorView shard = x.slice(c.shards.offset[j], c.shards.count[j]);
-      if (c.kept[j] == 0) {
-        backend->fill(shard.data, 0, static_cast<size_t>(shard.numel) * sizeof(float), ctx);
-        continue;
-      }
-      try {
-        backend->decode(payload_gathered(j), shard, /*accumulate=*/false, ctx);
-      } catch (const CorruptPayload& e) {
-        RELAXCC_THROW(CorruptPayload, "sparse_allreduce: ", payload_name(j, j, true), ": ",
-                      e.message());
-      }
-    }
-    backend->finish(ctx);
+    // 5.
+    conclude(c, gathered, options.stats);
   });
 }
 

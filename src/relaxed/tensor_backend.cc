@@ -7,15 +7,12 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/error_feedback.h"
-#include "src/collectives/scratch_pool.h"
 
 namespace relaxcc::relaxed {
 
 namespace {
 
 constexpr size_t kHeaderBytes = sizeof(kernels::PayloadHeader);
-// Idle host payload memory kept for reuse, per process.
-constexpr size_t kPayloadPoolBytes = size_t{256} << 20;
 
 // Host memory and the host kernels: what the schedules did before devices.
 class HostBackend final : public TensorBackend {
@@ -29,15 +26,11 @@ class HostBackend final : public TensorBackend {
     auto memory = std::make_shared<std::vector<float>>((bytes + sizeof(float) - 1) / sizeof(float));
     return TensorView(memory->data(), numel, dtype, Device::host(), memory);
   }
-  TensorView payload_memory(Communicator&, int64_t bytes, const char*) const override {
-    // Zeroed buffers from a process-wide pool: a call's payloads (tens of
-    // MB for a large tensor) would otherwise be fresh pages, faulted in and
-    // unmapped again on every call.
-    static const auto pool = std::make_shared<ScratchPool>(kPayloadPoolBytes);
-    auto buffer = std::make_shared<ScratchPool::Buffer>(
-        pool->acquire(static_cast<size_t>(std::max<int64_t>(bytes, 1))));
-    if (bytes > 0) std::memset(buffer->data(), 0, static_cast<size_t>(bytes));
-    return TensorView(buffer->data(), bytes, DType::u8, Device::host(), buffer);
+  TensorView payload_memory(Communicator& comm, int64_t bytes, const char*) const override {
+    // A call's payloads (tens of MB for a large tensor) would be fresh
+    // pages, faulted in and unmapped again on every call: the communicator
+    // reuses them.
+    return comm.host_scratch(bytes);
   }
   void check_communicator(Communicator&, const char*) const override {}
 

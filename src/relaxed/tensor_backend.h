@@ -1,6 +1,6 @@
 // TensorBackend: what the relaxed primitives' schedules do to tensor memory,
-// for the device a tensor lives on. The schedules (compressed_allreduce.cc)
-// are written once against this interface; tensor_backend(device) picks the
+// for the device a tensor lives on. The schedules (compressed_allreduce.cc,
+// sparse_allreduce.cc) are written once against this interface; tensor_backend(device) picks the
 // host kernels (relaxcc/kernels/compressor.h on host memory) or the CUDA
 // kernels (kernels/cuda/cuda_kernels.h on device memory, ordered on
 // ExecContext::stream). Both produce the same bits: the CUDA kernels match
@@ -44,9 +44,9 @@ class TensorBackend {
   // uses them (the schedules synchronize before dropping a view).
   virtual TensorView zeros(int64_t numel, DType dtype, const ExecContext& ctx) const = 0;
   // `bytes` of zeroed payload memory for `comm`'s collectives: host memory
-  // (reused from a process-wide pool) here, device memory from
-  // comm.allocate() there (0 bytes: only the check, an
-  // NCCL communicator allocates nothing). Throws Unsupported naming `what`,
+  // from comm.host_scratch() (reused call after call), or device memory
+  // from comm.allocate() (0 bytes: only the check, an NCCL communicator
+  // allocates nothing). Throws Unsupported naming `what`,
   // the rank and the device when `comm` does not move memory of this device
   // (an MPI communicator given device tensors).
   virtual TensorView payload_memory(Communicator& comm, int64_t bytes, const char* what) const = 0;
