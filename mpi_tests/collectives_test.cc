@@ -517,12 +517,14 @@ TEST(Alltoall, BlocksAcrossNodesGoInParts) {
   Buffer in(DType::i64, s_total), out(DType::i64, r_total);
   int64_t k = 0;
   for (int p = 0; p < n; ++p)
-    for (int64_t j = 0; j < send[p]; ++j) in.as<int64_t>()[k++] = r * 1000000000 + p * 100000 + j;
+    for (int64_t j = 0; j < send[p]; ++j)
+      in.as<int64_t>()[k++] = int64_t{r} * 1000000000 + p * 100000 + j;
   comm->alltoallv(in.view(), send, out.view(), recv, ExecContext::host())->wait();
   k = 0;
   for (int p = 0; p < n; ++p)
     for (int64_t j = 0; j < recv[p]; ++j)
-      ASSERT_EQ(out.as<int64_t>()[k++], p * 1000000000 + r * 100000 + j) << "from rank " << p;
+      ASSERT_EQ(out.as<int64_t>()[k++], int64_t{p} * 1000000000 + r * 100000 + j)
+          << "from rank " << p;
   Buffer b(DType::i32, 100003);
   test::fill(b, r);
   AllreduceOptions ring;
@@ -1149,10 +1151,11 @@ TEST(Stats, TraceFilePerCommunicator) {
     options.tunables.trace_file = prefix;
     auto first = create_mpi_communicator(options);
     auto second = create_mpi_communicator(options);
-    Buffer b(DType::i32, 1 << 12);
+    // One buffer per communicator: the two allreduces run at the same time.
+    Buffer b1(DType::i32, 1 << 12), b2(DType::i32, 1 << 12);
     for (int i = 0; i < 20; ++i) {
-      auto w1 = first->allreduce(b.view(), ExecContext::host());
-      auto w2 = second->allreduce(b.view(), ExecContext::host());
+      auto w1 = first->allreduce(b1.view(), ExecContext::host());
+      auto w2 = second->allreduce(b2.view(), ExecContext::host());
       w1->wait();
       w2->wait();
     }

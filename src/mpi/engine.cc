@@ -297,7 +297,6 @@ void Engine::loop() {
   // Short back-off sleeps must stay short: the default 50 us timer slack
   // would stretch every one of them.
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-  last_inspection_ = Clock::now();
   const auto spin = std::chrono::microseconds(tunables_.spin_us);
   const auto yield_for = std::chrono::microseconds(tunables_.yield_us);
   bool shut_down = false;

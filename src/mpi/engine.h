@@ -357,7 +357,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // Token-holder state.
   std::deque<std::shared_ptr<Operation>> incoming_;
-  Clock::time_point last_inspection_{};
+  Clock::time_point last_inspection_ = Clock::now();
   Clock::time_point shutdown_deadline_{};
   std::vector<std::shared_ptr<Operation>> active_;   // sorted by priority, then seq
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order

@@ -108,7 +108,9 @@
 // their timeout.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <functional>
