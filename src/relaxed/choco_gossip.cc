@@ -271,7 +271,6 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   r->payload = q->size();
   r->stats = options_.stats;
   r->start = Clock::now();
-  r->done = std::make_shared<Work>(detail::concat("CHOCO gossip round ", round));
   r->arrival_us.assign(s.peers.size(), -1);
   AdaptiveDeadline* adaptive = timing.adaptive;
   if (adaptive) {
@@ -374,6 +373,7 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
       finish();
     });
   };
+  std::chrono::milliseconds timeout{-1};
   for (size_t k = 0; k < s.peers.size(); ++k) {
     P2POptions p2p;
     p2p.round = ++s.sent[k];
@@ -389,11 +389,14 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
       finish();
       continue;
     }
+    timeout = w->default_timeout();
     w->then([fail, finish](const Work& d) {
       if (d.exception()) fail(d.exception());
       finish();
     });
   }
+  // The round's Work waits as long as its communicator's operations do.
+  r->done = std::make_shared<Work>(detail::concat("CHOCO gossip round ", round), timeout);
   for (size_t k = 0; k < s.peers.size(); ++k) (*chain)(k, deadlines[k], true);
   WorkPtr done = r->done;
   finish();

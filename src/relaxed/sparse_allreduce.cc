@@ -9,6 +9,7 @@
 
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
+#include "src/relaxed/compressed_shards.h"
 #include "src/relaxed/tensor_backend.h"
 
 namespace relaxcc {
