@@ -19,6 +19,8 @@ struct ChocoGossip::State {
   std::vector<double> weights;
   // Rounds with a deadline: q sent to and applied from each neighbour.
   std::vector<uint64_t> sent, applied;
+  // Per neighbour: sent - applied when its last q of a round came.
+  std::vector<int64_t> lag;
   std::atomic<bool> busy{false};
 };
 
@@ -83,6 +85,7 @@ ChocoGossip::ChocoGossip(CommunicatorPtr comm, int64_t numel, ChocoOptions optio
   state_->theirs.assign(state_->peers.size(), std::vector<float>(static_cast<size_t>(numel), 0.0f));
   state_->sent.assign(state_->peers.size(), 0);
   state_->applied.assign(state_->peers.size(), 0);
+  state_->lag.assign(state_->peers.size(), 0);
 }
 
 const std::vector<float>& ChocoGossip::own_copy() const {
@@ -249,6 +252,7 @@ struct TimedRound {
   std::exception_ptr error;
   std::vector<int> arrived, missing;  // per neighbour: its first receive
   std::vector<int64_t> arrival_us;    // per neighbour (-1: missed)
+  std::vector<bool> straggler;        // per neighbour: left out by its wait
 };
 }  // namespace
 
@@ -280,9 +284,12 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   }
   // Per neighbour: the time by which its next q must have begun to arrive.
   std::vector<Clock::time_point> deadlines;
-  for (int peer : s.peers)
-    deadlines.push_back(adaptive ? r->start + adaptive->wait_for(peer, round).wait
-                                 : *timing.deadline);
+  for (int peer : s.peers) {
+    const AdaptiveDeadline::Wait w =
+        adaptive ? adaptive->wait_for(peer, round) : AdaptiveDeadline::Wait{};
+    deadlines.push_back(adaptive ? r->start + w.wait : *timing.deadline);
+    r->straggler.push_back(w.straggler);
+  }
   // The chains, the sends, and this call (so that nothing completes the
   // round before every part of it started).
   r->open = static_cast<int>(2 * s.peers.size()) + 1;
@@ -303,7 +310,15 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
       if (r->learner)
         r->learner([&](AdaptiveDeadline& a) {
           for (size_t k = 0; k < st.peers.size(); ++k) {
-            if (r->arrival_us[k] >= 0)
+            // A straggler's q is taken when it is already there (its q of
+            // an earlier number): it is on time only if it kept pace with
+            // this rank since its last one (the count it lags by did not
+            // grow), so a slow neighbour stays a straggler and one that
+            // recovered does not.
+            const int64_t lag = static_cast<int64_t>(st.sent[k] - st.applied[k]);
+            const bool kept_pace = !r->straggler[k] || lag <= st.lag[k];
+            if (r->arrival_us[k] >= 0) st.lag[k] = lag;
+            if (r->arrival_us[k] >= 0 && kept_pace)
               a.observe(st.peers[k], std::chrono::microseconds(r->arrival_us[k]));
             else
               a.missed(st.peers[k], r->round);
@@ -377,7 +392,10 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   for (size_t k = 0; k < s.peers.size(); ++k) {
     P2POptions p2p;
     p2p.round = ++s.sent[k];
-    p2p.deadline = deadlines[k];
+    // The round does not wait for its sends to be taken: they are posted,
+    // and never dropped (keep_late), so a deadline now completes the batch
+    // once they are.
+    p2p.deadline = r->start;
     p2p.keep_late = true;
     p2p.priority = options_.priority;
     p2p.label = "CHOCO gossip";
