@@ -58,9 +58,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct StragglerArgs {
-  std::vector<std::string> cases{
-      "gossip:shift_one",  "gossip:ring", "gossip:exponential", "group_average", "async",
-      "decentralized_sgd", "moshpit_sgd", "async_model_average"};
+  std::vector<std::string> cases{"gossip:shift_one",
+                                 "gossip:ring",
+                                 "gossip:exponential",
+                                 "group_average",
+                                 "async",
+                                 "decentralized_sgd",
+                                 "moshpit_sgd",
+                                 "async_model_average",
+                                 "low_precision_decentralized_sgd"};
   std::vector<double> compute_ms{20};
   std::vector<double> speeds;  // per rank; empty: the last rank 3x slower
   int steps = 120, warmup = 10;
