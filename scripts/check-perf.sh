@@ -51,6 +51,7 @@ TARGETS=(
   "straggler|decentralized_sgd|0.85"
   "straggler|moshpit_sgd|0.85"
   "straggler|async_model_average|0.85"
+  "straggler|low_precision_decentralized_sgd|0.85"
 )
 
 BUILD=build/ci
