@@ -624,7 +624,12 @@ TEST(Choco, WithADeadlineASlowRankIsLeftOutAndNoQIsLost) {
     missing += static_cast<int64_t>(w->missing_peers().size());
     for (float v : x) ASSERT_TRUE(std::isfinite(v));
   }
+  EXPECT_FALSE(choco.settled());
+  EXPECT_THROW(choco.step(TensorView::host(x.data(), kCount), kRounds + 1, ExecContext::host()),
+               InvalidArgument)
+      << "a round without a deadline before settle()";
   choco.settle(30s);
+  EXPECT_TRUE(choco.settled());
   // A neighbour of the slow rank (the slow rank's left neighbour on the
   // ring: rank n - 2) went on without it at least once.
   std::vector<int64_t> missed{missing};

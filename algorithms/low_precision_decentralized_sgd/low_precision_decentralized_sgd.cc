@@ -32,6 +32,9 @@ void LowPrecisionDecentralizedSgd::bound() {
       gossip_.push_back(std::move(kept[i]));
       continue;
     }
+    // A bucket that changes restarts its copies, and its q numbers: the
+    // old ones still in flight are taken first (the rebuild is collective).
+    if (i < kept.size()) kept[i]->settle(std::chrono::milliseconds(context().tunables.timeout_ms));
     ChocoOptions o;
     o.codec = options_.codec;
     o.gamma = options_.gamma;
@@ -53,7 +56,15 @@ void LowPrecisionDecentralizedSgd::drain(std::chrono::milliseconds timeout) {
   for (auto& g : gossip_) g->settle(timeout);
 }
 
+void LowPrecisionDecentralizedSgd::shutdown(std::chrono::milliseconds timeout) {
+  if (context().comm == nullptr || !context().comm->poisoned()) drain(timeout);
+}
+
 StateDict LowPrecisionDecentralizedSgd::state_dict() const {
+  for (const auto& g : gossip_)
+    RELAXCC_ENFORCE(g->settled(), InvalidArgument,
+                    "low_precision_decentralized_sgd: state_dict after rounds with a deadline "
+                    "needs drain() first");
   StateDict sd;
   sd.put_int("low_precision_decentralized_sgd/buckets", static_cast<int64_t>(gossip_.size()));
   for (size_t b = 0; b < gossip_.size(); ++b) {

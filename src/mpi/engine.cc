@@ -257,8 +257,14 @@ int64_t Engine::next_sleep(int64_t sleep_us) const {
 
 bool Engine::wait_for_work() {
   std::unique_lock<std::mutex> lock(mutex_);
-  uint64_t seen = submissions_;
-  auto quiet_since = Clock::now();
+  uint64_t& seen = seen_submissions_;
+  auto& quiet_since = quiet_since_;
+  // After an idle notice poll the quiet period goes on; otherwise it starts.
+  if (!idle_poll_) {
+    seen = submissions_;
+    quiet_since = Clock::now();
+  }
+  idle_poll_ = false;
   for (;;) {
     if (stop_) return !queue_.empty() || active_count_.load(std::memory_order_relaxed) > 0;
     const bool driven = drivers_.load(std::memory_order_acquire) > 0;
@@ -287,8 +293,16 @@ bool Engine::wait_for_work() {
       state_.store(State::watching, std::memory_order_relaxed);
       cv_.wait_for(lock, kWatchInterval);
     } else {
+      // Idle: woken by work, or every kIdleNoticePoll for one iteration
+      // that picks up the peers' poison notices (poisoned() turns true on
+      // an idle rank too).
       state_.store(State::idle, std::memory_order_relaxed);
-      cv_.wait(lock);
+      if (cv_.wait_for(lock, kIdleNoticePoll) == std::cv_status::timeout && !stop_ &&
+          drivers_.load(std::memory_order_acquire) == 0) {
+        state_.store(State::running, std::memory_order_relaxed);
+        idle_poll_ = true;
+        return true;
+      }
     }
   }
 }

@@ -389,6 +389,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
   std::vector<NoticeSend> notice_sends_;
   Clock::time_point last_notice_poll_{};
+  // The engine thread's wait (wait_for_work): the submissions it has seen,
+  // since when none came, and whether it last returned for an idle notice
+  // poll (the quiet period then goes on).
+  uint64_t seen_submissions_ = 0;
+  Clock::time_point quiet_since_{};
+  bool idle_poll_ = false;
   Clock::time_point notices_sent_at_{};
 
   // Declared after active_: stopped (its functions returned) before the

@@ -17,6 +17,8 @@ namespace relaxcc::mpi {
 constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
 // How often poison notices are looked for.
 constexpr auto kNoticePoll = std::chrono::milliseconds(1);
+// How often an idle engine thread looks for the peers' poison notices.
+constexpr auto kIdleNoticePoll = std::chrono::milliseconds(50);
 // How often background operations are polled while they have nothing pending.
 constexpr auto kBackgroundPoll = std::chrono::milliseconds(1);
 // The engine thread, with nothing to do, wakes this often to pick up what no

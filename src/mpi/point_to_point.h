@@ -20,7 +20,9 @@
 //          dropped, its own is copied into the tensor, a newer one is kept
 //          (RoundStream::early) and the receive is missing. At the deadline,
 //          receives still waiting are abandoned; a RoundSweeper drops their
-//          late messages while no other receive waits on the stream.
+//          late messages while no other receive waits on the stream (with
+//          keep_late, nothing is dropped: the next receive of the round
+//          takes its message).
 // Data sends go out in batch order, one at a time while a higher-priority
 // operation is active (RequestPoster::throttled); a message in parts goes whole.
 #pragma once

@@ -1,5 +1,6 @@
 #include "relaxcc/relaxed/choco_gossip.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -21,7 +22,14 @@ struct ChocoGossip::State {
   std::vector<uint64_t> sent, applied;
   // Per neighbour: sent - applied when its last q of a round came.
   std::vector<int64_t> lag;
+  // Rounds with a deadline since the last settle(): their copies may differ
+  // across ranks until then, and rounds without one may not follow.
+  bool unsettled = false;
   std::atomic<bool> busy{false};
+
+  // Neighbour k's q numbered applied[k] + 1 came: checked and applied.
+  void apply(size_t k, const std::vector<std::byte>& q, const kernels::CompressorConfig& codec,
+             int me, const ExecContext& ctx);
 };
 
 namespace {
@@ -61,6 +69,14 @@ void correct(const TensorView& x, const std::vector<float>& own,
   }
 }
 }  // namespace
+
+void ChocoGossip::State::apply(size_t k, const std::vector<std::byte>& q,
+                               const kernels::CompressorConfig& codec, int me,
+                               const ExecContext& ctx) {
+  check_codec(q, codec, me, peers[k]);
+  kernels::decode_accumulate(q, f32_view(theirs[k]), ctx);
+  ++applied[k];
+}
 
 ChocoGossip::ChocoGossip(CommunicatorPtr comm, int64_t numel, ChocoOptions options)
     : comm_(std::move(comm)), options_(options), state_(std::make_shared<State>()) {
@@ -109,16 +125,24 @@ void ChocoGossip::load_copies(const std::vector<float>& own,
                        "ChocoGossip::load_copies: elements of neighbour copy ", j);
   state_->own = own;
   state_->theirs = theirs;
+  // A restored run numbers its q afresh (no q may be in flight: a fresh
+  // communicator, or after settle()).
+  std::fill(state_->sent.begin(), state_->sent.end(), 0);
+  std::fill(state_->applied.begin(), state_->applied.end(), 0);
+  std::fill(state_->lag.begin(), state_->lag.end(), 0);
+  state_->unsettled = false;
+}
+
+bool ChocoGossip::settled() const {
+  return !state_->unsettled;
 }
 
 void ChocoGossip::settle(std::chrono::milliseconds timeout) {
   State& s = *state_;
   RELAXCC_ENFORCE(!s.busy, InvalidArgument, "ChocoGossip::settle: a round is still in flight");
-  bool timed = false;
-  for (uint64_t n : s.sent) timed = timed || n > 0;
   // Every rank of a run takes a deadline or none: the ranks agree on
   // whether to settle without a message.
-  if (!timed) return;
+  if (!s.unsettled) return;
   const Clock::time_point until = Clock::now() + timeout;
   const int tag = options_.tag + 1;
   // How many q each neighbour sent this rank (plain messages: a stream of
@@ -147,11 +171,10 @@ void ChocoGossip::settle(std::chrono::milliseconds timeout) {
       RELAXCC_ENFORCE(!w->partial(), Timeout, "ChocoGossip::settle on rank ", comm_->rank(), ": q ",
                       s.applied[k] + 1, " of ", theirs[k], " from rank ", s.peers[k],
                       " did not come within ", timeout.count(), " ms");
-      check_codec(*in, options_.codec, comm_->rank(), s.peers[k]);
-      kernels::decode_accumulate(*in, f32_view(s.theirs[k]), ExecContext::host());
-      ++s.applied[k];
+      s.apply(k, *in, options_.codec, comm_->rank(), ExecContext::host());
     }
   }
+  s.unsettled = false;
 }
 
 WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext& ctx,
@@ -164,9 +187,15 @@ WorkPtr ChocoGossip::step(const TensorView& x, uint64_t round, const ExecContext
   RELAXCC_ENFORCE(round >= 1, InvalidArgument, "ChocoGossip: round ", round, ", expected >= 1");
   RELAXCC_ENFORCE(!state_->busy.exchange(true), InvalidArgument,
                   "ChocoGossip: a round is still in flight (wait for its Work first)");
+  const bool timed = timing.deadline || timing.adaptive;
+  if (!timed && state_->unsettled) {
+    state_->busy = false;
+    RELAXCC_THROW(InvalidArgument,
+                  "ChocoGossip: a round without a deadline after rounds with one needs settle() "
+                  "first");
+  }
   try {
-    return timing.deadline || timing.adaptive ? timed_step(x, round, ctx, timing)
-                                              : synchronous_step(x, round, ctx);
+    return timed ? timed_step(x, round, ctx, timing) : synchronous_step(x, round, ctx);
   } catch (...) {
     state_->busy = false;
     throw;
@@ -250,9 +279,8 @@ struct TimedRound {
   std::mutex mutex;
   int open = 0;  // chains and sends still running
   std::exception_ptr error;
-  std::vector<int> arrived, missing;  // per neighbour: its first receive
-  std::vector<int64_t> arrival_us;    // per neighbour (-1: missed)
-  std::vector<bool> straggler;        // per neighbour: left out by its wait
+  std::vector<int64_t> arrival_us;  // per neighbour (-1: missed)
+  std::vector<bool> straggler;      // per neighbour: left out by its wait
 };
 }  // namespace
 
@@ -262,6 +290,7 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   auto q = encode_round(x, round, ctx);
   // The sends are never dropped (keep_late): this rank's copy moves now.
   kernels::decode_accumulate(*q, f32_view(s.own), ctx);
+  s.unsettled = true;
   auto r = std::make_shared<TimedRound>();
   r->comm = comm_;
   r->x = x;
@@ -295,30 +324,36 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   r->open = static_cast<int>(2 * s.peers.size()) + 1;
   auto state = state_;
   const auto finish = [state, r] {
+    {
+      std::lock_guard<std::mutex> lock(r->mutex);
+      if (--r->open > 0) return;
+    }
+    // Every part of the round is done: nothing else touches r or the copies.
     State& st = *state;
-    std::lock_guard<std::mutex> lock(r->mutex);
-    if (--r->open > 0) return;
+    std::vector<int> on_time, late;
+    std::vector<double> weights = st.weights;
+    for (size_t k = 0; k < st.peers.size(); ++k) {
+      // A neighbour is on time when its next q had begun to arrive by its
+      // deadline; a straggler's (not waited for: its q is taken when it is
+      // already there, an earlier one) only if it also kept pace with this
+      // rank since its last one (the count it lags by did not grow), so a
+      // slow neighbour stays a straggler and one that recovered does not.
+      const bool came = r->arrival_us[k] >= 0;
+      const int64_t lag = static_cast<int64_t>(st.sent[k] - st.applied[k]);
+      const bool ok = came && (!r->straggler[k] || lag <= st.lag[k]);
+      if (came) st.lag[k] = lag;
+      (ok ? on_time : late).push_back(st.peers[k]);
+      // A late neighbour is left out of the correction (its copy is older
+      // than the others'), as gossip leaves out a late peer.
+      if (!ok) weights[k] = 0;
+    }
     if (!r->error) {
-      // A neighbour whose q of this round had not begun to arrive by its
-      // deadline is left out of the correction (its copy is older than the
-      // others'), as gossip leaves out a late peer.
-      std::vector<double> weights = st.weights;
-      for (size_t k = 0; k < weights.size(); ++k)
-        if (r->arrival_us[k] < 0) weights[k] = 0;
       correct(r->x, st.own, st.theirs, weights, r->gamma);
-      if (r->stats) r->stats->add_round(st.peers, r->payload, r->arrived, r->payload, r->missing);
+      if (r->stats) r->stats->add_round(st.peers, r->payload, on_time, r->payload, late);
       if (r->learner)
         r->learner([&](AdaptiveDeadline& a) {
           for (size_t k = 0; k < st.peers.size(); ++k) {
-            // A straggler's q is taken when it is already there (its q of
-            // an earlier number): it is on time only if it kept pace with
-            // this rank since its last one (the count it lags by did not
-            // grow), so a slow neighbour stays a straggler and one that
-            // recovered does not.
-            const int64_t lag = static_cast<int64_t>(st.sent[k] - st.applied[k]);
-            const bool kept_pace = !r->straggler[k] || lag <= st.lag[k];
-            if (r->arrival_us[k] >= 0) st.lag[k] = lag;
-            if (r->arrival_us[k] >= 0 && kept_pace)
+            if (weights[k] != 0)
               a.observe(st.peers[k], std::chrono::microseconds(r->arrival_us[k]));
             else
               a.missed(st.peers[k], r->round);
@@ -327,7 +362,7 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
     }
     st.busy = false;
     WorkPtr done = r->done;
-    done->set_contributions(r->arrived, r->missing);
+    done->set_contributions(std::move(on_time), std::move(late));
     done->complete(r->error);
   };
   const auto fail = [r](std::exception_ptr e) {
@@ -360,26 +395,20 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
     auto next = weak_chain.lock();
     w->then([state, r, finish, fail, next, k, in, first](const Work& d) {
       State& ours = *state;
-      const int peer = ours.peers[k];
       bool more = false;
       try {
         if (d.exception()) std::rethrow_exception(d.exception());
         if (!d.partial()) {
-          check_codec(*in, r->codec, r->me, peer);
-          kernels::decode_accumulate(*in, f32_view(ours.theirs[k]), r->ctx);
-          ++ours.applied[k];
+          ours.apply(k, *in, r->codec, r->me, r->ctx);
           more = true;
         }
       } catch (...) {
         fail(std::current_exception());
       }
-      if (first) {
+      if (first && more) {
         std::lock_guard<std::mutex> lock(r->mutex);
-        (more ? r->arrived : r->missing).push_back(peer);
-        if (more)
-          r->arrival_us[k] =
-              std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start)
-                  .count();
+        r->arrival_us[k] =
+            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start).count();
       }
       if (more && next) {
         (*next)(k, Clock::now(), false);
@@ -391,7 +420,7 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
   std::chrono::milliseconds timeout{-1};
   for (size_t k = 0; k < s.peers.size(); ++k) {
     P2POptions p2p;
-    p2p.round = ++s.sent[k];
+    p2p.round = s.sent[k] + 1;
     // The round does not wait for its sends to be taken: they are posted,
     // and never dropped (keep_late), so a deadline now completes the batch
     // once they are.
@@ -407,6 +436,7 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
       finish();
       continue;
     }
+    ++s.sent[k];
     timeout = w->default_timeout();
     w->then([fail, finish](const Work& d) {
       if (d.exception()) fail(d.exception());

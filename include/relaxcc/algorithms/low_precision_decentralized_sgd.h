@@ -67,6 +67,10 @@ class LowPrecisionDecentralizedSgd final : public WeightRounds {
   // (ChocoGossip::settle), so that a checkpoint or the end leaves no q in
   // flight.
   void drain(std::chrono::milliseconds timeout) override;
+  // Drains, but on a poisoned communicator (a rank that unwinds alone).
+  void shutdown(std::chrono::milliseconds timeout) override;
+  // Needs settled copies after rounds with a deadline (drain first):
+  // InvalidArgument otherwise.
   StateDict state_dict() const override;
   // InvalidArgument for a checkpoint of another bucket plan.
   void load_state_dict(const StateDict& state) override;

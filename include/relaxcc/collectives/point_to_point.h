@@ -86,7 +86,8 @@ struct P2POptions : OpOptions {
   // Only with a deadline: nothing of the batch is dropped as late. A receive
   // abandoned at the deadline leaves its message (coming or to come) for
   // the next receive of the same round on its (peer, tag), which takes it
-  // whatever the time, and sends not posted by the deadline are posted then.
+  // by that receive's own deadline (no sweeper drops it meanwhile), and
+  // sends not posted by the deadline are posted then.
   // For streams whose every message must be applied, in order, however late
   // (CHOCO's public copies, choco_gossip.h): the receiver asks for round
   // r + 1 only once round r arrived, and the sender numbers its messages on

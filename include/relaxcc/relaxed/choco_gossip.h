@@ -82,8 +82,10 @@ class ChocoGossip {
   ChocoGossip(CommunicatorPtr comm, int64_t numel, ChocoOptions options = {});
 
   // One round on `x` (f32, numel elements), in place. `round` >= 1 and
-  // increasing. A round with a deadline completes by its deadline (and the
-  // time to take the q that had begun to arrive by then).
+  // increasing. A round with a deadline completes by its deadline, plus the
+  // time to take each q that had begun to arrive by then (at most the
+  // learned deadline's cap, or 2 s, per q). A round without a deadline after
+  // rounds with one needs settle() first (InvalidArgument).
   WorkPtr step(const TensorView& x, uint64_t round, const ExecContext& ctx,
                const ChocoRound& timing = {});
 
@@ -94,6 +96,9 @@ class ChocoGossip {
   // meet it). Throws Timeout when a neighbour does not come within
   // `timeout`; without rounds with a deadline it returns at once.
   void settle(std::chrono::milliseconds timeout);
+  // False after rounds with a deadline until settle(): the copies may then
+  // differ across ranks.
+  bool settled() const;
 
   // This rank's public copy x_hat_i, and the neighbours' (ring order: left,
   // right), for checkpoints and tests. Valid between rounds (after settle()
@@ -102,7 +107,9 @@ class ChocoGossip {
   const std::vector<std::vector<float>>& neighbour_copies() const;
   const std::vector<int>& neighbours() const;
   // Restores the copies own_copy() and neighbour_copies() returned (from a
-  // checkpoint), between rounds. Throws InvalidArgument when their sizes
+  // checkpoint), between rounds, and numbers the q of later rounds with a
+  // deadline afresh: on every rank together, with no q in flight (a fresh
+  // communicator, or after settle()). Throws InvalidArgument when their sizes
   // differ from this gossip's.
   void load_copies(const std::vector<float>& own, const std::vector<std::vector<float>>& theirs);
 
