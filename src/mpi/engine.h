@@ -21,8 +21,9 @@
 // waits, and steps aside while callers drive. Nobody blocks on the token:
 // it is only ever tried, so releasing it never wakes a thread.
 //
-// Waking the engine thread costs a futex wake (about 4 us on a small VM), so
-// submit() rings it only when it sleeps for good (idle), or when the last
+// Waking the engine thread costs a futex wake (docs/benchmarks.md), so
+// submit() rings it only when it is idle (then it wakes by itself only every
+// kIdleNoticePoll, to take the peers' poison notices), or when the last
 // operation completed on the engine thread (the caller does not wait: then()
 // callbacks, overlap); otherwise the thread watches, waking every
 // kWatchInterval, and picks up what no caller drives. Back-off, for the engine
