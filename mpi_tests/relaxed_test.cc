@@ -639,6 +639,47 @@ TEST(Choco, WithADeadlineASlowRankIsLeftOutAndNoQIsLost) {
   EXPECT_FALSE(comm->poisoned());
 }
 
+// A round with a deadline is a composite of its sends and receives: a wait
+// on it that expires before the deadline (rank 0 never comes) throws
+// Timeout and times out the receive still pending, which poisons the
+// communicator, on rank 0's neighbours (or one of them learns it from the
+// other: CommunicatorPoisoned).
+TEST(Choco, AnExpiredWaitOnARoundWithADeadlineTimesOutItsPendingReceive) {
+  auto all = world();
+  const int n = all->size(), me = all->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = all->split(0, me);  // this one ends poisoned
+  ChocoOptions options;
+  options.tag = 30330;
+  ChocoGossip choco(comm, 100, options);
+  std::vector<float> x(100, 1.0f);
+  if (me != 0) {
+    ChocoRound timing;
+    timing.deadline = std::chrono::steady_clock::now() + 20s;
+    WorkPtr w = choco.step(TensorView::host(x.data(), 100), 1, ExecContext::host(), timing);
+    if (me == 1 || me == n - 1) {
+      // Timeout, or (3 ranks or more) CommunicatorPoisoned from the other
+      // neighbour of rank 0 when its wait expired first.
+      std::string what = "nothing";
+      try {
+        w->wait(300ms);
+      } catch (const Timeout&) {
+        what = "Timeout";
+      } catch (const CommunicatorPoisoned&) {
+        what = "CommunicatorPoisoned";
+      }
+      EXPECT_NE(what, "nothing") << "the round completed without rank 0";
+      EXPECT_TRUE(comm->poisoned());
+    }
+    try {
+      w->wait(30s);
+    } catch (const Error&) {
+      // The round fails once its communicator is poisoned.
+    }
+  }
+  all->barrier()->wait(30s);
+}
+
 // A round whose neighbours compress otherwise fails with PeerMismatch on
 // every rank (each rank's codec differs from both its neighbours': f16
 // against bf16 of the same size, checked by the payload header, and on an

@@ -281,6 +281,63 @@ struct TimedRound {
   std::exception_ptr error;
   std::vector<int64_t> arrival_us;  // per neighbour (-1: missed)
   std::vector<bool> straggler;      // per neighbour: left out by its wait
+  std::vector<WorkPtr> parts;       // the sends and receives posted
+
+  // The first part still pending (null: none).
+  WorkPtr pending_part() {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const WorkPtr& w : parts)
+      if (!w->is_completed()) return w;
+    return nullptr;
+  }
+};
+
+// The round's result, a composite of its parts (work.h): a wait drives
+// their progress, and a wait that expires times out the first part still
+// pending, as that part's own wait would.
+class TimedRoundWork final : public Work {
+ public:
+  TimedRoundWork(std::string description, std::chrono::milliseconds timeout,
+                 std::weak_ptr<TimedRound> round)
+      : Work(std::move(description), timeout), round_(std::move(round)) {}
+
+ protected:
+  bool await(Clock::time_point deadline) override {
+    while (!is_completed()) {
+      const auto now = Clock::now();
+      if (now >= deadline) break;
+      const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(1));
+      auto r = round_.lock();
+      WorkPtr part = r ? r->pending_part() : nullptr;
+      r.reset();
+      // A part's wait drives the engine; between parts (a callback posting
+      // the next receive) the round waits on its own completion.
+      if (part) {
+        try {
+          part->wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(slice) +
+                         std::chrono::milliseconds(1));
+        } catch (...) {
+          // The part's failure reaches the round through its callback.
+        }
+      } else {
+        block_until(now + slice);
+      }
+    }
+    return is_completed();
+  }
+  std::string on_timeout(const std::string&) override {
+    auto r = round_.lock();
+    WorkPtr part = r ? r->pending_part() : nullptr;
+    if (!part) return {};
+    try {
+      part->wait(std::chrono::milliseconds(0));
+    } catch (const std::exception&) {
+    }
+    return part->description();
+  }
+
+ private:
+  std::weak_ptr<TimedRound> round_;
 };
 }  // namespace
 
@@ -392,6 +449,10 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
       finish();
       return;
     }
+    {
+      std::lock_guard<std::mutex> lock(r->mutex);
+      r->parts.push_back(w);
+    }
     auto next = weak_chain.lock();
     w->then([state, r, finish, fail, next, k, in, first](const Work& d) {
       State& ours = *state;
@@ -438,13 +499,18 @@ WorkPtr ChocoGossip::timed_step(const TensorView& x, uint64_t round, const ExecC
     }
     ++s.sent[k];
     timeout = w->default_timeout();
+    {
+      std::lock_guard<std::mutex> lock(r->mutex);
+      r->parts.push_back(w);
+    }
     w->then([fail, finish](const Work& d) {
       if (d.exception()) fail(d.exception());
       finish();
     });
   }
   // The round's Work waits as long as its communicator's operations do.
-  r->done = std::make_shared<Work>(detail::concat("CHOCO gossip round ", round), timeout);
+  r->done =
+      std::make_shared<TimedRoundWork>(detail::concat("CHOCO gossip round ", round), timeout, r);
   for (size_t k = 0; k < s.peers.size(); ++k) (*chain)(k, deadlines[k], true);
   WorkPtr done = r->done;
   finish();
