@@ -84,8 +84,10 @@ class ChocoGossip {
   // One round on `x` (f32, numel elements), in place. `round` >= 1 and
   // increasing. A round with a deadline completes by its deadline, plus the
   // time to take each q that had begun to arrive by then (at most the
-  // learned deadline's cap, or 2 s, per q). A round without a deadline after
-  // rounds with one needs settle() first (InvalidArgument).
+  // learned deadline's cap, or 2 s, per q); its Work is a composite of the
+  // round's sends and receives (work.h: a wait that expires times out the
+  // receive still pending). A round without a deadline after rounds with
+  // one needs settle() first (InvalidArgument).
   WorkPtr step(const TensorView& x, uint64_t round, const ExecContext& ctx,
                const ChocoRound& timing = {});
 
