@@ -19,12 +19,12 @@
 
 #include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
-#include "src/mpi/engine.h"
+#include "src/engine/engine.h"
 #include "src/protocols/op_header.h"
 #include "src/protocols/recursive_doubling.h"
 #include "test_util.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 namespace {
 
 using namespace std::chrono_literals;
@@ -175,4 +175,4 @@ TEST_F(DirectExchangeTest, HandedOverThenAnAbortRecordFailsTheCall) {
 }
 
 }  // namespace
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "relaxcc/errors.h"
-#include "src/mpi/engine.h"
+#include "src/engine/engine.h"
 #include "src/protocols/op_header.h"
 #include "test_util.h"
 
@@ -156,7 +156,7 @@ TEST(Groups, KeysThatOnceSharedTagsStayApart) {
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     ASSERT_TRUE(flag);
-    auto gd = comm->group(members, {.key = 14489 + mpi::group_windows(*ub)});
+    auto gd = comm->group(members, {.key = 14489 + engine::group_windows(*ub)});
     for (int k = 0; k < 6; ++k) {
       Buffer d(DType::i32, 16);
       fill(d, r, 50 + k);
@@ -184,7 +184,7 @@ TEST(Groups, SoakOfRandomGroupsWithDeliberateTimeouts) {
   int flag = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
   ASSERT_TRUE(flag);
-  const uint64_t windows = mpi::group_windows(*ub);
+  const uint64_t windows = engine::group_windows(*ub);
   ASSERT_GT(windows, 0u);
   const double seconds = std::getenv("RELAXCC_SOAK_SECONDS") != nullptr
                              ? std::atof(std::getenv("RELAXCC_SOAK_SECONDS"))
@@ -285,7 +285,7 @@ TEST(Groups, SoakOfRandomGroupsWithDeliberateTimeouts) {
   // kRetired more groups of every pair: no window of the poisoned ones is
   // held any more, their late messages drained, and so nothing of them (no
   // lane, no operation parked on a send nobody received) stays.
-  for (size_t k = 0; k <= mpi::TagWindows::kRetired; ++k) {
+  for (size_t k = 0; k <= engine::TagWindows::kRetired; ++k) {
     auto g = comm->group(everyone, {.key = (uint64_t{1} << 62) + k});
     g->barrier()->wait(10s);
   }
@@ -304,7 +304,7 @@ TEST(Groups, SoakOfRandomGroupsWithDeliberateTimeouts) {
   EXPECT_GE(timeouts, 10);
   EXPECT_EQ(stats.engine_lanes, 1);  // comm's own
   EXPECT_EQ(stats.engine_operations, 0);
-  EXPECT_EQ(stats.group_windows, static_cast<int64_t>((n - 1) * mpi::TagWindows::kRetired));
+  EXPECT_EQ(stats.group_windows, static_cast<int64_t>((n - 1) * engine::TagWindows::kRetired));
   // A poisoned group once kept 200-240 KiB (a parked send and its buffers):
   // 20 or more of them would show.
   EXPECT_LT(grown, 4096) << "resident memory grew by " << grown << " KiB";

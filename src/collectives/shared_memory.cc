@@ -13,7 +13,7 @@
 
 #include "relaxcc/errors.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 namespace {
 
 std::string object_name(uint32_t pid, uint32_t segment) {
@@ -146,4 +146,4 @@ std::shared_ptr<const PeerMapping> SharedMemory::map_peer(const SharedRef& ref, 
   return mapping;
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -29,7 +29,7 @@
 #include "relaxcc/tensor.h"
 #include "src/collectives/scratch_pool.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // Where a buffer lies in a shared-memory object.
 struct SharedRef {
@@ -93,4 +93,4 @@ class SharedMemory {
   std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::shared_ptr<const PeerMapping>>> peers_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -20,10 +20,10 @@
 #include "relaxcc/topology.h"
 #include "src/collectives/argument_checks.h"
 #include "src/collectives/shared_memory.h"
-#include "src/mpi/compute_op.h"
-#include "src/mpi/engine.h"
-#include "src/mpi/point_to_point.h"
-#include "src/mpi/polling.h"
+#include "src/engine/compute_op.h"
+#include "src/engine/engine.h"
+#include "src/engine/point_to_point.h"
+#include "src/engine/polling.h"
 #include "src/protocols/alltoall_pairwise.h"
 #include "src/protocols/broadcast_chain.h"
 #include "src/protocols/op_header.h"
@@ -31,7 +31,7 @@
 #include "src/protocols/ring.h"
 
 namespace relaxcc {
-namespace mpi {
+namespace engine {
 namespace {
 
 void finalize_at_exit() {
@@ -735,44 +735,45 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
-}  // namespace mpi
+}  // namespace engine
 
 CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
-  mpi::ensure_mpi();
+  engine::ensure_mpi();
   const auto timeout = options.timeout.count() >= 0
                            ? options.timeout
                            : std::chrono::milliseconds(options.tunables.timeout_ms);
   // Validates the selection table and the polling policy before any
   // collective call.
   AllreduceSelection::parse(options.tunables.allreduce_algo);
-  mpi::choose_polling(options.tunables.engine_poll, false);
+  engine::choose_polling(options.tunables.engine_poll, false);
   // One collective on the caller's communicator; everything else on the dup.
-  const auto [coll, p2p] = mpi::timed_dup_pair(options.comm, timeout);
-  auto comms = std::make_shared<mpi::CommPair>(coll, p2p);
+  const auto [coll, p2p] = engine::timed_dup_pair(options.comm, timeout);
+  auto comms = std::make_shared<engine::CommPair>(coll, p2p);
   int rank = 0;
   MPI_Comm_rank(coll, &rank);
   std::vector<int> everyone(static_cast<size_t>(comms->size));
   std::iota(everyone.begin(), everyone.end(), 0);
   // Until the handshake tells the hosts: every rank on a node of its own
   // (no shared memory), the engine sleeping between polls.
-  auto provisional = std::make_shared<mpi::NodeLayoutMap>();
+  auto provisional = std::make_shared<engine::NodeLayoutMap>();
   provisional->node = everyone;
-  std::shared_ptr<mpi::Engine> engine;
+  std::shared_ptr<engine::Engine> eng;
   if (options.share_engine_with) {
-    const auto* other = dynamic_cast<const mpi::MpiCommunicator*>(options.share_engine_with.get());
+    const auto* other =
+        dynamic_cast<const engine::MpiCommunicator*>(options.share_engine_with.get());
     RELAXCC_ENFORCE(other != nullptr, InvalidArgument,
                     "create_mpi_communicator: share_engine_with is not an MPI communicator");
-    engine = other->engine();
+    eng = other->engine();
   } else {
-    mpi::engine_reaper();  // hooked into MPI_Finalize before any engine can be reaped
-    engine = std::shared_ptr<mpi::Engine>(new mpi::Engine(options.tunables, mpi::Engine::Polling{}),
-                                          mpi::delete_engine);
+    engine::engine_reaper();  // hooked into MPI_Finalize before any eng can be reaped
+    eng = std::shared_ptr<engine::Engine>(
+        new engine::Engine(options.tunables, engine::Engine::Polling{}), engine::delete_engine);
   }
-  auto comm = std::make_shared<mpi::MpiCommunicator>(
-      engine, engine->add_lane(comms, {}, rank, 0, {}, options.tunables), provisional, nullptr);
-  auto nodes = std::make_shared<mpi::NodeLayoutMap>();
-  const mpi::Handshake handshake = comm->handshake(timeout);
-  nodes->node = mpi::nodes_of(handshake.hosts);
+  auto comm = std::make_shared<engine::MpiCommunicator>(
+      eng, eng->add_lane(comms, {}, rank, 0, {}, options.tunables), provisional, nullptr);
+  auto nodes = std::make_shared<engine::NodeLayoutMap>();
+  const engine::Handshake handshake = comm->handshake(timeout);
+  nodes->node = engine::nodes_of(handshake.hosts);
   nodes->ranks_per_node = options.tunables.ranks_per_node;
   if (!options.share_engine_with) {
     // CPUs are shared between the ranks of one machine (emulated nodes
@@ -784,13 +785,13 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
       if (r == rank) me = masks.size();
       masks.push_back(handshake.cpu_masks[r]);
     }
-    mpi::Engine::Polling polling = mpi::choose_polling(options.tunables.engine_poll,
-                                                       shares_cpus(masks, me, cgroup_cpu_limit()));
-    polling.mpi_yields = mpi::mpi_yields_when_idle();
-    engine->set_polling(polling);
+    engine::Engine::Polling polling = engine::choose_polling(
+        options.tunables.engine_poll, shares_cpus(masks, me, cgroup_cpu_limit()));
+    polling.mpi_yields = engine::mpi_yields_when_idle();
+    eng->set_polling(polling);
   }
   const bool one_node = nodes->one_node(everyone);
-  comm->set_node_layout(nodes, one_node ? std::make_shared<mpi::SharedMemory>() : nullptr);
+  comm->set_node_layout(nodes, one_node ? std::make_shared<engine::SharedMemory>() : nullptr);
   return comm;
 }
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <utility>
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 AlltoallPairwiseOp::AlltoallPairwiseOp(std::string name, int priority, std::string label,
                                        const TensorView& input, std::vector<int64_t> send_counts,
@@ -80,4 +80,4 @@ void AlltoallPairwiseOp::on_received(RequestPoster&, int, int64_t) {
   ++received_;
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -9,9 +9,9 @@
 
 #include <vector>
 
-#include "src/mpi/edge_op.h"
+#include "src/engine/edge_op.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class AlltoallPairwiseOp final : public EdgeOp {
  public:
@@ -42,4 +42,4 @@ class AlltoallPairwiseOp final : public EdgeOp {
   int to_send_ = 0, to_receive_ = 0, sent_ = 0, received_ = 0, posted_sends_ = 0;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

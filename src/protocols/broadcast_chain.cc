@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 BroadcastChainOp::BroadcastChainOp(std::string name, int priority, std::string label,
                                    const TensorView& data, int root, int rank, int size,
@@ -65,4 +65,4 @@ bool BroadcastChainOp::data_done() const {
   return (left_ < 0 || received_ == segments_) && (right_ < 0 || sent_ == segments_);
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -12,9 +12,9 @@
 
 #include <vector>
 
-#include "src/mpi/edge_op.h"
+#include "src/engine/edge_op.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class BroadcastChainOp final : public EdgeOp {
  public:
@@ -42,4 +42,4 @@ class BroadcastChainOp final : public EdgeOp {
   int64_t posted_in_ = 0, received_ = 0, posted_out_ = 0, sent_ = 0;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -6,7 +6,7 @@
 #include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 const char* op_type_name(OpType t) noexcept {
   switch (t) {
@@ -161,4 +161,4 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
   return text;
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

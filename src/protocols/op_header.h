@@ -23,7 +23,7 @@
 #include "relaxcc/dtype.h"
 #include "relaxcc/reduce_op.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 enum class OpType : uint8_t {
   allreduce = 1,
@@ -163,4 +163,4 @@ inline int collective_tag(uint32_t window, uint64_t seq, Channel channel, int ma
   return 1 + static_cast<int>(index * kTagChannels + static_cast<int>(channel));
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -6,7 +6,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 RecursiveDoublingOp::RecursiveDoublingOp(std::string name, int priority, std::string label,
                                          const TensorView& data, ReduceOp op, int rank, int size,
@@ -187,4 +187,4 @@ void RecursiveDoublingOp::on_received(RequestPoster& t, int, int64_t) {
   if (++recvs_done_ == parts_) run(t);
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

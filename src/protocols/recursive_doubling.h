@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "src/collectives/butterfly.h"
-#include "src/mpi/edge_op.h"
+#include "src/engine/edge_op.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class RecursiveDoublingOp final : public EdgeOp {
  public:
@@ -99,4 +99,4 @@ class RecursiveDoublingOp final : public EdgeOp {
   ScratchPool::Buffer theirs_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

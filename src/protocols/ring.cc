@@ -8,7 +8,7 @@
 #include "relaxcc/hash.h"
 #include "relaxcc/kernels/reduce.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 namespace {
 uint64_t layout_hash(const std::vector<int64_t>& counts, int64_t segment_elems) {
@@ -276,4 +276,4 @@ bool RingOp::data_done() const {
          completed_out_ == static_cast<int64_t>(sched_.out.size());
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

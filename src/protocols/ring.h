@@ -40,9 +40,9 @@
 #include "src/collectives/chunk_codec.h"
 #include "src/collectives/ring_schedule.h"
 #include "src/collectives/shared_memory.h"
-#include "src/mpi/edge_op.h"
+#include "src/engine/edge_op.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 struct RingSpec {
   OpType type = OpType::allreduce;  // allreduce, reduce_scatter or allgather
@@ -118,4 +118,4 @@ class RingOp final : public EdgeOp {
   char token_out_ = 0, token_in_ = 0;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -3,8 +3,8 @@
 
 #include <chrono>
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 using Clock = std::chrono::steady_clock;
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/operation.h"
+#include "src/engine/operation.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -11,11 +11,11 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/engine.h"
-#include "src/mpi/engine_detail.h"
-#include "src/mpi/engine_work.h"
+#include "src/engine/engine.h"
+#include "src/engine/engine_detail.h"
+#include "src/engine/engine_work.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 void Operation::reset_for_reuse(int priority) {
   release_seq();
@@ -222,4 +222,4 @@ void Engine::abort_all(const Lane* lane, const std::string& reason) {
   }
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

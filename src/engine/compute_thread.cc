@@ -1,4 +1,4 @@
-#include "src/mpi/compute_thread.h"
+#include "src/engine/compute_thread.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -12,7 +12,7 @@
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 ComputeThread::~ComputeThread() {
   {
@@ -52,4 +52,4 @@ void ComputeThread::loop() {
   }
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/request_poster.h"
+#include "src/engine/request_poster.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -11,9 +11,9 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/engine.h"
+#include "src/engine/engine.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 namespace {
 void require_progress_token(const Engine& e) {
@@ -113,7 +113,7 @@ const Tunables& RequestPoster::tunables() const {
   return lane_.tunables_;
 }
 int RequestPoster::collective_tag(uint64_t seq, Channel channel, int peer) const {
-  return mpi::collective_tag(lane_.window(peer), seq, channel, lane_.comms_->max_tag);
+  return engine::collective_tag(lane_.window(peer), seq, channel, lane_.comms_->max_tag);
 }
 ScratchPool::Buffer RequestPoster::scratch(size_t bytes) {
   return engine_.scratch_->acquire(bytes);
@@ -136,4 +136,4 @@ void RequestPoster::count_late(uint64_t n) {
   LaneCounters::add(lane_.counters_.late_messages, n);
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "relaxcc/work.h"
-#include "src/mpi/engine.h"
-#include "src/mpi/operation.h"
+#include "src/engine/engine.h"
+#include "src/engine/operation.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // The Work of an engine operation: a waiter drives the engine's progress;
 // an expiring wait() poisons its lane (if the engine and the lane still
@@ -63,4 +63,4 @@ class EngineWork final : public Work {
   uint64_t submission_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

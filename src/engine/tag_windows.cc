@@ -1,4 +1,4 @@
-#include "src/mpi/tag_windows.h"
+#include "src/engine/tag_windows.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -12,11 +12,11 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/clock.h"
+#include "src/engine/clock.h"
 #include "src/mpi/mpi_errors.h"
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 std::vector<uint32_t> TagWindows::reserve(const std::vector<int>& comm_members, size_t me,
                                           uint64_t primary, uint64_t identity,
@@ -164,4 +164,4 @@ CommPair::~CommPair() {
   if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

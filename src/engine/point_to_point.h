@@ -31,12 +31,12 @@
 #include <vector>
 
 #include "relaxcc/collectives/point_to_point.h"
-#include "src/mpi/clock.h"
-#include "src/mpi/lane.h"
-#include "src/mpi/operation.h"
-#include "src/mpi/request_poster.h"
+#include "src/engine/clock.h"
+#include "src/engine/lane.h"
+#include "src/engine/operation.h"
+#include "src/engine/request_poster.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // The smallest part and the most parts of a round message in parts (a
 // header announcing others is corrupt).
@@ -193,4 +193,4 @@ class RoundSweeper final : public Operation {
   RoundParts parts_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -10,10 +10,10 @@
 #include <memory>
 #include <utility>
 
-#include "src/mpi/operation.h"
-#include "src/mpi/request_poster.h"
+#include "src/engine/operation.h"
+#include "src/engine/request_poster.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class ComputeOp final : public Operation {
  public:
@@ -51,4 +51,4 @@ class ComputeOp final : public Operation {
   bool finished_ = false;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/engine.h"
+#include "src/engine/engine.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -11,10 +11,10 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/engine_detail.h"
-#include "src/mpi/engine_work.h"
+#include "src/engine/engine_detail.h"
+#include "src/engine/engine_work.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer,
                         bool send, bool recv) {
@@ -120,4 +120,4 @@ void Engine::complete_request(const Pending& p, const MPI_Status& status, int er
                           ": ", mpi_error_string(err)));
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/engine.h"
+#include "src/engine/engine.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -11,10 +11,10 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/engine_detail.h"
-#include "src/mpi/engine_work.h"
+#include "src/engine/engine_detail.h"
+#include "src/engine/engine_work.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
                     bool notify_peers) {
@@ -232,4 +232,4 @@ void Engine::release_listeners(bool all) {
   }
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -16,7 +16,7 @@
 
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // The tag windows (op_header.h) that the groups of one CommPair hold, per
 // pair of ranks: this rank and each peer (comm ranks). A group takes, for
@@ -104,4 +104,4 @@ struct CommPair {
   std::unique_ptr<TagWindows> windows;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

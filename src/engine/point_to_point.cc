@@ -1,4 +1,4 @@
-#include "src/mpi/point_to_point.h"
+#include "src/engine/point_to_point.h"
 
 #include "src/mpi/mpi_errors.h"
 
@@ -10,7 +10,7 @@
 #include "relaxcc/errors.h"
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 namespace {
 constexpr uint32_t kRoundMagic = 0x44525852;  // "RXRD"
@@ -562,4 +562,4 @@ void RoundSweeper::on_complete(RequestPoster& t, int64_t, const MPI_Status& stat
   }
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -56,17 +56,17 @@
 #include "relaxcc/communicator.h"
 #include "relaxcc/tunables.h"
 #include "src/collectives/scratch_pool.h"
-#include "src/mpi/clock.h"
-#include "src/mpi/compute_thread.h"
-#include "src/mpi/direct_exchange.h"
-#include "src/mpi/lane.h"
+#include "src/engine/clock.h"
+#include "src/engine/compute_thread.h"
+#include "src/engine/direct_exchange.h"
+#include "src/engine/lane.h"
+#include "src/engine/operation.h"
+#include "src/engine/request_poster.h"
+#include "src/engine/tag_windows.h"
 #include "src/mpi/mpi_errors.h"
-#include "src/mpi/operation.h"
-#include "src/mpi/request_poster.h"
-#include "src/mpi/tag_windows.h"
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class EngineWork;
 
@@ -409,4 +409,4 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::thread thread_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/engine_work.h"
+#include "src/engine/engine_work.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -12,7 +12,7 @@
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 std::string EngineWork::describe() const {
   return detail::concat(name_, " #", seq_, detail::of_label(label_), " (tag ", tag_, ", ",
@@ -34,4 +34,4 @@ std::string EngineWork::on_timeout(const std::string& reason) {
   return engine && lane ? engine->poison_on_timeout(lane, *this, reason) : std::string();
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

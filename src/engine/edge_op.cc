@@ -1,4 +1,4 @@
-#include "src/mpi/edge_op.h"
+#include "src/engine/edge_op.h"
 
 #include "src/mpi/mpi_errors.h"
 
@@ -11,7 +11,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 EdgeOp::EdgeOp(std::string name, int priority, std::string label)
     : Operation(std::move(name), priority), label_(std::move(label)) {}
@@ -525,4 +525,4 @@ std::string EdgeOp::waiting_for() const {
   return os.str();
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -17,12 +17,12 @@
 #include "relaxcc/tunables.h"
 #include "relaxcc/work.h"
 #include "src/collectives/scratch_pool.h"
-#include "src/mpi/clock.h"
-#include "src/mpi/request_poster.h"
-#include "src/mpi/tag_windows.h"
+#include "src/engine/clock.h"
+#include "src/engine/request_poster.h"
+#include "src/engine/tag_windows.h"
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class Engine;
 struct TimeoutReport;
@@ -132,4 +132,4 @@ class Lane {
   uint64_t oldest_in_flight_ = 1;  // the oldest unreleased one, or next_seq_
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

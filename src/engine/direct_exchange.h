@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // The requests of a direct exchange (Operation::begin_direct), posted
 // outside the engine's request table, in the order they were posted: this
@@ -51,4 +51,4 @@ struct DirectExchange {
   }
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

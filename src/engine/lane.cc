@@ -1,4 +1,4 @@
-#include "src/mpi/lane.h"
+#include "src/engine/lane.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -11,10 +11,10 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/engine.h"
-#include "src/mpi/engine_detail.h"
+#include "src/engine/engine.h"
+#include "src/engine/engine_detail.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
            uint32_t id, std::vector<uint32_t> windows, Tunables tunables)
@@ -116,4 +116,4 @@ void Engine::expire_closed_lanes(Clock::time_point now) {
   release_listeners(false);
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -13,7 +13,7 @@
 #include "src/collectives/scratch_pool.h"
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class Engine;
 class Lane;
@@ -81,4 +81,4 @@ class RequestPoster {
   Lane& lane_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/polling.h"
+#include "src/engine/polling.h"
 
 #include <mpi.h>
 
@@ -6,7 +6,7 @@
 
 #include "relaxcc/errors.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 bool mpi_yields_when_idle() {
   // The tool interface's thread level is the process's (Open MPI records the
@@ -40,4 +40,4 @@ Engine::Polling choose_polling(const std::string& policy, bool shared) {
   return polling;
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class Operation;
 
@@ -40,4 +40,4 @@ class ComputeThread {
   std::thread thread_;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -1,4 +1,4 @@
-#include "src/mpi/direct_exchange.h"
+#include "src/engine/direct_exchange.h"
 
 #include <sched.h>
 #include <sys/prctl.h>
@@ -11,11 +11,11 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
-#include "src/mpi/engine.h"
-#include "src/mpi/engine_detail.h"
-#include "src/mpi/engine_work.h"
+#include "src/engine/engine.h"
+#include "src/engine/engine_detail.h"
+#include "src/engine/engine_work.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
                                       const std::shared_ptr<Operation>& op, Details details,
@@ -222,4 +222,4 @@ void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& 
   }
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

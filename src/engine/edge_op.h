@@ -44,12 +44,12 @@
 
 #include "relaxcc/exec_context.h"
 #include "relaxcc/tensor.h"
-#include "src/mpi/direct_exchange.h"
-#include "src/mpi/operation.h"
-#include "src/mpi/request_poster.h"
+#include "src/engine/direct_exchange.h"
+#include "src/engine/operation.h"
+#include "src/engine/request_poster.h"
 #include "src/protocols/op_header.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // A first data message up to this size may travel inside the header message,
 // so that the two stay within Open MPI's shared-memory eager limit (4 KiB
@@ -247,4 +247,4 @@ class EdgeOp : public Operation {
   int abort_origin_ = -1;
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -6,9 +6,9 @@
 
 #include <string>
 
-#include "src/mpi/engine.h"
+#include "src/engine/engine.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // Whether MPI's progress engine calls sched_yield when a poll finds nothing
 // (Open MPI's mpi_yield_when_idle, which mpirun sets for oversubscribed
@@ -20,4 +20,4 @@ bool mpi_yields_when_idle();
 // otherwise): auto waits as for shared CPUs when `shared`.
 Engine::Polling choose_polling(const std::string& policy, bool shared);
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

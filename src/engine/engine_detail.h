@@ -9,9 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "src/mpi/clock.h"
+#include "src/engine/clock.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 // How long an idle engine keeps pushing out its own poison notices.
 constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
@@ -62,4 +62,4 @@ inline int64_t micros(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine

@@ -13,9 +13,9 @@
 #include <utility>
 
 #include "relaxcc/work.h"
-#include "src/mpi/clock.h"
+#include "src/engine/clock.h"
 
-namespace relaxcc::mpi {
+namespace relaxcc::engine {
 
 class EngineWork;
 class Lane;
@@ -136,4 +136,4 @@ class Operation {
   std::atomic<bool> released_{false};
 };
 
-}  // namespace relaxcc::mpi
+}  // namespace relaxcc::engine
