@@ -20,6 +20,7 @@
 #include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
 #include "src/engine/engine.h"
+#include "src/mpi/mpi_transport.h"
 #include "src/protocols/op_header.h"
 #include "src/protocols/recursive_doubling.h"
 #include "test_util.h"
@@ -41,18 +42,20 @@ class DirectExchangeTest : public ::testing::Test {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     if (size_ != 2) GTEST_SKIP() << "plays the peer of a lane of exactly two ranks";
-    MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
-    MPI_Comm_dup(MPI_COMM_WORLD, &coll);
+    MPI_Comm p2p = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &coll_);
     MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
-    comms_ = std::make_shared<CommPair>(coll, p2p);
+    auto transport = std::make_shared<mpi::MpiTransport>();
+    comms_ =
+        std::make_shared<EndpointSet>(std::make_shared<mpi::MpiEndpoints>(transport, coll_, p2p));
     if (rank_ == 0) {
-      engine_ = std::make_shared<Engine>(tunables_, Engine::Polling{});
+      engine_ = std::make_shared<Engine>(tunables_, Engine::Polling{}, transport);
       lane_ = engine_->add_lane(comms_, {}, 0, 0, {}, tunables_);
     }
   }
   void TearDown() override {
     if (size_ != 2) return;
-    MPI_Barrier(comms_->coll);
+    MPI_Barrier(coll_);
     lane_.reset();
     engine_.reset();
   }
@@ -94,18 +97,17 @@ class DirectExchangeTest : public ::testing::Test {
     std::vector<unsigned char> out(sizeof(OpHeader) + kInlineBytes);
     std::memcpy(out.data(), &h, sizeof(OpHeader));
     std::memcpy(out.data() + sizeof(OpHeader), mine.view().data, kInlineBytes);
-    MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, tag(Channel::header),
-             comms_->coll);
+    MPI_Send(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, tag(Channel::header), coll_);
     MPI_Barrier(MPI_COMM_WORLD);
     std::vector<unsigned char> in(kHeaderMessageBytes);
-    MPI_Recv(in.data(), static_cast<int>(in.size()), MPI_BYTE, 0, tag(Channel::header),
-             comms_->coll, MPI_STATUS_IGNORE);
+    MPI_Recv(in.data(), static_cast<int>(in.size()), MPI_BYTE, 0, tag(Channel::header), coll_,
+             MPI_STATUS_IGNORE);
     OpHeader theirs;
     std::memcpy(&theirs, in.data(), sizeof(OpHeader));
     EXPECT_TRUE(same_call(h, theirs)) << describe(theirs, 0);
     std::vector<unsigned char> second(kSecondPart);
-    MPI_Recv(second.data(), static_cast<int>(second.size()), MPI_BYTE, 0, tag(Channel::data),
-             comms_->coll, MPI_STATUS_IGNORE);
+    MPI_Recv(second.data(), static_cast<int>(second.size()), MPI_BYTE, 0, tag(Channel::data), coll_,
+             MPI_STATUS_IGNORE);
     return mine;
   }
 
@@ -117,7 +119,8 @@ class DirectExchangeTest : public ::testing::Test {
     return t;
   }();
   int size_ = 1, rank_ = 0;
-  std::shared_ptr<CommPair> comms_;
+  MPI_Comm coll_ = MPI_COMM_NULL;  // the collective space of comms_
+  std::shared_ptr<EndpointSet> comms_;
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Lane> lane_;
 };
@@ -130,7 +133,7 @@ TEST_F(DirectExchangeTest, HandedOverWithAPartToComeCompletesExactly) {
     Buffer mine = send_header_first();
     std::this_thread::sleep_for(500ms);
     MPI_Send(static_cast<unsigned char*>(mine.view().data) + kInlineBytes,
-             static_cast<int>(kSecondPart), MPI_BYTE, 0, tag(Channel::data), comms_->coll);
+             static_cast<int>(kSecondPart), MPI_BYTE, 0, tag(Channel::data), coll_);
     return;
   }
   Buffer data(DType::i32, kCount);
@@ -158,7 +161,7 @@ TEST_F(DirectExchangeTest, HandedOverThenAnAbortRecordFailsTheCall) {
     abort.origin = 1;
     abort.sent = 1;  // the part inside the header message
     abort.set_reason("out of memory by hand");
-    MPI_Send(&abort, sizeof(AbortRecord), MPI_BYTE, 0, tag(Channel::abort), comms_->coll);
+    MPI_Send(&abort, sizeof(AbortRecord), MPI_BYTE, 0, tag(Channel::abort), coll_);
     return;
   }
   Buffer data(DType::i32, kCount);

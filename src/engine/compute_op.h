@@ -30,7 +30,7 @@ class ComputeOp final : public Operation {
     if (error) set_error(std::move(error));
     finished_ = true;
   }
-  void on_complete(RequestPoster&, int64_t, const MPI_Status&, int) override {}
+  void on_complete(RequestPoster&, int64_t, const Completion&) override {}
   // A poisoned lane or a failed dependency: the Work fails, and the function
   // never runs, unless it started already (then its own result stands).
   void abort(RequestPoster&, std::exception_ptr error) override {

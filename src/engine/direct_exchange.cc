@@ -112,8 +112,8 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
     adopt_direct(op, x, std::current_exception());
     return Direct::adopted;
   }
-  // Each request tested in turn (eager sends are complete at once): an
-  // MPI_Test runs MPI's progress once when its request is not complete.
+  // Each request tested in turn (eager sends are complete at once): a test
+  // runs the transport's progress once when its request is not complete.
   // The same back-off and budget as run_now's.
   const auto budget = std::chrono::microseconds(tunables_.spin_us);
   bool failed = false, moved_since_continue = false;
@@ -122,23 +122,21 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
   for (;;) {
     bool moved = false;
     for (int k = 0; k < x.count; ++k) {
-      DirectExchange::Request& r = x.requests[k];
+      DirectExchange::Entry& r = x.requests[k];
       if (r.completed) continue;
-      int flag = 0;
-      r.error = MPI_Test(&r.request, &flag, r.send ? MPI_STATUS_IGNORE : &r.status);
-      if (r.error != MPI_SUCCESS && flag == 0) {
-        // MPI_Test itself failed: the request stays MPI's, parked in the
-        // table (as after an MPI_Testsome failure, the lane is poisoned).
-        const int rc = std::exchange(r.error, MPI_SUCCESS);
+      int failure = 0;
+      if (!transport_->test(r.request, r.completion, failure)) {
+        if (failure == 0) continue;
+        // The test itself failed: the request stays the transport's, parked
+        // in the table (as after a test_some failure, the lane is poisoned).
         adopt_direct(op, x);
-        poison(op->lane_, detail::concat(op->name(), " #", op->seq(),
-                                         ": MPI_Test failed: ", mpi_error_string(rc)));
+        poison(op->lane_,
+               detail::concat(op->name(), " #", op->seq(), ": ", transport_->name(),
+                              " request test failed: ", transport_->error_string(failure)));
         return Direct::adopted;
       }
-      if (flag == 0) continue;
-      r.request = MPI_REQUEST_NULL;  // MPI freed it
       r.completed = moved = moved_since_continue = true;
-      failed = failed || r.error != MPI_SUCCESS;
+      failed = failed || r.completion.error != 0;
     }
     if (failed) break;
     // The operation goes on once every receive completed (sends need not
@@ -175,7 +173,7 @@ Engine::Direct Engine::run_direct(Lane& lane, const std::shared_ptr<Operation>& 
 }
 
 void Engine::count_direct(Lane& lane, const DirectExchange& x, int k) {
-  const DirectExchange::Request& r = x.requests[k];
+  const DirectExchange::Entry& r = x.requests[k];
   LaneCounters& c = lane.counters_;
   const uint64_t bytes = r.send ? r.bytes : x.received(k);
   LaneCounters::add(r.send ? c.bytes_sent : c.bytes_received, bytes);
@@ -187,9 +185,9 @@ void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& 
   RequestPoster& t = op->lane_->poster_;
   activate(op);
   for (int k = 0; k < x.count; ++k) {
-    DirectExchange::Request& r = x.requests[k];
+    DirectExchange::Entry& r = x.requests[k];
     if (r.completed) continue;
-    const int index = add_request(*op, r.slot, std::exchange(r.request, MPI_REQUEST_NULL), r.bytes,
+    const int index = add_request(*op, r.slot, std::exchange(r.request, null_request_), r.bytes,
                                   x.peer, r.send, !r.send);
     pending_[index].cancellable = !r.send;
   }
@@ -211,13 +209,13 @@ void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& 
   // Completed requests as test_requests hands them over; the table counted
   // the others' sends when they moved in.
   for (int k = 0; k < x.count; ++k) {
-    const DirectExchange::Request& r = x.requests[k];
+    const DirectExchange::Entry& r = x.requests[k];
     if (!r.completed) continue;
     if (r.send || r.consumed) count_direct(*op->lane_, x, k);
     if (!r.consumed) {
       // complete_request counts what it receives.
-      complete_request(Pending{op.get(), r.slot, r.bytes, x.peer, r.send, !r.send, {}}, r.status,
-                       r.error);
+      complete_request(Pending{op.get(), r.slot, r.bytes, x.peer, r.send, !r.send, {}},
+                       r.completion);
     }
   }
 }

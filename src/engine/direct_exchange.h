@@ -1,11 +1,11 @@
 // DirectExchange: the requests of Engine::run_now's direct path.
 #pragma once
 
-#include <mpi.h>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
+
+#include "src/engine/transport.h"
 
 namespace relaxcc::engine {
 
@@ -16,24 +16,23 @@ namespace relaxcc::engine {
 // on_complete knows it.
 struct DirectExchange {
   static constexpr int kMaxRequests = 24;
-  struct Request {
-    MPI_Request request;
+  struct Entry {
+    Request request;
     int64_t slot;
     size_t bytes;
     bool send;
-    bool completed;  // tested complete (or failed): MPI released it
+    bool completed;  // tested complete (or failed): the transport released it
     bool consumed;   // continue_direct took it: not for on_complete
-    int error;
-    MPI_Status status;
+    Completion completion;
   };
   int peer = -1;  // lane rank
   // Requests [0, count) are set (the others are not initialized: a small
   // exchange does not pay for clearing them).
-  std::array<Request, kMaxRequests> requests;
+  std::array<Entry, kMaxRequests> requests;
   int count = 0;
-  void add(MPI_Request request, int64_t slot, size_t bytes, bool send) {
+  void add(Request request, int64_t slot, size_t bytes, bool send) {
     requests.at(static_cast<size_t>(count++)) =
-        Request{request, slot, bytes, send, false, false, MPI_SUCCESS, MPI_Status{}};
+        Entry{request, slot, bytes, send, false, false, Completion{}};
   }
   // Whether every send (sends == true) or every receive completed.
   bool all_completed(bool sends) const {
@@ -44,11 +43,7 @@ struct DirectExchange {
     return true;
   }
   // Bytes received by completed receive `k`.
-  size_t received(int k) const {
-    int got = 0;
-    MPI_Get_count(&requests[static_cast<size_t>(k)].status, MPI_BYTE, &got);
-    return static_cast<size_t>(got);
-  }
+  size_t received(int k) const { return requests[static_cast<size_t>(k)].completion.bytes; }
 };
 
 }  // namespace relaxcc::engine

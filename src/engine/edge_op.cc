@@ -1,7 +1,5 @@
 #include "src/engine/edge_op.h"
 
-#include "src/mpi/mpi_errors.h"
-
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -293,23 +291,22 @@ void EdgeOp::recv_data(RequestPoster& t, int pi, int64_t msg, void* buf, size_t 
   }
   // A matching peer sends an abort record only while it owes this rank data
   // (a mismatched one always does), so the record's receive is posted with
-  // the first data receive that goes through MPI, or when this rank fails.
+  // the first data receive that goes through the transport, or when this rank fails.
   post_abort_recv(t, pi);
   t.irecv(*this, slot(kDataRecv, pi, msg), buf, bytes, p.rank, tag(p, Channel::data));
   ++p.posted_in;  // only once it is: a receive that failed never completes
 }
 
-void EdgeOp::on_complete(RequestPoster& t, int64_t s, const MPI_Status& status, int error) {
+void EdgeOp::on_complete(RequestPoster& t, int64_t s, const Completion& completion) {
   const auto kind = static_cast<SlotKind>(s >> 56);
   const int pi = static_cast<int>((s >> 40) & 0xffff);
   const int64_t index = s & ((int64_t{1} << 40) - 1);
   Peer& p = peers_[pi];
-  int cancelled = 0;
-  MPI_Test_cancelled(&status, &cancelled);
-  if (error != MPI_SUCCESS && !cancelled) {
+  const bool cancelled = completion.cancelled;
+  if (completion.error != 0 && !cancelled) {
     const std::string what = detail::concat(name(), " #", seq(), ": transport error with rank ",
-                                            p.rank, ": ", mpi_error_string(error));
-    fail(t, std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__)), what,
+                                            p.rank, ": ", t.error_string(completion.error));
+    fail(t, std::make_exception_ptr(PeerLost(p.rank, what, __FILE__, __LINE__)), what,
          AbortKind::error);
     if (kind == kDataRecv || kind == kDrainRecv) ++p.completed_in;
     if (kind == kDataSend || (kind == kHeaderSend && p.inline_out)) ++p.completed_out;
@@ -327,9 +324,7 @@ void EdgeOp::on_complete(RequestPoster& t, int64_t s, const MPI_Status& status, 
       break;
     case kHeaderRecv: {
       if (cancelled) break;
-      int got = 0;
-      MPI_Get_count(&status, MPI_BYTE, &got);
-      take_header_message(p, static_cast<size_t>(got));
+      take_header_message(p, completion.bytes);
       if (same_call(edge_header(pi), p.header_in)) {
         p.live = true;
         if (!aborted_) {  // post its receives now, not an engine iteration later
@@ -467,7 +462,7 @@ void EdgeOp::drain(RequestPoster& t) {
     }
     if (!(p.live || (p.mismatch && p.abort_received)) || p.draining || p.posted_in >= p.limit_in())
       continue;
-    MPI_Message message;
+    Message message;
     size_t bytes = 0;
     if (!t.improbe(p.rank, tag(p, Channel::data), &message, &bytes)) continue;
     if (p.drain.size() < bytes) p.drain.resize(bytes);

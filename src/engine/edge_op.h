@@ -76,7 +76,7 @@ class EdgeOp : public Operation {
   void start(RequestPoster& t) final;
   void start_failed(RequestPoster& t, std::exception_ptr error) final;
   void progress(RequestPoster& t) final;
-  void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) final;
+  void on_complete(RequestPoster& t, int64_t slot, const Completion& completion) final;
   void abort(RequestPoster& t, std::exception_ptr error) final;
   bool done() const final { return finished_; }
   std::string waiting_for() const override;

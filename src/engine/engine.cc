@@ -18,10 +18,12 @@ namespace relaxcc::engine {
 
 // ---- Engine ----------------------------------------------------------------
 
-Engine::Engine(Tunables tunables, Polling polling)
+Engine::Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> transport)
     : tunables_(std::move(tunables)),
       backoff_(polling.backoff),
-      mpi_yields_(polling.mpi_yields),
+      transport_(std::move(transport)),
+      null_request_(transport_->null_request()),
+      transport_yields_(transport_->yields_when_idle()),
       scratch_(std::make_shared<ScratchPool>(size_t{256} << 20)),
       doorbell_(std::make_shared<Doorbell>()),
       mutex_(doorbell_->mutex),
@@ -36,7 +38,7 @@ Engine::Engine(Tunables tunables, Polling polling)
         }
         bell->cv.notify_all();
       }) {
-  MPI_Comm_rank(MPI_COMM_WORLD, &trace_pid_);
+  trace_pid_ = transport_->job_rank();
   if (!tunables_.trace_file.empty()) {
     // One file per engine: the process's first tracing engine writes
     // <file>.<rank>.json, later ones <file>.<rank>.<k>.json.
@@ -56,7 +58,6 @@ Engine::Engine(Tunables tunables, Polling polling)
 
 void Engine::set_polling(Polling polling) {
   backoff_.store(polling.backoff);
-  mpi_yields_.store(polling.mpi_yields);
 }
 
 Engine::~Engine() {
@@ -156,7 +157,7 @@ bool Engine::iterate(Clock::time_point now) {
     }
   }
   // Notices are picked up every millisecond (not before each new operation:
-  // an MPI_Test per small operation costs more than its latency allows); an
+  // a test per small operation costs more than its latency allows); an
   // operation that starts on a lane poisoned elsewhere fails when the notice
   // arrives.
   if (now - last_notice_poll_ > kNoticePoll) poll_notices();
@@ -242,8 +243,8 @@ bool Engine::pause(Clock::duration idle, bool tested, Clock::duration yield_unti
   const bool shared = backoff_.load(std::memory_order_relaxed) == Backoff::sleep;
   if (!shared && idle < std::chrono::microseconds(tunables_.spin_us)) return true;
   if (idle >= yield_until) return false;
-  // MPI_Testsome yielded already when it found nothing.
-  if (!(shared && tested && mpi_yields_.load(std::memory_order_relaxed))) sched_yield();
+  // test_some yielded already when it found nothing.
+  if (!(shared && tested && transport_yields_)) sched_yield();
   return true;
 }
 
@@ -441,9 +442,9 @@ void Engine::wake_for_callbacks() {
 }
 
 void Engine::drain_on_shutdown() {
-  if (mpi_finalized()) {
-    RELAXCC_LOG(error, "a communicator outlived MPI_Finalize with ", active_.size(),
-                " operation(s) in flight; they are leaked");
+  if (transport_->closed()) {
+    RELAXCC_LOG(error, "a communicator outlived its transport (", transport_->name(),
+                " finalized) with ", active_.size(), " operation(s) in flight; they are leaked");
     new std::vector<std::shared_ptr<Operation>>(std::move(active_));  // intentional leak
     return;
   }

@@ -1,8 +1,8 @@
-// The communication engine: the progress of every MPI call of the
+// The communication engine: the progress of every transport call of the
 // communicators that share it (a communicator, its splits and groups).
 //
 // Each communicator is a lane of the engine (Lane): its members (ranks of an
-// MPI communicator), sequence numbers, tags, statistics and poison state.
+// transport endpoint set), sequence numbers, tags, statistics and poison state.
 // Operations of a lane take their order in it; priorities apply across all
 // lanes, so a low-priority operation on one communicator posts one segment at
 // a time while a higher one on another is active. Operations are
@@ -10,16 +10,15 @@
 // when it is submitted; the engine starts it then, or, when it was submitted
 // to run after another Work, once that Work completed. It lets them post requests (in priority
 // order, so that a large low-priority operation yields the network to a high-priority one), tests
-// every pending request with MPI_Testsome, and hands completions back to their operation.
+// every pending request with Transport::test_some, and hands completions back to their operation.
 //
 // Progress token. One progress iteration (iterate()) at a time runs, on the
-// thread that holds the engine's token: only that thread calls MPI for the
-// engine and touches its operations. A caller blocked in Work::wait on one of
-// the engine's Works takes the token itself (drive()) and runs the iterations
-// until its Work completed, so a blocking wait needs no thread hand-off (MPI
-// runs at MPI_THREAD_MULTIPLE). The engine thread holds it while nobody
-// waits, and steps aside while callers drive. Nobody blocks on the token:
-// it is only ever tried, so releasing it never wakes a thread.
+// thread that holds the engine's token: only that thread tests the
+// transport's requests for the engine and touches its operations. A caller blocked in Work::wait on
+// one of the engine's Works takes the token itself (drive()) and runs the iterations until its Work
+// completed, so a blocking wait needs no thread hand-off (a transport takes calls from any thread).
+// The engine thread holds it while nobody waits, and steps aside while callers drive. Nobody blocks
+// on the token: it is only ever tried, so releasing it never wakes a thread.
 //
 // Waking the engine thread costs a futex wake (docs/benchmarks.md), so
 // submit() rings it only when it is idle (then it wakes by itself only every
@@ -38,8 +37,6 @@
 // requests that stay pending for long (a late peer, parked sends) are polled
 // with sleeps, not yields.
 #pragma once
-
-#include <mpi.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -63,7 +60,7 @@
 #include "src/engine/operation.h"
 #include "src/engine/request_poster.h"
 #include "src/engine/tag_windows.h"
-#include "src/mpi/mpi_errors.h"
+#include "src/engine/transport.h"
 #include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
@@ -108,16 +105,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // sleep: ranks share CPUs (every poll that finds nothing yields).
   enum class Backoff { sleep, yield };
   // How the engine and its callers wait (RELAXCC_ENGINE_POLL, the node's layout).
+  // (When the transport's own progress yields the CPU when it finds nothing,
+  // Transport::yields_when_idle, a poll that tested requests needs no
+  // sched_yield of its own in sleep mode.)
   struct Polling {
     Backoff backoff = Backoff::sleep;
-    // MPI's progress yields the CPU when it finds nothing
-    // (mpi_yields_when_idle): in sleep mode, a poll that tested requests
-    // needs no sched_yield of its own.
-    bool mpi_yields = false;
   };
   // `tunables`: the engine's own (spin, sleep, stall warnings, trace); each
-  // lane has its own for its operations.
-  Engine(Tunables tunables, Polling polling);
+  // lane has its own for its operations. Every lane's endpoints are
+  // `transport`'s.
+  Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> transport);
   // Changes the polling (creation learns the node's layout after the engine
   // started).
   void set_polling(Polling polling);
@@ -125,9 +122,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // A lane over `members` (ranks of comms; empty: all of them, in order), in
+  // A lane over `members` (ranks of comms; empty: all of them, in order; its
+  // endpoints must be the engine's transport's: InvalidArgument), in
   // which this process is rank `rank`, with tag windows `windows` (see Lane).
-  std::shared_ptr<Lane> add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
+  std::shared_ptr<Lane> add_lane(std::shared_ptr<EndpointSet> comms, std::vector<int> members,
                                  int rank, uint32_t id, std::vector<uint32_t> windows,
                                  Tunables tunables);
   // The lane's communicator is gone: its tag windows are retired
@@ -188,8 +186,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::string poison_on_timeout(const std::shared_ptr<Lane>& lane, const Work& work,
                                 const std::string& reason);
   CommStats stats(const Lane& lane) const;
-  // Whether the calling thread holds the progress token (and so may call MPI
-  // for this engine).
+  // Whether the calling thread holds the progress token (and so may post
+  // and test requests for this engine).
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
   // Whether the calling thread runs progress iterations of any engine (a
   // completion callback runs inside one).
@@ -220,9 +218,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool send = false;
     bool recv = false;
     Clock::time_point posted;
-    // A posted receive not cancelled yet. Matched receives (MPI_Imrecv) are
-    // never cancellable, and no request is cancelled twice: Open MPI 4.1's
-    // ob1 crashed on a second cancel of a receive.
+    // A posted receive not cancelled yet. Matched receives (imrecv) are
+    // never cancellable, and no request is cancelled twice (Transport::cancel).
     bool cancellable = false;
   };
 
@@ -242,7 +239,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // max_sleep_us, to kParkedSleep when only parked requests remain.
   int64_t next_sleep(int64_t sleep_us) const;
   // The back-off after an iteration that moved nothing, `idle` after the
-  // last one that did (`tested`: it called MPI_Testsome): busy polling (own
+  // last one that did (`tested`: it called test_some): busy polling (own
   // CPUs, for spin_us), then sched_yield() until `yield_until` (true: poll
   // again), then false: sleep.
   bool pause(Clock::duration idle, bool tested, Clock::duration yield_until) const;
@@ -268,13 +265,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Completes the operations of `lane` (every lane: null) still waiting for
   // their dependency with `reason`.
   void fail_waiting(const Lane* lane, const std::string& reason);
-  int add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer, bool send,
+  int add_request(Operation& op, int64_t slot, Request req, size_t bytes, int peer, bool send,
                   bool recv);
   void test_requests(bool& progressed);
   // Hands a completed request (out of the table already) to its operation:
   // counts received bytes, traces, calls on_complete (aborting the
   // operation when that throws) and poisons the lane on a transport error.
-  void complete_request(const Pending& p, const MPI_Status& status, int err);
+  void complete_request(const Pending& p, const Completion& completion);
   // run_now()'s direct path (Operation::begin_direct), from `started`.
   enum class Direct { unavailable, completed, adopted };
   Direct run_direct(Lane& lane, const std::shared_ptr<Operation>& op, Clock::time_point started);
@@ -302,7 +299,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,
                    const std::string& args);
   void drain_on_shutdown();
-  // Poison notices: posts a listener on every new CommPair, tests the
+  // Poison notices: posts a listener on every new EndpointSet, tests the
   // listeners (poisoning the lanes that notices name) and the notices this
   // rank sent.
   void poll_notices();
@@ -314,16 +311,22 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason,
                      bool notify_peers);
   // `notice` came from comm rank `source` of `comms`.
-  void on_notice(const CommPair& comms, PoisonNotice notice, int source);
+  void on_notice(const EndpointSet& comms, PoisonNotice notice, int source);
   void test_notice_sends();
+  // The peers the transport gave up on (Transport::take_peer_errors): the
+  // active operations of each lane with such a peer fail with PeerLost
+  // naming it, and the lane is poisoned (its members told).
+  void on_peer_errors();
   // Sends `lane`'s PoisonNotice to its other members.
   void send_notices(const Lane& lane);
-  // Cancels the listeners of CommPairs no lane uses any more (every one: all).
+  // Cancels the listeners of endpoint sets no lane uses any more (every one: all).
   void release_listeners(bool all);
 
   Tunables tunables_;
   std::atomic<Backoff> backoff_;
-  std::atomic<bool> mpi_yields_;
+  const std::shared_ptr<Transport> transport_;
+  const Request null_request_;   // transport_->null_request()
+  const bool transport_yields_;  // transport_->yields_when_idle()
   std::shared_ptr<ScratchPool> scratch_;
 
   // The progress token: tried, never waited for.
@@ -354,7 +357,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::weak_ptr<Lane>> closing_;      // closed, with operations maybe in flight
   std::vector<std::weak_ptr<Lane>> lanes_;        // every lane, for poison notices
   size_t prune_at_ = 64;  // add_lane drops expired entries of lanes_ and closing_ at this size
-  std::vector<std::shared_ptr<CommPair>> to_listen_;  // new CommPairs, no listener yet
+  std::vector<std::shared_ptr<EndpointSet>> to_listen_;  // new endpoint sets, no listener yet
 
   // Token-holder state.
   std::deque<std::shared_ptr<Operation>> incoming_;
@@ -364,29 +367,30 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::shared_ptr<Operation>> waiting_;  // for their dependency, in seq order
   std::vector<std::shared_ptr<Operation>> spawned_;  // RequestPoster::spawn, not started yet
   Clock::time_point last_background_poll_{};
-  // Requests in flight at their slots (MPI_REQUEST_NULL: free). Free slots
+  // Requests in flight at their slots (null_request_: free). Free slots
   // are taken lowest first (free_slots_ is a min-heap), so those in use stay
   // below slots_in_use_ (one past the highest in use), the range
-  // MPI_Testsome scans: it costs per slot, null ones included.
-  std::vector<MPI_Request> requests_;
+  // Transport::test_some scans: it costs per slot, null ones included.
+  std::vector<Request> requests_;
   std::vector<Pending> pending_;
   std::vector<int> free_slots_;
   int slots_in_use_ = 0;
   int num_pending_ = 0;
-  bool tested_ = false;  // the last iteration called MPI_Testsome
+  bool tested_ = false;  // the last iteration called Transport::test_some
   std::vector<int> indices_;
-  std::vector<MPI_Status> statuses_;
-  // A posted receive of PoisonNotices from any member, per CommPair; it
-  // keeps its CommPair until no lane uses it.
+  std::vector<Completion> completions_;
+  // A posted receive of PoisonNotices from any member, per EndpointSet; it
+  // keeps its EndpointSet until no lane uses it.
   struct Listener {
-    std::shared_ptr<CommPair> comms;
-    MPI_Request request = MPI_REQUEST_NULL;
+    std::shared_ptr<EndpointSet> comms;
+    Request request;
+    bool posted = false;
     PoisonNotice notice;
   };
   std::vector<std::unique_ptr<Listener>> listeners_;
   struct NoticeSend {
     std::shared_ptr<PoisonNotice> notice;  // one per peer (its window differs)
-    MPI_Request request = MPI_REQUEST_NULL;
+    Request request;
   };
   std::vector<NoticeSend> notice_sends_;
   Clock::time_point last_notice_poll_{};

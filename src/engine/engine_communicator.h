@@ -40,4 +40,10 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
 // communicator): a wing checks share_engine_with with it.
 std::shared_ptr<Transport> transport_of(const Communicator& comm);
 
+// Waits at most `timeout` for engines still being destroyed on threads of
+// their own (an engine whose last reference went inside a completion
+// callback); a wing calls it before it shuts its transport down. Returns how
+// many are left.
+int wait_for_reaped_engines(std::chrono::milliseconds timeout);
+
 }  // namespace relaxcc::engine

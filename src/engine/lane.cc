@@ -16,7 +16,7 @@
 
 namespace relaxcc::engine {
 
-Lane::Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
+Lane::Lane(Engine& engine, std::shared_ptr<EndpointSet> comms, std::vector<int> members, int rank,
            uint32_t id, std::vector<uint32_t> windows, Tunables tunables)
     : engine_(engine),
       poster_(engine, *this),
@@ -47,9 +47,12 @@ void Lane::retire_windows() {
                           failed || in_flight, failed);
 }
 
-std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<CommPair> comms, std::vector<int> members,
+std::shared_ptr<Lane> Engine::add_lane(std::shared_ptr<EndpointSet> comms, std::vector<int> members,
                                        int rank, uint32_t id, std::vector<uint32_t> windows,
                                        Tunables tunables) {
+  RELAXCC_ENFORCE(&comms->endpoints->transport() == transport_.get(), InvalidArgument,
+                  "a lane's endpoints (", comms->endpoints->transport().name(),
+                  ") are not those of its engine's transport (", transport_->name(), ")");
   auto lane = std::make_shared<Lane>(*this, comms, std::move(members), rank, id, std::move(windows),
                                      std::move(tunables));
   std::lock_guard<std::mutex> lock(mutex_);

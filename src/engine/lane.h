@@ -48,7 +48,7 @@ struct RoundStream {
   uint64_t abandoned = 0;
   Clock::time_point sweep_until{};
   bool sweeping = false;
-  // Matched receives (MPI_Imrecv) in flight on the stream: an abandoned
+  // Matched receives (imrecv) in flight on the stream: an abandoned
   // receive's or the sweeper's. The first receiver does not probe while
   // one is, so a message is never taken past an older one still arriving.
   int matched = 0;
@@ -72,7 +72,7 @@ class Lane {
  public:
   // `windows`: a group's tag window per lane rank (TagWindows::reserve),
   // empty for a communicator (window 0).
-  Lane(Engine& engine, std::shared_ptr<CommPair> comms, std::vector<int> members, int rank,
+  Lane(Engine& engine, std::shared_ptr<EndpointSet> comms, std::vector<int> members, int rank,
        uint32_t id, std::vector<uint32_t> windows, Tunables tunables);
   ~Lane();
   Lane(const Lane&) = delete;
@@ -83,12 +83,12 @@ class Lane {
   uint32_t id() const { return id_; }
   const Tunables& tunables() const { return tunables_; }
   bool poisoned() const { return poisoned_.load(); }
-  // Rank in the MPI communicators of lane rank `r`.
+  // Rank in the endpoint set of lane rank `r`.
   int comm_rank(int r) const { return members_.empty() ? r : members_[r]; }
   // The tag window with lane rank `r` (op_header.h).
   uint32_t window(int r) const { return windows_.empty() ? 0 : windows_[r]; }
-  const std::shared_ptr<CommPair>& comms() const { return comms_; }
-  // Gives the lane's tag windows back to the CommPair (as retired), once:
+  const std::shared_ptr<EndpointSet>& comms() const { return comms_; }
+  // Gives the lane's tag windows back to the EndpointSet (as retired), once:
   // when its communicator is destroyed (Engine::close_lane), or with the
   // lane.
   void retire_windows();
@@ -99,7 +99,7 @@ class Lane {
   friend class Operation;
   Engine& engine_;
   RequestPoster poster_;
-  std::shared_ptr<CommPair> comms_;
+  std::shared_ptr<EndpointSet> comms_;
   std::vector<int> members_;  // empty: every rank of comms_, in order
   int rank_ = 0;
   int size_ = 1;

@@ -2,8 +2,6 @@
 // token's holder.
 #pragma once
 
-#include <mpi.h>
-
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -14,6 +12,7 @@
 
 #include "relaxcc/work.h"
 #include "src/engine/clock.h"
+#include "src/engine/transport.h"
 
 namespace relaxcc::engine {
 
@@ -43,8 +42,9 @@ class Operation {
   virtual void progress(RequestPoster&) {}
   // RequestPoster::compute's function for `slot` returned (error: what it threw).
   virtual void on_computed(RequestPoster&, int64_t /*slot*/, std::exception_ptr /*error*/) {}
-  // Request `slot` completed. `error` is the MPI error code (MPI_SUCCESS).
-  virtual void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) = 0;
+  // Request `slot` completed (completion.error: 0, or the transport's code,
+  // RequestPoster::error_string).
+  virtual void on_complete(RequestPoster& t, int64_t slot, const Completion& completion) = 0;
   // Stop: post nothing new, tell peers that wait on this rank, drain.
   // The first error wins; later ones are ignored.
   virtual void abort(RequestPoster& t, std::exception_ptr error) = 0;

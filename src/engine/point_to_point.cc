@@ -1,7 +1,5 @@
 #include "src/engine/point_to_point.h"
 
-#include "src/mpi/mpi_errors.h"
-
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -283,7 +281,7 @@ void P2PBatchOp::take_next(RequestPoster& t, size_t i) {
   }
   if (stream.matched > 0) return;  // an older message is still arriving
   const P2POp& op = ops_[i];
-  MPI_Message message;
+  Message message;
   size_t bytes = 0;
   if (!t.improbe(op.peer, p2p_tag(op.tag, P2PChannel::round), &message, &bytes, false)) return;
   buffers_[i] = t.scratch(std::max<size_t>(bytes, 1));
@@ -366,7 +364,8 @@ void P2PBatchOp::abandon_receives(RequestPoster& t) {
   }
 }
 
-void P2PBatchOp::on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) {
+void P2PBatchOp::on_complete(RequestPoster& t, int64_t slot, const Completion& completion) {
+  int error = completion.error;
   --outstanding_;
   const auto i = static_cast<size_t>(slot / 2);
   const bool is_header = slot % 2 == 0;
@@ -378,14 +377,14 @@ void P2PBatchOp::on_complete(RequestPoster& t, int64_t slot, const MPI_Status& s
     // A later part of a round message: the message is whole with its last.
     RoundParts& parts = parts_[i];
     if (parts.left > 0) {
-      if (parts.error == MPI_SUCCESS) parts.error = error;
+      if (parts.error == 0) parts.error = error;
       if (!round_part_arrived(parts)) return;
       error = parts.error;
     }
   }
-  if (error != MPI_SUCCESS) {
-    set_error(std::make_exception_ptr(CommunicationError(
-        detail::concat(where(i), ": ", mpi_error_string(error)), __FILE__, __LINE__)));
+  if (error != 0) {
+    set_error(std::make_exception_ptr(PeerLost(
+        op.peer, detail::concat(where(i), ": ", t.error_string(error)), __FILE__, __LINE__)));
     if (streams_[i] != nullptr && recv_state_[i] == RecvState::receiving)
       settle(i, RecvState::missing);
     parts_[i] = {};
@@ -402,9 +401,7 @@ void P2PBatchOp::on_complete(RequestPoster& t, int64_t slot, const MPI_Status& s
       bytes = parts_[i].bytes;
       parts_[i] = {};
     } else {
-      int got = 0;
-      MPI_Get_count(&status, MPI_BYTE, &got);
-      bytes = static_cast<size_t>(got);
+      bytes = completion.bytes;
       if (receive_round_parts(t, *this, slot, *streams_[i], op.peer, op.tag, buffers_[i], bytes,
                               parts_[i])) {
         outstanding_ += static_cast<int>(parts_[i].left);
@@ -415,9 +412,7 @@ void P2PBatchOp::on_complete(RequestPoster& t, int64_t slot, const MPI_Status& s
     on_round_message(t, i, bytes);
     return;
   }
-  int cancelled = 0;
-  MPI_Test_cancelled(&status, &cancelled);
-  if (!cancelled) on_plain_complete(t, i, is_header, error);
+  if (!completion.cancelled) on_plain_complete(t, i, is_header, error);
 }
 
 void P2PBatchOp::on_plain_complete(RequestPoster& t, size_t i, bool is_header, int) {
@@ -514,7 +509,7 @@ void RoundSweeper::progress(RequestPoster& t) {
     finish();
     return;
   }
-  MPI_Message message;
+  Message message;
   size_t bytes = 0;
   if (!t.improbe(peer_, p2p_tag(tag_, P2PChannel::round), &message, &bytes, false)) return;
   buffer_ = t.scratch(std::max<size_t>(bytes, 1));
@@ -523,21 +518,20 @@ void RoundSweeper::progress(RequestPoster& t) {
   receiving_ = true;
 }
 
-void RoundSweeper::on_complete(RequestPoster& t, int64_t, const MPI_Status& status, int error) {
+void RoundSweeper::on_complete(RequestPoster& t, int64_t, const Completion& completion) {
+  const int error = completion.error;
   --stream_.matched;
-  bool failed = error != MPI_SUCCESS;
+  bool failed = error != 0;
   size_t got = 0;
   if (parts_.left > 0) {
-    if (parts_.error == MPI_SUCCESS) parts_.error = error;
+    if (parts_.error == 0) parts_.error = error;
     if (!round_part_arrived(parts_)) return;
-    failed = parts_.error != MPI_SUCCESS;
+    failed = parts_.error != 0;
     got = parts_.bytes;
     buffer_ = std::move(parts_.message);
     parts_ = {};
   } else if (!failed) {
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    got = static_cast<size_t>(count);
+    got = completion.bytes;
     if (receive_round_parts(t, *this, 0, stream_, peer_, tag_, buffer_, got, parts_)) return;
   }
   receiving_ = false;

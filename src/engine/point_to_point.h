@@ -15,7 +15,7 @@
 //          as below and posts the others' receives at once (MPI keeps one
 //          sender's messages on a tag in order), so a stream's message is
 //          always whole before it is sorted. The first round receive of a
-//          RoundStream probes for the next message (MPI_Improbe), takes it
+//          RoundStream probes for the next message (improbe), takes it
 //          into scratch sized to it and sorts it by round: older ones are
 //          dropped, its own is copied into the tensor, a newer one is kept
 //          (RoundStream::early) and the receive is missing. At the deadline,
@@ -62,7 +62,7 @@ struct RoundParts {
   ScratchPool::Buffer message;
   size_t bytes = 0;
   int64_t left = 0;
-  int error = MPI_SUCCESS;  // of the first part whose receive failed
+  int error = 0;  // of the first part whose receive failed (the transport's code)
 };
 // The first part of a round message came into `first` (`got` bytes) on
 // `stream` from `peer`, user tag `tag`. When its header announces more
@@ -93,7 +93,7 @@ class P2PBatchOp final : public Operation {
 
   void start(RequestPoster& t) override;
   void progress(RequestPoster& t) override;
-  void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) override;
+  void on_complete(RequestPoster& t, int64_t slot, const Completion& completion) override;
   void abort(RequestPoster& t, std::exception_ptr error) override;
   bool collective() const override { return false; }
   bool done() const override;
@@ -175,7 +175,7 @@ class RoundSweeper final : public Operation {
 
   void start(RequestPoster&) override;
   void progress(RequestPoster& t) override;
-  void on_complete(RequestPoster& t, int64_t slot, const MPI_Status& status, int error) override;
+  void on_complete(RequestPoster& t, int64_t slot, const Completion& completion) override;
   void abort(RequestPoster&, std::exception_ptr) override { finish(); }
   bool done() const override { return finished_; }
   bool collective() const override { return false; }

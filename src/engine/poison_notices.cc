@@ -79,20 +79,26 @@ std::shared_ptr<TimeoutReport> Engine::report_timeout(Lane& lane) {
 // ---- Poison notices ------------------------------------------------------------
 
 namespace {
-bool post_listener(MPI_Comm comm, PoisonNotice* notice, MPI_Request* request) {
-  *notice = PoisonNotice{};
-  const int rc =
-      MPI_Irecv(notice, sizeof(PoisonNotice), MPI_BYTE, MPI_ANY_SOURCE, kNoticeTag, comm, request);
-  if (rc == MPI_SUCCESS) return true;
-  RELAXCC_LOG(warn, "cannot listen for poison notices: ", mpi_error_string(rc));
-  *request = MPI_REQUEST_NULL;
-  return false;
+// Posts `l`'s receive of a notice from any member; false (logged) when the
+// transport refuses it.
+template <typename Listener>
+bool post_listener(Listener& l) {
+  l.notice = PoisonNotice{};
+  try {
+    l.request = l.comms->endpoints->irecv(Space::collective, &l.notice, sizeof(PoisonNotice),
+                                          kAnySource, kNoticeTag);
+    l.posted = true;
+  } catch (const Error& e) {
+    RELAXCC_LOG(warn, "cannot listen for poison notices: ", e.message());
+    l.posted = false;
+  }
+  return l.posted;
 }
 }  // namespace
 
 void Engine::poll_notices() {
   last_notice_poll_ = Clock::now();
-  std::vector<std::shared_ptr<CommPair>> fresh;
+  std::vector<std::shared_ptr<EndpointSet>> fresh;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     fresh.swap(to_listen_);
@@ -103,45 +109,81 @@ void Engine::poll_notices() {
     if (known || comms->size < 2) continue;
     auto listener = std::make_unique<Listener>();
     listener->comms = std::move(comms);
-    if (post_listener(listener->comms->coll, &listener->notice, &listener->request))
-      listeners_.push_back(std::move(listener));
+    if (post_listener(*listener)) listeners_.push_back(std::move(listener));
   }
   for (auto& l : listeners_) {
     // Several notices may be waiting.
-    while (l->request != MPI_REQUEST_NULL) {
-      int flag = 0;
-      MPI_Status status;
-      const int rc = MPI_Test(&l->request, &flag, &status);
-      if (rc != MPI_SUCCESS) {
-        // Failed for good (MPI keeps reporting the same request): listen anew.
-        RELAXCC_LOG(warn,
-                    "poison-notice receive failed (posting a new one): ", mpi_error_string(rc));
-        MPI_Request_free(&l->request);
-        post_listener(l->comms->coll, &l->notice, &l->request);
+    while (l->posted) {
+      Completion completion;
+      int failure = 0;
+      const bool done = transport_->test(l->request, completion, failure);
+      if (failure != 0 || (done && completion.error != 0)) {
+        // Failed for good (the transport keeps reporting the same request): listen anew.
+        RELAXCC_LOG(warn, "poison-notice receive failed (posting a new one): ",
+                    transport_->error_string(failure != 0 ? failure : completion.error));
+        if (!done) transport_->detach(l->request);
+        post_listener(*l);
         break;
       }
-      if (!flag) break;  // (a completed request is now MPI_REQUEST_NULL)
-      on_notice(*l->comms, l->notice, status.MPI_SOURCE);
-      post_listener(l->comms->coll, &l->notice, &l->request);
+      if (!done) break;
+      l->posted = false;
+      on_notice(*l->comms, l->notice, completion.source);
+      post_listener(*l);
     }
   }
   test_notice_sends();
+  if (transport_->peer_errors_pending()) on_peer_errors();
+}
+
+void Engine::on_peer_errors() {
+  for (const PeerError& e : transport_->take_peer_errors()) {
+    std::vector<std::shared_ptr<Lane>> hit;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& weak : lanes_) {
+        auto lane = weak.lock();
+        if (lane && lane->comms_->endpoints.get() == e.endpoints && !lane->poisoned())
+          hit.push_back(std::move(lane));
+      }
+    }
+    for (const auto& lane : hit) {
+      int peer = -1;  // the lost rank's lane rank
+      for (int r = 0; r < lane->size_ && peer < 0; ++r)
+        if (lane->comm_rank(r) == e.rank) peer = r;
+      if (peer < 0 || peer == lane->rank_) continue;
+      const std::string reason = detail::concat("rank ", peer, " is lost: ", e.reason);
+      // Its operations fail with PeerLost before the poisoning aborts them.
+      for (const auto& op : active_) {
+        if (op->lane_ != lane || (op->done() && op->pending_ == 0)) continue;
+        try {
+          op->abort(lane->poster_,
+                    std::make_exception_ptr(
+                        PeerLost(peer, detail::concat(op->name(), " #", op->seq(), ": ", reason),
+                                 __FILE__, __LINE__)));
+        } catch (...) {
+          RELAXCC_LOG(error, "abort of ", op->name(), " #", op->seq(), " failed");
+        }
+      }
+      poison(lane, reason);
+    }
+  }
 }
 
 void Engine::test_notice_sends() {
-  // A buffer goes only with its request (an MPI_Test error leaves it
-  // posted: it is freed, and the notice to that peer is lost).
-  auto done = std::remove_if(notice_sends_.begin(), notice_sends_.end(), [](NoticeSend& n) {
-    int flag = 0;
-    if (MPI_Test(&n.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS &&
-        n.request != MPI_REQUEST_NULL)
-      MPI_Request_free(&n.request);
-    return n.request == MPI_REQUEST_NULL;
+  // A buffer goes only with its request (a failed test leaves it posted: it
+  // is detached, and the notice to that peer is lost).
+  auto done = std::remove_if(notice_sends_.begin(), notice_sends_.end(), [&](NoticeSend& n) {
+    Completion completion;
+    int failure = 0;
+    if (transport_->test(n.request, completion, failure)) return true;
+    if (failure == 0) return false;
+    transport_->detach(n.request);
+    return true;
   });
   notice_sends_.erase(done, notice_sends_.end());
 }
 
-void Engine::on_notice(const CommPair& comms, PoisonNotice notice, int source) {
+void Engine::on_notice(const EndpointSet& comms, PoisonNotice notice, int source) {
   if (notice.magic != kHeaderMagic) {
     RELAXCC_LOG(warn, "ignored a corrupt poison notice from rank ", source);
     return;
@@ -176,13 +218,13 @@ void Engine::send_notices(const Lane& lane) {
     // Per peer: the window differs.
     auto notice = std::make_shared<PoisonNotice>(base);
     notice->window = lane.window(r);
-    NoticeSend send{notice, MPI_REQUEST_NULL};
-    const int rc = MPI_Isend(notice.get(), sizeof(PoisonNotice), MPI_BYTE, lane.comm_rank(r),
-                             kNoticeTag, lane.comms_->coll, &send.request);
-    if (rc == MPI_SUCCESS)
-      notice_sends_.push_back(std::move(send));
-    else
-      RELAXCC_LOG(warn, "cannot send a poison notice to rank ", r, ": ", mpi_error_string(rc));
+    try {
+      const Request request = lane.comms_->endpoints->isend(
+          Space::collective, notice.get(), sizeof(PoisonNotice), lane.comm_rank(r), kNoticeTag);
+      notice_sends_.push_back(NoticeSend{notice, request});
+    } catch (const Error& e) {
+      RELAXCC_LOG(warn, "cannot send a poison notice to rank ", r, ": ", e.message());
+    }
   }
 }
 
@@ -194,9 +236,9 @@ void Engine::release_listeners(bool all) {
         lanes_.end());
     if (all) to_listen_.clear();
   }
-  if (mpi_finalized()) {
-    // Communicators that outlived MPI_Finalize (the application's error):
-    // no MPI call any more; the buffers stay (leaked).
+  if (transport_->closed()) {
+    // Communicators that outlived their transport (MPI finalized: the
+    // application's error): no call any more; the buffers stay (leaked).
     if (all) {
       new std::vector<std::unique_ptr<Listener>>(std::move(listeners_));
       new std::vector<NoticeSend>(std::move(notice_sends_));
@@ -209,13 +251,15 @@ void Engine::release_listeners(bool all) {
   });
   for (auto it = unused; it != listeners_.end(); ++it) {
     Listener& l = **it;
-    if (l.request == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&l.request);
-    int flag = 0;
-    while (MPI_Test(&l.request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
+    if (!l.posted) continue;
+    transport_->cancel(l.request);
+    Completion completion;
+    int failure = 0;
+    bool done = false;
+    while (!(done = transport_->test(l.request, completion, failure)) && failure == 0 &&
            Clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if (!flag) {
+    if (!done) {
       RELAXCC_LOG(warn, "a poison-notice receive did not cancel; its buffer is kept (leaked)");
       new std::unique_ptr<Listener>(
           std::move(*it));  // intentional leak: the transport may still write it

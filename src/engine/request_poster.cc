@@ -18,31 +18,21 @@ namespace relaxcc::engine {
 namespace {
 void require_progress_token(const Engine& e) {
   RELAXCC_ENFORCE(e.holds_token(), InternalError,
-                  "MPI call without the engine's progress token: only its holder may call MPI");
+                  "a transport call without the engine's progress token: only its holder may post");
 }
-int byte_count(size_t bytes) {
-  RELAXCC_ENFORCE_LE(bytes, static_cast<size_t>(INT32_MAX), InvalidArgument,
-                     "one message carries at most 2^31-1 bytes");
-  return static_cast<int>(bytes);
+Space space_of(bool coll) {
+  return coll ? Space::collective : Space::point_to_point;
 }
 }  // namespace
 
-MPI_Request RequestPoster::post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll) {
+Request RequestPoster::post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll) {
   require_progress_token(engine_);
-  MPI_Request req;
-  check_mpi(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
-                      coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
-            "MPI_Isend");
-  return req;
+  return lane_.comms_->endpoints->isend(space_of(coll), buf, bytes, lane_.comm_rank(peer), tag);
 }
 
-MPI_Request RequestPoster::post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll) {
+Request RequestPoster::post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll) {
   require_progress_token(engine_);
-  MPI_Request req;
-  check_mpi(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, lane_.comm_rank(peer), tag,
-                      coll ? lane_.comms_->coll : lane_.comms_->p2p, &req),
-            "MPI_Irecv");
-  return req;
+  return lane_.comms_->endpoints->irecv(space_of(coll), buf, bytes, lane_.comm_rank(peer), tag);
 }
 
 void RequestPoster::isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer,
@@ -57,26 +47,17 @@ void RequestPoster::irecv(Operation& op, int64_t slot, void* buf, size_t bytes, 
   engine_.pending_[index].cancellable = true;
 }
 
-bool RequestPoster::improbe(int peer, int tag, MPI_Message* message, size_t* bytes, bool coll) {
+bool RequestPoster::improbe(int peer, int tag, Message* message, size_t* bytes, bool coll) {
   require_progress_token(engine_);
-  int flag = 0;
-  MPI_Status status;
-  check_mpi(MPI_Improbe(lane_.comm_rank(peer), tag, coll ? lane_.comms_->coll : lane_.comms_->p2p,
-                        &flag, message, &status),
-            "MPI_Improbe");
-  if (!flag) return false;
-  int count = 0;
-  MPI_Get_count(&status, MPI_BYTE, &count);
-  *bytes = static_cast<size_t>(count);
-  return true;
+  return lane_.comms_->endpoints->improbe(space_of(coll), lane_.comm_rank(peer), tag, message,
+                                          bytes);
 }
 
-void RequestPoster::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes,
-                           MPI_Message* message, int peer) {
+void RequestPoster::imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, Message* message,
+                           int peer) {
   require_progress_token(engine_);
-  MPI_Request req;
-  check_mpi(MPI_Imrecv(buf, byte_count(bytes), MPI_BYTE, message, &req), "MPI_Imrecv");
-  engine_.add_request(op, slot, req, bytes, peer, false, true);
+  engine_.add_request(op, slot, lane_.comms_->endpoints->imrecv(buf, bytes, message), bytes, peer,
+                      false, true);
 }
 
 void RequestPoster::cancel_receives(Operation& op, int64_t slot) {
@@ -84,9 +65,9 @@ void RequestPoster::cancel_receives(Operation& op, int64_t slot) {
   for (int i = 0; i < engine_.slots_in_use_; ++i) {
     auto& p = engine_.pending_[i];
     if (p.op == &op && p.slot == slot && p.cancellable &&
-        engine_.requests_[i] != MPI_REQUEST_NULL) {
+        engine_.requests_[i] != engine_.null_request_) {
       p.cancellable = false;
-      MPI_Cancel(&engine_.requests_[i]);
+      engine_.transport_->cancel(engine_.requests_[i]);
     }
   }
 }
@@ -105,6 +86,9 @@ int RequestPoster::size() const {
 }
 bool RequestPoster::poisoned() const {
   return lane_.poisoned();
+}
+std::string RequestPoster::error_string(int code) const {
+  return engine_.transport_->error_string(code);
 }
 uint32_t RequestPoster::lane_id() const {
   return lane_.id_;

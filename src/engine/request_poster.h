@@ -2,15 +2,15 @@
 // holder: post and cancel its requests, probe, spawn and compute.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "relaxcc/tunables.h"
 #include "src/collectives/scratch_pool.h"
+#include "src/engine/transport.h"
 #include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
@@ -20,15 +20,15 @@ class Lane;
 class Operation;
 struct RoundStream;
 
-// Posts MPI requests for the operations of one lane. Peers are ranks of the
+// Posts the transport's requests for the operations of one lane. Peers are ranks of the
 // lane; tags are the lane's. Valid only on the thread that holds the
 // engine's progress token.
 class RequestPoster {
  public:
   RequestPoster(Engine& engine, Lane& lane) : engine_(engine), lane_(lane) {}
 
-  // Non-blocking send/receive on the collective (coll == true) or the
-  // point-to-point communicator. `slot` comes back in on_complete.
+  // Non-blocking send/receive in the collective (coll == true) or the
+  // point-to-point tag space. `slot` comes back in on_complete.
   void isend(Operation& op, int64_t slot, const void* buf, size_t bytes, int peer, int tag,
              bool coll = true);
   void irecv(Operation& op, int64_t slot, void* buf, size_t bytes, int peer, int tag,
@@ -36,15 +36,15 @@ class RequestPoster {
   // isend/irecv outside the engine's request table, for
   // Operation::begin_direct: run_now() tests the request itself or hands it
   // to the table.
-  MPI_Request post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll = true);
-  MPI_Request post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll = true);
-  // Matched probe on the collective (or point-to-point) communicator: when a
+  Request post_isend(const void* buf, size_t bytes, int peer, int tag, bool coll = true);
+  Request post_irecv(void* buf, size_t bytes, int peer, int tag, bool coll = true);
+  // Matched probe in the collective (or point-to-point) tag space: when a
   // message from `peer` with `tag` is waiting, returns true with its handle
   // and size, so the receive can be sized to the message and nothing is
   // ever truncated.
-  bool improbe(int peer, int tag, MPI_Message* message, size_t* bytes, bool coll = true);
+  bool improbe(int peer, int tag, Message* message, size_t* bytes, bool coll = true);
   // Receives a probed message into `buf` (at least `bytes` long).
-  void imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, MPI_Message* message, int peer);
+  void imrecv(Operation& op, int64_t slot, void* buf, size_t bytes, Message* message, int peer);
   // Cancels every pending receive of `op` posted with `slot` (posted with
   // irecv and not cancelled before; others are left to complete).
   void cancel_receives(Operation& op, int64_t slot);
@@ -54,6 +54,8 @@ class RequestPoster {
   int rank() const;
   int size() const;
   bool poisoned() const;
+  // What the transport's error `code` (Completion::error) means.
+  std::string error_string(int code) const;
   // The lane's identity check (OpHeader::lane): 0 for a communicator, a
   // hash of parent, members and key for a group.
   uint32_t lane_id() const;

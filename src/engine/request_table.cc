@@ -16,8 +16,8 @@
 
 namespace relaxcc::engine {
 
-int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t bytes, int peer,
-                        bool send, bool recv) {
+int Engine::add_request(Operation& op, int64_t slot, Request req, size_t bytes, int peer, bool send,
+                        bool recv) {
   int index;
   if (!free_slots_.empty()) {
     std::pop_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
@@ -25,10 +25,10 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
     free_slots_.pop_back();
   } else {
     index = static_cast<int>(requests_.size());
-    requests_.push_back(MPI_REQUEST_NULL);
+    requests_.push_back(null_request_);
     pending_.emplace_back();
     indices_.resize(requests_.size());
-    statuses_.resize(requests_.size());
+    completions_.resize(requests_.size());
   }
   requests_[index] = req;
   slots_in_use_ = std::max(slots_in_use_, index + 1);
@@ -48,60 +48,49 @@ int Engine::add_request(Operation& op, int64_t slot, MPI_Request req, size_t byt
 void Engine::test_requests(bool& progressed) {
   tested_ = num_pending_ > 0;
   if (num_pending_ == 0) return;
-  int outcount = 0;
-  // Open MPI's MPI_Testsome looks for completed requests before it runs its
-  // progress, not after: a call that finds none looks once more, so a
-  // request that its progress completed is found now, not an iteration later
-  // (not where MPI's progress yields the CPU when idle: twice the yields).
-  int rc = MPI_SUCCESS;
-  const int tries = mpi_yields_.load(std::memory_order_relaxed) ? 1 : 2;
-  for (int k = 0; k < tries && rc == MPI_SUCCESS && outcount == 0; ++k)
-    rc =
-        MPI_Testsome(slots_in_use_, requests_.data(), &outcount, indices_.data(), statuses_.data());
-  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-    const std::string reason = "MPI_Testsome failed: " + mpi_error_string(rc);
+  int failure = 0;
+  const int outcount = transport_->test_some(slots_in_use_, requests_.data(), indices_.data(),
+                                             completions_.data(), failure);
+  if (failure != 0) {
+    const std::string reason = detail::concat(
+        transport_->name(), " request test failed: ", transport_->error_string(failure));
     std::vector<std::shared_ptr<Lane>> lanes;
     for (const auto& op : active_) lanes.push_back(op->lane_);
     for (const auto& lane : lanes) poison(lane, reason);
     abort_all(nullptr, reason);
     return;
   }
-  if (outcount == MPI_UNDEFINED || outcount == 0) return;
+  if (outcount == 0) return;
   progressed = true;
   for (int k = 0; k < outcount; ++k) {
     const int index = indices_[k];
     const Pending p = pending_[index];
-    // A copy: on_complete may post requests, and add_request may grow statuses_.
-    const MPI_Status status = statuses_[k];
-    const int err = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
-    requests_[index] = MPI_REQUEST_NULL;
+    // A copy: on_complete may post requests, and add_request may grow completions_.
+    const Completion completion = completions_[k];
+    requests_[index] = null_request_;
     pending_[index] = Pending{};
     free_slots_.push_back(index);
     std::push_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
     --num_pending_;
     --p.op->pending_;
     p.op->lane_->requests_pending_.fetch_sub(1, std::memory_order_relaxed);
-    complete_request(p, status, err);
+    complete_request(p, completion);
   }
-  while (slots_in_use_ > 0 && requests_[slots_in_use_ - 1] == MPI_REQUEST_NULL) --slots_in_use_;
+  while (slots_in_use_ > 0 && requests_[slots_in_use_ - 1] == null_request_) --slots_in_use_;
 }
 
-void Engine::complete_request(const Pending& p, const MPI_Status& status, int err) {
-  if (p.recv && err == MPI_SUCCESS) {
-    int cancelled = 0;
-    MPI_Test_cancelled(&status, &cancelled);
-    int got = 0;
-    if (!cancelled) MPI_Get_count(&status, MPI_BYTE, &got);
+void Engine::complete_request(const Pending& p, const Completion& completion) {
+  if (p.recv && completion.error == 0 && !completion.cancelled) {
     LaneCounters& c = p.op->lane_->counters_;
-    LaneCounters::add(c.bytes_received, static_cast<uint64_t>(got));
-    LaneCounters::add(c.received_from[p.peer], static_cast<uint64_t>(got));
+    LaneCounters::add(c.bytes_received, completion.bytes);
+    LaneCounters::add(c.received_from[p.peer], completion.bytes);
   }
   if (trace_.is_open() && (p.send || p.recv))
     trace_event(p.send ? "send" : "recv", "transport", p.send ? 1 : 2, p.posted,
                 detail::concat("\"peer\":", p.peer, ",\"bytes\":", p.bytes, ",\"op\":\"",
                                p.op->name(), "\",\"seq\":", p.op->seq()));
   try {
-    p.op->on_complete(p.op->lane_->poster_, p.slot, status, err);
+    p.op->on_complete(p.op->lane_->poster_, p.slot, completion);
   } catch (...) {
     // An abort that fails (a send it posts throws) must not lose the other
     // completions of this batch: their requests are freed already.
@@ -114,10 +103,10 @@ void Engine::complete_request(const Pending& p, const MPI_Status& status, int er
   }
   // The transport gave up on a peer (a lost connection, a dead process):
   // nothing more on this lane can be trusted to complete.
-  if (err != MPI_SUCCESS && p.peer >= 0)
+  if (completion.error != 0 && p.peer >= 0)
     poison(p.op->lane_,
            detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
-                          ": ", mpi_error_string(err)));
+                          ": ", transport_->error_string(completion.error)));
 }
 
 }  // namespace relaxcc::engine

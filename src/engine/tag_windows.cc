@@ -13,7 +13,6 @@
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 #include "src/engine/clock.h"
-#include "src/mpi/mpi_errors.h"
 #include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
@@ -31,7 +30,7 @@ std::vector<uint32_t> TagWindows::reserve(const std::vector<int>& comm_members, 
       if (count_ == 0) {
         // One window for everything: a second group of the pair cannot be told apart.
         RELAXCC_ENFORCE(pair.held.empty(), CommunicationError, group,
-                        ": the transport's tags (MPI_TAG_UB) leave one tag window, and another "
+                        ": the transport's tags (its max tag) leave one tag window, and another "
                         "group with rank ",
                         comm_members[i], " holds it (live or recently destroyed)");
         pair.held.insert(0);
@@ -55,9 +54,10 @@ std::vector<uint32_t> TagWindows::reserve(const std::vector<int>& comm_members, 
         pair.retired.pop_front();
         pair.held.erase(chosen);
       }
-      RELAXCC_ENFORCE(chosen != 0, CommunicationError, group, ": all ", count_,
-                      " tag windows shared with rank ", comm_members[i],
-                      " are held by live groups (MPI_TAG_UB limits them): destroy some first");
+      RELAXCC_ENFORCE(
+          chosen != 0, CommunicationError, group, ": all ", count_,
+          " tag windows shared with rank ", comm_members[i],
+          " are held by live groups (the transport's max tag limits them): destroy some first");
       out[i] = chosen;
       pair.held.insert(chosen);
     }
@@ -104,7 +104,8 @@ void TagWindows::retire(const std::vector<int>& comm_members, size_t me,
 }
 
 void TagWindows::drain(int peer, const Retired& r) {
-  if (mpi_finalized()) return;
+  Transport& transport = endpoints_.transport();
+  if (transport.closed()) return;
   // No lane receives on these tags from `peer` (the window is nobody's), so
   // this thread may take them off the transport. Queued messages are
   // received at once; a large one whose data has not come within
@@ -114,24 +115,28 @@ void TagWindows::drain(int peer, const Retired& r) {
     for (int c = 0; c < kTagChannels; ++c) {
       const int tag = collective_tag(r.window, seq, static_cast<Channel>(c), max_tag_);
       for (;;) {
-        int flag = 0;
-        MPI_Message message;
-        MPI_Status status;
-        if (MPI_Improbe(peer, tag, coll_, &flag, &message, &status) != MPI_SUCCESS || !flag) break;
-        int bytes = 0;
-        MPI_Get_count(&status, MPI_BYTE, &bytes);
-        auto buffer = std::make_unique<std::vector<unsigned char>>(std::max(bytes, 1));
-        MPI_Request request;
-        if (MPI_Imrecv(buffer->data(), bytes, MPI_BYTE, &message, &request) != MPI_SUCCESS) break;
+        Message message;
+        size_t bytes = 0;
+        Request request;
+        std::unique_ptr<std::vector<unsigned char>> buffer;
+        try {
+          if (!endpoints_.improbe(Space::collective, peer, tag, &message, &bytes)) break;
+          buffer = std::make_unique<std::vector<unsigned char>>(std::max<size_t>(bytes, 1));
+          request = endpoints_.imrecv(buffer->data(), bytes, &message);
+        } catch (const CommunicationError&) {
+          break;
+        }
         const auto deadline = Clock::now() + kDrainWait;
-        int done = 0;
-        while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+        Completion completion;
+        int failure = 0;
+        bool done = false;
+        while (!(done = transport.test(request, completion, failure)) && failure == 0 &&
                Clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::microseconds(50));
         if (!done) {
           RELAXCC_LOG(warn, "a late message of a destroyed group did not arrive within ",
                       kDrainWait.count(), " ms; its buffer is kept (leaked)");
-          MPI_Request_free(&request);
+          transport.detach(request);
           buffer.release();  // intentional leak: the transport may still write it
         }
       }
@@ -149,19 +154,9 @@ TagWindows::Counts TagWindows::counts() const {
   return c;
 }
 
-CommPair::CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm) : coll(coll_comm), p2p(p2p_comm) {
-  MPI_Comm_size(coll, &size);
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(coll, MPI_TAG_UB, &ub, &flag);
-  if (flag && ub != nullptr) max_tag = *ub;
-  windows = std::make_unique<TagWindows>(coll, max_tag);
-}
-
-CommPair::~CommPair() {
-  if (mpi_finalized()) return;
-  if (coll != MPI_COMM_NULL) MPI_Comm_free(&coll);
-  if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
+EndpointSet::EndpointSet(std::shared_ptr<Endpoints> eps)
+    : endpoints(std::move(eps)), size(endpoints->size()), max_tag(endpoints->max_tag()) {
+  windows = std::make_unique<TagWindows>(*endpoints);
 }
 
 }  // namespace relaxcc::engine

@@ -1,8 +1,6 @@
-// TagWindows and CommPair: the MPI communicators a set of lanes sends on, and
-// the tag windows their groups hold.
+// TagWindows and EndpointSet: the endpoints a set of lanes sends on, and the
+// tag windows their groups hold.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -14,11 +12,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "src/engine/transport.h"
 #include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
 
-// The tag windows (op_header.h) that the groups of one CommPair hold, per
+// The tag windows (op_header.h) that the groups of one EndpointSet hold, per
 // pair of ranks: this rank and each peer (comm ranks). A group takes, for
 // each other member, the first window of its probe sequence (from its
 // primary window) that no other group with that member holds: a live one,
@@ -42,8 +41,11 @@ class TagWindows {
   // never did).
   static constexpr uint64_t kDrainBehind = 64;
   static constexpr uint64_t kDrainAhead = 16;
-  TagWindows(MPI_Comm coll, int max_tag)
-      : coll_(coll), max_tag_(max_tag), count_(group_windows(max_tag)) {}
+  // Over `endpoints` (which outlive it).
+  explicit TagWindows(Endpoints& endpoints)
+      : endpoints_(endpoints),
+        max_tag_(endpoints.max_tag()),
+        count_(group_windows(endpoints.max_tag())) {}
   TagWindows(const TagWindows&) = delete;
   TagWindows& operator=(const TagWindows&) = delete;
 
@@ -83,22 +85,20 @@ class TagWindows {
   void drain(int peer, const Retired& r);
   mutable std::mutex mutex_;
   std::unordered_map<int, Pair> pairs_;  // by the peer's comm rank
-  const MPI_Comm coll_;
+  Endpoints& endpoints_;
   const int max_tag_;
   const uint32_t count_;  // group_windows(): windows 1..count_
 };
 
-// The MPI communicators a set of lanes sends on: the collective one (relaxcc's
-// tags) and the point-to-point one (users' tags), and the tag windows its
-// groups hold. Freed with the last lane that uses them, unless MPI is
-// finalized by then.
-struct CommPair {
-  CommPair(MPI_Comm coll_comm, MPI_Comm p2p_comm);
-  ~CommPair();
-  CommPair(const CommPair&) = delete;
-  CommPair& operator=(const CommPair&) = delete;
-  MPI_Comm coll = MPI_COMM_NULL;
-  MPI_Comm p2p = MPI_COMM_NULL;
+// The endpoint set a set of lanes sends on (a communicator, its groups and
+// splits: relaxcc's tags in its collective space, users' tags in its
+// point-to-point space), and the tag windows its groups hold. Freed with the
+// last lane that uses it.
+struct EndpointSet {
+  explicit EndpointSet(std::shared_ptr<Endpoints> eps);
+  EndpointSet(const EndpointSet&) = delete;
+  EndpointSet& operator=(const EndpointSet&) = delete;
+  std::shared_ptr<Endpoints> endpoints;
   int size = 1;
   int max_tag = 32767;
   std::unique_ptr<TagWindows> windows;

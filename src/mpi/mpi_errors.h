@@ -12,9 +12,3 @@ std::string mpi_error_string(int rc);
 bool mpi_finalized();
 
 }  // namespace relaxcc::mpi
-
-namespace relaxcc::engine {
-using mpi::check_mpi;
-using mpi::mpi_error_string;
-using mpi::mpi_finalized;
-}  // namespace relaxcc::engine

@@ -137,8 +137,8 @@ static_assert(sizeof(PoisonNotice) == 256);
 // kLaneSeqs or more past the lane's oldest one in flight, so no two
 // operations of a window share a tag. A communicator (lane 0) uses window 0
 // with every peer. A group uses, with each peer, a window of its own among
-// group_windows(max_tag) (windows 1 and up), reserved in the CommPair's
-// TagWindows (engine.h): no two groups of one CommPair that share two
+// group_windows(max_tag) (windows 1 and up), reserved in the EndpointSet's
+// TagWindows (engine.h): no two groups of one EndpointSet that share two
 // members hold the same window for that pair while both exist, nor while one
 // is among the last TagWindows::kRetired groups of that pair destroyed (its
 // late messages stay unmatched). OpHeader::lane (a hash of the group's
