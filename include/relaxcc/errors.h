@@ -78,6 +78,19 @@ RELAXCC_DEFINE_ERROR(CommunicatorPoisoned, CommunicationError);
 
 #undef RELAXCC_DEFINE_ERROR
 
+// The transport gave up on a peer (its process ended, its connection closed,
+// it stopped answering): peer() is its rank in the communicator the failed
+// operation ran on (-1 when unknown), and the message names it.
+class PeerLost : public CommunicationError {
+ public:
+  PeerLost(int peer, std::string message, const char* file, int line)
+      : CommunicationError("PeerLost", std::move(message), file, line), peer_(peer) {}
+  int peer() const noexcept { return peer_; }
+
+ private:
+  int peer_;
+};
+
 namespace detail {
 // Appends `v` as `std::ostream << v` would print it. Strings and integers
 // (other than the character types) take a fast path: work descriptions are
