@@ -129,6 +129,8 @@ class Channel {
   PeerState peer_state(int peer) const { return c_.endpoints->peer_state(peer); }
   bool same_host(int peer) const { return c_.endpoints->same_host(peer); }
   std::string endpoint_info(int peer) const { return c_.endpoints->endpoint_info(peer); }
+  UcxTransport& transport() { return *c_.transport; }
+  UcxEndpoints& endpoints() { return *c_.endpoints; }
 
  private:
   int add(int64_t slot, bool send, int peer, engine::Request r) {
@@ -478,6 +480,62 @@ TEST(UcxTagged, CancelledReceiveReportsCancelled) {
       EXPECT_EQ(c.bytes, 0u);
     }
     EXPECT_EQ(ch.pending(), 0u);
+    barrier(ch, ranks.shared(), 2, 1);
+  });
+  ranks.join();
+}
+
+// Transport::test() on one request, a truncated message, and detach(): a
+// detached receive never reports, and the message it would have taken
+// goes to the next receive.
+TEST(UcxTagged, TestTruncationAndDetach) {
+  Ranks ranks;
+  ranks.spawn(2, [&](Channel& ch, int me) {
+    auto& t = ch.transport();
+    auto& ep = ch.endpoints();
+    const int peer = 1 - me;
+    int failure = 0;
+    engine::Completion c;
+    auto test_one = [&](engine::Request& r) {
+      const auto deadline = Clock::now() + 15s;
+      while (!t.test(r, c, failure) && Clock::now() < deadline) t.wait(10ms);
+      EXPECT_EQ(r, t.null_request());
+      EXPECT_EQ(failure, 0);
+    };
+    if (me == 0) {
+      const std::vector<uint32_t> out = {11, 22, 33, 44};
+      engine::Request r = ep.isend(engine::Space::point_to_point, out.data(), 16, peer, 5);
+      test_one(r);
+      EXPECT_EQ(c.error, 0) << t.error_string(c.error);
+      EXPECT_EQ(c.source, -1);
+      for (uint32_t v : {7u, 8u}) {
+        r = ep.isend(engine::Space::point_to_point, &v, 4, peer, 6);
+        test_one(r);
+        EXPECT_EQ(c.error, 0) << t.error_string(c.error);
+      }
+    } else {
+      uint32_t small[2] = {};
+      engine::Request r = ep.irecv(engine::Space::point_to_point, small, 8, peer, 5);
+      test_one(r);
+      EXPECT_NE(c.error, 0);
+      EXPECT_NE(t.error_string(c.error).find("truncated"), std::string::npos)
+          << t.error_string(c.error);
+      uint32_t lost = 0, kept = 0;
+      engine::Request gone = ep.irecv(engine::Space::point_to_point, &lost, 4, peer, 9);
+      t.detach(gone);
+      EXPECT_EQ(gone, t.null_request());
+      engine::Request first = ep.irecv(engine::Space::point_to_point, &kept, 4, peer, 6);
+      test_one(first);
+      EXPECT_EQ(c.error, 0);
+      EXPECT_EQ(c.source, peer);
+      EXPECT_EQ(c.bytes, 4u);
+      EXPECT_EQ(kept, 7u);
+      engine::Request second = ep.irecv(engine::Space::point_to_point, &kept, 4, peer, 6);
+      test_one(second);
+      EXPECT_EQ(kept, 8u);
+      EXPECT_EQ(lost, 0u);
+    }
+    EXPECT_EQ(t.pending(), 0u);
     barrier(ch, ranks.shared(), 2, 1);
   });
   ranks.join();

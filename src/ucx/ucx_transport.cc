@@ -60,9 +60,13 @@ UcxTransport::~UcxTransport() {
   // Requests never reported: receives are cancelled, sends go on inside UCX
   // until the worker is destroyed. No callback reaches a freed request.
   for (Entry& e : entries_) {
-    if (e.request == nullptr) continue;
-    if (e.state == EntryState::kPending && !e.send) ucp_request_cancel(worker_->get(), e.request);
-    ucp_request_free(e.request);
+    void* r = e.request;
+    if (r == nullptr) continue;
+    if ((e.state == EntryState::kPending || e.state == EntryState::kDetached) && !e.send)
+      ucp_request_cancel(worker_->get(), r);
+    // A detached entry's callback released it (and its request) already.
+    if (e.request == r) ucp_request_free(r);
+    e.request = nullptr;
   }
   ::close(epoll_fd_);
   ::close(liveness_fd_);
@@ -100,13 +104,14 @@ void UcxTransport::make_ready(Entry& e) {
 void UcxTransport::release(Entry& e) {
   if (e.request != nullptr) ucp_request_free(e.request);
   if (e.state == EntryState::kReady) --ready_;
-  if (e.state != EntryState::kProbed) --pending_;
+  if (e.state == EntryState::kReady || e.state == EntryState::kPending) --pending_;
   e = Entry{};
   free_.push_back(&e);
 }
 
 void UcxTransport::on_send(void*, ucs_status_t status, void* user_data) {
   auto& e = *static_cast<Entry*>(user_data);
+  if (e.state == EntryState::kDetached) return e.transport->release(e);
   if (e.state != EntryState::kPending) return;
   e.status = status;
   e.transport->make_ready(e);
@@ -115,6 +120,7 @@ void UcxTransport::on_send(void*, ucs_status_t status, void* user_data) {
 void UcxTransport::on_recv(void*, ucs_status_t status, const ucp_tag_recv_info_t* info,
                            void* user_data) {
   auto& e = *static_cast<Entry*>(user_data);
+  if (e.state == EntryState::kDetached) return e.transport->release(e);
   if (e.state != EntryState::kPending) return;
   e.status = status;
   if (status == UCS_OK && info != nullptr) e.info = *info;
@@ -157,7 +163,13 @@ void UcxTransport::unwatch(int pidfd) {
 
 void UcxTransport::fail_requests(const UcxEndpoints* endpoints, int rank, int code) {
   for (Entry& e : entries_) {
-    if (e.state != EntryState::kPending || e.endpoints != endpoints || e.peer != rank) continue;
+    if (e.endpoints != endpoints || e.peer != rank) continue;
+    if (e.state == EntryState::kDetached) {
+      if (!e.send) ucp_request_cancel(worker_->get(), e.request);
+      if (e.state == EntryState::kDetached) release(e);
+      continue;
+    }
+    if (e.state != EntryState::kPending) continue;
     // Marked first, so that the cancel's callback finds it finished.
     e.error = code;
     make_ready(e);
@@ -283,10 +295,13 @@ void UcxTransport::cancel(engine::Request& request) {
 
 void UcxTransport::detach(engine::Request& request) {
   std::lock_guard<std::mutex> lock(mutex_);
-  // ucp_request_free lets an unfinished request finish inside UCX, without
-  // a callback.
-  release(entry_of(request));
+  Entry& e = entry_of(request);
   request = null_request();
+  if (e.state != EntryState::kPending || e.request == nullptr) return release(e);
+  // Until UCX finishes it (its callback releases the entry), or the peer is
+  // lost, or the transport goes.
+  e.state = EntryState::kDetached;
+  --pending_;
 }
 
 size_t UcxTransport::pending() const {

@@ -75,7 +75,8 @@ class UcxTransport final : public engine::Transport {
 
  private:
   friend class UcxEndpoints;
-  enum class EntryState : uint8_t { kFree, kProbed, kPending, kReady };
+  // kDetached: given up by the caller, still inside UCX until it finishes.
+  enum class EntryState : uint8_t { kFree, kProbed, kPending, kReady, kDetached };
   struct Entry {
     UcxTransport* transport = nullptr;
     const UcxEndpoints* endpoints = nullptr;
