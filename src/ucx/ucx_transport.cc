@@ -516,8 +516,10 @@ engine::Request UcxEndpoints::irecv(engine::Space space, void* buf, size_t bytes
     return ucx_->posted(e, UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET));
   }
   ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  // No immediate completion: UCX 1.13 leaves recv_info unset when a receive
+  // completes inside the call; the callback always gets the sender and size.
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = &UcxTransport::on_recv;
   param.user_data = &e;
   param.recv_info.tag_info = &e.info;
@@ -556,8 +558,10 @@ engine::Request UcxEndpoints::imrecv(void* buf, size_t bytes, engine::Message* m
   e.state = UcxTransport::EntryState::kPending;
   ++ucx_->pending_;
   ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  // No immediate completion: UCX 1.13 leaves recv_info unset when a receive
+  // completes inside the call; the callback always gets the sender and size.
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = &UcxTransport::on_recv;
   param.user_data = &e;
   param.recv_info.tag_info = &e.info;
