@@ -640,7 +640,7 @@ void check_kill(bool share_memory) {
         std::vector<Completion> done, all;
         const auto deadline = Clock::now() + 5s;
         while (done.size() < 2 && Clock::now() < deadline) {
-          if (ch.testsome(all) == 0) ch.wait(100ms);
+          if (ch.testsome(all) == 0) ch.wait(2s);  // woken by the fd, not the timeout
           for (auto& c : all) (c.slot == 3 ? out : done).push_back(c);
           all.clear();
         }
@@ -765,6 +765,25 @@ TEST(UcxProgress, IdleWaitDoesNotSpin) {
     std::printf("rank %d: 1 s idle wait used %.2f ms of CPU in %d wakeups\n", me, cpu_ms, wakeups);
     EXPECT_LT(cpu_ms, 50.0);
     barrier(ch, ranks.shared(), 2, 2);
+    // A message wakes a sleeping rank: rank 1 sends 50 ms after the
+    // barrier, rank 0 sleeps with a 5 s timeout.
+    if (me == 1) {
+      std::this_thread::sleep_for(50ms);
+      ch.isend(2, &v, 8, 0, 2);
+      EXPECT_EQ(collect(ch, 1).size(), 1u);
+    } else {
+      uint64_t got = 0;
+      ch.irecv(2, &got, 8, 1, 2);
+      std::vector<Completion> out;
+      const auto t0 = Clock::now();
+      while (ch.testsome(out) == 0 && Clock::now() - t0 < 10s) ch.wait(5s);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      std::printf("rank 0: woken by a message after %.1f ms (sent after 50 ms)\n", ms);
+      ASSERT_EQ(out.size(), 1u);
+      EXPECT_EQ(got, 1u);
+      EXPECT_LT(ms, 1000.0);
+    }
+    barrier(ch, ranks.shared(), 2, 3);
   });
   ranks.join();
 }
