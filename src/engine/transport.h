@@ -57,10 +57,11 @@ enum class Space : uint8_t { collective, point_to_point };
 // Endpoints::irecv from whichever rank sends first.
 inline constexpr int kAnySource = -1;
 
-// What a finished request reports. Sends: source -1, bytes 0.
+// What a finished request reports. `source` and `bytes` mean something for
+// receives only (sends: unspecified).
 struct Completion {
-  int source = -1;         // the sender's rank (receives)
-  size_t bytes = 0;        // bytes received (receives)
+  int source = -1;         // the sender's rank
+  size_t bytes = 0;        // bytes received
   bool cancelled = false;  // a receive that cancel() stopped before it matched
   // 0: success. Otherwise the transport's code: Transport::error_string()
   // says what it means; the peer concerned is the request's peer (the
@@ -133,7 +134,7 @@ class Transport {
   Request null_request() const { return null_; }
 
   // Tests requests[0, n) (null ones skipped) and drives the transport's
-  // progress as it does so (MPI_Testsome's contract). Returns how many
+  // progress as it does so (MPI's Testsome contract). Returns how many
   // finished, writing their positions to indices[0, k) and their
   // completions to completions[0, k) (both have room for n), and sets each
   // finished slot to null_request(). When the call itself fails (not one
@@ -168,6 +169,9 @@ class Transport {
   // engine then polls with its back-off). arm() prepares the fd for a
   // sleep and returns true, or returns false when events are pending
   // already (test first, do not sleep). Only the token holder calls arm().
+  // The engine does not call them yet: an idle engine tests no request (it
+  // looks for poison notices every 50 ms), and one with requests pending
+  // backs off to sleeps of up to RELAXCC_MAX_SLEEP_US between tests.
   virtual int event_fd() const { return -1; }
   virtual bool arm() { return false; }
   // This process's rank in the job, for trace files (-1: unknown).
