@@ -7,6 +7,10 @@
 #                              (src/nccl; reported in config.h as
 #                              RELAXCC_HAVE_NCCL)
 #   RELAXCC_TORCH_FOUND        libtorch's TorchConfig.cmake was found
+#   RELAXCC_UCX_FOUND          pkg-config found ucx (libucx-dev): the UCX wing
+#                              (src/ucx) is built into relaxcc::relaxcc, with
+#                              the imported target PkgConfig::UCX (reported in
+#                              config.h as RELAXCC_HAVE_UCX)
 # libtorch builds relaxcc::torch and relaxcc-train (src/torch, train).
 include(CheckLanguage)
 
@@ -73,3 +77,17 @@ if(NOT RELAXCC_WITH_TORCH STREQUAL "OFF")
   endif()
 endif()
 relaxcc_resolve_feature(RELAXCC_WITH_TORCH ${_torch_found} RELAXCC_TORCH_FOUND)
+
+# UCX: libucx-dev's ucx.pc.
+set(_ucx_found FALSE)
+if(NOT RELAXCC_WITH_UCX STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(UCX QUIET IMPORTED_TARGET GLOBAL ucx)
+    if(UCX_FOUND)
+      set(_ucx_found TRUE)
+    endif()
+  endif()
+endif()
+relaxcc_resolve_feature(RELAXCC_WITH_UCX ${_ucx_found} RELAXCC_UCX_FOUND)
+set(RELAXCC_HAVE_UCX ${RELAXCC_UCX_FOUND})  # config.h

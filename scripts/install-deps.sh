@@ -9,6 +9,8 @@ packages=(
   build-essential cmake ninja-build git pkg-config
   # distributed engine and topology
   openmpi-bin libopenmpi-dev libhwloc-dev hwloc
+  # the UCX wing (src/ucx; ucx_perftest for comparisons)
+  libucx-dev ucx-utils
   # lossless packing of compressed payloads
   libzstd-dev
   # command line, tests
