@@ -254,6 +254,42 @@ TEST(TcpStore, UnreachableServerTimesOutNamingTheAddress) {
   }
 }
 
+TEST(TcpStore, Ipv6AndUnroutableAddresses) {
+  TcpStore server(server_options());
+  // The server listens on every interface, IPv6 included.
+  const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 lo{};
+  lo.sin6_family = AF_INET6;
+  lo.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 =
+      probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&lo), sizeof lo) == 0;
+  if (probe >= 0) ::close(probe);
+  if (has_ipv6) {
+    TcpStoreOptions o = client_options(server);
+    o.host = "::1";
+    TcpStore v6(o);
+    EXPECT_EQ(v6.address(), "[::1]:" + std::to_string(server.port()));
+    v6.set("v6", bytes("yes"));
+    EXPECT_EQ(server.get("v6"), bytes("yes"));
+  }
+  // An address no packet reaches (TEST-NET-1): each connect attempt is
+  // bounded by the deadline too.
+  TcpStoreOptions o;
+  o.host = "192.0.2.1";
+  o.port = 29500;
+  o.timeout = milliseconds(700);
+  const auto start = Clock::now();
+  try {
+    TcpStore unreachable(o);
+    ADD_FAILURE() << "connected to 192.0.2.1";
+  } catch (const Timeout& e) {
+    const int64_t ms = elapsed_ms(start);
+    EXPECT_GE(ms, 690);
+    EXPECT_LE(ms, 1700);
+    EXPECT_NE(std::string(e.what()).find("192.0.2.1:29500"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TcpStore, ClientRetriesUntilTheServerIsUp) {
   const uint16_t port = free_port();
   std::unique_ptr<TcpStore> server;
@@ -661,16 +697,20 @@ TEST(Rendezvous, OpenMpiVariablesAndTorchrunAddressWithLateRankZero) {
 }
 
 TEST(Rendezvous, RanksByArrival) {
-  const uint16_t port = free_port();
-  std::vector<Child> children;
-  for (int i = 0; i < 4; ++i)
-    children.push_back(spawn({{"WORLD_SIZE", "4"},
-                              {"RELAXCC_RENDEZVOUS", loopback(port)},
-                              {"RELAXCC_TIMEOUT_MS", "10000"}}));
-  collect(children);
-  expect_exchange(children, 4);
-  EXPECT_EQ(
-      std::count_if(children.begin(), children.end(), [](const Child& c) { return c.serves; }), 1);
+  for (int n : {1, 4, 8}) {
+    const uint16_t port = free_port();
+    std::vector<Child> children;
+    for (int i = 0; i < n; ++i)
+      children.push_back(spawn({{"WORLD_SIZE", std::to_string(n)},
+                                {"RELAXCC_RENDEZVOUS", loopback(port)},
+                                {"RELAXCC_TIMEOUT_MS", "10000"}}));
+    collect(children);
+    expect_exchange(children, n);
+    // Exactly one process serves the store: the first to bind its port.
+    EXPECT_EQ(
+        std::count_if(children.begin(), children.end(), [](const Child& c) { return c.serves; }), 1)
+        << "n=" << n;
+  }
 }
 
 // A failure every child reports: `kind`, a message containing each of
