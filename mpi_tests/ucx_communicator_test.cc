@@ -10,8 +10,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +78,62 @@ int child_main() {
   return 0;
 }
 
+int64_t monotonic_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
+}
+
+// The engine thread's sleep on the worker's event fd: rank 0 submits an
+// allreduce and does not wait for it (the engine thread runs it); rank 1
+// joins 1 s later. Rank 0 reports the voluntary context switches of its
+// process during that second and when (CLOCK_MONOTONIC, us) its allreduce
+// completed; rank 1 when it submitted:
+//   ok <rank> <size> <elapsed ms> <switches> <time us>
+int idle_child_main() {
+  const auto t0 = Clock::now();
+  try {
+    auto comm = create_ucx_communicator();
+    const int me = comm->rank();
+    std::vector<int32_t> v(256, me + 1);
+    comm->barrier()->wait();
+    int64_t switches = 0, at = 0;
+    if (me == 0) {
+      rusage before{}, after{};
+      getrusage(RUSAGE_SELF, &before);
+      auto work = comm->allreduce(TensorView::host(v.data(), 256), ExecContext::host());
+      // This thread blocks on a pipe the completion callback writes: only the
+      // engine thread runs.
+      int fds[2];
+      if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+      work->then([&at, fd = fds[1]](const Work&) {
+        at = monotonic_us();
+        const char c = 1;
+        [[maybe_unused]] const ssize_t n = ::write(fd, &c, 1);
+      });
+      char c = 0;
+      [[maybe_unused]] const ssize_t n = ::read(fds[0], &c, 1);
+      getrusage(RUSAGE_SELF, &after);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      switches = after.ru_nvcsw - before.ru_nvcsw;
+      work->wait();
+    } else {
+      ::usleep(1000000);
+      at = monotonic_us();
+      comm->allreduce(TensorView::host(v.data(), 256), ExecContext::host())->wait();
+    }
+    comm->barrier()->wait();
+    if (v[0] != 3) throw std::runtime_error("wrong allreduce result");
+    std::printf("ok %d %d %ld %ld %ld\n", me, comm->size(), static_cast<long>(elapsed_ms(t0)),
+                static_cast<long>(switches), static_cast<long>(at));
+  } catch (const std::exception& e) {
+    std::printf("error Other %ld\n%s\n", static_cast<long>(elapsed_ms(t0)), e.what());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 // A port nobody listens on now (bound, read and released).
 uint16_t free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -96,6 +154,7 @@ struct Child {
   int rank = -1, size = 0;
   std::string kind, message;
   int64_t elapsed = 0;
+  std::vector<int64_t> extra;  // what follows on an "ok" line
 };
 
 // Variables a child gets only from `vars`.
@@ -104,7 +163,7 @@ const char* const kControlled[] = {
     "LOCAL_RANK", "RELAXCC_RENDEZVOUS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "PMIX_RANK",  "SLURM_PROCID",       "SLURM_NTASKS",         "RELAXCC_TIMEOUT_MS"};
 
-Child spawn(const std::map<std::string, std::string>& vars) {
+Child spawn(const std::map<std::string, std::string>& vars, const char* mode = "--ucx-child") {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -126,8 +185,8 @@ Child spawn(const std::map<std::string, std::string>& vars) {
     ::close(fds[0]);
     ::close(fds[1]);
     char self[] = "/proc/self/exe";
-    char flag[] = "--ucx-child";
-    char* argv[] = {self, flag, nullptr};
+    std::string flag = mode;
+    char* argv[] = {self, flag.data(), nullptr};
     ::execve(self, argv, envp.data());
     std::_Exit(127);
   }
@@ -164,6 +223,7 @@ void collect(std::vector<Child>& children) {
     in >> head;
     if (head == "ok") {
       in >> c.rank >> c.size >> c.elapsed;
+      for (int64_t x; in >> x;) c.extra.push_back(x);
       c.ok = true;
     } else if (head == "error") {
       in >> c.kind >> c.elapsed;
@@ -285,6 +345,30 @@ TEST(BadStart, PeerNeverArrives) {
   }
 }
 
+// While it waits 1 s for its peer, rank 0's engine thread sleeps on the
+// worker's event fd, waking every millisecond (for deadlines) instead of
+// every RELAXCC_MAX_SLEEP_US (50 us): at most 1500 voluntary context
+// switches in that second, where polling makes over 10000; and the peer's
+// message wakes it at once (the allreduce completes within 20 ms of the
+// peer's submission, with slack for a loaded machine).
+TEST(EngineSleep, OnTheEventFdAndWakesForAMessage) {
+  const uint16_t port = free_port();
+  std::vector<Child> children{spawn(torchrun(1, 2, port), "--ucx-idle-child"),
+                              spawn(torchrun(0, 2, port), "--ucx-idle-child")};
+  collect(children);
+  for (const auto& c : children) {
+    ASSERT_TRUE(c.ok) << c.kind << ": " << c.message;
+    ASSERT_EQ(c.extra.size(), 2u);
+  }
+  const Child& zero = children[1];
+  const Child& one = children[0];
+  EXPECT_LE(zero.extra[0], 1500) << "voluntary context switches while idle";
+  EXPECT_LE(zero.extra[1] - one.extra[1], 20000) << "us from the peer's submission to completion";
+  std::printf(
+      "rank 0: %ld voluntary context switches, completed %ld us after the peer's submission\n",
+      static_cast<long>(zero.extra[0]), static_cast<long>(zero.extra[1] - one.extra[1]));
+}
+
 // Options that do not parse or are missing: InvalidArgument at once.
 TEST(BadStart, NoRendezvousAddress) {
   UcxCommunicatorOptions o;
@@ -298,6 +382,7 @@ TEST(BadStart, NoRendezvousAddress) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--ucx-child") == 0) return relaxcc::child_main();
+  if (argc > 1 && std::strcmp(argv[1], "--ucx-idle-child") == 0) return relaxcc::idle_child_main();
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -406,9 +406,10 @@ void Engine::loop() {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty() ||
                  !doorbell_->computed.empty() || drivers_.load(std::memory_order_relaxed) > 0;
         };
-        // On the transport's event fd: a completion ends the sleep at once.
-        if (rung() ||
-            sleep_on_events(lock, std::chrono::microseconds(sleep_us)) == Slept::unsupported)
+        // On the transport's event fd, a completion ends the sleep at once:
+        // it lasts kWatchInterval (for the operations' deadlines and
+        // timeouts) instead of the back-off's.
+        if (rung() || sleep_on_events(lock, kWatchInterval) == Slept::unsupported)
           cv_.wait_for(lock, std::chrono::microseconds(sleep_us), rung);
       }
       if (trace_.is_open())
