@@ -64,6 +64,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct AlgorithmsArgs {
+  std::string transport = "mpi";
   std::string model = "resnet50";
   double model_scale = 1;  // every tensor's size times this (at least 1 element)
   std::vector<std::string> algorithms{
@@ -408,6 +409,7 @@ Row common_row(const Pass& p, const AlgorithmsArgs& args, const Model& model, in
 
 void run_algorithms(const AlgorithmsArgs& args) {
   BenchWorld world;
+  world.transport = args.transport;
   Report report(world.rank == 0, args.json);
   RELAXCC_ENFORCE(args.iters >= 1 && args.warmup >= 0, InvalidArgument,
                   "algorithms: -n must be >= 1 and -w >= 0, got ", args.iters, " and ",
@@ -417,9 +419,7 @@ void run_algorithms(const AlgorithmsArgs& args) {
                   InvalidArgument, "algorithms: --straggler-rank must be below the ", world.size,
                   " ranks and --straggler-factor > 0, got ", args.straggler_rank, " and ",
                   args.straggler_factor);
-  MpiCommunicatorOptions mo;
-  mo.tunables = world.tunables;
-  CommunicatorPtr comm = create_mpi_communicator(mo);
+  CommunicatorPtr comm = create_communicator(world, world.transport, world.tunables);
   RELAXCC_ENFORCE(args.model_scale > 0 && args.model_scale <= 1, InvalidArgument,
                   "algorithms: --model-scale must be in (0, 1], got ", args.model_scale);
   RELAXCC_ENFORCE(args.gradients == "normal" || args.gradients == "uniform", InvalidArgument,
@@ -533,6 +533,7 @@ void add_algorithms_mode(CLI::App& app) {
                   "save depends on it)")
       ->capture_default_str();
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
+  add_transport_option(sub, args->transport);
   sub->callback([args] { run_algorithms(*args); });
 }
 

@@ -78,6 +78,7 @@ SweepImpl sweep_impl(GatherImpl gather, const BenchWorld& world) {
 
 void run_allgather(const SweepArgs& args) {
   BenchWorld world;
+  world.transport = args.transport;
   std::vector<SweepImpl> impls;
   for (const auto& name : args.impls) impls.push_back(sweep_impl(make_impl(name, world), world));
   const double bus_factor = world.size > 1 ? static_cast<double>(world.size - 1) / world.size : 0.0;

@@ -70,6 +70,7 @@ SweepImpl sweep_impl(NamedAllreduce named, bool in_place, ReduceOp op, const Ben
 
 void run_allreduce(const AllreduceArgs& args) {
   BenchWorld world;
+  world.transport = args.sweep.transport;
   const ReduceOp op = parse_reduce_op(args.op);
   const auto max_bytes =
       static_cast<size_t>(std::max<int64_t>(parse_size(args.sweep.max_bytes), 8));

@@ -7,9 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
+#include "relaxcc/create_communicator.h"
 #include "relaxcc/element_cast.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
+#include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc::bench {
 
@@ -28,7 +32,50 @@ BenchWorld::BenchWorld() : tunables(Tunables::from_env()) {
 BenchWorld::~BenchWorld() {
   keep_alive.clear();
   relaxcc_root.reset();
+  ucx_root.reset();
+  // Rank 0 serves the store: it goes once every rank is done with it.
+  MPI_Barrier(MPI_COMM_WORLD);
+  ucx_store.reset();
   if (owns_mpi_) MPI_Finalize();
+}
+
+void add_transport_option(CLI::App* sub, std::string& transport) {
+  sub->add_option("--transport", transport,
+                  "The wing of relaxcc's communicators: mpi (create_mpi_communicator) or ucx "
+                  "(create_ucx_communicator: RELAXCC_RENDEZVOUS or MASTER_ADDR/MASTER_PORT when "
+                  "set, else a store served by rank 0 on 127.0.0.1)")
+      ->check(CLI::IsMember({"mpi", "ucx"}))
+      ->capture_default_str();
+}
+
+CommunicatorPtr create_communicator(BenchWorld& world, const std::string& transport,
+                                    const Tunables& tunables) {
+  // The environment names the rendezvous (and the ranks), or MPI's world is
+  // the communicator: the library's choice.
+  if (transport != "ucx" || !RendezvousOptions::from_env().host.empty())
+    return relaxcc::create_communicator(transport, tunables);
+  UcxCommunicatorOptions o;
+  o.tunables = tunables;
+  if (!world.ucx_store) {
+    TcpStoreOptions t;
+    t.is_server = world.rank == 0;
+    int port = 0;
+    if (t.is_server) {
+      auto served = std::make_shared<TcpStore>(t);
+      port = served->port();
+      world.ucx_store = served;
+    }
+    MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    t.port = static_cast<uint16_t>(port);
+    if (!world.ucx_store) world.ucx_store = std::make_shared<TcpStore>(t);
+  }
+  o.store = world.ucx_store;
+  o.rendezvous.rank = world.rank;
+  o.rendezvous.size = world.size;
+  o.rendezvous.job = "relaxcc-bench";
+  o.rendezvous.generation = world.ucx_generation++;
+  o.net_devices = "lo";
+  return create_ucx_communicator(o);
 }
 
 double BenchWorld::max_over_ranks(double v) const {

@@ -9,8 +9,13 @@
 
 #include "relaxcc/communicator.h"
 #include "relaxcc/reduce_op.h"
+#include "relaxcc/store.h"
 #include "relaxcc/tensor.h"
 #include "relaxcc/tunables.h"
+
+namespace CLI {
+class App;
+}
 
 namespace relaxcc::bench {
 
@@ -35,10 +40,32 @@ class BenchWorld {
   // over every rank (relaxcc_communicator), so one engine thread serves them.
   CommunicatorPtr relaxcc_root;
   uint64_t relaxcc_groups = 0;
+  // The wing of relaxcc's communicators (--transport): "mpi" or "ucx".
+  std::string transport = "mpi";
+  // The "relaxcc-ucx" implementation's communicator, beside relaxcc_root.
+  CommunicatorPtr ucx_root;
+  // The UCX wing's rendezvous store under mpirun, and the generation of the
+  // next creation on it.
+  std::shared_ptr<Store> ucx_store;
+  uint64_t ucx_generation = 0;
 
  private:
   bool owns_mpi_ = false;
 };
+
+// --transport mpi|ucx on a mode's subcommand (the wing of its relaxcc
+// communicators).
+void add_transport_option(CLI::App* sub, std::string& transport);
+
+// A relaxcc communicator over every rank on `transport`'s wing, the one
+// place the bench picks a factory. mpi: create_mpi_communicator on
+// MPI_COMM_WORLD. ucx: create_ucx_communicator; from the environment when
+// it names a rendezvous (RELAXCC_RENDEZVOUS or MASTER_ADDR), otherwise over
+// a store rank 0 serves on 127.0.0.1 at a port it picks and broadcasts over
+// MPI_COMM_WORLD (kept in the world, one generation per creation).
+// InvalidArgument for another name.
+CommunicatorPtr create_communicator(BenchWorld& world, const std::string& transport,
+                                    const Tunables& tunables);
 
 double median(std::vector<double> v);
 
@@ -91,7 +118,9 @@ CommunicatorPtr relaxcc_communicator(BenchWorld& world);
 // relaxcc's allreduce on a communicator over MPI_COMM_WORLD, with `algo`
 // forced ("auto" uses the selection table): "relaxcc" on ordinary memory,
 // "relaxcc-shared" on buffers from Communicator::allocate (node-shared
-// memory when the ranks share a node). Throws InvalidArgument for an unknown
+// memory when the ranks share a node), both on world.transport's wing;
+// "relaxcc-ucx" on the UCX wing whatever --transport says (beside the
+// others in one run: the wings' ratio). Throws InvalidArgument for an unknown
 // implementation name.
 NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
                                       BenchWorld& world);

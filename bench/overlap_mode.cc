@@ -37,6 +37,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct OverlapArgs {
+  std::string transport = "mpi";
   std::vector<std::string> models{"resnet50", "bert-base"};
   std::vector<std::string> compute{"sleep", "busy"};
   double compute_ms = 0;     // 0: equal to the measured communication time
@@ -127,10 +128,9 @@ std::unique_ptr<Reducer> make_reducer(CommunicatorPtr comm, const Job& job, Redu
 
 void run_overlap(const OverlapArgs& args) {
   BenchWorld world;
+  world.transport = args.transport;
   Report report(world.rank == 0, args.json);
-  MpiCommunicatorOptions mo;
-  mo.tunables = world.tunables;
-  CommunicatorPtr comm = create_mpi_communicator(mo);
+  CommunicatorPtr comm = create_communicator(world, world.transport, world.tunables);
   report.print(detail::concat("# relaxcc-bench overlap: ", world.size,
                               " ranks, gradient_allreduce, bucket cap ", args.cap,
                               ", times are the max over ranks of the median step"));
@@ -264,6 +264,7 @@ void add_overlap_mode(CLI::App& app) {
   sub->add_flag("--bucket-tuner", args->tune,
                 "Add the BucketTuner against an exhaustive sweep of its 13 caps");
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
+  add_transport_option(sub, args->transport);
   sub->callback([args] { run_overlap(*args); });
 }
 

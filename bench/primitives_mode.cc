@@ -62,6 +62,7 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 struct PrimitivesArgs {
+  std::string transport = "mpi";
   std::string bytes = "4M";
   int iters = 10, warmup = 2;
   std::vector<std::string> primitives{"mpi",         "all",   "ring",    "shift_one",
@@ -492,8 +493,10 @@ void add_primitives_mode(CLI::App& app) {
                   "Pipeline segment of the compressed allreduce (f32 bytes; default: the "
                   "library's)");
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
+  add_transport_option(sub, args->transport);
   sub->callback([args] {
     BenchWorld world;
+    world.transport = args->transport;
     Report report(world.rank == 0, args->json);
     if (!args->primitives.empty() && args->iters > 0) run_rows(*args, world, report);
     if (args->straggler >= 0) run_straggler(*args, world, report);

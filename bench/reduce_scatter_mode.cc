@@ -68,6 +68,7 @@ SweepImpl sweep_impl(ScatterImpl scatter, ReduceOp op, const BenchWorld& world) 
 
 void run_reduce_scatter(const ReduceScatterArgs& args) {
   BenchWorld world;
+  world.transport = args.sweep.transport;
   const ReduceOp op = parse_reduce_op(args.op);
   std::vector<SweepImpl> impls;
   for (const auto& name : args.sweep.impls)

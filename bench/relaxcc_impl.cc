@@ -4,16 +4,12 @@
 
 #include "bench_util.h"
 #include "relaxcc/errors.h"
-#include "relaxcc/mpi_communicator.h"
 
 namespace relaxcc::bench {
 
 CommunicatorPtr relaxcc_communicator(BenchWorld& world) {
   if (!world.relaxcc_root) {
-    MpiCommunicatorOptions options;
-    options.comm = MPI_COMM_WORLD;
-    options.tunables = world.tunables;
-    world.relaxcc_root = create_mpi_communicator(options);
+    world.relaxcc_root = create_communicator(world, world.transport, world.tunables);
     return world.relaxcc_root;
   }
   // Each further implementation: a group of every rank, on the same engine
@@ -29,10 +25,16 @@ CommunicatorPtr relaxcc_communicator(BenchWorld& world) {
 
 NamedAllreduce make_relaxcc_allreduce(const std::string& impl, const std::string& algo,
                                       BenchWorld& world) {
-  RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared", InvalidArgument,
-                  "unknown --impl '", impl,
-                  "': expected relaxcc, relaxcc-shared, mpi, p2p-ring, nccl or relaxcc-nccl");
-  CommunicatorPtr comm = relaxcc_communicator(world);
+  RELAXCC_ENFORCE(impl == "relaxcc" || impl == "relaxcc-shared" || impl == "relaxcc-ucx",
+                  InvalidArgument, "unknown --impl '", impl,
+                  "': expected relaxcc, relaxcc-shared, relaxcc-ucx, mpi, p2p-ring, nccl or "
+                  "relaxcc-nccl");
+  // relaxcc-ucx beside relaxcc over MPI: a UCX communicator of its own; with
+  // --transport ucx it is one more group of the UCX root, as relaxcc is.
+  const bool own_ucx = impl == "relaxcc-ucx" && world.transport != "ucx";
+  if (own_ucx && !world.ucx_root)
+    world.ucx_root = create_communicator(world, "ucx", world.tunables);
+  CommunicatorPtr comm = own_ucx ? world.ucx_root : relaxcc_communicator(world);
   AllreduceOptions ar;
   ar.algo = parse_allreduce_algo(algo);
   const auto table = AllreduceSelection::parse(world.tunables.allreduce_algo);

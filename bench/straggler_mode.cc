@@ -58,6 +58,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct StragglerArgs {
+  std::string transport = "mpi";
   std::vector<std::string> cases{"gossip:shift_one",
                                  "gossip:ring",
                                  "gossip:exponential",
@@ -284,6 +285,7 @@ std::string join(const std::vector<int64_t>& v) {
 
 void run_straggler_mode(const StragglerArgs& args) {
   BenchWorld world;
+  world.transport = args.transport;
   Report report(world.rank == 0, args.json);
   std::vector<double> speeds = args.speeds;
   if (speeds.empty()) {
@@ -302,9 +304,7 @@ void run_straggler_mode(const StragglerArgs& args) {
   const double my_speed = speeds[static_cast<size_t>(world.rank)];
   // Ranks slower than twice the fastest are the stragglers; the others must keep pace.
   const bool judged = my_speed < 2 || slowest < 2;
-  MpiCommunicatorOptions mo;
-  mo.tunables = world.tunables;
-  CommunicatorPtr comm = create_mpi_communicator(mo);
+  CommunicatorPtr comm = create_communicator(world, world.transport, world.tunables);
   std::ostringstream sp;
   for (size_t i = 0; i < speeds.size(); ++i) sp << (i ? "," : "") << speeds[i];
   report.print(detail::concat("# relaxcc-bench straggler: ", world.size, " ranks, speeds ",
@@ -380,6 +380,7 @@ void add_straggler_mode(CLI::App& app) {
       "--per-rank", args->per_rank,
       "Print each rank's record of its peers in the slow run (arrivals, rounds left out)");
   sub->add_option("--json", args->json, "Append rows as JSON lines to this file");
+  add_transport_option(sub, args->transport);
   sub->callback([args] { run_straggler_mode(*args); });
 }
 

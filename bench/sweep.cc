@@ -25,6 +25,7 @@ void add_sweep_options(CLI::App* sub, SweepArgs& args, const std::string& impl_h
       ->capture_default_str();
   sub->add_option("--impl", args.impls, impl_help)->delimiter(',')->capture_default_str();
   sub->add_option("--json", args.json, "Append JSON Lines rows to this file");
+  add_transport_option(sub, args.transport);
   // A later flag overrides an earlier one (scripts pass defaults, users append).
   for (CLI::Option* opt : sub->get_options())
     if (opt->get_name() != "--impl") opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -32,9 +32,10 @@ struct SweepArgs {
   std::string dtype = "f32";
   std::vector<std::string> impls{"mpi"};
   std::string json;
+  std::string transport = "mpi";
 };
 
-// Adds -b/-e/-f/-n/-w/-c/-d, --impl (described by `impl_help`) and --json,
+// Adds -b/-e/-f/-n/-w/-c/-d, --impl (described by `impl_help`), --json and --transport,
 // after the mode's own options: every option but --impl takes its last value
 // (scripts pass defaults, users append).
 void add_sweep_options(CLI::App* sub, SweepArgs& args, const std::string& impl_help);
