@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "fashion_mnist.h"
+#include "relaxcc/create_communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/torch/ddp.h"
 #include "relaxcc/traffic_counter.h"
@@ -78,6 +79,7 @@ struct Options {
   int evals_per_epoch = 4;
   int threads = 1;
   std::string json, curve, init_out;
+  std::string transport = "mpi";  // the wing: mpi or ucx (create_communicator.h)
   // --compare
   bool compare = false;
   int ranks = 2;
@@ -97,7 +99,9 @@ struct Options {
                "usage: mpirun -n N relaxcc-train [--algorithm NAME] [--model mlp|cnn] "
                "[--epochs E] [--batch B] [--lr LR] [--momentum M] [--seed S] [--max-steps N] "
                "[--evals-per-epoch K] [--threads T] [--data DIR] [--json PATH] [--curve PATH] "
-               "[--init-out PATH]\n"
+               "[--init-out PATH] [--transport mpi|ucx]\n"
+               "       (ucx: RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or RELAXCC_RENDEZVOUS, "
+               "with or without mpirun)\n"
                "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
                "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
                "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd "
@@ -151,6 +155,8 @@ Options parse(int argc, char** argv) {
       o.curve = value();
     else if (a == "--init-out")
       o.init_out = value();
+    else if (a == "--transport")
+      o.transport = value();
     else if (a == "--compare")
       o.compare = true;
     else if (a == "--ranks")
@@ -319,7 +325,7 @@ int train(const Options& o, Model model) {
   torch::set_num_threads(o.threads);
   // Counts what the algorithm's groups and splits send too.
   const auto counter =
-      std::make_shared<relaxcc::TrafficCounter>(relaxcc::create_mpi_communicator());
+      std::make_shared<relaxcc::TrafficCounter>(relaxcc::create_communicator(o.transport));
   const relaxcc::CommunicatorPtr comm = counter;
   const int rank = comm->rank(), ranks = comm->size();
   const relaxcc::train::FashionMnist data = relaxcc::train::load_fashion_mnist(o.data);

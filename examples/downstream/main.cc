@@ -1,11 +1,13 @@
 // Links relaxcc from its installed tree and uses it across ranks: an
-// allreduce whose result every rank checks.
+// allreduce whose result every rank checks. `--transport ucx` puts the
+// communicator on the UCX wing (rendezvous from the environment).
 #include <mpi.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
-#include "relaxcc/mpi_communicator.h"
+#include "relaxcc/create_communicator.h"
 #include "relaxcc/version.h"
 
 int main(int argc, char** argv) {
@@ -13,7 +15,9 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rc = 0;
   {
-    auto comm = relaxcc::create_mpi_communicator();
+    const std::string transport =
+        argc == 3 && std::string(argv[1]) == "--transport" ? argv[2] : "mpi";
+    auto comm = relaxcc::create_communicator(transport);
     std::vector<int> v(1000, comm->rank() + 1);
     comm->allreduce(relaxcc::TensorView::host(v.data(), 1000), relaxcc::ExecContext::host())
         ->wait();

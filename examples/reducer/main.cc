@@ -12,11 +12,12 @@
 #include <exception>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "relaxcc/algorithms/gradient_allreduce.h"
+#include "relaxcc/create_communicator.h"
 #include "relaxcc/errors.h"
-#include "relaxcc/mpi_communicator.h"
 #include "relaxcc/optimizer.h"
 #include "relaxcc/reducer.h"
 
@@ -74,10 +75,12 @@ float global_loss(relaxcc::Communicator& comm, const Shard& s, const std::vector
   return loss / static_cast<float>(comm.size());
 }
 
-int run() {
+// `transport`: mpi (under mpirun) or ucx (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+// or RELAXCC_RENDEZVOUS, with or without mpirun).
+int run(const std::string& transport) {
   using namespace relaxcc;
-  // MPI is initialized here (MPI_THREAD_MULTIPLE) and finalized at exit.
-  CommunicatorPtr comm = create_mpi_communicator();
+  // On MPI, MPI is initialized here (MPI_THREAD_MULTIPLE) and finalized at exit.
+  CommunicatorPtr comm = create_communicator(transport);
   const int rank = comm->rank();
   const Shard shard(rank);
 
@@ -138,9 +141,12 @@ int run() {
 
 }  // namespace
 
-int main() {
+// usage: reducer [--transport mpi|ucx]
+int main(int argc, char** argv) {
+  const std::string transport =
+      argc == 3 && std::string(argv[1]) == "--transport" ? argv[2] : "mpi";
   try {
-    return run();
+    return run(transport);
   } catch (const relaxcc::Error& e) {
     std::fprintf(stderr, "reducer: %s\n", e.what());
     return 1;
