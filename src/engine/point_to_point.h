@@ -50,7 +50,7 @@ struct RoundHeader {
   uint8_t pad[3] = {0, 0, 0};
   int64_t count = 0;
   uint64_t round = 0;
-  // 0: the message is one MPI message. Otherwise the data goes in parts of
+  // 0: the message is one transport message. Otherwise the data goes in parts of
   // this many bytes (the last shorter), the header riding with the first.
   uint64_t part_bytes = 0;
 };

@@ -115,9 +115,9 @@ void TagWindows::drain(int peer, const Retired& r) {
     for (int c = 0; c < kTagChannels; ++c) {
       const int tag = collective_tag(r.window, seq, static_cast<Channel>(c), max_tag_);
       for (;;) {
-        Message message;
+        Message message{};
         size_t bytes = 0;
-        Request request;
+        Request request{};
         std::unique_ptr<std::vector<unsigned char>> buffer;
         try {
           if (!endpoints_.improbe(Space::collective, peer, tag, &message, &bytes)) break;

@@ -39,16 +39,19 @@ namespace relaxcc::engine {
 
 class Transport;
 
+// The value types below are trivial (no default member initializers), so
+// that arrays of them cost nothing until used: `{}` gives zeros.
+
 // A posted send or receive: the transport's own handle, bit-copied.
 struct Request {
-  std::uintptr_t bits = 0;
+  std::uintptr_t bits;
   friend bool operator==(Request, Request) = default;
 };
 
 // A message found by Endpoints::improbe, to receive with Endpoints::imrecv
 // (once). Opaque, like Request.
 struct Message {
-  std::uintptr_t bits = 0;
+  std::uintptr_t bits;
 };
 
 // The two tag spaces of an endpoint set.
@@ -60,13 +63,13 @@ inline constexpr int kAnySource = -1;
 // What a finished request reports. `source` and `bytes` mean something for
 // receives only (sends: unspecified).
 struct Completion {
-  int source = -1;         // the sender's rank
-  size_t bytes = 0;        // bytes received
-  bool cancelled = false;  // a receive that cancel() stopped before it matched
+  int source;      // the sender's rank
+  size_t bytes;    // bytes received
+  bool cancelled;  // a receive that cancel() stopped before it matched
   // 0: success. Otherwise the transport's code: Transport::error_string()
   // says what it means; the peer concerned is the request's peer (the
   // engine knows whom it posted to) or `source` for an any-source receive.
-  int error = 0;
+  int error;
 };
 
 // A peer the transport gave up on (its process ended, its connection

@@ -115,12 +115,11 @@ bool MpiTransport::test(engine::Request& request, engine::Completion& completion
   int flag = 0;
   MPI_Status status;
   const int rc = MPI_Test(as_mpi(&request), &flag, &status);
-  if (rc != MPI_SUCCESS && flag == 0) {
-    failure = rc;  // MPI_Test itself failed: the request stays MPI's
+  if (flag == 0) [[likely]] {
+    failure = rc;  // not MPI_SUCCESS: MPI_Test itself failed, the request stays MPI's
     return false;
   }
   failure = 0;
-  if (flag == 0) return false;
   fill(completion, status, rc);
   request = null_request();
   return true;

@@ -1,4 +1,4 @@
-// The pipelined ring over MPI: reduce-scatter and allgather over r -> r+1,
+// The pipelined ring over the transport: reduce-scatter and allgather over r -> r+1,
 // written once and parameterised by a ChunkCodec. Allreduce runs both phases.
 //
 // The schedule (which segments go when, and what each waits for) is
