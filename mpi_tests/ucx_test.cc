@@ -55,7 +55,7 @@ struct Completion {
 };
 
 struct ProbedMessage {
-  engine::Message message;
+  engine::Message message{};
   size_t bytes = 0;
 };
 
@@ -495,7 +495,7 @@ TEST(UcxTagged, TestTruncationAndDetach) {
     auto& ep = ch.endpoints();
     const int peer = 1 - me;
     int failure = 0;
-    engine::Completion c;
+    engine::Completion c{};
     auto test_one = [&](engine::Request& r) {
       const auto deadline = Clock::now() + 15s;
       while (!t.test(r, c, failure) && Clock::now() < deadline) t.wait(10ms);

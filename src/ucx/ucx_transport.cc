@@ -229,7 +229,7 @@ void UcxTransport::progress() {
 }
 
 engine::Completion UcxTransport::complete(Entry& e) {
-  engine::Completion c;
+  engine::Completion c{-1, 0, false, 0};  // every field: the type is trivial
   if (e.error != 0) {
     c.error = e.error;
     if (!e.send) c.source = e.peer;
