@@ -141,7 +141,7 @@ TEST(TcpStore, BlockingGetAndWaitAnsweredWhenSet) {
   int64_t got_after = -1;
   const auto start = Clock::now();
   std::thread t([&] {
-    got = waiter.get("k", milliseconds(10000));
+    got = waiter.get("k", milliseconds::max());  // "forever": no overflow anywhere
     got_after = elapsed_ms(start);
   });
   std::this_thread::sleep_for(milliseconds(300));
