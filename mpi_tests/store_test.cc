@@ -357,6 +357,39 @@ TEST(TcpStore, ServeOrConnectElectsOneServer) {
   EXPECT_EQ(stores[0]->get("n"), bytes("21"));
 }
 
+TEST(TcpStore, MessageLimits) {
+  TcpStoreOptions so = server_options();
+  so.max_message_bytes = 4096;
+  TcpStore server(so);
+  const std::vector<uint8_t> big(8192, 7);
+  // The client's own limit: refused before sending.
+  try {
+    server.set("big", big);
+    ADD_FAILURE() << "a value over the client's limit was sent";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("set('big')"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("over max_message_bytes (4096)"), std::string::npos)
+        << e.what();
+  }
+  // A client with a larger limit than the server's: the server refuses the
+  // message and closes that connection; the client reconnects on its next call.
+  TcpStore client(client_options(server));
+  try {
+    client.set("big", big);
+    ADD_FAILURE() << "the server took a message over its limit";
+  } catch (const InvalidArgument& e) {
+    ADD_FAILURE() << e.what();
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused the request: a message of 8203 bytes, over the "
+                                         "limit of 4096"),
+              std::string::npos)
+        << e.what();
+  }
+  client.set("small", bytes("ok"));
+  EXPECT_EQ(server.get("small"), bytes("ok"));
+  EXPECT_FALSE(server.check({"big"}));
+}
+
 // ---- bad input sent to the server -------------------------------------------
 
 // stderr into a file while alive; text() reads what was written.
