@@ -84,6 +84,19 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 void TcpStoreServer::run() {
+  // serve() returns when stopped; whatever it throws is logged and the
+  // server goes on (its state lives in members).
+  for (;;) {
+    try {
+      serve();
+      return;
+    } catch (const std::exception& e) {
+      RELAXCC_LOG(error, "store server ", address_, ": ", e.what(), "; serving on");
+    }
+  }
+}
+
+void TcpStoreServer::serve() {
   std::vector<epoll_event> events(64);
   std::vector<uint64_t> resume;
   for (;;) {

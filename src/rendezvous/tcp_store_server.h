@@ -53,6 +53,7 @@ class TcpStoreServer {
   TcpStoreServer(int listen_fd, int wake_fd, int epoll_fd, std::string address,
                  size_t max_message_bytes);
   void run();
+  void serve();
   void accept_all();
   // `events`: what epoll reported.
   void on_readable(uint64_t id, uint32_t events);
