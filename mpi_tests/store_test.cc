@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -48,17 +49,22 @@ int64_t elapsed_ms(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
 }
 
-// A port nobody listens on now (bound, read and released).
+// A port nobody listens on now, below Linux's ephemeral range (32768 and
+// up), so that no outgoing connection of another program takes it before
+// the test's server binds it.
 uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  for (;;) {
+    const auto port = static_cast<uint16_t>(20000 + rng() % 12000);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(port);
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
 }
 
 TcpStoreOptions server_options(milliseconds timeout = milliseconds(10000)) {
@@ -141,7 +147,7 @@ TEST(TcpStore, BlockingGetAndWaitAnsweredWhenSet) {
   int64_t got_after = -1;
   const auto start = Clock::now();
   std::thread t([&] {
-    got = waiter.get("k", milliseconds(10000));
+    got = waiter.get("k", milliseconds::max());  // "forever": no overflow anywhere
     got_after = elapsed_ms(start);
   });
   std::this_thread::sleep_for(milliseconds(300));
@@ -235,26 +241,37 @@ TEST(TcpStore, TimeoutsWithinTheirBounds) {
   EXPECT_EQ(client.get("present"), bytes("1"));
 }
 
-TEST(TcpStore, UnreachableServerTimesOutNamingTheAddress) {
-  const uint16_t port = free_port();
+// A client of host:port with a 700 ms timeout throws Timeout within 700 ms
+// (+1 s allowed), its message containing each of `parts`.
+void expect_connect_timeout(const std::string& host, uint16_t port,
+                            const std::vector<std::string>& parts) {
   TcpStoreOptions o;
+  o.host = host;
   o.port = port;
   o.timeout = milliseconds(700);
   const auto start = Clock::now();
   try {
     TcpStore client(o);
-    ADD_FAILURE() << "connected to a port nobody listens on";
+    ADD_FAILURE() << "connected to " << host << ":" << port;
   } catch (const Timeout& e) {
     const int64_t ms = elapsed_ms(start);
     EXPECT_GE(ms, 690);
     EXPECT_LE(ms, 1700);
-    const std::string what = e.what();
-    EXPECT_NE(what.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
-    EXPECT_NE(what.find("Connection refused"), std::string::npos) << what;
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 
-TEST(TcpStore, Ipv6AndUnroutableAddresses) {
+TEST(TcpStore, UnreachableServerTimesOutNamingTheAddress) {
+  const uint16_t port = free_port();
+  expect_connect_timeout("127.0.0.1", port,
+                         {"127.0.0.1:" + std::to_string(port), "Connection refused"});
+  // An address no packet reaches (TEST-NET-1): each connect attempt is
+  // bounded by the deadline too.
+  expect_connect_timeout("192.0.2.1", 29500, {"192.0.2.1:29500"});
+}
+
+TEST(TcpStore, Ipv6) {
   TcpStore server(server_options());
   // The server listens on every interface, IPv6 included.
   const int probe = ::socket(AF_INET6, SOCK_STREAM, 0);
@@ -264,30 +281,13 @@ TEST(TcpStore, Ipv6AndUnroutableAddresses) {
   const bool has_ipv6 =
       probe >= 0 && ::bind(probe, reinterpret_cast<sockaddr*>(&lo), sizeof lo) == 0;
   if (probe >= 0) ::close(probe);
-  if (has_ipv6) {
-    TcpStoreOptions o = client_options(server);
-    o.host = "::1";
-    TcpStore v6(o);
-    EXPECT_EQ(v6.address(), "[::1]:" + std::to_string(server.port()));
-    v6.set("v6", bytes("yes"));
-    EXPECT_EQ(server.get("v6"), bytes("yes"));
-  }
-  // An address no packet reaches (TEST-NET-1): each connect attempt is
-  // bounded by the deadline too.
-  TcpStoreOptions o;
-  o.host = "192.0.2.1";
-  o.port = 29500;
-  o.timeout = milliseconds(700);
-  const auto start = Clock::now();
-  try {
-    TcpStore unreachable(o);
-    ADD_FAILURE() << "connected to 192.0.2.1";
-  } catch (const Timeout& e) {
-    const int64_t ms = elapsed_ms(start);
-    EXPECT_GE(ms, 690);
-    EXPECT_LE(ms, 1700);
-    EXPECT_NE(std::string(e.what()).find("192.0.2.1:29500"), std::string::npos) << e.what();
-  }
+  if (!has_ipv6) GTEST_SKIP() << "no IPv6 loopback here";
+  TcpStoreOptions o = client_options(server);
+  o.host = "::1";
+  TcpStore v6(o);
+  EXPECT_EQ(v6.address(), "[::1]:" + std::to_string(server.port()));
+  v6.set("v6", bytes("yes"));
+  EXPECT_EQ(server.get("v6"), bytes("yes"));
 }
 
 TEST(TcpStore, ClientRetriesUntilTheServerIsUp) {
@@ -349,6 +349,39 @@ TEST(TcpStore, ServeOrConnectElectsOneServer) {
   EXPECT_EQ(servers, 1);
   for (size_t i = 0; i < stores.size(); ++i) stores[i]->add("n", static_cast<int64_t>(i + 1));
   EXPECT_EQ(stores[0]->get("n"), bytes("21"));
+}
+
+TEST(TcpStore, MessageLimits) {
+  TcpStoreOptions so = server_options();
+  so.max_message_bytes = 4096;
+  TcpStore server(so);
+  const std::vector<uint8_t> big(8192, 7);
+  // The client's own limit: refused before sending.
+  try {
+    server.set("big", big);
+    ADD_FAILURE() << "a value over the client's limit was sent";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("set('big')"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("over max_message_bytes (4096)"), std::string::npos)
+        << e.what();
+  }
+  // A client with a larger limit than the server's: the server refuses the
+  // message and closes that connection; the client reconnects on its next call.
+  TcpStore client(client_options(server));
+  try {
+    client.set("big", big);
+    ADD_FAILURE() << "the server took a message over its limit";
+  } catch (const InvalidArgument& e) {
+    ADD_FAILURE() << e.what();
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused the request: a message of 8203 bytes, over the "
+                                         "limit of 4096"),
+              std::string::npos)
+        << e.what();
+  }
+  client.set("small", bytes("ok"));
+  EXPECT_EQ(server.get("small"), bytes("ok"));
+  EXPECT_FALSE(server.check({"big"}));
 }
 
 // ---- bad input sent to the server -------------------------------------------
@@ -505,6 +538,8 @@ std::string hex(const std::vector<uint8_t>& v) {
 }
 
 // Runs in a child: rendezvous as the environment says, report on stdout.
+// Exits with 0 after a rendezvous, kChildFailed after a relaxcc error.
+constexpr int kChildFailed = 3;
 int rendezvous_child() {
   if (const char* d = std::getenv("STORE_TEST_DELAY_MS"))
     std::this_thread::sleep_for(milliseconds(std::atoi(d)));
@@ -528,6 +563,8 @@ int rendezvous_child() {
                        : dynamic_cast<const InvalidArgument*>(&e)    ? "InvalidArgument"
                                                                      : "Error";
     std::printf("error %s %lld\n%s\n", kind, static_cast<long long>(elapsed_ms(start)), e.what());
+    std::fflush(stdout);
+    return kChildFailed;
   }
   std::fflush(stdout);
   return 0;
@@ -614,7 +651,8 @@ void collect(std::vector<Child>& children) {
     ::close(c.out);
     int status = 0;
     ::waitpid(c.pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    EXPECT_TRUE(WIFEXITED(status) &&
+                WEXITSTATUS(status) == (text.rfind("ok", 0) == 0 ? 0 : kChildFailed))
         << "child " << c.pid << " status " << status << ": " << text;
     std::istringstream in(text);
     std::string head;
@@ -662,16 +700,29 @@ std::string loopback(uint16_t port) {
   return "127.0.0.1:" + std::to_string(port);
 }
 
+// Runs one child per {RANK, WORLD_SIZE} of `ranks` (a rank of -1: no RANK,
+// by arrival) with RELAXCC_RENDEZVOUS on `port`, RELAXCC_TIMEOUT_MS
+// `timeout_ms` and the variables of `more`, and collects their reports.
+std::vector<Child> run_ranks(uint16_t port, const std::vector<std::pair<int, int>>& ranks,
+                             int timeout_ms, const std::map<std::string, std::string>& more = {}) {
+  std::vector<Child> children;
+  for (const auto& [rank, size] : ranks) {
+    auto vars = more;
+    if (rank >= 0) vars["RANK"] = std::to_string(rank);
+    vars["WORLD_SIZE"] = std::to_string(size);
+    vars["RELAXCC_RENDEZVOUS"] = loopback(port);
+    vars["RELAXCC_TIMEOUT_MS"] = std::to_string(timeout_ms);
+    children.push_back(spawn(vars));
+  }
+  collect(children);
+  return children;
+}
+
 TEST(Rendezvous, RankAndSizeFromRankWorldSize) {
   for (int n : {1, 2, 5, 8}) {
-    const uint16_t port = free_port();
-    std::vector<Child> children;
-    for (int r = 0; r < n; ++r)
-      children.push_back(spawn({{"RANK", std::to_string(r)},
-                                {"WORLD_SIZE", std::to_string(n)},
-                                {"RELAXCC_RENDEZVOUS", loopback(port)},
-                                {"RELAXCC_TIMEOUT_MS", "10000"}}));
-    collect(children);
+    std::vector<std::pair<int, int>> ranks;
+    for (int r = 0; r < n; ++r) ranks.emplace_back(r, n);
+    const std::vector<Child> children = run_ranks(free_port(), ranks, 10000);
     expect_exchange(children, n);
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(children[static_cast<size_t>(r)].rank, r) << "n=" << n;
@@ -698,13 +749,8 @@ TEST(Rendezvous, OpenMpiVariablesAndTorchrunAddressWithLateRankZero) {
 
 TEST(Rendezvous, RanksByArrival) {
   for (int n : {1, 4, 8}) {
-    const uint16_t port = free_port();
-    std::vector<Child> children;
-    for (int i = 0; i < n; ++i)
-      children.push_back(spawn({{"WORLD_SIZE", std::to_string(n)},
-                                {"RELAXCC_RENDEZVOUS", loopback(port)},
-                                {"RELAXCC_TIMEOUT_MS", "10000"}}));
-    collect(children);
+    const std::vector<Child> children = run_ranks(
+        free_port(), std::vector<std::pair<int, int>>(static_cast<size_t>(n), {-1, n}), 10000);
     expect_exchange(children, n);
     // Exactly one process serves the store: the first to bind its port.
     EXPECT_EQ(
@@ -728,24 +774,14 @@ void expect_failure(const std::vector<Child>& children, const std::string& kind,
 TEST(Rendezvous, UnreachableStore) {
   // Rank 1 of 2, and no rank 0 to serve the store: Timeout at 1.5 s (+1.5 s).
   const uint16_t port = free_port();
-  std::vector<Child> children{spawn({{"RANK", "1"},
-                                     {"WORLD_SIZE", "2"},
-                                     {"RELAXCC_RENDEZVOUS", loopback(port)},
-                                     {"RELAXCC_TIMEOUT_MS", "1500"}})};
-  collect(children);
+  const std::vector<Child> children = run_ranks(port, {{1, 2}}, 1500);
   expect_failure(children, "Timeout", {loopback(port), "served by rank 0", "unreachable"}, 3000);
   EXPECT_GE(children[0].elapsed, 1490);
 }
 
 TEST(Rendezvous, RankUsedTwice) {
   const uint16_t port = free_port();
-  std::vector<Child> children;
-  for (int r : {0, 1, 1})
-    children.push_back(spawn({{"RANK", std::to_string(r)},
-                              {"WORLD_SIZE", "3"},
-                              {"RELAXCC_RENDEZVOUS", loopback(port)},
-                              {"RELAXCC_TIMEOUT_MS", "8000"}}));
-  collect(children);
+  const std::vector<Child> children = run_ranks(port, {{0, 3}, {1, 3}, {1, 3}}, 8000);
   // Every process fails, well before the timeout, naming the rank and both
   // processes that claim it.
   expect_failure(children, "PeerMismatch",
@@ -756,13 +792,7 @@ TEST(Rendezvous, RankUsedTwice) {
 
 TEST(Rendezvous, SizesDisagree) {
   const uint16_t port = free_port();
-  std::vector<Child> children;
-  for (int r : {0, 1})
-    children.push_back(spawn({{"RANK", std::to_string(r)},
-                              {"WORLD_SIZE", r == 0 ? "2" : "3"},
-                              {"RELAXCC_RENDEZVOUS", loopback(port)},
-                              {"RELAXCC_TIMEOUT_MS", "8000"}}));
-  collect(children);
+  const std::vector<Child> children = run_ranks(port, {{0, 2}, {1, 3}}, 8000);
   expect_failure(
       children, "PeerMismatch",
       {"disagree on the size", "with size 2", "with size 3", "rank 0", "rank 1", loopback(port)},
@@ -771,13 +801,7 @@ TEST(Rendezvous, SizesDisagree) {
 
 TEST(Rendezvous, PeerNeverArrives) {
   const uint16_t port = free_port();
-  std::vector<Child> children;
-  for (int r : {0, 1})
-    children.push_back(spawn({{"RANK", std::to_string(r)},
-                              {"WORLD_SIZE", "3"},
-                              {"RELAXCC_RENDEZVOUS", loopback(port)},
-                              {"RELAXCC_TIMEOUT_MS", "1500"}}));
-  collect(children);
+  const std::vector<Child> children = run_ranks(port, {{0, 3}, {1, 3}}, 1500);
   // Both fail by the first one's timeout (1.5 s, +1.5 s allowed).
   expect_failure(children, "Timeout", {"rank 2 of 3 never arrived within 1500 ms", loopback(port)},
                  3000);
@@ -786,12 +810,7 @@ TEST(Rendezvous, PeerNeverArrives) {
 
 TEST(Rendezvous, PeerNeverArrivesByArrival) {
   const uint16_t port = free_port();
-  std::vector<Child> children;
-  for (int i = 0; i < 2; ++i)
-    children.push_back(spawn({{"WORLD_SIZE", "3"},
-                              {"RELAXCC_RENDEZVOUS", loopback(port)},
-                              {"RELAXCC_TIMEOUT_MS", "1500"}}));
-  collect(children);
+  const std::vector<Child> children = run_ranks(port, {{-1, 3}, {-1, 3}}, 1500);
   expect_failure(children, "Timeout", {"rank 2 of 3 never arrived within 1500 ms", loopback(port)},
                  3000);
 }
@@ -801,18 +820,11 @@ TEST(Rendezvous, MoreProcessesThanTheSizeByArrival) {
   // processes do while they run. (A process that comes after the store's
   // server ended serves a store of its own, by arrival, and times out
   // waiting for the others.)
-  const uint16_t port = free_port();
-  std::vector<Child> children;
-  for (int i = 0; i < 3; ++i)
-    children.push_back(spawn({{"WORLD_SIZE", "2"},
-                              {"RELAXCC_RENDEZVOUS", loopback(port)},
-                              {"RELAXCC_TIMEOUT_MS", "8000"},
-                              {"STORE_TEST_HOLD_MS", "2000"}}));
-  collect(children);
+  const std::vector<Child> children =
+      run_ranks(free_port(), {{-1, 2}, {-1, 2}, {-1, 2}}, 8000, {{"STORE_TEST_HOLD_MS", "2000"}});
   // The first two arrivals form the world; the third fails alone.
   std::vector<Child> ok, extra;
   for (auto& c : children) (c.ok ? ok : extra).push_back(c);
-
   ASSERT_EQ(ok.size(), 2u);
   expect_exchange(ok, 2);
   expect_failure(extra, "PeerMismatch",

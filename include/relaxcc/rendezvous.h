@@ -15,7 +15,10 @@
 //   processes (host and pid), on both and on the ranks waiting with them;
 // - sizes that disagree: PeerMismatch naming both sizes and the ranks;
 // - a peer that never arrives: Timeout naming the missing ranks;
-// - more processes than the size, with ranks by arrival: PeerMismatch.
+// - more processes than the size, with ranks by arrival: PeerMismatch on
+//   the processes after the first `size`, which go on without them (a
+//   process that comes after the serving process ended finds no store: it
+//   serves one of its own and times out waiting for the others).
 #pragma once
 
 #include <chrono>

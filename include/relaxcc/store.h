@@ -99,8 +99,15 @@ class TcpStoreServer;
 // expires, so clients never poll. The wire format (src/rendezvous/wire.h) is
 // length-prefixed, versioned and checksummed; the server answers a bad message
 // with an error frame where it can, logs it and closes that connection, and
-// keeps serving the others. A TcpStore object is safe to use from several
-// threads (its calls are serialized on its one connection).
+// keeps serving the others.
+//
+// A get or wait throws Timeout at its timeout (the server answers then; a
+// server that does not answer at all gets 0.25 s more); every other call
+// has the store's timeout. A call that failed or timed out closes the
+// connection, and the next call connects again. A TcpStore object is safe
+// to use from several threads: its calls take turns on its one connection,
+// so a parked get holds up the object's other calls (wait in parallel on
+// separate TcpStore objects).
 class TcpStore : public Store {
  public:
   // Serves the store when options.is_server, then connects to it, retrying

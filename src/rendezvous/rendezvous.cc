@@ -113,7 +113,7 @@ class Session {
   Session(const RendezvousOptions& o, Store& store)
       : o_(o),
         store_(store),
-        deadline_(Clock::now() + o.timeout),
+        deadline_(store_detail::deadline_after(o.timeout)),
         prefix_(detail::concat("relaxcc/rendezvous/", o.job, "/", o.generation, "/")),
         me_(Identity::mine()),
         rank_(o.rank) {}

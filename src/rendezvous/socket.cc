@@ -76,6 +76,13 @@ int connect_once(const addrinfo* ai, Clock::time_point deadline, int& err) {
 
 }  // namespace
 
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  // 2^40 ms: 35 years, far from the clock's overflow.
+  const auto capped = std::clamp(timeout, std::chrono::milliseconds(0),
+                                 std::chrono::milliseconds(int64_t{1} << 40));
+  return Clock::now() + capped;
+}
+
 std::string join_host_port(const std::string& host, uint16_t port) {
   if (host.find(':') != std::string::npos) return detail::concat("[", host, "]:", port);
   return detail::concat(host, ":", port);

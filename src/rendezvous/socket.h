@@ -13,6 +13,10 @@ namespace relaxcc::store_detail {
 
 using Clock = std::chrono::steady_clock;
 
+// now + `timeout`, saturating: a timeout of years (milliseconds::max())
+// waits that long rather than overflow. A negative timeout is now.
+Clock::time_point deadline_after(std::chrono::milliseconds timeout);
+
 // "host:port", with brackets around an IPv6 host.
 std::string join_host_port(const std::string& host, uint16_t port);
 // strerror's text for `err`, with its name's number: "Connection refused (errno 111)".
@@ -24,7 +28,8 @@ std::string peer_text(int fd);
 // Connects to host:port, retrying while the name does not resolve or the
 // server refuses or cannot be reached, until `deadline`. Returns a
 // non-blocking socket with TCP_NODELAY; throws Timeout naming host:port and
-// the last error.
+// the last error. Resolving a name (getaddrinfo) blocks as the system's
+// resolver does, outside the deadline; numeric addresses never wait.
 int connect_until(const std::string& host, uint16_t port, Clock::time_point deadline);
 
 enum class IoResult { ok, timeout, closed, error };

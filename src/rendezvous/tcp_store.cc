@@ -60,7 +60,7 @@ TcpStore::TcpStore(TcpStoreOptions options, std::unique_ptr<TcpStoreServer> serv
   RELAXCC_ENFORCE(options_.port != 0, InvalidArgument, "TcpStore: a client of ", options_.host,
                   " needs the server's port (options.port is 0)");
   std::lock_guard lock(mu_);
-  connect_locked(Clock::now() + timeout());
+  connect_locked(store_detail::deadline_after(timeout()));
 }
 
 std::unique_ptr<TcpStore> TcpStore::serve_or_connect(TcpStoreOptions options) {
@@ -97,10 +97,10 @@ TcpStore::Reply TcpStore::call(uint16_t op, const std::vector<std::string>& fiel
                   options_.max_message_bytes, ")");
   std::lock_guard lock(mu_);
   const auto start = Clock::now();
-  const auto deadline =
-      start + (op == static_cast<uint16_t>(Op::get) || op == static_cast<uint16_t>(Op::wait)
-                   ? server_wait + kReplyGrace
-                   : timeout());
+  const bool parks = op == static_cast<uint16_t>(Op::get) || op == static_cast<uint16_t>(Op::wait);
+  const auto deadline = store_detail::deadline_after(
+      parks ? std::min(server_wait, std::chrono::milliseconds::max() - kReplyGrace) + kReplyGrace
+            : timeout());
   if (fd_ < 0) connect_locked(deadline);
   int err = 0;
   auto fail = [&](IoResult r, const char* doing) {

@@ -84,6 +84,19 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 void TcpStoreServer::run() {
+  // serve() returns when stopped; whatever it throws is logged and the
+  // server goes on (its state lives in members).
+  for (;;) {
+    try {
+      serve();
+      return;
+    } catch (const std::exception& e) {
+      RELAXCC_LOG(error, "store server ", address_, ": ", e.what(), "; serving on");
+    }
+  }
+}
+
+void TcpStoreServer::serve() {
   std::vector<epoll_event> events(64);
   std::vector<uint64_t> resume;
   for (;;) {
@@ -115,6 +128,7 @@ void TcpStoreServer::run() {
     }
     const auto now = Clock::now();
     expire_parked(now);
+    expire_draining(now);
     if (accept_paused_until_ != Clock::time_point{} && now >= accept_paused_until_) {
       accept_paused_until_ = {};
       epoll_event ev{};
@@ -141,6 +155,8 @@ int TcpStoreServer::next_timeout_ms() const {
   Clock::time_point next = Clock::time_point::max();
   for (const auto& [id, c] : connections_)
     if (c.parked) next = std::min(next, c.deadline);
+  for (const auto& [id, c] : connections_)
+    if (c.drain_until != Clock::time_point{}) next = std::min(next, c.drain_until);
   if (accept_paused_until_ != Clock::time_point{}) next = std::min(next, accept_paused_until_);
   if (next == Clock::time_point::max()) return -1;
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
@@ -182,6 +198,13 @@ void TcpStoreServer::on_readable(uint64_t id, uint32_t events) {
     auto it = connections_.find(id);
     if (it == connections_.end()) return;
     Connection& c = it->second;
+    if (c.drain_until != Clock::time_point{}) {
+      char sink[4096];
+      const ssize_t r = ::recv(c.fd, sink, sizeof sink, 0);
+      if (r > 0 || (r < 0 && errno == EINTR)) continue;
+      if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) close_connection(id);
+      return;
+    }
     if (c.parked || c.closing) {
       // No reads now: only a hang-up matters. A client gives up a parked
       // call by closing its connection.
@@ -219,9 +242,9 @@ void TcpStoreServer::on_writable(uint64_t id) {
     close_connection(id);
     return;
   }
-  if (c.out.empty() && c.closing) {
-    close_connection(id);
-    return;
+  if (c.out.empty() && c.closing && c.drain_until == Clock::time_point{}) {
+    ::shutdown(c.fd, SHUT_WR);
+    c.drain_until = Clock::now() + std::chrono::seconds(1);
   }
   update_interest(id);
 }
@@ -229,7 +252,7 @@ void TcpStoreServer::on_writable(uint64_t id) {
 void TcpStoreServer::update_interest(uint64_t id) {
   Connection& c = connections_.at(id);
   uint32_t want = EPOLLRDHUP;
-  if (!c.parked && !c.closing) want |= EPOLLIN;
+  if ((!c.parked && !c.closing) || c.drain_until != Clock::time_point{}) want |= EPOLLIN;
   if (!c.out.empty()) want |= EPOLLOUT;
   if (want == c.events) return;
   c.events = want;
@@ -418,6 +441,13 @@ void TcpStoreServer::expire_parked(Clock::time_point now) {
     unpark(id);
     reply(id, Status::timeout, missing);
   }
+}
+
+void TcpStoreServer::expire_draining(Clock::time_point now) {
+  std::vector<uint64_t> expired;
+  for (const auto& [id, c] : connections_)
+    if (c.drain_until != Clock::time_point{} && c.drain_until <= now) expired.push_back(id);
+  for (const uint64_t id : expired) close_connection(id);
 }
 
 void TcpStoreServer::reply(uint64_t id, Status status, const std::vector<std::string>& fields) {

@@ -37,7 +37,11 @@ class TcpStoreServer {
     std::string peer;
     std::string in;        // bytes received, not yet handled
     std::string out;       // bytes to send
-    bool closing = false;  // close once `out` is sent; read nothing more
+    bool closing = false;  // close once `out` is sent; handle nothing more
+    // Set once a closing connection's `out` is sent: its write side is shut
+    // and its input discarded until the peer closes or this time, so that
+    // the peer reads the error frame rather than a reset.
+    Clock::time_point drain_until{};
     // The parked get or wait: its op, its keys, its deadline.
     bool parked = false;
     store_wire::Op parked_op = store_wire::Op::get;
@@ -49,6 +53,7 @@ class TcpStoreServer {
   TcpStoreServer(int listen_fd, int wake_fd, int epoll_fd, std::string address,
                  size_t max_message_bytes);
   void run();
+  void serve();
   void accept_all();
   // `events`: what epoll reported.
   void on_readable(uint64_t id, uint32_t events);
@@ -68,6 +73,7 @@ class TcpStoreServer {
   bool try_answer(uint64_t id);
   void unpark(uint64_t id);
   void expire_parked(Clock::time_point now);
+  void expire_draining(Clock::time_point now);
   int next_timeout_ms() const;
 
   int listen_fd_;
