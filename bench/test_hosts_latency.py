@@ -2,12 +2,15 @@
 """Latency and per-host rates of relaxcc-hosts' emulated links (CTest: hosts_latency).
 
 Measures, on a plain fabric and through relaxcc-relay:
-  - the round trip by ping and by an 8-byte MPI ping-pong (relaxcc-pingpong)
-    between two hosts at 10 and 50 ms one-way delay: within 10% of 2x the
-    delay plus the plain link's round trip (measured the same way);
+  - the round trip by ping (median) and by an 8-byte MPI ping-pong
+    (relaxcc-pingpong, the fastest of its round trips: polling ranks lose
+    up to a scheduler slice per round trip on a busy machine) between two
+    hosts at 10 and 50 ms one-way delay: within 10% of 2x the delay plus the
+    plain link's round trip (measured the same way);
   - a 64 MiB MPI transfer at 1 Gbit/s and 10 ms: at least 0.9 of the plain
     link's rate (the rate with the round trip taken out; the raw figure is
-    printed too);
+    printed too); at 50 ms, iperf3 after its slow start (2 s) against the
+    plain link's, at least 0.9;
   - per-host rates and delays (3 hosts at 1000, 1000, 200 Mbit/s, delays
     0, 0, 20 ms): iperf3 to the 200 Mbit/s host within 10% of 200, to a
     1000 Mbit/s host at least 0.9 of 1000 x the frame-overhead ceiling, and
@@ -84,14 +87,15 @@ def pingpong(fabric, binary, iters, big_iters):
     return json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
 
 
-def iperf3_mbit(fabric, src, dst, seconds, port=5311):
-    """Received Mbit/s of one iperf3 stream from host src to host dst."""
+def iperf3_mbit(fabric, src, dst, seconds, omit=1, port=5311):
+    """Received Mbit/s of one iperf3 stream from host src to host dst, over
+    `seconds` after the first `omit` (TCP's slow start)."""
     server = subprocess.Popen(["ip", "netns", "exec", fabric.ns[dst], "iperf3", "-s", "-1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
         out = subprocess.run(["ip", "netns", "exec", fabric.ns[src], "iperf3", "-c", fabric.ips[dst], "-p", str(port),
-                              "-t", str(seconds + 1), "-O", "1", "-J"], check=True, capture_output=True, text=True,
+                              "-t", str(seconds + omit), "-O", str(omit), "-J"], check=True, capture_output=True, text=True,
                              timeout=seconds + 30).stdout
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:
@@ -114,8 +118,9 @@ def latency_checks(args):
     plain = fabric_up(2, args.relay, 1000.0)
     plain_ping = ping_ms(plain, 0, 1, 20, 0.01)
     plain_mpi = pingpong(plain, args.pingpong, 200, 3)
+    plain_iperf = iperf3_mbit(plain, 0, 1, 2)
     fabric_down(plain)
-    print(f"  ping {plain_ping:.3f} ms; MPI 8-byte round trip {plain_mpi['rtt_us'] / 1e3:.3f} ms; 64 MiB in "
+    print(f"  iperf3 {plain_iperf:.0f} Mbit/s; ping {plain_ping:.3f} ms; MPI 8-byte round trip {plain_mpi['rtt_us'] / 1e3:.3f} ms (fastest {plain_mpi['rtt_min_us'] / 1e3:.3f}); 64 MiB in "
           f"{plain_mpi['transfer_ms']:.1f} ms: {plain_mpi['rate_mbit']:.0f} Mbit/s (raw {plain_mpi['raw_mbit']:.0f})",
           flush=True)
 
@@ -127,13 +132,22 @@ def latency_checks(args):
         rtt = ping_ms(delayed, 0, 1, pings, interval)
         mpi = pingpong(delayed, args.pingpong, iters, 3)
         want_ping = 2 * delay + plain_ping
-        want_mpi = 2 * delay + plain_mpi["rtt_us"] / 1e3
+        want_mpi = 2 * delay + plain_mpi["rtt_min_us"] / 1e3
         check(f"ping round trip at {delay:g} ms", rtt, 0.9 * want_ping, 1.1 * want_ping, "ms")
-        check(f"MPI 8-byte round trip at {delay:g} ms", mpi["rtt_us"] / 1e3, 0.9 * want_mpi, 1.1 * want_mpi, "ms")
+        # The fastest MPI round trip: Open MPI's ranks poll, and on a busy
+        # machine a preempted rank adds up to a scheduler slice to a round
+        # trip; ping sleeps in the kernel and is woken at once.
+        check(f"MPI 8-byte round trip at {delay:g} ms (fastest)", mpi["rtt_min_us"] / 1e3, 0.9 * want_mpi,
+              1.1 * want_mpi, "ms")
+        print(f"  MPI 8-byte round trip, median: {mpi['rtt_us'] / 1e3:.3f} ms", flush=True)
         print(f"  64 MiB in {mpi['transfer_ms']:.1f} ms: {mpi['rate_mbit']:.0f} Mbit/s with the round trip "
               f"taken out (raw {mpi['raw_mbit']:.0f}); plain {plain_mpi['rate_mbit']:.0f}", flush=True)
         if delay == 10.0:
             check("64 MiB rate at 10 ms / plain", mpi["rate_mbit"] / plain_mpi["rate_mbit"], 0.9, 10.0, "")
+        else:
+            # One 64 MiB MPI message pays Open MPI's rendezvous round trips;
+            # the link's own rate is TCP's once its window is open.
+            check("iperf3 at 50 ms / plain", iperf3_mbit(delayed, 0, 1, 2, omit=2) / plain_iperf, 0.9, 10.0, "")
     fabric_down(delayed)
 
     print("per-host rates 1000,1000,200 Mbit/s and delays 0,0,20 ms, 3 hosts:", flush=True)
