@@ -21,7 +21,16 @@ checkpoint (model, optimizer and hook state) resumes bit for bit.
 
 The bucket is averaged (divided by the group size, then summed), as DDP's
 default allreduce does; the gradients must be float32 on the CPU.
+
+State and bucket layout: register() lets the state key each bucket's residuals
+by the parameters it holds, in the model's order, so a resumed run (whose
+first iteration uses DDP's initial layout, and later ones its rebuilt layout)
+finds them whatever order DDP puts them in. A bucket whose set of parameters
+changes in DDP's rebuild starts with fresh residuals (one bucket: never).
 """
+import zlib
+
+import torch
 import torch.distributed as dist
 
 from . import _C
@@ -58,12 +67,36 @@ class _HookState:
                                   f"loaded into {type(self).__name__}")
         self._impl.load_state_dict(state["state"])
 
+    _param_index = None  # id(parameter) -> registration index; set by register()
+
     def _allreduce(self, bucket):
-        grad = bucket.buffer()
-        grad.div_(self.process_group.size())
-        work = self._impl.allreduce(bucket.index(), grad)
+        # The primitive runs on the bucket's gradients in the model's
+        # registration order, keyed by which parameters they are, so its
+        # residuals do not depend on DDP's bucket layout (which a rebuild
+        # after the first iteration reorders). Without register(), the
+        # bucket's own order and index.
+        buffer = bucket.buffer()
+        grads = bucket.gradients()
+        if self._param_index is None:
+            order, key = list(range(len(grads))), (bucket.index(),)
+        else:
+            where = [self._param_index[id(p)] for p in bucket.parameters()]
+            order = sorted(range(len(grads)), key=lambda i: where[i])
+            key = tuple(where[i] for i in order)
+        flat = torch.cat([grads[i].reshape(-1) for i in order])
+        flat.div_(self.process_group.size())
+        work = self._impl.allreduce(zlib.crc32(repr(key).encode()), flat)
+
+        def done(fut):
+            out = fut.value()[0]
+            offset = 0
+            for i in order:
+                g = grads[i]
+                g.copy_(out[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+            return buffer
         # A DDP hook's future must hold a Python object: then() makes one.
-        return work.get_future().then(lambda fut: fut.value()[0])
+        return work.get_future().then(done)
 
 
 class CompressedAllreduce(_HookState):
@@ -130,5 +163,6 @@ def register(model, state):
     if group is not state.process_group:
         raise InvalidArgument("relaxcc hooks: the state was made for another process group "
                               "than the model's")
+    state._param_index = {id(p): i for i, p in enumerate(model.parameters())}
     model.register_comm_hook(state, hook)
     return state

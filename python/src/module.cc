@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <bit>
 #include <map>
 #include <memory>
 #include <optional>
@@ -118,6 +119,17 @@ class CompressedHook {
       b.state->save(dict, bucket_prefix(key));
       dict.put_int(bucket_prefix(key) + "rng_offset", static_cast<int64_t>(b.rng_offset));
     }
+    if (auto_codec_) {
+      // The agreed calibration: a resumed run makes the same choices.
+      const AutoCodecMeasurements& m = auto_codec_->measurements();
+      std::vector<double> all{m.call_seconds, m.ring_seconds_per_byte};
+      for (const auto* v :
+           {&m.encode_seconds_per_byte, &m.decode_seconds_per_byte, &m.overhead_seconds_per_byte})
+        all.insert(all.end(), v->begin(), v->end());
+      std::vector<int64_t> bits;
+      for (double d : all) bits.push_back(std::bit_cast<int64_t>(d));
+      dict.put_ints("auto_codec.measurements", bits);
+    }
     return serialize(dict);
   }
   void load_state_dict(const py::bytes& data) {
@@ -129,6 +141,25 @@ class CompressedHook {
       b.state = std::make_unique<CompressedAllreduceState>(key.second, comm.rank(), comm.size());
       b.state->load(dict, bucket_prefix(key));
       b.rng_offset = static_cast<uint64_t>(dict.get_int(bucket_prefix(key) + "rng_offset"));
+    }
+    if (auto_codec_) {
+      const auto bits = dict.get_ints("auto_codec.measurements");
+      const size_t codecs = auto_codec_->options().codecs.size();
+      RELAXCC_ENFORCE_EQ(bits.size(), 2 + 3 * codecs, InvalidArgument,
+                         "relaxcc hook state: auto codec measurements");
+      std::vector<double> all;
+      for (int64_t b : bits) all.push_back(std::bit_cast<double>(b));
+      AutoCodecMeasurements m;
+      m.call_seconds = all[0];
+      m.ring_seconds_per_byte = all[1];
+      const auto part = [&](size_t i) {
+        return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(2 + i * codecs),
+                                   all.begin() + static_cast<std::ptrdiff_t>(2 + (i + 1) * codecs));
+      };
+      m.encode_seconds_per_byte = part(0);
+      m.decode_seconds_per_byte = part(1);
+      m.overhead_seconds_per_byte = part(2);
+      auto_codec_ = std::make_shared<AutoCodec>(auto_codec_->ranks(), m, auto_codec_->options());
     }
     buckets_ = std::move(loaded);
   }
