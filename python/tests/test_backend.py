@@ -224,6 +224,18 @@ def test_groups():
     raises(relaxcc.InvalidArgument, "gloo", lambda: relaxcc.hooks.CompressedAllreduce(gloo))
 
 
+def test_mismatch():
+    # Ranks that disagree on the element count or the dtype: PeerMismatch on
+    # every rank; the communicator stays usable.
+    t = torch.ones(5 + (RANK == 0))
+    raises(relaxcc.PeerMismatch, "", lambda: dist.all_reduce(t))
+    t = torch.ones(5, dtype=torch.float32 if RANK == 0 else torch.float64)
+    raises(relaxcc.PeerMismatch, "", lambda: dist.all_reduce(t))
+    t = torch.ones(5)
+    dist.all_reduce(t)
+    check(torch.equal(t, torch.full((5,), float(N))), "allreduce after a mismatch")
+
+
 def test_timeout():
     # Rank 0 waits on an allreduce the others join late: Timeout within the
     # group's timeout (1 s), poisoning the group; the late ranks then get
@@ -257,7 +269,7 @@ def main():
     check(dist.get_backend() == "relaxcc", "backend name")
     tests = [test_allreduce, test_unsupported, test_allreduce_coalesced, test_broadcast_reduce,
              test_allgather_gather_scatter, test_reduce_scatter, test_alltoall, test_send_recv,
-             test_work_and_future, test_groups, test_timeout]
+             test_work_and_future, test_groups, test_mismatch, test_timeout]
     for test in tests:
         test()
         if RANK == 0:

@@ -50,7 +50,11 @@ def batch(step, rank):
     return x, x @ w
 
 
-def run(model, opt, steps, first=0, no_sync_every=0):
+def run(model, opt, steps, first=0, no_sync_every=0, join=False):
+    if join:
+        # Uneven inputs: rank r runs r more steps than rank 0.
+        with model.join():
+            return run(model, opt, steps + RANK, first, no_sync_every)
     losses = []
     for step in range(first, first + steps):
         x, y = batch(step, RANK)
@@ -86,7 +90,7 @@ def same_across_ranks(p, group):
 
 def test_ddp_against_gloo(gloo):
     for name, kwargs in (("plain", {}), ("find_unused_parameters", {"find_unused_parameters": True}),
-                         ("no_sync", {"no_sync_every": 2})):
+                         ("no_sync", {"no_sync_every": 2}), ("join", {"join": True})):
         mine = ddp_run(None, **kwargs)
         ref = ddp_run(gloo, **kwargs)
         diff = (mine - ref).abs().max().item()
