@@ -2,7 +2,7 @@
 
     cmake --build build/ci --target relaxcc_python
     mpirun -np 2 -x PYTHONPATH=build/ci/python -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 \
-        /usr/bin/python3 examples/python/ddp_relaxcc.py [--hook minmax8|topk|randomk|auto]
+        /usr/bin/python3 examples/python/ddp_relaxcc.py [--hook minmax8|topk|randomk|cocktail|auto]
         [--backend gloo]
 
 The plain PyTorch script differs in two lines: `import relaxcc` and the
@@ -34,7 +34,7 @@ def load(split):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hook", choices=["none", "minmax8", "topk", "randomk", "auto"],
+    parser.add_argument("--hook", choices=["none", "minmax8", "topk", "randomk", "cocktail", "auto"],
                         default="none")
     parser.add_argument("--backend", default="relaxcc", help="gloo: the plain PyTorch run")
     parser.add_argument("--batch", type=int, default=64)
@@ -53,6 +53,7 @@ def main():
         state = {"minmax8": lambda: relaxcc.hooks.CompressedAllreduce(bits=8),
                  "topk": lambda: relaxcc.hooks.TopK(ratio=0.01),
                  "randomk": lambda: relaxcc.hooks.RandomK(ratio=0.25),
+                 "cocktail": lambda: relaxcc.hooks.Cocktail(),
                  "auto": lambda: relaxcc.hooks.AutoCodec()}[args.hook]()
         relaxcc.hooks.register(model, state)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -18,6 +18,8 @@ checkpoint (model, optimizer and hook state) resumes bit for bit.
   calibrated on the group at construction (relaxcc/relaxed/auto_codec.h).
 - TopK, RandomK: sparse allreduce with error feedback
   (relaxcc/relaxed/sparse_allreduce.h).
+- Cocktail: CocktailSGD's composite codec (random-k, top-k, min-max) with
+  error feedback, its payloads all-gathered (relaxcc/kernels/compressor.h).
 
 The bucket is averaged (divided by the group size, then summed), as DDP's
 default allreduce does; the gradients must be float32 on the CPU.
@@ -36,7 +38,7 @@ import torch.distributed as dist
 from . import _C
 from ._C import InvalidArgument, ProcessGroupRelaxcc
 
-__all__ = ["CompressedAllreduce", "AutoCodec", "TopK", "RandomK", "hook", "register"]
+__all__ = ["CompressedAllreduce", "AutoCodec", "TopK", "RandomK", "Cocktail", "hook", "register"]
 
 
 def _relaxcc_group(process_group):
@@ -148,6 +150,21 @@ class RandomK(_HookState):
     def __init__(self, process_group=None, ratio=0.01, keep=0, seed=0):
         group = _relaxcc_group(process_group)
         super().__init__(group, _C.SparseHook(group, "randomk", ratio, keep, False, seed))
+
+
+class Cocktail(_HookState):
+    """CocktailSGD's composite on gradients: random-k (CocktailSGD's rolling
+    stride round(1 / random_ratio), the same coordinates on every rank), then
+    the top `topk_ratio` of those, then min-max quantization of the kept
+    values (`bits`, `chunk`), with worker-side error feedback; the payloads
+    are all-gathered and every rank sums them alike. Defaults: CocktailSGD's
+    (relaxcc/algorithms/cocktail_sgd.h)."""
+
+    def __init__(self, process_group=None, random_ratio=0.5, topk_ratio=0.5, bits=8, chunk=128,
+                 seed=0):
+        group = _relaxcc_group(process_group)
+        super().__init__(group, _C.SparseHook(group, "cocktail", random_ratio, 0, True, seed,
+                                              topk_ratio, bits, chunk))
 
 
 def hook(state, bucket):

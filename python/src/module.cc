@@ -17,11 +17,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
 #include "python/src/process_group.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/error_feedback.h"
 #include "relaxcc/relaxed/auto_codec.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
@@ -178,7 +180,17 @@ class CompressedHook {
 };
 
 // Top-k or random-k sparse allreduce with error feedback (top-k: worker and
-// server side; random-k: worker side), the step rolling per bucket.
+// server side; random-k: worker side), the step rolling per bucket; or
+// CocktailSGD's composite codec (kind cocktail): every rank encodes its
+// bucket plus its residual with relaxcc/kernels/compressor.h's cocktail
+// codec (random-k with the rolling stride, from the shared seed and the
+// bucket's step, so every rank keeps the same random selection; top-k among
+// those; min-max quantization of the kept values; worker-side error
+// feedback), the payloads are all-gathered, and each rank decodes and sums
+// them in rank order on the communicator's compute thread, so every rank
+// ends with the same bits. Its bytes received grow with the ranks (n - 1
+// payloads). Unlike the sparse allreduce, its residual is updated when the
+// bucket is encoded, before the exchange succeeds.
 class SparseHook {
  public:
   SparseHook(PgPtr pg, kernels::CompressorConfig codec) : pg_(std::move(pg)), codec_(codec) {
@@ -190,6 +202,7 @@ class SparseHook {
     Communicator& comm = *pg_->communicator();
     Bucket& b = buckets_[{bucket, x.numel}];
     if (!b.worker) make(b, x.numel, comm);
+    if (codec_.kind == kernels::CompressorKind::cocktail) return cocktail(bucket, grad, x, b);
     SparseAllreduceOptions o;
     o.codec = codec_;
     o.codec.step = b.step++;
@@ -231,6 +244,34 @@ class SparseHook {
     std::unique_ptr<kernels::ErrorFeedback> worker, server;
     uint64_t step = 0;
   };
+  c10::intrusive_ptr<::c10d::Work> cocktail(int64_t bucket, const at::Tensor& grad,
+                                            const TensorView& x, Bucket& b) {
+    Communicator& comm = *pg_->communicator();
+    kernels::CompressorConfig c = codec_;
+    c.step = b.step++;
+    const auto bytes = static_cast<int64_t>(kernels::encoded_size(x.numel, c));
+    auto mine = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes));
+    auto all = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(bytes * comm.size()));
+    b.worker->compress(x, *mine, c, ExecContext::host());
+    AllgatherOptions o;
+    o.label = "ddp bucket " + std::to_string(bucket);
+    OpOptions after;
+    after.after =
+        comm.allgather(TensorView(mine->data(), bytes, DType::u8, Device::host(), mine),
+                       TensorView(all->data(), bytes * comm.size(), DType::u8, Device::host(), all),
+                       ExecContext::host(), o);
+    const int ranks = comm.size();
+    auto sum = comm.compute(
+        [x, all, bytes, ranks] {
+          std::fill_n(x.as<float>(), x.numel, 0.0f);
+          for (int r = 0; r < ranks; ++r)
+            kernels::decode_accumulate(
+                std::span<const std::byte>(all->data() + r * bytes, static_cast<size_t>(bytes)), x,
+                ExecContext::host());
+        },
+        after);
+    return pg_->wrap(::c10d::OpType::ALLREDUCE, sum, {grad});
+  }
   void make(Bucket& b, int64_t numel, const Communicator& comm) const {
     b.worker = std::make_unique<kernels::ErrorFeedback>(numel);
     if (codec_.kind == kernels::CompressorKind::topk)
@@ -388,25 +429,33 @@ PYBIND11_MODULE(_C, m) {
       .def("load_state_dict", &CompressedHook::load_state_dict);
 
   py::class_<SparseHook>(m, "SparseHook")
-      .def(py::init([](const py::object& pg, const std::string& kind, double ratio, int64_t keep,
-                       bool approximate, uint64_t seed) {
-             kernels::CompressorConfig c;
-             if (kind == "topk") {
-               c.kind = kernels::CompressorKind::topk;
-             } else if (kind == "randomk") {
-               c.kind = kernels::CompressorKind::randomk;
-             } else {
-               RELAXCC_THROW(InvalidArgument, "relaxcc sparse hook: kind '", kind,
-                             "' (expected 'topk' or 'randomk')");
-             }
-             c.ratio = ratio;
-             c.keep = keep;
-             c.approximate = approximate;
-             c.seed = seed;
-             return std::make_unique<SparseHook>(relaxcc_group(pg), c);
-           }),
-           py::arg("process_group"), py::arg("kind"), py::arg("ratio"), py::arg("keep"),
-           py::arg("approximate"), py::arg("seed"))
+      .def(
+          py::init([](const py::object& pg, const std::string& kind, double ratio, int64_t keep,
+                      bool approximate, uint64_t seed, double topk_ratio, int bits, int64_t chunk) {
+            kernels::CompressorConfig c;
+            if (kind == "topk") {
+              c.kind = kernels::CompressorKind::topk;
+            } else if (kind == "randomk") {
+              c.kind = kernels::CompressorKind::randomk;
+            } else if (kind == "cocktail") {
+              c.kind = kernels::CompressorKind::cocktail;
+              c.random_mode = kernels::RandomKMode::rolling;
+              c.topk_ratio = topk_ratio;
+              c.bits = bits;
+              c.chunk = chunk;
+            } else {
+              RELAXCC_THROW(InvalidArgument, "relaxcc sparse hook: kind '", kind,
+                            "' (expected 'topk', 'randomk' or 'cocktail')");
+            }
+            c.ratio = ratio;
+            c.keep = keep;
+            c.approximate = approximate;
+            c.seed = seed;
+            return std::make_unique<SparseHook>(relaxcc_group(pg), c);
+          }),
+          py::arg("process_group"), py::arg("kind"), py::arg("ratio"), py::arg("keep"),
+          py::arg("approximate"), py::arg("seed"), py::arg("topk_ratio") = 1.0, py::arg("bits") = 8,
+          py::arg("chunk") = 2048)
       .def("allreduce", &SparseHook::allreduce, py::arg("bucket"), py::arg("grad"),
            py::call_guard<py::gil_scoped_release>())
       .def("state_dict", &SparseHook::state_dict)

@@ -128,6 +128,7 @@ def test_hooks(gloo):
         "auto": lambda: hooks.AutoCodec(link_bytes=1 << 16, codec_bytes=1 << 16, repetitions=1),
         "topk": lambda: hooks.TopK(ratio=0.25),
         "randomk": lambda: hooks.RandomK(ratio=0.25, seed=3),
+        "cocktail": lambda: hooks.Cocktail(random_ratio=0.5, topk_ratio=0.5, bits=8, chunk=64),
     }
     for name, make in makers.items():
         _, losses, ckpt = hook_run(make, 12)
