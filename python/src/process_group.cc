@@ -7,8 +7,10 @@
 #include <string>
 #include <utility>
 
+#include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
+#include "relaxcc/nccl_communicator.h"
 
 namespace relaxcc::python {
 namespace {
@@ -21,9 +23,23 @@ std::shared_ptr<const void> keep(const at::Tensor& t) {
   return std::make_shared<at::Tensor>(t);
 }
 
+// Where `t` lives: the host or a CUDA device (Unsupported for another
+// device, or CUDA in a build without the NCCL communicator).
+Device device_of(const at::Tensor& t, const char* op) {
+  if (t.device().is_cpu()) return Device::host();
+  RELAXCC_ENFORCE(t.device().is_cuda() && build::kHaveNccl, Unsupported, "relaxcc backend: ", op,
+                  ": a tensor on ", t.device().str(), "; this build moves CPU tensors",
+                  build::kHaveNccl ? " and CUDA tensors" : "", " only");
+  return Device::cuda(t.device().index());
+}
 void check_host(const at::Tensor& t, const char* op) {
-  RELAXCC_ENFORCE(t.device().is_cpu(), Unsupported, "relaxcc backend: ", op, ": a tensor on ",
-                  t.device().str(), "; this backend moves CPU tensors only");
+  device_of(t, op);
+}
+// CUDA tensors run on CUDA's legacy default stream (the null stream).
+ExecContext context(const at::Tensor& t) {
+  ExecContext ctx;
+  ctx.device = device_of(t, "");
+  return ctx;
 }
 
 // The relaxcc dtype that reduces `t`.
@@ -83,10 +99,10 @@ ReduceOp reduce_op(const ::c10d::ReduceOp& op, const char* what) {
 }
 
 TensorView typed_view(const at::Tensor& t, DType dtype) {
-  return TensorView(t.data_ptr(), t.numel(), dtype, Device::host(), keep(t));
+  return TensorView(t.data_ptr(), t.numel(), dtype, device_of(t, ""), keep(t));
 }
 TensorView byte_view(const at::Tensor& t) {
-  return TensorView(t.data_ptr(), static_cast<int64_t>(t.nbytes()), DType::u8, Device::host(),
+  return TensorView(t.data_ptr(), static_cast<int64_t>(t.nbytes()), DType::u8, device_of(t, ""),
                     keep(t));
 }
 
@@ -256,6 +272,21 @@ c10::intrusive_ptr<ProcessGroupRelaxcc> ProcessGroupRelaxcc::create(
                                                   timeout);
 }
 
+Communicator& ProcessGroupRelaxcc::on(const at::Tensor& t) {
+  const Device d = device_of(t, "");
+  if (d.is_host()) return *comm_;
+  std::lock_guard<std::mutex> lock(device_mutex_);
+  CommunicatorPtr& c = device_comms_[d.index];
+  if (!c) {
+    NcclCommunicatorOptions o;
+    o.device = d.index;
+    o.bootstrap = comm_;
+    o.timeout = timeout_;
+    c = create_nccl_communicator(o);
+  }
+  return *c;
+}
+
 c10::intrusive_ptr<RelaxccWork> ProcessGroupRelaxcc::wrap(OpType type, const WorkPtr& op,
                                                           Tensors outputs,
                                                           std::function<void()> finish) const {
@@ -268,7 +299,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::broadcast(
   const Staged t(single(tensors, "broadcast"));
   BroadcastOptions o;
   o.root = static_cast<int>(opts.rootRank);
-  auto op = comm_->broadcast(byte_view(t.data), ExecContext::host(), o);
+  auto op = on(t.data).broadcast(byte_view(t.data), context(t.data), o);
   return wrap(OpType::BROADCAST, op, tensors, [t] { t.copy_back(); });
 }
 
@@ -277,8 +308,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::allreduce(
   const Staged t(single(tensors, "allreduce"));
   AllreduceOptions o;
   o.op = reduce_op(opts.reduceOp, "allreduce");
-  auto op = comm_->allreduce(typed_view(t.data, reduce_dtype(t.data, "allreduce")),
-                             ExecContext::host(), o);
+  auto op = on(t.data).allreduce(typed_view(t.data, reduce_dtype(t.data, "allreduce")),
+                                 context(t.data), o);
   return wrap(OpType::ALLREDUCE, op, tensors, [t] { t.copy_back(); });
 }
 
@@ -296,8 +327,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::allreduce_coalesced(
   AllreduceOptions o;
   o.op = reduce_op(opts.reduceOp, "allreduce_coalesced");
   const at::Tensor flat = flatten(tensors);
-  auto op = comm_->allreduce(typed_view(flat, reduce_dtype(flat, "allreduce_coalesced")),
-                             ExecContext::host(), o);
+  auto op = on(flat).allreduce(typed_view(flat, reduce_dtype(flat, "allreduce_coalesced")),
+                               context(flat), o);
   return wrap(OpType::ALLREDUCE_COALESCED, op, tensors,
               [flat, tensors] { unflatten_into(flat, tensors); });
 }
@@ -309,13 +340,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::reduce(Tensors& tensors,
   o.op = reduce_op(opts.reduceOp, "reduce");
   const DType dtype = reduce_dtype(t.data, "reduce");
   if (opts.rootRank == rank_) {
-    auto op = comm_->allreduce(typed_view(t.data, dtype), ExecContext::host(), o);
+    auto op = on(t.data).allreduce(typed_view(t.data, dtype), context(t.data), o);
     return wrap(OpType::REDUCE, op, tensors, [t] { t.copy_back(); });
   }
   // Non-root ranks keep their input: the sum goes to a scratch tensor.
   const at::Tensor scratch = at::empty_like(t.data);
-  auto op = comm_->allreduce(typed_view(t.data, dtype), typed_view(scratch, dtype),
-                             ExecContext::host(), o);
+  auto op = on(t.data).allreduce(typed_view(t.data, dtype), typed_view(scratch, dtype),
+                                 context(t.data), o);
   return wrap(OpType::REDUCE, op, tensors);
 }
 
@@ -327,7 +358,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::allgather(std::vector<Tens
                      "relaxcc backend: allgather: one output list per process");
   check_list(outputs[0], static_cast<size_t>(size_), in.data, "allgather");
   const at::Tensor flat = at::empty({size_ * in.data.numel()}, in.data.options());
-  auto op = comm_->allgather(byte_view(in.data), byte_view(flat), ExecContext::host());
+  auto op = on(in.data).allgather(byte_view(in.data), byte_view(flat), context(in.data));
   const Tensors& out = outputs[0];
   return wrap(OpType::ALLGATHER, op, out, [flat, out] { unflatten_into(flat, out); });
 }
@@ -342,7 +373,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::_allgather_base(
       c10::toString(output.scalar_type()), " x ", output.numel(), " for ", size_, " inputs of ",
       c10::toString(input.scalar_type()), " x ", input.numel());
   const Staged in(input), out(output);
-  auto op = comm_->allgather(byte_view(in.data), byte_view(out.data), ExecContext::host());
+  auto op = on(in.data).allgather(byte_view(in.data), byte_view(out.data), context(in.data));
   return wrap(OpType::_ALLGATHER_BASE, op, {output}, [out] { out.copy_back(); });
 }
 
@@ -352,14 +383,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::gather(std::vector<Tensors
   const Staged in(single(inputs, "gather"));
   const int root = static_cast<int>(opts.rootRank);
   // gather and scatter take the top tag, which send and recv leave free.
-  const int tag = comm_->max_p2p_tag();
+  const int tag = on(in.data).max_p2p_tag();
   std::vector<P2POp> ops;
   if (rank_ != root) {
     RELAXCC_ENFORCE(outputs.empty() || outputs[0].empty(), InvalidArgument,
                     "relaxcc backend: gather: output tensors on rank ", rank_,
                     ", which is not the root ", root);
     ops.push_back(P2POp::send(root, byte_view(in.data), tag));
-    return wrap(OpType::GATHER, comm_->point_to_point(ops, ExecContext::host()), {});
+    return wrap(OpType::GATHER, on(in.data).point_to_point(ops, context(in.data)), {});
   }
   RELAXCC_ENFORCE_EQ(outputs.size(), size_t{1}, InvalidArgument,
                      "relaxcc backend: gather: one output list on the root");
@@ -368,7 +399,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::gather(std::vector<Tensors
   for (const auto& t : outputs[0]) out.emplace_back(t);
   for (int p = 0; p < size_; ++p)
     if (p != root) ops.push_back(P2POp::recv(p, byte_view(out[static_cast<size_t>(p)].data), tag));
-  auto op = ops.empty() ? completed("gather") : comm_->point_to_point(ops, ExecContext::host());
+  auto op = ops.empty() ? completed("gather") : on(in.data).point_to_point(ops, context(in.data));
   return wrap(OpType::GATHER, op, outputs[0], [in, out, root] {
     out[static_cast<size_t>(root)].user.copy_(in.data);
     for (const auto& o : out) o.copy_back();
@@ -380,14 +411,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::scatter(Tensors& outputs,
                                                               const ::c10d::ScatterOptions& opts) {
   const Staged out(single(outputs, "scatter"));
   const int root = static_cast<int>(opts.rootRank);
-  const int tag = comm_->max_p2p_tag();
+  const int tag = on(out.data).max_p2p_tag();
   std::vector<P2POp> ops;
   if (rank_ != root) {
     RELAXCC_ENFORCE(inputs.empty() || inputs[0].empty(), InvalidArgument,
                     "relaxcc backend: scatter: input tensors on rank ", rank_,
                     ", which is not the root ", root);
     ops.push_back(P2POp::recv(root, byte_view(out.data), tag));
-    return wrap(OpType::SCATTER, comm_->point_to_point(ops, ExecContext::host()), outputs,
+    return wrap(OpType::SCATTER, on(out.data).point_to_point(ops, context(out.data)), outputs,
                 [out] { out.copy_back(); });
   }
   RELAXCC_ENFORCE_EQ(inputs.size(), size_t{1}, InvalidArgument,
@@ -397,7 +428,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::scatter(Tensors& outputs,
   for (const auto& t : inputs[0]) in.push_back(t.contiguous());
   for (int p = 0; p < size_; ++p)
     if (p != root) ops.push_back(P2POp::send(p, byte_view(in[static_cast<size_t>(p)]), tag));
-  auto op = ops.empty() ? completed("scatter") : comm_->point_to_point(ops, ExecContext::host());
+  auto op =
+      ops.empty() ? completed("scatter") : on(out.data).point_to_point(ops, context(out.data));
   const at::Tensor mine = in[static_cast<size_t>(root)];
   return wrap(OpType::SCATTER, op, outputs, [out, mine] { out.user.copy_(mine); });
 }
@@ -412,8 +444,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::reduce_scatter(
   o.op = reduce_op(opts.reduceOp, "reduce_scatter");
   const DType dtype = reduce_dtype(out.data, "reduce_scatter");
   const at::Tensor flat = flatten(inputs[0]);
-  auto op = comm_->reduce_scatter(typed_view(flat, dtype), typed_view(out.data, dtype),
-                                  ExecContext::host(), o);
+  auto op = on(out.data).reduce_scatter(typed_view(flat, dtype), typed_view(out.data, dtype),
+                                        context(out.data), o);
   return wrap(OpType::REDUCE_SCATTER, op, outputs, [out] { out.copy_back(); });
 }
 
@@ -430,8 +462,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::_reduce_scatter_base(
   o.op = reduce_op(opts.reduceOp, "_reduce_scatter_base");
   const DType dtype = reduce_dtype(output, "_reduce_scatter_base");
   const Staged in(input), out(output);
-  auto op = comm_->reduce_scatter(typed_view(in.data, dtype), typed_view(out.data, dtype),
-                                  ExecContext::host(), o);
+  auto op = on(in.data).reduce_scatter(typed_view(in.data, dtype), typed_view(out.data, dtype),
+                                       context(in.data), o);
   return wrap(OpType::_REDUCE_SCATTER_BASE, op, {output}, [out] { out.copy_back(); });
 }
 
@@ -448,7 +480,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::alltoall_base(
     RELAXCC_ENFORCE(input.numel() == output.numel() && input.numel() % size_ == 0, InvalidArgument,
                     "relaxcc backend: alltoall_base: ", input.numel(), " input and ",
                     output.numel(), " output elements for ", size_, " ranks");
-    auto op = comm_->alltoall(byte_view(in.data), byte_view(out.data), ExecContext::host());
+    auto op = on(in.data).alltoall(byte_view(in.data), byte_view(out.data), context(in.data));
     return wrap(OpType::ALLTOALL_BASE, op, {output}, [out] { out.copy_back(); });
   }
   // Splits count rows (the first dimension); relaxcc's alltoallv counts bytes here.
@@ -464,9 +496,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::alltoall_base(
     for (auto& s : splits) s *= row_bytes;
     return splits;
   };
-  auto op = comm_->alltoallv(byte_view(in.data), byte_counts(input, input_splits, "input"),
-                             byte_view(out.data), byte_counts(output, output_splits, "output"),
-                             ExecContext::host());
+  auto op = on(in.data).alltoallv(byte_view(in.data), byte_counts(input, input_splits, "input"),
+                                  byte_view(out.data), byte_counts(output, output_splits, "output"),
+                                  context(in.data));
   return wrap(OpType::ALLTOALL_BASE, op, {output}, [out] { out.copy_back(); });
 }
 
@@ -494,7 +526,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::alltoall(Tensors& outputs,
   const at::Tensor flat_out =
       at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, flat_in.options());
   auto op =
-      comm_->alltoallv(byte_view(flat_in), send, byte_view(flat_out), recv, ExecContext::host());
+      on(flat_in).alltoallv(byte_view(flat_in), send, byte_view(flat_out), recv, context(flat_in));
   return wrap(OpType::ALLTOALL, op, outputs, [flat_out, outputs, recv] {
     int64_t offset = 0;
     for (size_t p = 0; p < outputs.size(); ++p) {
@@ -507,17 +539,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::alltoall(Tensors& outputs,
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::send(Tensors& tensors, int dst, int tag) {
   const at::Tensor t = single(tensors, "send").contiguous();
-  RELAXCC_ENFORCE(tag >= 0 && tag < comm_->max_p2p_tag(), InvalidArgument,
-                  "relaxcc backend: send: tag ", tag, " outside [0, ", comm_->max_p2p_tag(), ")");
-  auto op = comm_->point_to_point({P2POp::send(dst, byte_view(t), tag)}, ExecContext::host());
+  RELAXCC_ENFORCE(tag >= 0 && tag < on(t).max_p2p_tag(), InvalidArgument,
+                  "relaxcc backend: send: tag ", tag, " outside [0, ", on(t).max_p2p_tag(), ")");
+  auto op = on(t).point_to_point({P2POp::send(dst, byte_view(t), tag)}, context(t));
   return wrap(OpType::SEND, op, tensors);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupRelaxcc::recv(Tensors& tensors, int src, int tag) {
   const Staged t(single(tensors, "recv"));
-  RELAXCC_ENFORCE(tag >= 0 && tag < comm_->max_p2p_tag(), InvalidArgument,
-                  "relaxcc backend: recv: tag ", tag, " outside [0, ", comm_->max_p2p_tag(), ")");
-  auto op = comm_->point_to_point({P2POp::recv(src, byte_view(t.data), tag)}, ExecContext::host());
+  RELAXCC_ENFORCE(tag >= 0 && tag < on(t.data).max_p2p_tag(), InvalidArgument,
+                  "relaxcc backend: recv: tag ", tag, " outside [0, ", on(t.data).max_p2p_tag(),
+                  ")");
+  auto op = on(t.data).point_to_point({P2POp::recv(src, byte_view(t.data), tag)}, context(t.data));
   return wrap(OpType::RECV, op, tensors, [t] { t.copy_back(); });
 }
 

@@ -22,8 +22,13 @@
 // dtypes relaxcc reduces (f32, f64, f16, bf16, i32, i64, u8) and the ops it
 // has (SUM, AVG, MIN, MAX): any other dtype or op throws Unsupported naming
 // it. Non-contiguous tensors are copied into contiguous ones and the results
-// copied back when the operation completes. A CUDA tensor throws
-// Unsupported: this backend moves host memory.
+// copied back when the operation completes. CUDA tensors (a build with the
+// NCCL communicator) run on an NCCL communicator per device, created on the
+// group's first operation on that device (collective: every member's first
+// CUDA operation on the group names the same device order) with the group's
+// communicator as its bootstrap, on CUDA's legacy default stream; without
+// NCCL they throw Unsupported. Not exercised here (Debian's torch has no
+// CUDA).
 //
 // Work: wait() with no timeout waits for the group's timeout (that of
 // init_process_group or new_group); a wait that expires throws relaxcc's
@@ -38,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -161,6 +167,10 @@ class ProcessGroupRelaxcc : public BackendBase {
   ProcessGroupRelaxcc(int rank, int size, std::shared_ptr<Family> family, CommunicatorPtr comm,
                       std::vector<int> members, std::chrono::milliseconds timeout);
 
+  // The communicator that moves `t`'s memory: the group's for host tensors,
+  // its NCCL communicator for CUDA tensors (created on first use).
+  Communicator& on(const at::Tensor& t);
+
   // A c10d Work over `op` with this group's rank and timeout.
   c10::intrusive_ptr<RelaxccWork> wrap(::c10d::OpType type, const WorkPtr& op,
                                        std::vector<at::Tensor> outputs,
@@ -171,6 +181,8 @@ class ProcessGroupRelaxcc : public BackendBase {
   CommunicatorPtr comm_;
   std::vector<int> members_;
   std::chrono::milliseconds timeout_;
+  std::mutex device_mutex_;
+  std::map<int, CommunicatorPtr> device_comms_;  // CUDA device index -> NCCL communicator
 };
 
 }  // namespace relaxcc::python
