@@ -245,6 +245,9 @@ c10::intrusive_ptr<ProcessGroupRelaxcc> ProcessGroupRelaxcc::create(
     family->world = factory(store, timeout);
   }
   const CommunicatorPtr& world = family->world;
+  RELAXCC_ENFORCE(size <= world->size(), InvalidArgument, "relaxcc backend: a group of ", size,
+                  " ranks, but the world communicator has ", world->size(),
+                  " (the MPI communicator needs processes started by mpirun, one per rank)");
   // The members meet in the group's store: each publishes its world rank.
   const std::string me = std::to_string(world->rank());
   store->set("relaxcc/member/" + std::to_string(rank), std::vector<uint8_t>(me.begin(), me.end()));
