@@ -20,7 +20,7 @@ packages=(
   # libtorch frontend, PyTorch DDP baseline and the training demo
   libtorch-dev python3-torch libopenblas0-pthread dataset-fashion-mnist zlib1g-dev
   # the Python package (relaxcc._C)
-  pybind11-dev python3-dev
+  pybind11-dev python3-dev python3-pytest
 )
 
 missing=()

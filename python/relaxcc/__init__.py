@@ -17,7 +17,9 @@ Errors from relaxcc are Python exceptions with relaxcc's message:
 ``PeerMismatch``, ``CommunicatorPoisoned``, ``InvalidArgument`` (also a
 ValueError), ``Unsupported`` (also a NotImplementedError), ...
 
-Comm hooks for torch's DistributedDataParallel are in ``relaxcc.hooks``.
+Comm hooks for torch's DistributedDataParallel are in ``relaxcc.hooks``;
+every relaxcc algorithm module runs under ``relaxcc.DistributedDataParallel``
+with an algorithm of ``relaxcc.algorithms``.
 """
 import atexit
 import os
@@ -27,14 +29,17 @@ import torch.distributed as dist
 
 from . import _C
 from ._C import (CommunicationError, CommunicatorPoisoned, CorruptPayload, DeviceError, Error,
-                 InternalError, InvalidArgument, PeerMismatch, ProcessGroupRelaxcc, Timeout,
+                 InternalError, InvalidArgument, InvalidType, PeerMismatch, ProcessGroupRelaxcc, Timeout,
                  Unsupported)
+
+from . import algorithms  # noqa: E402
+from .ddp import DistributedDataParallel  # noqa: E402
 
 BACKEND = "relaxcc"
 
 __all__ = ["BACKEND", "Error", "InvalidArgument", "Unsupported", "CorruptPayload", "InternalError",
            "CommunicationError", "Timeout", "PeerMismatch", "DeviceError", "CommunicatorPoisoned",
-           "ProcessGroupRelaxcc", "mpi_rank", "mpi_world_size", "is_relaxcc_group"]
+           "ProcessGroupRelaxcc", "InvalidType", "DistributedDataParallel", "algorithms", "mpi_rank", "mpi_world_size", "is_relaxcc_group"]
 
 
 def mpi_rank():

@@ -327,6 +327,8 @@ void register_errors(py::module_& m) {
   auto* c = new ErrorClasses;
   c->error = new_error(m, "Error", {PyExc_RuntimeError});
   c->invalid_argument = new_error(m, "InvalidArgument", {c->error, PyExc_ValueError});
+  // An option of the wrong Python type (relaxcc.algorithms, DistributedDataParallel).
+  new_error(m, "InvalidType", {c->invalid_argument, PyExc_TypeError});
   c->unsupported = new_error(m, "Unsupported", {c->error, PyExc_NotImplementedError});
   c->corrupt_payload = new_error(m, "CorruptPayload", {c->error});
   c->internal = new_error(m, "InternalError", {c->error});
@@ -365,6 +367,10 @@ void register_errors(py::module_& m) {
 }
 
 }  // namespace
+
+// python/src/ddp.cc: relaxcc.DistributedDataParallel and the algorithm modules.
+void register_algorithms(py::module_& m);
+
 }  // namespace relaxcc::python
 
 PYBIND11_MODULE(_C, m) {
@@ -373,6 +379,7 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");  // registers c10d's base classes
   m.doc() = "relaxcc's torch.distributed backend and comm hooks (C++ extension)";
   register_errors(m);
+  register_algorithms(m);
 
   py::class_<ProcessGroupRelaxcc, BackendBase, PgPtr>(m, "ProcessGroupRelaxcc")
       .def_static(
