@@ -399,6 +399,28 @@ PYBIND11_MODULE(_C, m) {
                              "the world ranks of the members, in group rank order")
       .def_property_readonly("timeout", &ProcessGroupRelaxcc::timeout);
 
+  m.def(
+      "allreduce_seconds",
+      [](const py::object& pg, int64_t numel, int iterations) {
+        // relaxcc's own allreduce on the group's communicator, timed in C++
+        // (bench/peers/python_backend.py: the Python overhead's baseline).
+        const PgPtr p = relaxcc_group(pg);
+        RELAXCC_ENFORCE(numel > 0 && iterations > 0, InvalidArgument,
+                        "allreduce_seconds: numel and iterations must be > 0");
+        at::Tensor t = at::ones({numel}, at::kFloat);
+        const TensorView v(t.data_ptr(), numel, DType::f32, Device::host(),
+                           std::make_shared<at::Tensor>(t));
+        py::gil_scoped_release release;
+        Communicator& comm = *p->communicator();
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iterations; ++i)
+          comm.allreduce(v, ExecContext::host(), AllreduceOptions{})->wait(p->timeout());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+               iterations;
+      },
+      py::arg("process_group"), py::arg("numel"), py::arg("iterations"),
+      "seconds per allreduce of `numel` float32 on the group's communicator, waited one by one");
+
   py::class_<CompressedHook>(m, "CompressedHook")
       .def(py::init([](const py::object& pg, const std::string& codec, int64_t chunk,
                        const std::string& rounding, int64_t segment_bytes, uint64_t seed) {
