@@ -2,8 +2,9 @@
 against exact expected values (data encodes rank and index); ops and dtypes
 relaxcc lacks; Work, futures, groups and timeouts.
 
-mpirun -np 2|4 --oversubscribe /usr/bin/python3 python/tests/test_backend.py
-(PYTHONPATH=<build>/python).
+mpirun -np 2|4 --oversubscribe /usr/bin/python3 -m pytest -q python/tests/test_backend.py
+(PYTHONPATH=<build>/python; tests/conftest.py starts the group), or without
+pytest: /usr/bin/python3 python/tests/test_backend.py [init_method].
 """
 import os
 import re

@@ -8,8 +8,9 @@ hooks.
   taken after N steps and resumed for M steps gives the same bits as the run
   that went on; registering on a gloo group raises.
 
-mpirun -np 2|4 --oversubscribe /usr/bin/python3 python/tests/test_ddp_hooks.py
-(PYTHONPATH=<build>/python). Initialises over tcp:// with an explicit rank.
+mpirun -np 2|4 --oversubscribe /usr/bin/python3 -m pytest -q python/tests/test_ddp_hooks.py
+(PYTHONPATH=<build>/python; tests/conftest.py starts the groups), or without
+pytest: /usr/bin/python3 python/tests/test_ddp_hooks.py (tcp://, an explicit rank).
 """
 import io
 import os
