@@ -91,3 +91,36 @@ if(NOT RELAXCC_WITH_UCX STREQUAL "OFF")
 endif()
 relaxcc_resolve_feature(RELAXCC_WITH_UCX ${_ucx_found} RELAXCC_UCX_FOUND)
 set(RELAXCC_HAVE_UCX ${RELAXCC_UCX_FOUND})  # config.h
+# Python: an interpreter that imports torch (Debian's python3-torch lives in
+# /usr/bin/python3, which a pyenv or venv `python3` on PATH may hide), and
+# pybind11's CMake package. Both found: RELAXCC_BUILD_PYTHON defaults to ON
+# and builds the package in python/ (relaxcc._C needs libtorch as well).
+set(_python_found FALSE)
+if(RELAXCC_TORCH_FOUND)
+  if(NOT RELAXCC_PYTHON_EXECUTABLE)
+    find_program(_python_on_path python3)
+    foreach(candidate ${_python_on_path} /usr/bin/python3)
+      if(candidate AND NOT RELAXCC_PYTHON_EXECUTABLE)
+        execute_process(COMMAND ${candidate} -c "import torch"
+                        RESULT_VARIABLE _torch_import OUTPUT_QUIET ERROR_QUIET)
+        if(_torch_import EQUAL 0)
+          set(RELAXCC_PYTHON_EXECUTABLE ${candidate} CACHE FILEPATH
+              "The Python interpreter (with torch) the relaxcc package is built for")
+        endif()
+      endif()
+    endforeach()
+  endif()
+  if(RELAXCC_PYTHON_EXECUTABLE)
+    # pybind11 finds the Python of RELAXCC_PYTHON_EXECUTABLE (FindPython).
+    set(PYBIND11_FINDPYTHON ON)
+    set(Python_EXECUTABLE ${RELAXCC_PYTHON_EXECUTABLE})
+    find_package(pybind11 CONFIG QUIET)
+  endif()
+  if(RELAXCC_PYTHON_EXECUTABLE AND pybind11_FOUND)
+    set(_python_found TRUE)
+  endif()
+endif()
+option(RELAXCC_BUILD_PYTHON "Build the Python package relaxcc (python/)" ${_python_found})
+if(RELAXCC_BUILD_PYTHON AND NOT _python_found)
+  message(FATAL_ERROR "RELAXCC_BUILD_PYTHON=ON needs libtorch, pybind11 and a Python that imports torch")
+endif()

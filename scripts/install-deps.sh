@@ -21,6 +21,8 @@ packages=(
   iproute2 iputils-ping iperf3 gnuplot-nox
   # libtorch frontend, PyTorch DDP baseline and the training demo
   libtorch-dev python3-torch libopenblas0-pthread dataset-fashion-mnist zlib1g-dev
+  # the Python package (relaxcc._C)
+  pybind11-dev python3-dev python3-pytest
 )
 
 missing=()

@@ -1,0 +1,108 @@
+"""relaxcc for PyTorch users.
+
+``import relaxcc`` registers the torch.distributed backend "relaxcc":
+
+    import relaxcc, torch.distributed as dist
+    dist.init_process_group("relaxcc", init_method="env://")
+
+Processes are started by mpirun (the communicator runs over MPI today). With
+``env://``, RANK and WORLD_SIZE default to Open MPI's OMPI_COMM_WORLD_RANK and
+OMPI_COMM_WORLD_SIZE; MASTER_ADDR and MASTER_PORT are torch's, as always.
+``tcp://`` and ``file://`` need ``rank`` and ``world_size`` (torch's
+rendezvous reads them from the arguments): ``relaxcc.mpi_rank()`` and
+``relaxcc.mpi_world_size()`` give them.
+
+Errors from relaxcc are Python exceptions with relaxcc's message:
+``relaxcc.Error`` (a RuntimeError) and its subclasses ``Timeout``,
+``PeerMismatch``, ``CommunicatorPoisoned``, ``InvalidArgument`` (also a
+ValueError), ``Unsupported`` (also a NotImplementedError), ...
+
+Comm hooks for torch's DistributedDataParallel are in ``relaxcc.hooks``;
+every relaxcc algorithm module runs under ``relaxcc.DistributedDataParallel``
+with an algorithm of ``relaxcc.algorithms``.
+"""
+import atexit
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from . import _C
+from ._C import (CommunicationError, CommunicatorPoisoned, CorruptPayload, DeviceError, Error,
+                 InternalError, InvalidArgument, InvalidType, PeerMismatch, ProcessGroupRelaxcc, Timeout,
+                 Unsupported)
+
+from . import algorithms  # noqa: E402
+from .ddp import DistributedDataParallel  # noqa: E402
+
+BACKEND = "relaxcc"
+
+__all__ = ["BACKEND", "Error", "InvalidArgument", "Unsupported", "CorruptPayload", "InternalError",
+           "CommunicationError", "Timeout", "PeerMismatch", "DeviceError", "CommunicatorPoisoned",
+           "ProcessGroupRelaxcc", "InvalidType", "DistributedDataParallel", "algorithms", "mpi_rank", "mpi_world_size", "is_relaxcc_group"]
+
+
+def mpi_rank():
+    """This process's rank in mpirun's job (OMPI_COMM_WORLD_RANK, or PMIX_RANK)."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    raise RuntimeError("relaxcc: not started by mpirun (no OMPI_COMM_WORLD_RANK)")
+
+
+def mpi_world_size():
+    """The number of processes mpirun started (OMPI_COMM_WORLD_SIZE)."""
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        return int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    raise RuntimeError("relaxcc: not started by mpirun (no OMPI_COMM_WORLD_SIZE)")
+
+
+def is_relaxcc_group(group=None):
+    """Whether `group` (None: the default group) is a relaxcc process group."""
+    if group is None:
+        if not dist.is_initialized():
+            return False
+        group = dist.distributed_c10d._get_default_group()
+    return isinstance(group, ProcessGroupRelaxcc)
+
+
+def _create_process_group(store, rank, world_size, timeout):
+    # c10d's creation callback. The default group (the first one) makes the
+    # world communicator; later groups are relaxcc groups of it.
+    parent = None
+    if dist.is_initialized():
+        default = dist.distributed_c10d._get_default_group()
+        if not isinstance(default, ProcessGroupRelaxcc):
+            raise InvalidArgument(
+                "relaxcc: new_group(backend='relaxcc') needs init_process_group('relaxcc') "
+                "as the default group (its groups share its communicator)")
+        parent = default
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    return ProcessGroupRelaxcc.create(store, rank, world_size, timeout, parent)
+
+
+def _default_env_from_mpirun():
+    # env:// reads RANK and WORLD_SIZE; under mpirun, Open MPI's say the same.
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ.setdefault("RANK", os.environ["OMPI_COMM_WORLD_RANK"])
+        os.environ.setdefault("WORLD_SIZE", os.environ["OMPI_COMM_WORLD_SIZE"])
+        if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
+            os.environ.setdefault("LOCAL_RANK", os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+
+
+_default_env_from_mpirun()
+if not hasattr(dist.Backend, BACKEND.upper()):
+    dist.Backend.register_backend(BACKEND, _create_process_group)
+
+
+def _release_at_exit():
+    # relaxcc finalizes MPI in a C atexit handler, which runs after Python's:
+    # the communicators (held by the process groups) must be gone by then.
+    if is_relaxcc_group():
+        dist.destroy_process_group()
+    import gc
+    gc.collect()
+
+
+atexit.register(_release_at_exit)
