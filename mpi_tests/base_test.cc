@@ -188,6 +188,20 @@ TEST(Errors, HierarchyLocationAndRank) {
   EXPECT_NO_THROW(RELAXCC_ENFORCE_LE(1, 2, InvalidArgument, "cmp"));
 }
 
+TEST(Errors, PeerLostNamesTheRank) {
+  try {
+    throw PeerLost(3, "allreduce #7: transport error with rank 3: connection closed", __FILE__,
+                   __LINE__);
+  } catch (const CommunicationError& e) {
+    const auto* lost = dynamic_cast<const PeerLost*>(&e);
+    ASSERT_NE(lost, nullptr);
+    EXPECT_EQ(lost->peer(), 3);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("PeerLost: allreduce #7: transport error with rank 3"), std::string::npos)
+        << what;
+  }
+}
+
 // ---- tunables and logging -------------------------------------------------
 
 TEST(Tunables, DefaultsEnvironmentAndHash) {

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   relaxcc::test::world_slot().reset();  // its engine frees MPI objects: before MPI_Finalize
   int global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  relaxcc::test::store_slot().reset();  // the UCX wing's store: once nobody uses it
   MPI_Finalize();
   return global;
 }

@@ -472,7 +472,7 @@ TEST(GroupAverage, RandomGroupsContractAsTheFormulaSays) {
 TEST(Deadlines, GossipAndGroupsGoOnWithoutASlowRank) {
   const int n = test::world_size();
   if (n < 3) GTEST_SKIP() << "needs 3 ranks";
-  auto comm = create_mpi_communicator();
+  auto comm = test::create_communicator();
   const int me = comm->rank(), slow = n - 1;
   RelaxedStats stats;
   constexpr int64_t kCount = 4096;
@@ -764,7 +764,7 @@ TEST(AsyncAverage, ConvergesWithinItsStalenessBound) {
 TEST(AsyncAverage, ALaterAveragerOnTheSameTagDropsTheEarliersLateMessage) {
   const int n = test::world_size();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  auto comm = create_mpi_communicator();
+  auto comm = test::create_communicator();
   const int me = comm->rank(), slow = n - 1;
   const GossipPeers ring = gossip_peers(GossipMode::ring, me, n, 1);  // the same every round
   const bool hears_slow =
@@ -893,7 +893,7 @@ TEST(AsyncAverage, TrainingMayHoldItsLockAcrossWaits) {
 TEST(AsyncAverage, DefaultsLeaveAStragglerOutFromItsFirstStep) {
   const int n = test::world_size();
   if (n < 4) GTEST_SKIP() << "needs 4 ranks: a straggler and rounds without it";
-  auto comm = create_mpi_communicator();
+  auto comm = test::create_communicator();
   const int me = comm->rank(), slow = n - 1;
   std::vector<float> x(1024, static_cast<float>(me));
   std::mutex lock;
@@ -931,7 +931,7 @@ TEST(AsyncAverage, DefaultsLeaveAStragglerOutFromItsFirstStep) {
 TEST(AsyncAverage, StopsCleanlyWhileAPeerIsSlow) {
   const int n = test::world_size();
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
-  auto comm = create_mpi_communicator();
+  auto comm = test::create_communicator();
   const int me = comm->rank(), slow = n - 1;
   std::vector<float> x(256, static_cast<float>(me));
   std::mutex lock;
@@ -1055,7 +1055,7 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
 TEST(AdaptiveDeadline, FollowsTheFastPeersWhenOneIsSlow) {
   const int n = test::world_size();
   if (n < 4) GTEST_SKIP() << "needs 4 ranks: the straggler a third of the peers";
-  auto comm = create_mpi_communicator();
+  auto comm = test::create_communicator();
   const int me = comm->rank(), slow = n - 1;
   AdaptiveDeadline adaptive({.k = 3.0, .min_floor = 1ms, .cap = 200ms, .window = 32});
   std::vector<float> x(1024, 1.0f);

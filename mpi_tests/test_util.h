@@ -1,14 +1,28 @@
 // Helpers shared by relaxcc's MPI tests: world rank/size, a communicator
 // over MPI_COMM_WORLD, and test data that encodes the rank and the index of
 // every element (as Gloo's assignValues), with the exact expected results.
+//
+// The wing. RELAXCC_TEST_TRANSPORT=ucx runs a program's communicators on the
+// UCX wing: mpirun only launches the processes (and MPI_COMM_WORLD still
+// serves the tests' own checks); each communicator comes from
+// create_ucx_communicator, which rendezvouses over a store served by rank 0
+// on 127.0.0.1 at a port picked per run (rank 0 broadcasts it), one
+// generation per creation. Unset or "mpi": create_mpi_communicator. Tests
+// that need the MPI wing itself (an MPI_Comm of their own, share_engine_with,
+// MPI's parked creation) skip on UCX with the reason (RELAXCC_SKIP_ON_UCX).
 #pragma once
 
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "relaxcc/dtype.h"
 #include "relaxcc/element_cast.h"
@@ -16,7 +30,9 @@
 #include "relaxcc/kernels/reduce.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/reduce_op.h"
+#include "relaxcc/store.h"
 #include "relaxcc/tensor.h"
+#include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc::test {
 
@@ -31,6 +47,66 @@ inline int world_size() {
   return n;
 }
 
+// RELAXCC_TEST_TRANSPORT=ucx (see the top of this file).
+inline bool on_ucx() {
+  static const bool ucx = [] {
+    const char* v = std::getenv("RELAXCC_TEST_TRANSPORT");
+    return v != nullptr && std::string(v) == "ucx";
+  }();
+  return ucx;
+}
+
+// The program's rendezvous store on the UCX wing (served by rank 0); the
+// test main releases it after the communicators.
+inline std::shared_ptr<Store>& store_slot() {
+  static std::shared_ptr<Store> store;
+  return store;
+}
+
+// A new communicator over every process of the job on the program's wing
+// (collective): on MPI over `comm`, on UCX over the program's store.
+inline CommunicatorPtr create_communicator(
+    const Tunables& tunables = Tunables::from_env(),
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(-1),
+    MPI_Comm comm = MPI_COMM_WORLD) {
+  if (!on_ucx()) {
+    MpiCommunicatorOptions o;
+    o.comm = comm;
+    o.tunables = tunables;
+    o.timeout = timeout;
+    return create_mpi_communicator(o);
+  }
+  static uint64_t generation = 0;
+  if (!store_slot()) {
+    TcpStoreOptions t;
+    t.is_server = world_rank() == 0;
+    t.timeout = std::chrono::milliseconds(60000);
+    int port = 0;
+    std::unique_ptr<TcpStore> served;
+    if (t.is_server) {
+      served = std::make_unique<TcpStore>(t);
+      port = served->port();
+    }
+    MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    t.port = static_cast<uint16_t>(port);
+    store_slot() = served ? std::move(served) : std::make_unique<TcpStore>(t);
+  }
+  UcxCommunicatorOptions o;
+  o.store = store_slot();
+  o.rendezvous.rank = world_rank();
+  o.rendezvous.size = world_size();
+  o.rendezvous.job = "relaxcc-test";
+  o.rendezvous.generation = generation++;
+  o.tunables = tunables;
+  o.timeout = timeout;
+  o.net_devices = "lo";
+  return create_ucx_communicator(o);
+}
+
+// Skips the test on the UCX wing, saying why.
+#define RELAXCC_SKIP_ON_UCX(reason) \
+  if (::relaxcc::test::on_ucx()) GTEST_SKIP() << "not on the UCX wing: " << reason
+
 // One communicator over MPI_COMM_WORLD shared by the tests of a program;
 // the test main releases it before MPI_Finalize.
 inline CommunicatorPtr& world_slot() {
@@ -38,7 +114,7 @@ inline CommunicatorPtr& world_slot() {
   return comm;
 }
 inline CommunicatorPtr world() {
-  if (!world_slot()) world_slot() = create_mpi_communicator();
+  if (!world_slot()) world_slot() = create_communicator();
   return world_slot();
 }
 

@@ -1,7 +1,10 @@
 #include "src/engine/engine.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -37,8 +40,9 @@ Engine::Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> tr
           bell->computed.push_back(Doorbell::Computed{op, slot, std::move(error)});
           bell->signalled.store(true, std::memory_order_release);
         }
-        bell->cv.notify_all();
+        bell->notify();
       }) {
+  if (transport_->event_fd() >= 0) doorbell_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   trace_pid_ = transport_->job_rank();
   if (!tunables_.trace_file.empty()) {
     // One file per engine: the process's first tracing engine writes
@@ -67,7 +71,7 @@ Engine::~Engine() {
     stop_ = true;
     signalled_.store(true, std::memory_order_release);
   }
-  cv_.notify_all();
+  doorbell_->notify();
   thread_.join();
   if (trace_.is_open()) trace_ << "\n]\n";
 }
@@ -79,7 +83,40 @@ void Doorbell::ring_released() {
     signalled.store(true, std::memory_order_seq_cst);
   }
   // Callers that drive pick it up (and wake the engine thread when they leave).
-  if (drivers.load(std::memory_order_seq_cst) == 0) cv.notify_all();
+  if (drivers.load(std::memory_order_seq_cst) == 0) notify();
+}
+
+Doorbell::~Doorbell() {
+  if (wake_fd >= 0) ::close(wake_fd);
+}
+
+void Doorbell::notify() {
+  cv.notify_all();
+  if (wake_fd < 0) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_fd, &one, sizeof one);
+}
+
+Engine::Slept Engine::sleep_on_events(std::unique_lock<std::mutex>& lock, Clock::duration timeout) {
+  const int event_fd = transport_->event_fd();
+  if (event_fd < 0 || doorbell_->wake_fd < 0) return Slept::unsupported;
+  {
+    // arm() is the token holder's; a caller that drives holds it instead.
+    TokenHold hold(token_, token_holder_);
+    if (!hold) return Slept::unsupported;
+    if (!transport_->arm()) return Slept::events;
+  }
+  lock.unlock();
+  pollfd fds[2] = {{event_fd, POLLIN, 0}, {doorbell_->wake_fd, POLLIN, 0}};
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+  const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  const int n = ::ppoll(fds, 2, &ts, nullptr);
+  // A ring after this read is seen when the caller looks under the lock.
+  uint64_t rings = 0;
+  const bool rung = (fds[1].revents & POLLIN) != 0 &&
+                    ::read(doorbell_->wake_fd, &rings, sizeof rings) == sizeof rings;
+  lock.lock();
+  return n > 0 && rung && (fds[0].revents & POLLIN) == 0 ? Slept::rung : Slept::events;
 }
 
 void Engine::trace_event(const std::string& name, const char* cat, int tid, Clock::time_point start,
@@ -302,14 +339,27 @@ bool Engine::wait_for_work() {
     }
     if (driven || now - quiet_since < kWatchFor) {
       state_.store(State::watching, std::memory_order_relaxed);
-      cv_.wait_for(lock, kWatchInterval);
+      // Without a caller driving: a message wakes the thread at once for an
+      // iteration (the quiet period goes on).
+      const Slept slept = driven ? Slept::unsupported : sleep_on_events(lock, kWatchInterval);
+      if (slept == Slept::unsupported) cv_.wait_for(lock, kWatchInterval);
+      if (slept == Slept::events && !stop_ && drivers_.load(std::memory_order_acquire) == 0) {
+        state_.store(State::running, std::memory_order_relaxed);
+        idle_poll_ = true;
+        return true;
+      }
     } else {
       // Idle: woken by work, or every kIdleNoticePoll for one iteration
       // that picks up the peers' poison notices (poisoned() turns true on
       // an idle rank too).
+      // Over a transport with an event fd, a message (a notice, a peer's
+      // operation) wakes it at once as well.
       state_.store(State::idle, std::memory_order_relaxed);
-      if (cv_.wait_for(lock, kIdleNoticePoll) == std::cv_status::timeout && !stop_ &&
-          drivers_.load(std::memory_order_acquire) == 0) {
+      Slept slept = sleep_on_events(lock, kIdleNoticePoll);
+      if (slept == Slept::unsupported)
+        slept = cv_.wait_for(lock, kIdleNoticePoll) == std::cv_status::timeout ? Slept::events
+                                                                               : Slept::rung;
+      if (slept == Slept::events && !stop_ && drivers_.load(std::memory_order_acquire) == 0) {
         state_.store(State::running, std::memory_order_relaxed);
         idle_poll_ = true;
         return true;
@@ -362,10 +412,15 @@ void Engine::loop() {
       sleep_us = next_sleep(sleep_us);
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait_for(lock, std::chrono::microseconds(sleep_us), [&] {
+        const auto rung = [&] {
           return stop_ || !queue_.empty() || doorbell_->released || !to_poison_.empty() ||
                  !doorbell_->computed.empty() || drivers_.load(std::memory_order_relaxed) > 0;
-        });
+        };
+        // On the transport's event fd, a completion ends the sleep at once:
+        // it lasts kWatchInterval (for the operations' deadlines and
+        // timeouts) instead of the back-off's.
+        if (rung() || sleep_on_events(lock, kWatchInterval) == Slept::unsupported)
+          cv_.wait_for(lock, std::chrono::microseconds(sleep_us), rung);
       }
       if (trace_.is_open())
         if (TokenHold hold(token_, token_holder_); hold)
@@ -443,7 +498,7 @@ void Engine::wake_engine(bool only_if_idle) {
     const State state = state_.load(std::memory_order_relaxed);
     if (state == State::running || (only_if_idle && state != State::idle)) return;
   }
-  cv_.notify_all();
+  doorbell_->notify();
 }
 
 void Engine::wake_for_callbacks() {

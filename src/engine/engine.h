@@ -89,7 +89,13 @@ struct Doorbell {
   // Callers driving the engine's progress (Engine::drive): they pick up what
   // is rung, so the engine thread need not be woken.
   std::atomic<int> drivers{0};
+  // An eventfd the engine thread sleeps on beside the transport's event fd
+  // (-1: the transport has none; the thread sleeps on cv). Owned.
+  int wake_fd = -1;
+  ~Doorbell();
   void ring_released();
+  // Wakes whoever sleeps on cv or on wake_fd (after the change, outside mutex).
+  void notify();
 };
 
 // What a timed-out operation still waited for: filled by the engine thread.
@@ -234,6 +240,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The engine thread's wait while it has nothing to do or callers drive:
   // returns false when it should stop.
   bool wait_for_work();
+  // What sleep_on_events() did.
+  enum class Slept { unsupported, rung, events };
+  // The engine thread's sleep on the transport's event fd and the doorbell's
+  // wake_fd, for at most `timeout` (lock held on entry and on return):
+  // unsupported when the transport has no event fd or a caller holds the
+  // token (sleep on cv instead); rung when the doorbell rang; events when the
+  // transport has something for test_some() or the timeout passed.
+  Slept sleep_on_events(std::unique_lock<std::mutex>& lock, Clock::duration timeout);
   // Wakes the engine thread unless it runs (under mutex_ or not).
   void wake_engine(bool only_if_idle);
   // Sleep length of the back-off after `sleep_us`: doubling to

@@ -103,7 +103,7 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
     const State state = state_.load(std::memory_order_relaxed);
     ring = drivers_.load(std::memory_order_seq_cst) == 0 && (state == State::idle || !awaited);
   }
-  if (ring) cv_.notify_all();
+  if (ring) doorbell_->notify();
   // Registered after the operation is queued: a dependency that already
   // completed runs the callback here, at once.
   if (after) {

@@ -22,7 +22,7 @@ void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason
     std::lock_guard<std::mutex> lock(mutex_);
     if (!poison_locked(lane, reason, notify_peers)) return;
   }
-  cv_.notify_all();
+  doorbell_->notify();
 }
 
 bool Engine::poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason,
@@ -48,7 +48,7 @@ std::string Engine::poison_on_timeout(const std::shared_ptr<Lane>& lane, const W
     lane->timeout_report_ = report;
     poison_locked(lane, reason, true);
   }
-  cv_.notify_all();
+  doorbell_->notify();
   std::unique_lock<std::mutex> lock(report->mutex);
   report->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return report->ready; });
   return report->waiting.empty() ? std::string() : "waiting for: " + report->waiting;

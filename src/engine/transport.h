@@ -177,9 +177,10 @@ class Transport {
   // engine then polls with its back-off). arm() prepares the fd for a
   // sleep and returns true, or returns false when events are pending
   // already (test first, do not sleep). Only the token holder calls arm().
-  // The engine does not call them yet: an idle engine tests no request (it
-  // looks for poison notices every 50 ms), and one with requests pending
-  // backs off to sleeps of up to RELAXCC_MAX_SLEEP_US between tests.
+  // The engine thread sleeps on it (with its own wake fd) where it would
+  // otherwise sleep on its condition variable: idle, watching, and in the
+  // back-off sleeps while requests are pending; callers that wait keep
+  // their back-off.
   virtual int event_fd() const { return -1; }
   virtual bool arm() { return false; }
   // This process's rank in the job, for trace files (-1: unknown).

@@ -11,12 +11,19 @@ void check_ucs(ucs_status_t status, std::string_view what) {
     RELAXCC_THROW(CommunicationError, what, " failed: ", ucs_status_string(status));
 }
 
-Context::Context() {
+Context::Context(const std::string& net_devices) {
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;
-  check_ucs(ucp_init(&params, nullptr, &context_), "ucp_init");
+  ucp_config_t* config = nullptr;
+  check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  ucs_status_t status = UCS_OK;
+  if (!net_devices.empty()) status = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+  if (status == UCS_OK) status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  check_ucs(status, net_devices.empty() ? std::string("ucp_init")
+                                        : "ucp_init with UCX_NET_DEVICES=" + net_devices);
 }
 
 Context::~Context() {

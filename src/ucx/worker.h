@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "src/ucx/peer_blob.h"
@@ -17,7 +18,9 @@ void check_ucs(ucs_status_t status, std::string_view what);
 // of one context may be progressed by different threads at once.
 class Context {
  public:
-  Context();
+  // `net_devices`: UCX_NET_DEVICES for this context ("": UCX's default or the
+  // user's variable); the caller decides whether the user's variables win.
+  explicit Context(const std::string& net_devices = {});
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -1,0 +1,100 @@
+// create_ucx_communicator: the UCX wing's factory (ucx_communicator.h). It
+// meets the other processes on the rendezvous store, connects a UcxEndpoints
+// set from their worker addresses and builds the transport-neutral
+// communicator over it.
+#include "relaxcc/ucx_communicator.h"
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "relaxcc/collectives/allreduce.h"
+#include "relaxcc/errors.h"
+#include "src/engine/clock.h"
+#include "src/engine/engine_communicator.h"
+#include "src/engine/polling.h"
+#include "src/ucx/ucx_transport.h"
+#include "src/ucx/worker.h"
+
+namespace relaxcc {
+namespace {
+
+using engine::Clock;
+
+bool is_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+// UCX_NET_DEVICES for the worker (ucx_communicator.h): "" leaves UCX's own.
+std::string net_devices(const UcxCommunicatorOptions& options) {
+  if (is_set("UCX_NET_DEVICES") || is_set("UCX_TLS")) return {};
+  if (options.net_devices != "auto") return options.net_devices;
+  return !options.store && is_loopback(options.rendezvous.host) ? "lo" : "";
+}
+
+std::chrono::milliseconds left(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+}  // namespace
+
+bool ucx_available() {
+  return true;
+}
+
+CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
+  const auto timeout = options.timeout.count() >= 0
+                           ? options.timeout
+                           : std::chrono::milliseconds(options.tunables.timeout_ms);
+  const auto deadline = Clock::now() + timeout;
+  AllreduceSelection::parse(options.tunables.allreduce_algo);
+  engine::choose_polling(options.tunables.engine_poll, false);
+  RendezvousOptions r = options.rendezvous;
+  r.timeout = timeout;
+  if (options.store) {
+    // The caller's store: only rank, size, job and generation matter.
+    if (r.host.empty()) r.host = "-";
+    if (r.port == 0) r.port = 1;
+  }
+  r.validate();
+  // The worker first: its address is what the rendezvous exchanges.
+  auto worker = std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(net_devices(options)));
+  const ucx::Blob own = worker->blob();
+  std::vector<uint8_t> blob(own.size());
+  for (size_t i = 0; i < own.size(); ++i) blob[i] = static_cast<uint8_t>(own[i]);
+  RendezvousResult met;
+  if (options.store) {
+    met = rendezvous(r, *options.store, blob);
+  } else {
+    auto store = open_rendezvous_store(r);
+    r.timeout = left(deadline);
+    met = rendezvous(r, *store, blob);
+  }
+  std::vector<ucx::Blob> blobs(met.blobs.size());
+  for (size_t k = 0; k < blobs.size(); ++k) {
+    blobs[k].resize(met.blobs[k].size());
+    for (size_t i = 0; i < met.blobs[k].size(); ++i)
+      blobs[k][i] = static_cast<std::byte>(met.blobs[k][i]);
+  }
+  ucx::EndpointOptions e;
+  e.generation = static_cast<uint32_t>(r.generation);
+  e.share_memory = options.share_memory;
+  ucx::UcxConnection c = ucx::connect(std::move(worker), blobs, met.rank, e);
+  engine::EngineCommunicatorOptions o;
+  o.tunables = options.tunables;
+  o.timeout = left(deadline);
+  o.creator = detail::concat("create_ucx_communicator (rank ", met.rank, " of ", met.size,
+                             ", rendezvous at ",
+                             options.store ? options.store->address() : r.address(), ")");
+  return engine::create_engine_communicator(std::move(c.transport), std::move(c.endpoints), o);
+}
+
+}  // namespace relaxcc
