@@ -1,5 +1,6 @@
 #include "src/engine/heartbeat.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "relaxcc/errors.h"
@@ -12,6 +13,9 @@ namespace {
 // or leaving (the set is released: no verdict on this rank any more).
 constexpr uint64_t kHeartbeatPayload = 0x5442485243435852;  // "RXCCRHBT"
 constexpr uint64_t kLeavingPayload = 0x4559425243435852;    // "RXCCRBYE"
+// The answer to a leaving rank: the last message to it (messages between two
+// ranks arrive in order, so every heartbeat sent before it was received).
+constexpr uint64_t kAckPayload = 0x4b43415243435852;  // "RXCCRACK"
 }  // namespace
 
 std::chrono::milliseconds checked_peer_timeout(int64_t ms) {
@@ -80,7 +84,12 @@ void Heartbeat::take_heartbeats(Clock::time_point now) {
     if (completion.source >= 0 && completion.source < static_cast<int>(peers_.size())) {
       Peer& p = peers_[static_cast<size_t>(completion.source)];
       p.heard = now;
-      p.lost = p.lost || received_ == kLeavingPayload;
+      if (received_ == kLeavingPayload || received_ == kAckPayload) p.done = true;
+      if (received_ == kLeavingPayload && !leaving_ && !p.lost) {
+        // No more heartbeats to it after this answer, nor a verdict on it.
+        p.lost = true;
+        send_to(static_cast<size_t>(completion.source), &kAckPayload, true);
+      }
     }
     post_receive();
   }
@@ -96,16 +105,22 @@ void Heartbeat::test_sends() {
 }
 
 void Heartbeat::send_heartbeats(const uint64_t* payload) {
-  for (size_t r = 0; r < peers_.size(); ++r) {
-    Peer& p = peers_[r];
-    // One in flight per peer: a stopped peer does not pile them up.
-    if (p.lost || p.send != transport_.null_request()) continue;
-    try {
-      p.send = endpoints_->isend(Space::collective, payload, sizeof(*payload), static_cast<int>(r),
-                                 tag_);
-    } catch (const Error& e) {
-      RELAXCC_LOG(debug, "cannot send a heartbeat to rank ", r, ": ", e.message());
-    }
+  // One in flight per peer: a stopped peer does not pile them up.
+  for (size_t r = 0; r < peers_.size(); ++r)
+    if (!peers_[r].lost && peers_[r].send == transport_.null_request()) send_to(r, payload, false);
+}
+
+void Heartbeat::send_to(size_t r, const uint64_t* payload, bool detached) {
+  try {
+    Request request =
+        endpoints_->isend(Space::collective, payload, sizeof(*payload), static_cast<int>(r), tag_);
+    // Payloads are static: a detached send may finish any time.
+    if (detached)
+      transport_.detach(request);
+    else
+      peers_[r].send = request;
+  } catch (const Error& e) {
+    RELAXCC_LOG(debug, "cannot send a heartbeat to rank ", r, ": ", e.message());
   }
 }
 
@@ -115,29 +130,39 @@ void Heartbeat::forget(int rank) {
 }
 
 bool Heartbeat::release(Clock::time_point deadline) {
-  if (posted_) transport_.cancel(receive_);
-  // The peers stop timing this rank (those with a heartbeat in flight miss
-  // it and, should they keep the set, may report this rank later).
+  // Leaving: every peer still here gets kLeavingPayload and answers it (or is
+  // leaving too), so no heartbeat of theirs stays unreceived (MPI reuses a
+  // freed communicator's id: a message left behind would reach a later
+  // communicator).
+  leaving_ = true;
   test_sends();
-  send_heartbeats(&kLeavingPayload);
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    Peer& p = peers_[r];
+    if (p.lost) continue;
+    if (p.send != transport_.null_request()) transport_.detach(p.send);
+    send_to(r, &kLeavingPayload, true);
+  }
   for (;;) {
-    bool pending = false;
-    if (posted_) {
-      Completion completion;
-      int failure = 0;
-      if (transport_.test(receive_, completion, failure) || failure != 0)
-        posted_ = false;
-      else
-        pending = true;
-    }
-    test_sends();
-    for (const Peer& p : peers_) pending = pending || p.send != transport_.null_request();
-    if (!pending || Clock::now() >= deadline) break;
+    if (!posted_) post_receive();
+    take_heartbeats(Clock::now());
+    const bool answered =
+        std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.done; });
+    if (answered || Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  // Sends carry the static payload: detached ones may finish any time.
-  for (Peer& p : peers_)
-    if (p.send != transport_.null_request()) transport_.detach(p.send);
+  if (posted_) {
+    transport_.cancel(receive_);
+    for (;;) {
+      Completion completion;
+      int failure = 0;
+      if (transport_.test(receive_, completion, failure) || failure != 0) {
+        posted_ = false;
+        break;
+      }
+      if (Clock::now() >= deadline + std::chrono::milliseconds(50)) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   return !posted_;
 }
 

@@ -7,8 +7,9 @@
 // reports it as a PeerError (the engine then fails and poisons the lanes
 // with that peer and sends their poison notices). A peer never heard from is
 // not timed: the creation handshake and each operation's timeout cover it.
-// A rank whose set is released (its communicators are gone) sends a last
-// message that tells its peers to stop timing it.
+// A rank whose set is released (its communicators are gone) tells its peers
+// it leaves and takes what they sent until each answered (or left too):
+// they stop timing it and sending to it, and no heartbeat stays unreceived.
 //
 // Cost: the engine's poll of poison notices runs it (Engine::poll_notices:
 // every millisecond while operations run, every kIdleNoticePoll when idle);
@@ -57,23 +58,26 @@ class Heartbeat {
   // `rank` was lost by other means (a transport's PeerError): no more
   // heartbeats to it, no verdict on it.
   void forget(int rank);
-  // Tells the peers this rank leaves, cancels the receive and collects the
-  // sends until `deadline` (sends not
-  // finished by then are detached). False when the receive is still posted:
-  // then this object (its buffer) must never be freed.
+  // Tells the peers this rank leaves and takes their heartbeats until each
+  // answered or left too (at most until `deadline`), then cancels the
+  // receive. False when the receive is still posted: then this object (its
+  // buffer) must never be freed.
   bool release(Clock::time_point deadline);
 
  private:
   struct Peer {
     Clock::time_point heard{};  // the latest heartbeat (epoch: none yet)
     Request send;               // the heartbeat in flight to it (null: none)
-    bool lost = false;
+    bool lost = false;          // no heartbeats to it, no verdict on it
+    bool done = false;          // it left, or answered this rank's leaving
   };
   void post_receive();
   void take_heartbeats(Clock::time_point now);
   void test_sends();
   // To every peer not lost and without one in flight.
   void send_heartbeats(const uint64_t* payload);
+  // `payload` to rank `r`: its send request, or detached.
+  void send_to(size_t r, const uint64_t* payload, bool detached);
 
   const std::shared_ptr<Endpoints> endpoints_;
   Transport& transport_;
@@ -86,6 +90,7 @@ class Heartbeat {
   Request receive_;
   bool posted_ = false;
   uint64_t received_ = 0;
+  bool leaving_ = false;  // release() began
 };
 
 }  // namespace relaxcc::engine
