@@ -48,10 +48,12 @@ void Heartbeat::post_receive() {
 }
 
 void Heartbeat::poll(Clock::time_point now) {
+  // Arrivals at every poll, as the notices: a message left waiting keeps a
+  // transport's event fd readable, which would keep the engine thread awake.
+  take_heartbeats(now);
   if (now < next_step_) return;
   next_step_ = now + kHeartbeatStep;
   if (!posted_) post_receive();
-  take_heartbeats(now);
   test_sends();
   if (now >= next_send_) {
     next_send_ = now + period_;

@@ -13,9 +13,9 @@
 //
 // Cost: the engine's poll of poison notices runs it (Engine::poll_notices:
 // every millisecond while operations run, every kIdleNoticePoll when idle);
-// it does nothing but read the clock until its next step (kHeartbeatStep),
-// then tests its receive and sends what is due: size - 1 messages of 8 bytes
-// per period, nothing per operation.
+// each poll tests its receive (as the notices' one), and every step
+// (kHeartbeatStep) it sends what is due and judges: size - 1 messages of 8
+// bytes per period, nothing per operation.
 //
 // Token holder only, like the rest of the engine's progress.
 #pragma once
