@@ -273,7 +273,9 @@ TEST(NeverSynchronize, OthersTimeOutNamingTheRank) {
 // --enable-recovery`, which keeps the job alive when a rank dies. Open MPI
 // 4.1 then reports nothing about the dead rank through its API, so the
 // survivors learn it from the timeout: the first to time out names the rank
-// it waited for, and its notice fails the others at once. Each survivor
+// it waited for, and its notice fails the others at once. On the UCX wing
+// (fault_test.ucx_killed) the transport sees the process end and every
+// survivor fails at once with PeerLost naming it. Each survivor
 // prints "survivor rank R: ok" and leaves with _exit, since MPI_Finalize
 // after a rank died may hang (and mpirun --enable-recovery exits with 0
 // whatever the ranks did: CTest reads the output instead).
@@ -304,11 +306,83 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
   }
   EXPECT_EQ(step, kKillStep);
   EXPECT_WITHIN(failure, 0ms, kTimeout + kMargin);
-  EXPECT_NAMES(failure, "rank 1 (");  // the rank waited for, in Timeout or in the notice's reason
+  // The rank waited for, in Timeout or in the notice's reason, or the lost
+  // rank (a transport that sees the process end: UCX).
+  const bool named = failure.what.find("rank 1 (") != std::string::npos ||
+                     failure.what.find("rank 1 is lost") != std::string::npos ||
+                     failure.what.find("rank 1 lost") != std::string::npos;
+  EXPECT_TRUE(named) << failure.what;
+  // Timeout (MPI: kTimeout comes before RELAXCC_PEER_TIMEOUT_MS's default),
+  // or PeerLost (UCX at once; a heartbeat's verdict should the timeout come
+  // late), or the abort record of a survivor that failed first
+  // (CommunicationError: "rank 2 failed: ... rank 1 is lost").
   const bool typed = failure.what.find("relaxcc::Timeout") != std::string::npos ||
-                     failure.what.find("relaxcc::CommunicatorPoisoned") != std::string::npos;
+                     failure.what.find("relaxcc::CommunicatorPoisoned") != std::string::npos ||
+                     failure.what.find("relaxcc::PeerLost") != std::string::npos ||
+                     failure.what.find("relaxcc::CommunicationError") != std::string::npos;
   EXPECT_TRUE(typed) << failure.what;
   std::printf("[rank %d] %s\n", comm->rank(), failure.what.c_str());
+  if (!HasFailure()) std::printf("survivor rank %d: ok\n", comm->rank());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(HasFailure() ? 1 : 0);
+}
+
+// Rank 1 stops itself (SIGSTOP) at the start of step 5 of an allreduce
+// loop, under mpirun --enable-recovery with RELAXCC_PEER_TIMEOUT_MS=500 and
+// an operation timeout of 10 s: the survivors' heartbeats find it silent and
+// every survivor fails with PeerLost naming rank 1 (or the poisoning that a
+// peer's notice brings), within 500 + 300 ms of its last completed
+// allreduce (which precedes the stop). A child of the stopped rank kills it
+// 3 s later, so that mpirun ends; survivors leave with _exit, as above.
+TEST(Stopped, RankStoppedMidLoopIsReportedByHeartbeats) {
+  if (std::getenv("RELAXCC_FAULT_STOP") == nullptr)
+    GTEST_SKIP() << "runs in its own entry, under mpirun --enable-recovery, with "
+                    "RELAXCC_FAULT_STOP=1 and RELAXCC_PEER_TIMEOUT_MS=500";
+  if (world_size() < 3) GTEST_SKIP() << "needs 3 or more ranks: two survivors";
+  constexpr int kVictim = 1;
+  constexpr int kStopStep = 5;
+  auto o = options(scenario_comm(), 10s);
+  ASSERT_EQ(o.tunables.peer_timeout_ms, 500) << "set RELAXCC_PEER_TIMEOUT_MS=500";
+  auto comm = create(o);
+  Buffer data(DType::i32, 1 << 10);
+  std::string failure;
+  auto last_success = Clock::now();
+  int step = 0;
+  for (;; ++step) {
+    if (comm->rank() == kVictim && step == kStopStep) {
+      const pid_t self = getpid();
+      if (fork() == 0) {
+        std::this_thread::sleep_for(3s);
+        kill(self, SIGKILL);
+        _exit(0);
+      }
+      raise(SIGSTOP);
+    }
+    test::fill(data, comm->rank(), step);
+    try {
+      comm->allreduce(data.view(), ExecContext::host())->wait();
+    } catch (const CommunicationError& e) {
+      failure = e.what();
+      break;
+    }
+    last_success = Clock::now();
+    for (int64_t i = 0; i < data.numel; ++i)
+      ASSERT_EQ(data.as<int32_t>()[i],
+                test::expected_reduction<int32_t>(i + step, ReduceOp::sum, comm->size()));
+  }
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_success);
+  EXPECT_EQ(step, kStopStep);
+  EXPECT_LT(took, 800ms) << failure;
+  // The heartbeat's verdict on rank 1, in the engine's words or the
+  // transport's (UCX fails the requests to it: "UCX: rank 1 lost: ...").
+  const bool named = failure.find("no heartbeat") != std::string::npos &&
+                     (failure.find("rank 1 is lost") != std::string::npos ||
+                      failure.find("rank 1 lost") != std::string::npos);
+  EXPECT_TRUE(named) << failure;
+  std::printf("[rank %d] after %lld ms: %s\n", comm->rank(), static_cast<long long>(took.count()),
+              failure.c_str());
   if (!HasFailure()) std::printf("survivor rank %d: ok\n", comm->rank());
   std::fflush(stdout);
   std::fflush(stderr);

@@ -64,11 +64,15 @@
 // Lost peers. Without `mpirun --enable-recovery`, Open MPI ends the whole job
 // when a rank dies. With it, the job goes on, but Open MPI 4.1 (no ULFM)
 // reports nothing about the dead rank through its API: requests to and from
-// it stay pending. relaxcc then detects the loss by its timeout, whose
-// message names the ranks the operation waited for, and the poison notice
-// fails the other ranks' operations at once (communicator.h). A transport
-// that does report a failed peer (an MPI error in a request's status) fails
-// the operation at once, naming the peer, and poisons the communicator.
+// it stay pending. relaxcc then detects the loss by its heartbeats: a peer
+// silent for RELAXCC_PEER_TIMEOUT_MS (default 2 s; a dead or a stopped
+// process alike) fails the operations with it with PeerLost naming it, or
+// by the operation's timeout if that comes first, whose message names the
+// ranks it waited for; the poison notice fails the other ranks' operations
+// at once (communicator.h). Receives from the lost peer are cancelled; sends
+// to it stay posted (Open MPI cannot fail them). A transport that does
+// report a failed peer (an MPI error in a request's status) fails the
+// operation at once, naming the peer, and poisons the communicator.
 // MPI_Finalize after a rank died may hang in Open MPI 4.1: such a job should
 // end its surviving ranks with _exit once it has reported the failure.
 #pragma once

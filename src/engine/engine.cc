@@ -23,6 +23,7 @@ namespace relaxcc::engine {
 
 Engine::Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> transport)
     : tunables_(std::move(tunables)),
+      peer_timeout_(checked_peer_timeout(tunables_.peer_timeout_ms)),
       backoff_(polling.backoff),
       transport_(std::move(transport)),
       null_request_(transport_->null_request()),
@@ -325,6 +326,15 @@ bool Engine::wait_for_work() {
       cv_.wait_for(lock, std::chrono::milliseconds(1));
       if (drivers_.load(std::memory_order_acquire) > 0 || stop_) continue;
       state_.store(State::running, std::memory_order_relaxed);
+      return true;
+    }
+    if (!driven &&
+        now.time_since_epoch().count() - notices_polled_at_.load(std::memory_order_relaxed) >=
+            Clock::duration(kIdleNoticePoll).count()) {
+      // Watching for long without an iteration: one for the notices and
+      // heartbeats (the quiet period goes on).
+      state_.store(State::running, std::memory_order_relaxed);
+      idle_poll_ = true;
       return true;
     }
     if (driven || now - quiet_since < kWatchFor) {

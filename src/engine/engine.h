@@ -56,6 +56,7 @@
 #include "src/engine/clock.h"
 #include "src/engine/compute_thread.h"
 #include "src/engine/direct_exchange.h"
+#include "src/engine/heartbeat.h"
 #include "src/engine/lane.h"
 #include "src/engine/operation.h"
 #include "src/engine/request_poster.h"
@@ -337,6 +338,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void release_listeners(bool all);
 
   Tunables tunables_;
+  const std::chrono::milliseconds peer_timeout_;  // RELAXCC_PEER_TIMEOUT_MS (0: no heartbeats)
   std::atomic<Backoff> backoff_;
   const std::shared_ptr<Transport> transport_;
   const Request null_request_;   // transport_->null_request()
@@ -400,6 +402,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     Request request;
     bool posted = false;
     PoisonNotice notice;
+    std::unique_ptr<Heartbeat> heartbeat;  // the liveness check of its peers (heartbeat.h)
   };
   std::vector<std::unique_ptr<Listener>> listeners_;
   struct NoticeSend {
@@ -408,6 +411,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
   std::vector<NoticeSend> notice_sends_;
   Clock::time_point last_notice_poll_{};
+  // last_notice_poll_ for threads without the token (Clock ticks): an engine
+  // thread that watches runs an iteration when no poll came for
+  // kIdleNoticePoll, so heartbeats go out while callers compute.
+  std::atomic<Clock::rep> notices_polled_at_{0};
   // The engine thread's wait (wait_for_work): the submissions it has seen,
   // since when none came, and whether it last returned for an idle notice
   // poll (the quiet period then goes on).

@@ -98,6 +98,7 @@ bool post_listener(Listener& l) {
 
 void Engine::poll_notices() {
   last_notice_poll_ = Clock::now();
+  notices_polled_at_.store(last_notice_poll_.time_since_epoch().count(), std::memory_order_relaxed);
   std::vector<std::shared_ptr<EndpointSet>> fresh;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -109,9 +110,12 @@ void Engine::poll_notices() {
     if (known || comms->size < 2) continue;
     auto listener = std::make_unique<Listener>();
     listener->comms = std::move(comms);
+    if (peer_timeout_.count() > 0)
+      listener->heartbeat = std::make_unique<Heartbeat>(listener->comms->endpoints, peer_timeout_);
     if (post_listener(*listener)) listeners_.push_back(std::move(listener));
   }
   for (auto& l : listeners_) {
+    if (l->heartbeat) l->heartbeat->poll(last_notice_poll_);
     // Several notices may be waiting.
     while (l->posted) {
       Completion completion;
@@ -137,6 +141,8 @@ void Engine::poll_notices() {
 
 void Engine::on_peer_errors() {
   for (const PeerError& e : transport_->take_peer_errors()) {
+    for (auto& l : listeners_)
+      if (l->heartbeat && l->comms->endpoints.get() == e.endpoints) l->heartbeat->forget(e.rank);
     std::vector<std::shared_ptr<Lane>> hit;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -251,16 +257,19 @@ void Engine::release_listeners(bool all) {
   });
   for (auto it = unused; it != listeners_.end(); ++it) {
     Listener& l = **it;
-    if (!l.posted) continue;
-    transport_->cancel(l.request);
-    Completion completion;
-    int failure = 0;
-    bool done = false;
-    while (!(done = transport_->test(l.request, completion, failure)) && failure == 0 &&
-           Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if (!done) {
-      RELAXCC_LOG(warn, "a poison-notice receive did not cancel; its buffer is kept (leaked)");
+    const bool heartbeat_released = !l.heartbeat || l.heartbeat->release(deadline);
+    bool done = !l.posted;
+    if (l.posted) {
+      transport_->cancel(l.request);
+      Completion completion;
+      int failure = 0;
+      while (!(done = transport_->test(l.request, completion, failure)) && failure == 0 &&
+             Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (!done || !heartbeat_released) {
+      RELAXCC_LOG(
+          warn, "a poison-notice or heartbeat receive did not cancel; its buffer is kept (leaked)");
       new std::unique_ptr<Listener>(
           std::move(*it));  // intentional leak: the transport may still write it
     }

@@ -112,6 +112,14 @@ class Endpoints {
   // Receives the probed `message` into `buf` (at least its size). Not
   // cancellable.
   virtual Request imrecv(void* buf, size_t bytes, Message* message) = 0;
+  // Gives up on `rank` (the engine's heartbeats found it silent): its
+  // requests fail as far as the wing can make them, and the transport
+  // reports a PeerError for it (take_peer_errors), so the engine fails and
+  // poisons the lanes with it. This default reports only (MPI: the engine's
+  // abort of those lanes then cancels the receives from it; sends to it stay
+  // posted); UCX fails its requests at once and closes its endpoint. Any
+  // thread.
+  virtual void fail_peer(int rank, const std::string& reason);
 
  private:
   const std::shared_ptr<Transport> transport_;
@@ -194,6 +202,7 @@ class Transport {
   }
 
  protected:
+  friend class Endpoints;
   void report_peer_error(PeerError error) {
     std::lock_guard<std::mutex> lock(peer_errors_mutex_);
     peer_errors_.push_back(std::move(error));
@@ -206,5 +215,9 @@ class Transport {
   std::mutex peer_errors_mutex_;
   std::vector<PeerError> peer_errors_;
 };
+
+inline void Endpoints::fail_peer(int rank, const std::string& reason) {
+  transport_->report_peer_error(PeerError{this, rank, reason});
+}
 
 }  // namespace relaxcc::engine

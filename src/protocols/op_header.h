@@ -117,7 +117,8 @@ struct AbortRecord {
 static_assert(sizeof(AbortRecord) == 256);
 
 // Tag of PoisonNotice messages on the collective communicator; collective
-// tags start at 1.
+// tags start at 1 and stay below max_tag (heartbeats use max_tag:
+// src/engine/heartbeat.h).
 inline constexpr int kNoticeTag = 0;
 
 struct PoisonNotice {

@@ -168,7 +168,7 @@ class UcxEndpoints final : public engine::Endpoints {
   // Gives up on `peer` (a missed heartbeat, a stopped process): fails its
   // requests, closes its endpoint by force, reports a PeerError. Later
   // requests for it fail at once.
-  void fail_peer(int peer, const std::string& reason);
+  void fail_peer(int peer, const std::string& reason) override;
   PeerState peer_state(int peer) const;
   bool same_host(int peer) const;
   // ucp's description of the endpoint to `peer`: its lanes and transports.

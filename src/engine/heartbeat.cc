@@ -1,0 +1,171 @@
+#include "src/engine/heartbeat.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
+
+namespace relaxcc::engine {
+
+namespace {
+// What heartbeats carry (static: a detached send may outlive its set): alive,
+// or leaving (the set is released: no verdict on this rank any more).
+constexpr uint64_t kHeartbeatPayload = 0x5442485243435852;  // "RXCCRHBT"
+constexpr uint64_t kLeavingPayload = 0x4559425243435852;    // "RXCCRBYE"
+// The answer to a leaving rank: the last message to it (messages between two
+// ranks arrive in order, so every heartbeat sent before it was received).
+constexpr uint64_t kAckPayload = 0x4b43415243435852;  // "RXCCRACK"
+}  // namespace
+
+std::chrono::milliseconds checked_peer_timeout(int64_t ms) {
+  RELAXCC_ENFORCE(ms == 0 || (ms >= 200 && ms <= 600000), InvalidArgument,
+                  "RELAXCC_PEER_TIMEOUT_MS=", ms, ": expected 0 (off) or 200 to 600000");
+  return std::chrono::milliseconds(ms);
+}
+
+Heartbeat::Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::milliseconds timeout)
+    : endpoints_(std::move(endpoints)),
+      transport_(endpoints_->transport()),
+      timeout_(timeout),
+      period_(timeout / 4),
+      tag_(heartbeat_tag(endpoints_->max_tag())),
+      peers_(static_cast<size_t>(endpoints_->size())),
+      receive_(transport_.null_request()) {
+  for (Peer& p : peers_) p.send = transport_.null_request();
+  peers_[static_cast<size_t>(endpoints_->rank())].lost = true;  // not a peer
+}
+
+void Heartbeat::post_receive() {
+  try {
+    receive_ =
+        endpoints_->irecv(Space::collective, &received_, sizeof(received_), kAnySource, tag_);
+    posted_ = true;
+  } catch (const Error& e) {
+    RELAXCC_LOG(warn, "cannot listen for heartbeats: ", e.message());
+    posted_ = false;
+  }
+}
+
+void Heartbeat::poll(Clock::time_point now) {
+  // Arrivals at every poll, as the notices: a message left waiting keeps a
+  // transport's event fd readable, which would keep the engine thread awake.
+  take_heartbeats(now);
+  if (now < next_step_) return;
+  next_step_ = now + kHeartbeatStep;
+  if (!posted_) post_receive();
+  test_sends();
+  if (now >= next_send_) {
+    next_send_ = now + period_;
+    send_heartbeats(&kHeartbeatPayload);
+  }
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    Peer& p = peers_[r];
+    if (p.lost || p.heard == Clock::time_point{} || now - p.heard < timeout_) continue;
+    p.lost = true;
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.heard);
+    endpoints_->fail_peer(static_cast<int>(r),
+                          detail::concat("no heartbeat for ", silent.count(),
+                                         " ms (RELAXCC_PEER_TIMEOUT_MS=", timeout_.count(), ")"));
+  }
+}
+
+void Heartbeat::take_heartbeats(Clock::time_point now) {
+  while (posted_) {
+    Completion completion;
+    int failure = 0;
+    const bool done = transport_.test(receive_, completion, failure);
+    if (failure != 0 || (done && completion.error != 0)) {
+      RELAXCC_LOG(warn, "heartbeat receive failed (posting a new one): ",
+                  transport_.error_string(failure != 0 ? failure : completion.error));
+      if (!done) transport_.detach(receive_);  // received_ stays this object's: never freed early
+      post_receive();
+      return;
+    }
+    if (!done) return;
+    if (completion.source >= 0 && completion.source < static_cast<int>(peers_.size())) {
+      Peer& p = peers_[static_cast<size_t>(completion.source)];
+      p.heard = now;
+      if (received_ == kLeavingPayload || received_ == kAckPayload) p.done = true;
+      if (received_ == kLeavingPayload && !leaving_ && !p.lost) {
+        // No more heartbeats to it after this answer, nor a verdict on it.
+        p.lost = true;
+        send_to(static_cast<size_t>(completion.source), &kAckPayload, true);
+      }
+    }
+    post_receive();
+  }
+}
+
+void Heartbeat::test_sends() {
+  for (Peer& p : peers_) {
+    if (p.send == transport_.null_request()) continue;
+    Completion completion;
+    int failure = 0;
+    if (!transport_.test(p.send, completion, failure) && failure != 0) transport_.detach(p.send);
+  }
+}
+
+void Heartbeat::send_heartbeats(const uint64_t* payload) {
+  // One in flight per peer: a stopped peer does not pile them up.
+  for (size_t r = 0; r < peers_.size(); ++r)
+    if (!peers_[r].lost && peers_[r].send == transport_.null_request()) send_to(r, payload, false);
+}
+
+void Heartbeat::send_to(size_t r, const uint64_t* payload, bool detached) {
+  try {
+    Request request =
+        endpoints_->isend(Space::collective, payload, sizeof(*payload), static_cast<int>(r), tag_);
+    // Payloads are static: a detached send may finish any time.
+    if (detached)
+      transport_.detach(request);
+    else
+      peers_[r].send = request;
+  } catch (const Error& e) {
+    RELAXCC_LOG(debug, "cannot send a heartbeat to rank ", r, ": ", e.message());
+  }
+}
+
+void Heartbeat::forget(int rank) {
+  if (rank >= 0 && rank < static_cast<int>(peers_.size()))
+    peers_[static_cast<size_t>(rank)].lost = true;
+}
+
+bool Heartbeat::release(Clock::time_point deadline) {
+  // Leaving: every peer still here gets kLeavingPayload and answers it (or is
+  // leaving too), so no heartbeat of theirs stays unreceived (MPI reuses a
+  // freed communicator's id: a message left behind would reach a later
+  // communicator).
+  leaving_ = true;
+  test_sends();
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    Peer& p = peers_[r];
+    if (p.lost) continue;
+    if (p.send != transport_.null_request()) transport_.detach(p.send);
+    send_to(r, &kLeavingPayload, true);
+  }
+  for (;;) {
+    if (!posted_) post_receive();
+    take_heartbeats(Clock::now());
+    const bool answered =
+        std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.done; });
+    if (answered || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (posted_) {
+    transport_.cancel(receive_);
+    for (;;) {
+      Completion completion;
+      int failure = 0;
+      if (transport_.test(receive_, completion, failure) || failure != 0) {
+        posted_ = false;
+        break;
+      }
+      if (Clock::now() >= deadline + std::chrono::milliseconds(50)) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  return !posted_;
+}
+
+}  // namespace relaxcc::engine

@@ -1,0 +1,96 @@
+// Heartbeat: the liveness check of the peers of one endpoint set, the same
+// for every wing. Each rank sends a small message to every other rank of the
+// set every RELAXCC_PEER_TIMEOUT_MS / 4, on heartbeat_tag(max_tag) of the
+// collective space (no protocol uses it), and takes the others' with one
+// any-source receive. A peer heard from once and then silent for
+// RELAXCC_PEER_TIMEOUT_MS is declared lost: Endpoints::fail_peer, which
+// reports it as a PeerError (the engine then fails and poisons the lanes
+// with that peer and sends their poison notices). A peer never heard from is
+// not timed: the creation handshake and each operation's timeout cover it.
+// A rank whose set is released (its communicators are gone) tells its peers
+// it leaves and takes what they sent until each answered (or left too):
+// they stop timing it and sending to it, and no heartbeat stays unreceived.
+//
+// Cost: the engine's poll of poison notices runs it (Engine::poll_notices:
+// every millisecond while operations run, every kIdleNoticePoll when idle);
+// each poll tests its receive (as the notices' one), and every step
+// (kHeartbeatStep) it sends what is due and judges: size - 1 messages of 8
+// bytes per period, nothing per operation.
+//
+// Token holder only, like the rest of the engine's progress.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/engine/clock.h"
+#include "src/engine/transport.h"
+
+namespace relaxcc::engine {
+
+// RELAXCC_PEER_TIMEOUT_MS checked: 0 (heartbeats off) or 200..600000.
+// Throws InvalidArgument naming the variable otherwise.
+std::chrono::milliseconds checked_peer_timeout(int64_t ms);
+
+// The tag of heartbeats in the collective space: max_tag itself, above every
+// collective_tag() (op_header.h), and not kNoticeTag.
+inline int heartbeat_tag(int max_tag) {
+  return max_tag;
+}
+
+// How often a heartbeat set looks at its receive and its peers' deadlines.
+inline constexpr auto kHeartbeatStep = std::chrono::milliseconds(10);
+
+class Heartbeat {
+ public:
+  // For `endpoints` (at least 2 ranks), with a peer timeout of `timeout`
+  // (positive). Posts its receive at the first poll().
+  Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::milliseconds timeout);
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // Takes the heartbeats that arrived, sends those due, and declares the
+  // peers silent for the timeout lost. Cheap until the next step.
+  void poll(Clock::time_point now);
+  // `rank` was lost by other means (a transport's PeerError): no more
+  // heartbeats to it, no verdict on it.
+  void forget(int rank);
+  // Tells the peers this rank leaves and takes their heartbeats until each
+  // answered or left too (at most until `deadline`), then cancels the
+  // receive. False when the receive is still posted: then this object (its
+  // buffer) must never be freed.
+  bool release(Clock::time_point deadline);
+
+ private:
+  struct Peer {
+    Clock::time_point heard{};  // the latest heartbeat (epoch: none yet)
+    Request send;               // the heartbeat in flight to it (null: none)
+    bool lost = false;          // no heartbeats to it, no verdict on it
+    bool done = false;          // it left, or answered this rank's leaving
+  };
+  void post_receive();
+  void take_heartbeats(Clock::time_point now);
+  void test_sends();
+  // To every peer not lost and without one in flight.
+  void send_heartbeats(const uint64_t* payload);
+  // `payload` to rank `r`: its send request, or detached.
+  void send_to(size_t r, const uint64_t* payload, bool detached);
+
+  const std::shared_ptr<Endpoints> endpoints_;
+  Transport& transport_;
+  const std::chrono::milliseconds timeout_;
+  const Clock::duration period_;
+  const int tag_;
+  std::vector<Peer> peers_;
+  Clock::time_point next_step_{};
+  Clock::time_point next_send_{};
+  Request receive_;
+  bool posted_ = false;
+  uint64_t received_ = 0;
+  bool leaving_ = false;  // release() began
+};
+
+}  // namespace relaxcc::engine
