@@ -8,7 +8,7 @@ mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 clang-format-14 --dry-run --Werror "${files[@]}"
 echo "check-format: ${#files[@]} files formatted"
 # Includes are rooted at the project or at a target's include directory
-# ("src/mpi/engine.h", "relaxcc/work.h"), never relative to the including file.
+# ("src/engine/engine.h", "relaxcc/work.h"), never relative to the including file.
 if grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"\.\./' "${files[@]}"; then
   echo "check-format: the includes above climb out of their folder with ../" >&2
   exit 1

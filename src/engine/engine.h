@@ -401,7 +401,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::shared_ptr<EndpointSet> comms;
     Request request;
     bool posted = false;
-    PoisonNotice notice;
+    // The posted receive's buffer; a detached receive keeps its own (leaked).
+    std::unique_ptr<PoisonNotice> notice = std::make_unique<PoisonNotice>();
     std::unique_ptr<Heartbeat> heartbeat;  // the liveness check of its peers (heartbeat.h)
   };
   std::vector<std::unique_ptr<Listener>> listeners_;

@@ -39,7 +39,7 @@ Heartbeat::Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::millisec
 void Heartbeat::post_receive() {
   try {
     receive_ =
-        endpoints_->irecv(Space::collective, &received_, sizeof(received_), kAnySource, tag_);
+        endpoints_->irecv(Space::collective, received_.get(), sizeof(uint64_t), kAnySource, tag_);
     posted_ = true;
   } catch (const Error& e) {
     RELAXCC_LOG(warn, "cannot listen for heartbeats: ", e.message());
@@ -78,7 +78,12 @@ void Heartbeat::take_heartbeats(Clock::time_point now) {
     if (failure != 0 || (done && completion.error != 0)) {
       RELAXCC_LOG(warn, "heartbeat receive failed (posting a new one): ",
                   transport_.error_string(failure != 0 ? failure : completion.error));
-      if (!done) transport_.detach(receive_);  // received_ stays this object's: never freed early
+      if (!done) {
+        // The detached receive may still write its buffer: it keeps it for good.
+        transport_.detach(receive_);
+        static_cast<void>(received_.release());
+        received_ = std::make_unique<uint64_t>(0);
+      }
       post_receive();
       return;
     }
@@ -86,8 +91,8 @@ void Heartbeat::take_heartbeats(Clock::time_point now) {
     if (completion.source >= 0 && completion.source < static_cast<int>(peers_.size())) {
       Peer& p = peers_[static_cast<size_t>(completion.source)];
       p.heard = now;
-      if (received_ == kLeavingPayload || received_ == kAckPayload) p.done = true;
-      if (received_ == kLeavingPayload && !leaving_ && !p.lost) {
+      if (*received_ == kLeavingPayload || *received_ == kAckPayload) p.done = true;
+      if (*received_ == kLeavingPayload && !leaving_ && !p.lost) {
         // No more heartbeats to it after this answer, nor a verdict on it.
         p.lost = true;
         send_to(static_cast<size_t>(completion.source), &kAckPayload, true);

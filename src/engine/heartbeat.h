@@ -89,7 +89,8 @@ class Heartbeat {
   Clock::time_point next_send_{};
   Request receive_;
   bool posted_ = false;
-  uint64_t received_ = 0;
+  // The posted receive's buffer; a detached receive keeps its own (leaked).
+  std::unique_ptr<uint64_t> received_ = std::make_unique<uint64_t>(0);
   bool leaving_ = false;  // release() began
 };
 

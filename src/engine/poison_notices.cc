@@ -83,9 +83,9 @@ namespace {
 // transport refuses it.
 template <typename Listener>
 bool post_listener(Listener& l) {
-  l.notice = PoisonNotice{};
+  *l.notice = PoisonNotice{};
   try {
-    l.request = l.comms->endpoints->irecv(Space::collective, &l.notice, sizeof(PoisonNotice),
+    l.request = l.comms->endpoints->irecv(Space::collective, l.notice.get(), sizeof(PoisonNotice),
                                           kAnySource, kNoticeTag);
     l.posted = true;
   } catch (const Error& e) {
@@ -125,13 +125,18 @@ void Engine::poll_notices() {
         // Failed for good (the transport keeps reporting the same request): listen anew.
         RELAXCC_LOG(warn, "poison-notice receive failed (posting a new one): ",
                     transport_->error_string(failure != 0 ? failure : completion.error));
-        if (!done) transport_->detach(l->request);
+        if (!done) {
+          // The detached receive may still write its buffer: it keeps it for good.
+          transport_->detach(l->request);
+          static_cast<void>(l->notice.release());
+          l->notice = std::make_unique<PoisonNotice>();
+        }
         post_listener(*l);
         break;
       }
       if (!done) break;
       l->posted = false;
-      on_notice(*l->comms, l->notice, completion.source);
+      on_notice(*l->comms, *l->notice, completion.source);
       post_listener(*l);
     }
   }

@@ -107,7 +107,8 @@ class Endpoints {
   virtual Request irecv(Space space, void* buf, size_t bytes, int peer, int tag) = 0;
   // Matched probe: when a message from `peer` with `tag` is waiting, takes
   // it off the matching queue (no other receive can match it any more),
-  // returns true with its handle and size. Does not block.
+  // returns true with its handle and size. Does not block; drives the
+  // transport's progress, so a message still arriving is found.
   virtual bool improbe(Space space, int peer, int tag, Message* message, size_t* bytes) = 0;
   // Receives the probed `message` into `buf` (at least its size). Not
   // cancellable.
@@ -154,16 +155,18 @@ class Transport {
   virtual int test_some(int n, Request* requests, int* indices, Completion* completions,
                         int& failure) = 0;
   // test_some() for one request: true when it finished (`request` is null
-  // then and `completion` filled in). On a failure of the call itself,
-  // returns false with `failure` set.
+  // then and `completion` filled in; a null request is finished, with an
+  // empty completion). On a failure of the call itself, returns false with
+  // `failure` set.
   virtual bool test(Request& request, Completion& completion, int& failure) = 0;
   // Asks the transport to stop a receive that has not matched: it still
   // completes (test/test_some), with Completion::cancelled when stopped in
-  // time. Only irecv's requests; at most once per request.
+  // time. Only irecv's requests; at most once per request. Nothing for a
+  // null request.
   virtual void cancel(Request& request) = 0;
   // Gives `request` up: the transport completes it by itself and frees it;
   // its buffer must stay valid (the caller leaks it when the request may
-  // never complete). Sets `request` to null.
+  // never complete). Sets `request` to null. Nothing for a null request.
   virtual void detach(Request& request) = 0;
   // What a nonzero Completion::error or `failure` means.
   virtual std::string error_string(int code) const = 0;

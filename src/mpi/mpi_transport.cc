@@ -126,6 +126,7 @@ bool MpiTransport::test(engine::Request& request, engine::Completion& completion
 }
 
 void MpiTransport::cancel(engine::Request& request) {
+  if (request == null_request()) return;
   MPI_Cancel(as_mpi(&request));
 }
 

@@ -277,6 +277,10 @@ int UcxTransport::test_some(int n, engine::Request* requests, int* indices,
 bool UcxTransport::test(engine::Request& request, engine::Completion& completion, int& failure) {
   std::lock_guard<std::mutex> lock(mutex_);
   failure = 0;
+  if (request == null_request()) {
+    completion = engine::Completion{-1, 0, false, 0};
+    return true;
+  }
   progress();
   Entry& e = entry_of(request);
   if (e.state != EntryState::kReady) return false;
@@ -287,6 +291,7 @@ bool UcxTransport::test(engine::Request& request, engine::Completion& completion
 
 void UcxTransport::cancel(engine::Request& request) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (request == null_request()) return;
   Entry& e = entry_of(request);
   RELAXCC_ENFORCE(!e.send, InvalidArgument, "UCX cancel: only receives are cancelled");
   if (e.state == EntryState::kPending && e.request != nullptr)
@@ -295,6 +300,7 @@ void UcxTransport::cancel(engine::Request& request) {
 
 void UcxTransport::detach(engine::Request& request) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (request == null_request()) return;
   Entry& e = entry_of(request);
   request = null_request();
   if (e.state != EntryState::kPending || e.request == nullptr) return release(e);
@@ -531,6 +537,8 @@ bool UcxEndpoints::improbe(engine::Space space, int peer, int t, engine::Message
                            size_t* bytes) {
   std::lock_guard<std::mutex> lock(ucx_->mutex_);
   if (peer != kAnySource) peer_at(peer, "probe");
+  // As MPI_Improbe, a probe drives progress: a message still arriving is found.
+  ucx_->progress();
   ucp_tag_recv_info_t info{};
   ucp_tag_message_h m =
       ucp_tag_probe_nb(ucx_->worker_->get(), tag(space, peer, t), tag_layout::mask(peer), 1, &info);
