@@ -1045,13 +1045,13 @@ TEST(Reducer, TimeoutNamesTheAgreement) {
   if (n == 1) GTEST_SKIP() << "a single rank waits for nobody";
   Model m({10});
   ReducerOptions o;
-  o.timeout = 2s;
+  o.timeout = 1s;
   MPI_Barrier(MPI_COMM_WORLD);
   int timed_out = 0;
   {
     Reducer reducer(comm, m.specs, std::make_shared<GradientAllreduce>(), ExecContext::host(), o);
     reducer.begin_step();
-    if (r == 1) std::this_thread::sleep_for(5s);
+    if (r == 1) std::this_thread::sleep_for(3s);
     const std::string label = "Reducer: agreement on unused tensors of iteration 0";
     try {
       reducer.synchronize();
@@ -1060,7 +1060,7 @@ TEST(Reducer, TimeoutNamesTheAgreement) {
       timed_out = 1;
       EXPECT_NE(std::string(e.what()).find("allreduce #6 of '" + label + "'"), std::string::npos)
           << e.what();
-      EXPECT_NE(std::string(e.what()).find("did not complete within 2000 ms"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("did not complete within 1000 ms"), std::string::npos)
           << e.what();
     } catch (const CommunicationError& e) {  // told by a rank that timed out
       EXPECT_NE(std::string(e.what()).find(label), std::string::npos) << e.what();
