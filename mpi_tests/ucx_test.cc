@@ -738,6 +738,61 @@ TEST(UcxFailure, StoppedSameHostPeerWaitsForTheCallersVerdict) {
   ranks.join(25s, {1});
 }
 
+// A receive that matched before its peer was failed is written by UCX until
+// the message ends: it is reported (failed) only after its last byte, never
+// while UCX may still write the buffer. Eager fragments only (no rendezvous):
+// the sender pushes what the shared-memory FIFO takes, then stops
+// progressing until the receiver failed it.
+TEST(UcxFailure, MatchedReceiveOfAFailedPeerIsReportedAfterItsLastByte) {
+  ASSERT_EQ(setenv("UCX_RNDV_THRESH", "inf", 1), 0);
+  Ranks ranks;
+  constexpr size_t kWords = size_t{4} << 17;  // 4 MiB
+  ranks.spawn(2, [&](Channel& ch, int me) {
+    Shared& s = ranks.shared();
+    barrier(ch, s, 2, 1);
+    std::vector<uint64_t> data(kWords);
+    if (me == 1) {
+      for (size_t i = 0; i < kWords; ++i) data[i] = (uint64_t{1} << 56) | i;
+      ch.isend(1, data.data(), kWords * 8, 0, 7);
+      const auto deadline = Clock::now() + 15s;
+      while (s.ready.load() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      std::vector<Completion> done;
+      while (done.empty() && Clock::now() < deadline) ch.testsome(done);
+      ASSERT_EQ(done.size(), 1u);
+      s.ready.fetch_add(1);
+      while (s.ready.load() < 3 && Clock::now() < deadline) ch.wait(10ms);
+      return;
+    }
+    ch.irecv(1, data.data(), kWords * 8, 1, 7);
+    std::vector<Completion> done;
+    auto deadline = Clock::now() + 10s;
+    while (data[0] == 0 && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_NE(data[0], 0u) << "no fragment arrived";
+    ASSERT_EQ(data[kWords - 1], 0u) << "the whole message arrived at once";
+    ASSERT_TRUE(done.empty());
+    ch.fail_peer(1, "no heartbeat");
+    ASSERT_EQ(ch.take_lost_peers().size(), 1u);
+    // (The sender's own call may still be pushing fragments: a report that
+    // comes now must come after the last of them.)
+    const auto quiet = Clock::now() + 300ms;
+    while (done.empty() && Clock::now() < quiet) ch.testsome(done);
+    s.ready.fetch_add(1);
+    deadline = Clock::now() + 10s;
+    while (done.empty() && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_NE(message_of(done[0].error).find("rank 1"), std::string::npos) << done[0].error;
+    std::vector<uint64_t> at_report = data;
+    for (size_t i = 0; i < kWords; ++i)
+      ASSERT_EQ(at_report[i], (uint64_t{1} << 56) | i) << "word " << i << " at the report";
+    s.ready.fetch_add(1);
+    const auto after = Clock::now() + 200ms;
+    while (Clock::now() < after) ch.progress();
+    EXPECT_TRUE(data == at_report);
+  });
+  unsetenv("UCX_RNDV_THRESH");
+  ranks.join(25s);
+}
+
 // An idle channel sleeps on its event fd: a second of waiting costs well
 // under 50 ms of CPU time (every thread of the process, UCX's included).
 TEST(UcxProgress, IdleWaitDoesNotSpin) {
