@@ -19,7 +19,7 @@
 
 #include "relaxcc/errors.h"
 #include "src/engine/engine.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 #include "test_util.h"
 
 namespace relaxcc {

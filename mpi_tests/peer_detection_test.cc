@@ -34,7 +34,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
 #include "relaxcc/tensor.h"
-#include "src/engine/engine_communicator.h"
+#include "src/communicator/engine_communicator.h"
 #include "src/ucx/ucx_transport.h"
 #include "src/ucx/worker.h"
 

@@ -345,6 +345,20 @@ TEST(BadStart, PeerNeverArrives) {
   }
 }
 
+// A tunable out of its range: InvalidArgument naming the variable, from the
+// one check every communicator's tunables pass (check_tunables).
+TEST(BadStart, TunableOutOfRange) {
+  const uint16_t port = free_port();
+  std::vector<Child> children;
+  for (int r = 0; r < 2; ++r) {
+    auto vars = torchrun(r, 2, port, kTimeoutMs);
+    vars["RELAXCC_PEER_TIMEOUT_MS"] = "50";
+    children.push_back(spawn(vars));
+  }
+  collect(children);
+  for (const auto& c : children) expect_error(c, "Other", "RELAXCC_PEER_TIMEOUT_MS=50", kTimeoutMs);
+}
+
 // While it waits 1 s for its peer, rank 0's engine thread sleeps on the
 // worker's event fd, waking every millisecond (for deadlines) instead of
 // every RELAXCC_MAX_SLEEP_US (50 us): at most 1500 voluntary context

@@ -47,7 +47,7 @@
 #include "src/engine/direct_exchange.h"
 #include "src/engine/operation.h"
 #include "src/engine/request_poster.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 
 namespace relaxcc::engine {
 

@@ -18,12 +18,6 @@ constexpr uint64_t kLeavingPayload = 0x4559425243435852;    // "RXCCRBYE"
 constexpr uint64_t kAckPayload = 0x4b43415243435852;  // "RXCCRACK"
 }  // namespace
 
-std::chrono::milliseconds checked_peer_timeout(int64_t ms) {
-  RELAXCC_ENFORCE(ms == 0 || (ms >= 200 && ms <= 600000), InvalidArgument,
-                  "RELAXCC_PEER_TIMEOUT_MS=", ms, ": expected 0 (off) or 200 to 600000");
-  return std::chrono::milliseconds(ms);
-}
-
 Heartbeat::Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::milliseconds timeout)
     : endpoints_(std::move(endpoints)),
       transport_(endpoints_->transport()),

@@ -31,10 +31,6 @@
 
 namespace relaxcc::engine {
 
-// RELAXCC_PEER_TIMEOUT_MS checked: 0 (heartbeats off) or 200..600000.
-// Throws InvalidArgument naming the variable otherwise.
-std::chrono::milliseconds checked_peer_timeout(int64_t ms);
-
 // The tag of heartbeats in the collective space: max_tag itself, above every
 // collective_tag() (op_header.h), and not kNoticeTag.
 inline int heartbeat_tag(int max_tag) {

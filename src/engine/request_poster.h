@@ -11,7 +11,7 @@
 #include "relaxcc/tunables.h"
 #include "src/collectives/scratch_pool.h"
 #include "src/engine/transport.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 
 namespace relaxcc::engine {
 

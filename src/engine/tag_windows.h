@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "src/engine/transport.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 
 namespace relaxcc::engine {
 

@@ -10,11 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
+#include "src/communicator/engine_communicator.h"
 #include "src/engine/clock.h"
-#include "src/engine/engine_communicator.h"
-#include "src/engine/polling.h"
 #include "src/ucx/ucx_transport.h"
 #include "src/ucx/worker.h"
 
@@ -55,8 +53,6 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
                            ? options.timeout
                            : std::chrono::milliseconds(options.tunables.timeout_ms);
   const auto deadline = Clock::now() + timeout;
-  AllreduceSelection::parse(options.tunables.allreduce_algo);
-  engine::choose_polling(options.tunables.engine_poll, false);
   RendezvousOptions r = options.rendezvous;
   r.timeout = timeout;
   if (options.store) {
