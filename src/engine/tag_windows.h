@@ -12,8 +12,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "src/engine/transport.h"
 #include "src/engine/op_header.h"
+#include "src/engine/transport.h"
 
 namespace relaxcc::engine {
 
