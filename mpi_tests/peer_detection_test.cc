@@ -30,6 +30,7 @@
 
 #include <gtest/gtest.h>
 
+#include "child_processes.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
@@ -80,8 +81,6 @@ class World {
         mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     shared_ = new (p) Shared();
-    char tmpl[] = "/tmp/relaxcc_detect.XXXXXX";
-    dir_ = mkdtemp(tmpl);
     std::fflush(stdout);
     for (int r = 0; r < n; ++r) {
       const pid_t pid = fork();
@@ -90,12 +89,8 @@ class World {
     }
   }
   ~World() {
-    for (pid_t pid : pids_)
-      if (pid > 0) ::kill(pid, SIGKILL);
-    for (pid_t pid : pids_)
-      if (pid > 0) waitpid(pid, nullptr, 0);
+    test::kill_children(pids_);
     munmap(shared_, sizeof(Shared));
-    std::filesystem::remove_all(dir_);
   }
   Shared& shared() { return *shared_; }
 
@@ -112,31 +107,16 @@ class World {
   // Waits for every rank but `victim` (-1: none) to exit, EXPECTing 0 from
   // each; kills the victim.
   void join(std::chrono::seconds timeout, int victim = -1) {
-    const auto deadline = Clock::now() + timeout;
-    for (int r = 0; r < n_; ++r) {
-      if (r == victim) continue;
-      int status = 0;
-      pid_t got = 0;
-      while ((got = waitpid(pids_[static_cast<size_t>(r)], &status, WNOHANG)) == 0 &&
-             Clock::now() < deadline)
-        std::this_thread::sleep_for(2ms);
-      if (got == 0) {
-        ADD_FAILURE() << "rank " << r << " did not finish in time";
-        continue;
-      }
-      pids_[static_cast<size_t>(r)] = -1;
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "rank " << r << " failed (status " << status << ")";
-    }
+    test::join_children(pids_, timeout, {victim});
   }
 
  private:
   int run(int rank, int64_t peer_timeout_ms, const Body& body) {
     try {
       auto worker = std::make_shared<Worker>(std::make_shared<Context>());
-      publish(rank, worker->blob());
+      blobs_.publish(rank, worker->blob());
       std::vector<Blob> blobs;
-      for (int r = 0; r < n_; ++r) blobs.push_back(read_blob(r));
+      for (int r = 0; r < n_; ++r) blobs.push_back(blobs_.read(r, 20s));
       UcxConnection c = connect(worker, blobs, rank);
       if (rank == stops_) {
         ::raise(SIGSTOP);
@@ -167,34 +147,10 @@ class World {
     std::fflush(stdout);
     return testing::Test::HasFailure() ? 1 : 0;
   }
-  void publish(int rank, const Blob& blob) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    {
-      std::ofstream out(path + ".tmp", std::ios::binary);
-      out.write(reinterpret_cast<const char*>(blob.data()),
-                static_cast<std::streamsize>(blob.size()));
-    }
-    std::filesystem::rename(path + ".tmp", path);
-  }
-  Blob read_blob(int rank) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    const auto deadline = Clock::now() + 20s;
-    while (!std::filesystem::exists(path)) {
-      if (Clock::now() > deadline)
-        throw std::runtime_error("no blob from rank " + std::to_string(rank));
-      std::this_thread::sleep_for(1ms);
-    }
-    std::ifstream in(path, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Blob blob(bytes.size());
-    std::memcpy(blob.data(), bytes.data(), bytes.size());
-    return blob;
-  }
-
   const int n_;
   const int stops_;
   Shared* shared_ = nullptr;
-  std::string dir_;
+  test::BlobDirectory blobs_{"relaxcc_detect"};
   std::vector<pid_t> pids_;
 };
 

@@ -26,6 +26,7 @@
 
 #include <gtest/gtest.h>
 
+#include "child_processes.h"
 #include "relaxcc/errors.h"
 #include "src/engine/transport.h"
 #include "src/ucx/ucx_transport.h"
@@ -177,16 +178,10 @@ class Ranks {
         mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     shared_ = new (p) Shared();
-    char tmpl[] = "/tmp/relaxcc_ucx_test.XXXXXX";
-    dir_ = mkdtemp(tmpl);
   }
   ~Ranks() {
-    for (pid_t pid : pids_)
-      if (pid > 0) ::kill(pid, SIGKILL);
-    for (pid_t pid : pids_)
-      if (pid > 0) waitpid(pid, nullptr, 0);
+    test::kill_children(pids_);
     munmap(shared_, sizeof(Shared));
-    std::filesystem::remove_all(dir_);
   }
 
   Shared& shared() { return *shared_; }
@@ -205,21 +200,7 @@ class Ranks {
   // Waits until every child exited (at most `timeout`); EXPECTs exit code 0
   // from each, except from the ranks in `killed`.
   void join(std::chrono::milliseconds timeout = 25s, std::vector<int> killed = {}) {
-    const auto deadline = Clock::now() + timeout;
-    for (size_t r = 0; r < pids_.size(); ++r) {
-      int status = 0;
-      pid_t got = 0;
-      while ((got = waitpid(pids_[r], &status, WNOHANG)) == 0 && Clock::now() < deadline)
-        std::this_thread::sleep_for(2ms);
-      if (got == 0) {
-        ADD_FAILURE() << "rank " << r << " did not finish in time";
-        continue;
-      }
-      pids_[r] = -1;
-      if (std::find(killed.begin(), killed.end(), static_cast<int>(r)) != killed.end()) continue;
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "rank " << r << " failed (status " << status << ")";
-    }
+    test::join_children(pids_, timeout, killed);
   }
 
   // Waits (in the parent) until `count` children called ready().
@@ -241,9 +222,9 @@ class Ranks {
                 const EndpointOptions& options) {
     try {
       auto worker = std::make_shared<Worker>(std::make_shared<Context>());
-      publish(rank, worker->blob());
+      blobs_.publish(rank, worker->blob());
       std::vector<Blob> blobs;
-      for (int r = 0; r < n_; ++r) blobs.push_back(read_blob(r));
+      for (int r = 0; r < n_; ++r) blobs.push_back(blobs_.read(r, 15s));
       {
         Channel channel(connect(worker, blobs, rank, options));
         body(channel, rank);
@@ -257,33 +238,8 @@ class Ranks {
     return testing::Test::HasFailure() ? 1 : 0;
   }
 
-  void publish(int rank, const Blob& blob) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    {
-      std::ofstream out(path + ".tmp", std::ios::binary);
-      out.write(reinterpret_cast<const char*>(blob.data()),
-                static_cast<std::streamsize>(blob.size()));
-    }
-    std::filesystem::rename(path + ".tmp", path);
-  }
-
-  Blob read_blob(int rank) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    const auto deadline = Clock::now() + 15s;
-    while (!std::filesystem::exists(path)) {
-      if (Clock::now() > deadline)
-        throw std::runtime_error("no blob from rank " + std::to_string(rank));
-      std::this_thread::sleep_for(1ms);
-    }
-    std::ifstream in(path, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Blob blob(bytes.size());
-    std::memcpy(blob.data(), bytes.data(), bytes.size());
-    return blob;
-  }
-
   Shared* shared_ = nullptr;
-  std::string dir_;
+  test::BlobDirectory blobs_{"relaxcc_ucx_test"};
   std::vector<pid_t> pids_;
   int n_ = 0;
 };
