@@ -21,7 +21,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +34,8 @@
 #include "child_processes.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
+#include "relaxcc/rendezvous.h"
+#include "relaxcc/store.h"
 #include "relaxcc/tensor.h"
 #include "relaxcc/ucx_communicator.h"
 
@@ -128,6 +133,73 @@ int idle_child_main() {
     if (v[0] != 3) throw std::runtime_error("wrong allreduce result");
     std::printf("ok %d %d %ld %ld %ld\n", me, comm->size(), static_cast<long>(elapsed_ms(t0)),
                 static_cast<long>(switches), static_cast<long>(at));
+  } catch (const std::exception& e) {
+    std::printf("error Other %ld\n%s\n", static_cast<long>(elapsed_ms(t0)), e.what());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+// Threads of this process.
+int64_t thread_count() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                       std::filesystem::directory_iterator());
+}
+
+// Two communicators on one store (rank 0 serves it at MASTER_PORT), the
+// second on the first's engine and worker (share_engine_with), each on a
+// generation of its own; allreduces on both at once, whose results encode
+// the communicator, every rank and the index, checked exactly:
+//   ok <rank> <size> <elapsed ms> <threads before the second> <threads after>
+int share_child_main() {
+  const auto t0 = Clock::now();
+  try {
+    const RendezvousOptions env = RendezvousOptions::from_env();
+    TcpStoreOptions t;
+    t.host = env.host;
+    t.port = env.port;
+    t.is_server = env.rank == 0;
+    t.timeout = milliseconds(20000);
+    auto store = std::make_shared<TcpStore>(t);
+    UcxCommunicatorOptions o;
+    o.store = store;
+    o.rendezvous.rank = env.rank;
+    o.rendezvous.size = env.size;
+    o.rendezvous.job = "share";
+    auto first = create_ucx_communicator(o);
+    const int64_t before = thread_count();
+    o.rendezvous.generation = 1;
+    o.share_engine_with = first;
+    auto second = create_ucx_communicator(o);
+    const int64_t after = thread_count();
+    const int n = first->size(), me = first->rank();
+    std::vector<int64_t> v[2];
+    WorkPtr works[2];
+    for (int k = 0; k < 2; ++k) {
+      v[k].resize(4096);
+      for (size_t i = 0; i < v[k].size(); ++i)
+        v[k][i] = (int64_t{1} << me) * (k + 1) + (static_cast<int64_t>(i) << 20);
+      works[k] = (k == 0 ? first : second)
+                     ->allreduce(TensorView::host(v[k].data(), static_cast<int64_t>(v[k].size())),
+                                 ExecContext::host());
+    }
+    for (int k = 0; k < 2; ++k) {
+      works[k]->wait();
+      for (size_t i = 0; i < v[k].size(); ++i) {
+        const int64_t want =
+            ((int64_t{1} << n) - 1) * (k + 1) + n * (static_cast<int64_t>(i) << 20);
+        if (v[k][i] != want)
+          throw std::runtime_error("communicator " + std::to_string(k) + ", element " +
+                                   std::to_string(i) + ": " + std::to_string(v[k][i]) +
+                                   ", expected " + std::to_string(want));
+      }
+    }
+    second->barrier()->wait();
+    second.reset();
+    first->barrier()->wait();
+    first.reset();
+    std::printf("ok %d %d %ld %ld %ld\n", me, n, static_cast<long>(elapsed_ms(t0)),
+                static_cast<long>(before), static_cast<long>(after));
   } catch (const std::exception& e) {
     std::printf("error Other %ld\n%s\n", static_cast<long>(elapsed_ms(t0)), e.what());
   }
@@ -303,6 +375,20 @@ TEST(BadStart, PeerNeverArrives) {
   }
 }
 
+// share_engine_with on the UCX wing: the second communicator runs on the
+// first's engine (no thread more) and both reduce exactly at once.
+TEST(ShareEngine, SecondCommunicatorOnTheFirstsEngine) {
+  const uint16_t port = free_port();
+  std::vector<Child> children{spawn(torchrun(0, 2, port), "--ucx-share-child"),
+                              spawn(torchrun(1, 2, port), "--ucx-share-child")};
+  collect(children);
+  for (const auto& c : children) {
+    ASSERT_TRUE(c.ok) << c.kind << ": " << c.message;
+    ASSERT_EQ(c.extra.size(), 2u);
+    EXPECT_EQ(c.extra[1], c.extra[0]) << "threads before and after the second communicator";
+  }
+}
+
 // A tunable out of its range: InvalidArgument naming the variable, from the
 // one check every communicator's tunables pass (check_tunables).
 TEST(BadStart, TunableOutOfRange) {
@@ -355,6 +441,8 @@ TEST(BadStart, NoRendezvousAddress) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--ucx-child") == 0) return relaxcc::child_main();
   if (argc > 1 && std::strcmp(argv[1], "--ucx-idle-child") == 0) return relaxcc::idle_child_main();
+  if (argc > 1 && std::strcmp(argv[1], "--ucx-share-child") == 0)
+    return relaxcc::share_child_main();
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -70,6 +70,7 @@ class UcxTransport final : public engine::Transport {
   int event_fd() const override { return epoll_fd_; }
   bool arm() override;
   int job_rank() const override { return job_rank_; }
+  const std::shared_ptr<Worker>& worker() const { return worker_; }
 
   // Requests posted and not yet reported, detached ones excepted.
   size_t pending() const;
