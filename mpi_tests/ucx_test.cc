@@ -749,6 +749,47 @@ TEST(UcxFailure, MatchedReceiveOfAFailedPeerIsReportedAfterItsLastByte) {
   ranks.join(25s);
 }
 
+// The same receive when its sender's process ends instead of finishing the
+// message: reported (failed) once the process is gone, within the liveness
+// check's period plus slack, and not before the parent let the sender go.
+TEST(UcxFailure, MatchedReceiveOfAFailedPeerIsReportedWhenItsSenderEnds) {
+  ASSERT_EQ(setenv("UCX_RNDV_THRESH", "inf", 1), 0);
+  Ranks ranks;
+  constexpr size_t kWords = size_t{4} << 17;  // 4 MiB
+  ranks.spawn(2, [&](Channel& ch, int me) {
+    Shared& s = ranks.shared();
+    barrier(ch, s, 2, 1);
+    std::vector<uint64_t> data(kWords);
+    if (me == 1) {
+      for (size_t i = 0; i < kWords; ++i) data[i] = (uint64_t{1} << 56) | i;
+      ch.isend(1, data.data(), kWords * 8, 0, 7);
+      const auto deadline = Clock::now() + 15s;
+      while (s.ready.load() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      std::_Exit(0);  // ends with its message half sent
+    }
+    ch.irecv(1, data.data(), kWords * 8, 1, 7);
+    std::vector<Completion> done;
+    auto deadline = Clock::now() + 10s;
+    while (data[0] == 0 && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_NE(data[0], 0u) << "no fragment arrived";
+    if (data[kWords - 1] != 0) GTEST_SKIP() << "the whole message arrived at once";
+    ch.fail_peer(1, "no heartbeat");
+    const auto quiet = Clock::now() + 200ms;
+    while (done.empty() && Clock::now() < quiet) ch.testsome(done);
+    const bool early = !done.empty() && data[kWords - 1] == 0;
+    EXPECT_FALSE(early) << "reported while its sender still ran";
+    const auto released = Clock::now();
+    s.ready.fetch_add(1);
+    deadline = Clock::now() + 5s;
+    while (done.empty() && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_NE(message_of(done[0].error).find("rank 1"), std::string::npos) << done[0].error;
+    EXPECT_LT(Clock::now() - released, 1s);
+  });
+  unsetenv("UCX_RNDV_THRESH");
+  ranks.join(25s);
+}
+
 // An idle channel sleeps on its event fd: a second of waiting costs well
 // under 50 ms of CPU time (every thread of the process, UCX's included).
 TEST(UcxProgress, IdleWaitDoesNotSpin) {
