@@ -69,7 +69,7 @@ SweepImpl sweep_impl(NamedAllreduce named, bool in_place, ReduceOp op, const Ben
 }
 
 void run_allreduce(const AllreduceArgs& args) {
-  BenchWorld world;
+  BenchWorld world(/*without_mpirun=*/true);
   world.transport = args.sweep.transport;
   const ReduceOp op = parse_reduce_op(args.op);
   const auto max_bytes =

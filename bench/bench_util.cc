@@ -3,6 +3,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -17,7 +19,56 @@
 
 namespace relaxcc::bench {
 
-BenchWorld::BenchWorld() : tunables(Tunables::from_env()) {
+namespace {
+
+bool is_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+bool launched_by_mpirun() {
+  return is_set("OMPI_COMM_WORLD_SIZE") || is_set("PMIX_RANK") || is_set("PMI_RANK");
+}
+
+// The UCX communicator of the next generation on world's store.
+CommunicatorPtr create_on_store(BenchWorld& world, const Tunables& tunables, int rank, int size) {
+  UcxCommunicatorOptions o;
+  o.tunables = tunables;
+  o.store = world.ucx_store;
+  o.rendezvous.rank = rank;
+  o.rendezvous.size = size;
+  o.rendezvous.job = "relaxcc-bench";
+  o.rendezvous.generation = world.ucx_generation++;
+  if (world.mpi()) o.net_devices = "lo";
+  return create_ucx_communicator(o);
+}
+
+}  // namespace
+
+BenchWorld::BenchWorld(bool without_mpirun) : tunables(Tunables::from_env()) {
+  if (!launched_by_mpirun()) {
+    const RendezvousOptions r = RendezvousOptions::from_env();
+    if (!r.host.empty()) {
+      RELAXCC_ENFORCE(without_mpirun, InvalidArgument, "started without mpirun (rendezvous at ",
+                      r.address(),
+                      "): only relaxcc-bench allreduce --transport ucx runs so; this mode needs "
+                      "mpirun");
+      RELAXCC_ENFORCE(r.rank >= 0 && r.size >= 1, InvalidArgument,
+                      "relaxcc-bench without mpirun: set RANK and WORLD_SIZE (rendezvous at ",
+                      r.address(), ")");
+      TcpStoreOptions t;
+      t.host = r.host;
+      t.port = r.port;
+      t.is_server = r.rank == 0;
+      t.timeout = r.timeout;
+      ucx_store = std::make_shared<TcpStore>(t);
+      mpi_ = false;
+      control = create_on_store(*this, tunables, r.rank, r.size);
+      rank = control->rank();
+      size = control->size();
+      return;
+    }
+  }
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -34,7 +85,12 @@ BenchWorld::~BenchWorld() {
   relaxcc_root.reset();
   ucx_root.reset();
   // Rank 0 serves the store: it goes once every rank is done with it.
-  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    barrier();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "relaxcc-bench: the last barrier failed: %s\n", e.what());
+  }
+  control.reset();
   ucx_store.reset();
   if (owns_mpi_) MPI_Finalize();
 }
@@ -52,10 +108,10 @@ CommunicatorPtr create_communicator(BenchWorld& world, const std::string& transp
                                     const Tunables& tunables) {
   // The environment names the rendezvous (and the ranks), or MPI's world is
   // the communicator: the library's choice.
-  if (transport != "ucx" || !RendezvousOptions::from_env().host.empty())
+  RELAXCC_ENFORCE(world.mpi() || transport == "ucx", InvalidArgument,
+                  "relaxcc-bench without mpirun: --transport ucx (not ", transport, ")");
+  if (world.mpi() && (transport != "ucx" || !RendezvousOptions::from_env().host.empty()))
     return relaxcc::create_communicator(transport, tunables);
-  UcxCommunicatorOptions o;
-  o.tunables = tunables;
   if (!world.ucx_store) {
     TcpStoreOptions t;
     t.is_server = world.rank == 0;
@@ -69,25 +125,35 @@ CommunicatorPtr create_communicator(BenchWorld& world, const std::string& transp
     t.port = static_cast<uint16_t>(port);
     if (!world.ucx_store) world.ucx_store = std::make_shared<TcpStore>(t);
   }
-  o.store = world.ucx_store;
-  o.rendezvous.rank = world.rank;
-  o.rendezvous.size = world.size;
-  o.rendezvous.job = "relaxcc-bench";
-  o.rendezvous.generation = world.ucx_generation++;
-  o.net_devices = "lo";
-  return create_ucx_communicator(o);
+  return create_on_store(world, tunables, world.rank, world.size);
 }
 
 double BenchWorld::max_over_ranks(double v) const {
-  double out = 0;
-  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  double out = v;
+  if (!mpi_) {
+    AllreduceOptions o;
+    o.op = ReduceOp::max;
+    control->allreduce(TensorView::host(&out, 1), ExecContext::host(), o)->wait();
+  } else {
+    MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  }
   return out;
 }
 
 int64_t BenchWorld::sum_over_ranks(int64_t v) const {
-  int64_t out = 0;
-  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  int64_t out = v;
+  if (!mpi_)
+    control->allreduce(TensorView::host(&out, 1), ExecContext::host())->wait();
+  else
+    MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   return out;
+}
+
+void BenchWorld::barrier() const {
+  if (!mpi_)
+    control->barrier()->wait();
+  else
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 double median(std::vector<double> v) {
@@ -263,6 +329,8 @@ struct MpiOps {
 }  // namespace
 
 AllreduceFn mpi_allreduce_fn(BenchWorld& world) {
+  RELAXCC_ENFORCE(world.mpi(), InvalidArgument,
+                  "--impl mpi (MPI_Allreduce) needs mpirun: relaxcc-bench started without it");
   auto ops = std::make_shared<MpiOps>();
   world.keep_alive.push_back(ops);
   const int ranks = world.size;

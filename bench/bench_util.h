@@ -23,13 +23,22 @@ namespace relaxcc::bench {
 // destruction if it did.
 class BenchWorld {
  public:
-  BenchWorld();
+  // Under mpirun: MPI's world. Started without mpirun (no Open MPI or PMIx
+  // rank in the environment, a rendezvous named by RELAXCC_RENDEZVOUS or
+  // MASTER_ADDR/MASTER_PORT, RANK and WORLD_SIZE): the ranks of that
+  // rendezvous, with a UCX control communicator for the bench's own
+  // reductions and barriers, when `without_mpirun` (the mode needs no MPI
+  // baseline); InvalidArgument otherwise.
+  explicit BenchWorld(bool without_mpirun = false);
   ~BenchWorld();
   BenchWorld(const BenchWorld&) = delete;
   BenchWorld& operator=(const BenchWorld&) = delete;
 
   double max_over_ranks(double v) const;
   int64_t sum_over_ranks(int64_t v) const;
+  void barrier() const;
+  // Whether MPI runs (false: started without mpirun).
+  bool mpi() const { return mpi_; }
 
   int rank = 0;
   int size = 1;
@@ -48,8 +57,11 @@ class BenchWorld {
   // next creation on it.
   std::shared_ptr<Store> ucx_store;
   uint64_t ucx_generation = 0;
+  // Started without mpirun: the communicator of the bench's reductions.
+  CommunicatorPtr control;
 
  private:
+  bool mpi_ = true;
   bool owns_mpi_ = false;
 };
 

@@ -65,7 +65,7 @@ void run_sweep(const SweepArgs& args, BenchWorld& world, const SweepCollective& 
     for (int i = 0; i < args.iters; ++i) {
       for (size_t k = 0; k < cases.size(); ++k) {
         if (cases[k].reset) cases[k].reset();
-        MPI_Barrier(MPI_COMM_WORLD);
+        world.barrier();
         const auto t0 = std::chrono::steady_clock::now();
         cases[k].run();
         times[k].push_back(

@@ -23,6 +23,7 @@
 #include "relaxcc/algorithms/moshpit_sgd.h"
 #include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/tunables.h"
 
 namespace relaxcc::test {
 namespace {
@@ -781,8 +782,7 @@ TEST(Diloco, DISABLED_SparseLocoSweep) {
   if (world_rank() == 0)
     std::printf("[sweep] %d ranks: baseline %lld steps, budget %lld\n", world_size(),
                 static_cast<long long>(base.steps), static_cast<long long>(budget));
-  const char* quick_env = std::getenv("RELAXCC_SWEEP_QUICK");
-  const bool quick = quick_env != nullptr && std::strcmp(quick_env, "1") == 0;
+  const bool quick = Tunables::from_env().sweep_quick == 1;
   struct Setting {
     int kept, h;
     float beta, lr;

@@ -20,8 +20,8 @@
 #include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
 #include "src/engine/engine.h"
+#include "src/engine/op_header.h"
 #include "src/mpi/mpi_transport.h"
-#include "src/protocols/op_header.h"
 #include "src/protocols/recursive_doubling.h"
 #include "test_util.h"
 

@@ -15,6 +15,7 @@
 #include "relaxcc/relaxed/compressed_allreduce.h"
 #include "relaxcc/relaxed/gossip.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
+#include "relaxcc/tunables.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -177,7 +178,7 @@ TEST_F(MismatchTest, SharedAndPrivateBuffersMixed) {
   AllreduceOptions o;
   o.algo = AllreduceAlgo::ring;
   o.label = "bucket";
-  if (std::getenv("RELAXCC_RANKS_PER_NODE") != nullptr) GTEST_SKIP() << "ranks are not on one node";
+  if (Tunables::from_env().ranks_per_node != 0) GTEST_SKIP() << "ranks are not on one node";
   expect_mismatch_everywhere([&] {
     return comm_->allreduce(comm_->rank() == 0 ? priv.view() : shared, ExecContext::host(), o);
   });

@@ -26,6 +26,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/reducer.h"
+#include "relaxcc/tunables.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -280,7 +281,7 @@ TEST(NeverSynchronize, OthersTimeOutNamingTheRank) {
 // after a rank died may hang (and mpirun --enable-recovery exits with 0
 // whatever the ranks did: CTest reads the output instead).
 TEST(Killed, RankKilledMidLoopIsNamed) {
-  if (std::getenv("RELAXCC_FAULT_KILL") == nullptr)
+  if (Tunables::from_env().fault_kill == 0)
     GTEST_SKIP()
         << "runs in its own entry, under mpirun --enable-recovery, with RELAXCC_FAULT_KILL=1";
   if (world_size() < 3) GTEST_SKIP() << "needs 3 or more ranks: two survivors";
@@ -336,7 +337,7 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
 // allreduce (which precedes the stop). A child of the stopped rank kills it
 // 3 s later, so that mpirun ends; survivors leave with _exit, as above.
 TEST(Stopped, RankStoppedMidLoopIsReportedByHeartbeats) {
-  if (std::getenv("RELAXCC_FAULT_STOP") == nullptr)
+  if (Tunables::from_env().fault_stop == 0)
     GTEST_SKIP() << "runs in its own entry, under mpirun --enable-recovery, with "
                     "RELAXCC_FAULT_STOP=1 and RELAXCC_PEER_TIMEOUT_MS=500";
   if (world_size() < 3) GTEST_SKIP() << "needs 3 or more ranks: two survivors";

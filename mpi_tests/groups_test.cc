@@ -18,8 +18,9 @@
 #include <gtest/gtest.h>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/tunables.h"
 #include "src/engine/engine.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -186,9 +187,7 @@ TEST(Groups, SoakOfRandomGroupsWithDeliberateTimeouts) {
   ASSERT_TRUE(flag);
   const uint64_t windows = engine::group_windows(*ub);
   ASSERT_GT(windows, 0u);
-  const double seconds = std::getenv("RELAXCC_SOAK_SECONDS") != nullptr
-                             ? std::atof(std::getenv("RELAXCC_SOAK_SECONDS"))
-                             : 12.0;
+  const double seconds = Tunables::from_env().soak_seconds;
   std::vector<int> everyone(n);
   std::iota(everyone.begin(), everyone.end(), 0);
   const auto t0 = Clock::now();

@@ -30,11 +30,13 @@
 
 #include <gtest/gtest.h>
 
+#include "child_processes.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
 #include "relaxcc/tensor.h"
-#include "src/engine/engine_communicator.h"
+#include "relaxcc/tunables.h"
+#include "src/communicator/engine_communicator.h"
 #include "src/ucx/ucx_transport.h"
 #include "src/ucx/worker.h"
 
@@ -57,6 +59,7 @@ struct Outcome {
   std::atomic<int64_t> failed_ns{0};  // CLOCK_MONOTONIC of the first error (0: none)
   std::atomic<int> peer{-1};          // PeerLost::peer(), or -1
   std::atomic<int64_t> op_ns{0};      // the cost test: nanoseconds per allreduce
+  std::atomic<int64_t> start_ns{0};   // CLOCK_MONOTONIC when it began its creation
   char what[512] = {};
 };
 struct Shared {
@@ -67,17 +70,17 @@ struct Shared {
 
 // `n` forked ranks, each running body(comm, rank, shared) on an engine
 // communicator over UCX with `peer_timeout_ms`; a child's GoogleTest failures
-// or exception become its exit code.
+// or exception become its exit code. Rank `stops` (-1: none) connects and
+// then stops itself (SIGSTOP) before its communicator exists, never sending
+// a heartbeat: the others' creation errors are then their Outcome.
 class World {
  public:
   using Body = std::function<void(Communicator&, int, Shared&)>;
-  World(int n, int64_t peer_timeout_ms, Body body) : n_(n) {
+  World(int n, int64_t peer_timeout_ms, Body body, int stops = -1) : n_(n), stops_(stops) {
     void* p =
         mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     shared_ = new (p) Shared();
-    char tmpl[] = "/tmp/relaxcc_detect.XXXXXX";
-    dir_ = mkdtemp(tmpl);
     std::fflush(stdout);
     for (int r = 0; r < n; ++r) {
       const pid_t pid = fork();
@@ -86,12 +89,8 @@ class World {
     }
   }
   ~World() {
-    for (pid_t pid : pids_)
-      if (pid > 0) ::kill(pid, SIGKILL);
-    for (pid_t pid : pids_)
-      if (pid > 0) waitpid(pid, nullptr, 0);
+    test::kill_children(pids_);
     munmap(shared_, sizeof(Shared));
-    std::filesystem::remove_all(dir_);
   }
   Shared& shared() { return *shared_; }
 
@@ -108,37 +107,37 @@ class World {
   // Waits for every rank but `victim` (-1: none) to exit, EXPECTing 0 from
   // each; kills the victim.
   void join(std::chrono::seconds timeout, int victim = -1) {
-    const auto deadline = Clock::now() + timeout;
-    for (int r = 0; r < n_; ++r) {
-      if (r == victim) continue;
-      int status = 0;
-      pid_t got = 0;
-      while ((got = waitpid(pids_[static_cast<size_t>(r)], &status, WNOHANG)) == 0 &&
-             Clock::now() < deadline)
-        std::this_thread::sleep_for(2ms);
-      if (got == 0) {
-        ADD_FAILURE() << "rank " << r << " did not finish in time";
-        continue;
-      }
-      pids_[static_cast<size_t>(r)] = -1;
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "rank " << r << " failed (status " << status << ")";
-    }
+    test::join_children(pids_, timeout, {victim});
   }
 
  private:
   int run(int rank, int64_t peer_timeout_ms, const Body& body) {
     try {
       auto worker = std::make_shared<Worker>(std::make_shared<Context>());
-      publish(rank, worker->blob());
+      blobs_.publish(rank, worker->blob());
       std::vector<Blob> blobs;
-      for (int r = 0; r < n_; ++r) blobs.push_back(read_blob(r));
+      for (int r = 0; r < n_; ++r) blobs.push_back(blobs_.read(r, 20s));
       UcxConnection c = connect(worker, blobs, rank);
+      if (rank == stops_) {
+        ::raise(SIGSTOP);
+        return 0;
+      }
       engine::EngineCommunicatorOptions o;
       o.tunables.peer_timeout_ms = peer_timeout_ms;
       o.timeout = 20s;
       o.creator = "peer_detection_test";
-      auto comm = engine::create_engine_communicator(c.transport, c.endpoints, o);
+      Outcome& out = shared_->outcome[rank];
+      out.start_ns.store(monotonic_ns());
+      CommunicatorPtr comm;
+      try {
+        comm = engine::create_engine_communicator(c.transport, c.endpoints, o);
+      } catch (const Error& e) {
+        if (stops_ < 0) throw;
+        out.failed_ns.store(monotonic_ns());
+        if (const auto* lost = dynamic_cast<const PeerLost*>(&e)) out.peer.store(lost->peer());
+        std::snprintf(out.what, sizeof(out.what), "%s", e.what());
+        return 0;
+      }
       body(*comm, rank, *shared_);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[rank %d] exception: %s\n", rank, e.what());
@@ -148,33 +147,10 @@ class World {
     std::fflush(stdout);
     return testing::Test::HasFailure() ? 1 : 0;
   }
-  void publish(int rank, const Blob& blob) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    {
-      std::ofstream out(path + ".tmp", std::ios::binary);
-      out.write(reinterpret_cast<const char*>(blob.data()),
-                static_cast<std::streamsize>(blob.size()));
-    }
-    std::filesystem::rename(path + ".tmp", path);
-  }
-  Blob read_blob(int rank) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    const auto deadline = Clock::now() + 20s;
-    while (!std::filesystem::exists(path)) {
-      if (Clock::now() > deadline)
-        throw std::runtime_error("no blob from rank " + std::to_string(rank));
-      std::this_thread::sleep_for(1ms);
-    }
-    std::ifstream in(path, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Blob blob(bytes.size());
-    std::memcpy(blob.data(), bytes.data(), bytes.size());
-    return blob;
-  }
-
   const int n_;
+  const int stops_;
   Shared* shared_ = nullptr;
-  std::string dir_;
+  test::BlobDirectory blobs_{"relaxcc_detect"};
   std::vector<pid_t> pids_;
 };
 
@@ -218,8 +194,8 @@ bool names_victim(const Outcome& o, int victim) {
 }
 
 int trials(int fallback) {
-  const char* v = std::getenv("RELAXCC_DETECT_TRIALS");
-  return v != nullptr ? std::max(1, std::atoi(v)) : fallback;
+  const int64_t n = Tunables::from_env().detect_trials;
+  return n > 0 ? static_cast<int>(n) : fallback;
 }
 
 // Kills or stops one rank of 4 in each of `n_trials` worlds while the others
@@ -267,6 +243,27 @@ TEST(PeerDetection, StoppedPeerReportedWithinTimeoutPlus300ms) {
   detect(SIGSTOP, 500, 800ms, trials(10));
 }
 
+// A peer that never sends a heartbeat (it stops before its communicator
+// exists) is reported within the peer timeout (plus 700 ms of slack for a
+// loaded machine), not after the creation handshake's 20 s.
+TEST(PeerDetection, PeerNeverHeardFromReportedWithinTimeout) {
+  constexpr int kRanks = 3, kVictim = 2;
+  World w(
+      kRanks, 500, [](Communicator&, int, Shared&) { ADD_FAILURE() << "created without rank 2"; },
+      kVictim);
+  w.join(15s, kVictim);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == kVictim) continue;
+    const Outcome& o = w.shared().outcome[r];
+    ASSERT_NE(o.failed_ns.load(), 0) << "rank " << r << " saw no error";
+    const double took = static_cast<double>(o.failed_ns.load() - o.start_ns.load()) / 1e6;
+    EXPECT_TRUE(names_victim(o, kVictim)) << "rank " << r << ": " << o.what;
+    EXPECT_LT(took, 1200.0) << "rank " << r << ": " << o.what;
+    std::printf("rank %d: never-heard rank %d reported after %.0f ms: %s\n", r, kVictim, took,
+                o.what);
+  }
+}
+
 // 4 ranks on 2 CPUs with a 500 ms peer timeout: allreduces, and every
 // fourth one followed by 1.5 s of computation on every rank (no call into
 // relaxcc): no rank is reported lost.
@@ -305,8 +302,8 @@ TEST(PeerDetection, NoFalseReportOnSharedCpusWithLongComputation) {
 // forked ranks (RELAXCC_DETECT_RANKS, default 2).
 //   peer_detection_test --gtest_also_run_disabled_tests --gtest_filter='*Cost*'
 TEST(PeerDetection, DISABLED_HeartbeatCostOnSmallAllreduce) {
-  const char* env = std::getenv("RELAXCC_DETECT_RANKS");
-  const int ranks = env != nullptr ? std::clamp(std::atoi(env), 2, kMaxRanks) : 2;
+  const int ranks =
+      static_cast<int>(std::clamp<int64_t>(Tunables::from_env().detect_ranks, 2, kMaxRanks));
   constexpr int kIterations = 2000000;  // about 2 s: several heartbeat periods
   for (int rep = 0; rep < trials(5); ++rep) {
     for (const int64_t peer_timeout_ms : {int64_t{0}, int64_t{2000}}) {

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_processes.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/rendezvous.h"
 #include "relaxcc/store.h"
@@ -570,9 +571,7 @@ int rendezvous_child() {
   return 0;
 }
 
-struct Child {
-  pid_t pid = -1;
-  int out = -1;
+struct Child : test::ChildRun {
   // Parsed report.
   bool ok = false;
   int rank = -1, size = -1;
@@ -583,77 +582,37 @@ struct Child {
   std::vector<std::string> blobs;  // hex
 };
 
-const char* kControlled[] = {"RANK",
-                             "WORLD_SIZE",
-                             "OMPI_COMM_WORLD_RANK",
-                             "OMPI_COMM_WORLD_SIZE",
-                             "PMIX_RANK",
-                             "PMI_RANK",
-                             "SLURM_PROCID",
-                             "SLURM_NTASKS",
-                             "MASTER_ADDR",
-                             "MASTER_PORT",
-                             "RELAXCC_RENDEZVOUS",
-                             "RELAXCC_TIMEOUT_MS",
-                             "STORE_TEST_DELAY_MS",
-                             "STORE_TEST_HOLD_MS"};
+const std::vector<std::string> kControlled = {"RANK",
+                                              "WORLD_SIZE",
+                                              "OMPI_COMM_WORLD_RANK",
+                                              "OMPI_COMM_WORLD_SIZE",
+                                              "PMIX_RANK",
+                                              "PMI_RANK",
+                                              "SLURM_PROCID",
+                                              "SLURM_NTASKS",
+                                              "MASTER_ADDR",
+                                              "MASTER_PORT",
+                                              "RELAXCC_RENDEZVOUS",
+                                              "RELAXCC_TIMEOUT_MS",
+                                              "STORE_TEST_DELAY_MS",
+                                              "STORE_TEST_HOLD_MS"};
 
 Child spawn(const std::map<std::string, std::string>& vars) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const std::string name = entry.substr(0, entry.find('='));
-    if (std::none_of(std::begin(kControlled), std::end(kControlled),
-                     [&](const char* c) { return name == c; }))
-      env.push_back(entry);
-  }
-  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
   Child c;
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    ::dup2(fds[1], 1);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    char self[] = "/proc/self/exe";
-    char flag[] = "--rendezvous-child";
-    char* argv[] = {self, flag, nullptr};
-    ::execve(self, argv, envp.data());
-    std::_Exit(127);
-  }
-  ::close(fds[1]);
-  c.out = fds[0];
+  static_cast<test::ChildRun&>(c) = test::spawn_child("--rendezvous-child", vars, kControlled);
   return c;
 }
 
 // Reads every child's report (killing any still running after 20 s).
 void collect(std::vector<Child>& children) {
-  const auto deadline = Clock::now() + milliseconds(20000);
+  std::vector<test::ChildRun*> runs;
+  for (auto& c : children) runs.push_back(&c);
+  test::collect_children(runs, milliseconds(20000));
   for (auto& c : children) {
-    std::string text;
-    for (;;) {
-      pollfd p{c.out, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) {
-        ::kill(c.pid, SIGKILL);
-        ADD_FAILURE() << "child " << c.pid << " still running after 20 s";
-        break;
-      }
-      char buf[4096];
-      const ssize_t n = ::read(c.out, buf, sizeof buf);
-      if (n <= 0) break;
-      text.append(buf, static_cast<size_t>(n));
-    }
-    ::close(c.out);
-    int status = 0;
-    ::waitpid(c.pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) &&
-                WEXITSTATUS(status) == (text.rfind("ok", 0) == 0 ? 0 : kChildFailed))
-        << "child " << c.pid << " status " << status << ": " << text;
+    const std::string& text = c.text;
+    EXPECT_TRUE(WIFEXITED(c.status) &&
+                WEXITSTATUS(c.status) == (text.rfind("ok", 0) == 0 ? 0 : kChildFailed))
+        << "child " << c.pid << " status " << c.status << ": " << text;
     std::istringstream in(text);
     std::string head;
     in >> head;

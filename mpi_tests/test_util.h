@@ -32,6 +32,7 @@
 #include "relaxcc/reduce_op.h"
 #include "relaxcc/store.h"
 #include "relaxcc/tensor.h"
+#include "relaxcc/tunables.h"
 #include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc::test {
@@ -49,10 +50,7 @@ inline int world_size() {
 
 // RELAXCC_TEST_TRANSPORT=ucx (see the top of this file).
 inline bool on_ucx() {
-  static const bool ucx = [] {
-    const char* v = std::getenv("RELAXCC_TEST_TRANSPORT");
-    return v != nullptr && std::string(v) == "ucx";
-  }();
+  static const bool ucx = Tunables::from_env().test_transport == "ucx";
   return ucx;
 }
 

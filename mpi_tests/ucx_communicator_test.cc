@@ -21,15 +21,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "child_processes.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
+#include "relaxcc/rendezvous.h"
+#include "relaxcc/store.h"
 #include "relaxcc/tensor.h"
 #include "relaxcc/ucx_communicator.h"
 
@@ -134,6 +140,73 @@ int idle_child_main() {
   return 0;
 }
 
+// Threads of this process.
+int64_t thread_count() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                       std::filesystem::directory_iterator());
+}
+
+// Two communicators on one store (rank 0 serves it at MASTER_PORT), the
+// second on the first's engine and worker (share_engine_with), each on a
+// generation of its own; allreduces on both at once, whose results encode
+// the communicator, every rank and the index, checked exactly:
+//   ok <rank> <size> <elapsed ms> <threads before the second> <threads after>
+int share_child_main() {
+  const auto t0 = Clock::now();
+  try {
+    const RendezvousOptions env = RendezvousOptions::from_env();
+    TcpStoreOptions t;
+    t.host = env.host;
+    t.port = env.port;
+    t.is_server = env.rank == 0;
+    t.timeout = milliseconds(20000);
+    auto store = std::make_shared<TcpStore>(t);
+    UcxCommunicatorOptions o;
+    o.store = store;
+    o.rendezvous.rank = env.rank;
+    o.rendezvous.size = env.size;
+    o.rendezvous.job = "share";
+    auto first = create_ucx_communicator(o);
+    const int64_t before = thread_count();
+    o.rendezvous.generation = 1;
+    o.share_engine_with = first;
+    auto second = create_ucx_communicator(o);
+    const int64_t after = thread_count();
+    const int n = first->size(), me = first->rank();
+    std::vector<int64_t> v[2];
+    WorkPtr works[2];
+    for (int k = 0; k < 2; ++k) {
+      v[k].resize(4096);
+      for (size_t i = 0; i < v[k].size(); ++i)
+        v[k][i] = (int64_t{1} << me) * (k + 1) + (static_cast<int64_t>(i) << 20);
+      works[k] = (k == 0 ? first : second)
+                     ->allreduce(TensorView::host(v[k].data(), static_cast<int64_t>(v[k].size())),
+                                 ExecContext::host());
+    }
+    for (int k = 0; k < 2; ++k) {
+      works[k]->wait();
+      for (size_t i = 0; i < v[k].size(); ++i) {
+        const int64_t want =
+            ((int64_t{1} << n) - 1) * (k + 1) + n * (static_cast<int64_t>(i) << 20);
+        if (v[k][i] != want)
+          throw std::runtime_error("communicator " + std::to_string(k) + ", element " +
+                                   std::to_string(i) + ": " + std::to_string(v[k][i]) +
+                                   ", expected " + std::to_string(want));
+      }
+    }
+    second->barrier()->wait();
+    second.reset();
+    first->barrier()->wait();
+    first.reset();
+    std::printf("ok %d %d %ld %ld %ld\n", me, n, static_cast<long>(elapsed_ms(t0)),
+                static_cast<long>(before), static_cast<long>(after));
+  } catch (const std::exception& e) {
+    std::printf("error Other %ld\n%s\n", static_cast<long>(elapsed_ms(t0)), e.what());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 // A port nobody listens on now (bound, read and released).
 uint16_t free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -147,9 +220,7 @@ uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
-struct Child {
-  pid_t pid = -1;
-  int out = -1;
+struct Child : test::ChildRun {
   bool ok = false;
   int rank = -1, size = 0;
   std::string kind, message;
@@ -158,67 +229,26 @@ struct Child {
 };
 
 // Variables a child gets only from `vars`.
-const char* const kControlled[] = {
+const std::vector<std::string> kControlled = {
     "RANK",       "WORLD_SIZE",         "MASTER_ADDR",          "MASTER_PORT",
     "LOCAL_RANK", "RELAXCC_RENDEZVOUS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "PMIX_RANK",  "SLURM_PROCID",       "SLURM_NTASKS",         "RELAXCC_TIMEOUT_MS"};
 
 Child spawn(const std::map<std::string, std::string>& vars, const char* mode = "--ucx-child") {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const std::string name = entry.substr(0, entry.find('='));
-    if (std::none_of(std::begin(kControlled), std::end(kControlled),
-                     [&](const char* c) { return name == c; }))
-      env.push_back(entry);
-  }
-  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
   Child c;
-  c.pid = ::fork();
-  if (c.pid == 0) {
-    ::dup2(fds[1], 1);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    char self[] = "/proc/self/exe";
-    std::string flag = mode;
-    char* argv[] = {self, flag.data(), nullptr};
-    ::execve(self, argv, envp.data());
-    std::_Exit(127);
-  }
-  ::close(fds[1]);
-  c.out = fds[0];
+  static_cast<test::ChildRun&>(c) = test::spawn_child(mode, vars, kControlled);
   return c;
 }
 
 // Reads every child's report (killing any still running after 30 s).
 void collect(std::vector<Child>& children) {
-  const auto deadline = Clock::now() + milliseconds(30000);
+  std::vector<test::ChildRun*> runs;
+  for (auto& c : children) runs.push_back(&c);
+  test::collect_children(runs, milliseconds(30000));
   for (auto& c : children) {
-    std::string text;
-    for (;;) {
-      pollfd p{c.out, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) {
-        ::kill(c.pid, SIGKILL);
-        ADD_FAILURE() << "child " << c.pid << " still running after 30 s";
-        break;
-      }
-      char buf[4096];
-      const ssize_t n = ::read(c.out, buf, sizeof buf);
-      if (n <= 0) break;
-      text.append(buf, static_cast<size_t>(n));
-    }
-    ::close(c.out);
-    int status = 0;
-    ::waitpid(c.pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "child " << c.pid << " status " << status << ": " << text;
-    std::istringstream in(text);
+    EXPECT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)
+        << "child " << c.pid << " status " << c.status << ": " << c.text;
+    std::istringstream in(c.text);
     std::string head;
     in >> head;
     if (head == "ok") {
@@ -231,7 +261,7 @@ void collect(std::vector<Child>& children) {
       std::getline(in, line);
       std::getline(in, c.message);
     } else {
-      ADD_FAILURE() << "child " << c.pid << " reported: " << text;
+      ADD_FAILURE() << "child " << c.pid << " reported: " << c.text;
     }
   }
 }
@@ -345,6 +375,34 @@ TEST(BadStart, PeerNeverArrives) {
   }
 }
 
+// share_engine_with on the UCX wing: the second communicator runs on the
+// first's engine (no thread more) and both reduce exactly at once.
+TEST(ShareEngine, SecondCommunicatorOnTheFirstsEngine) {
+  const uint16_t port = free_port();
+  std::vector<Child> children{spawn(torchrun(0, 2, port), "--ucx-share-child"),
+                              spawn(torchrun(1, 2, port), "--ucx-share-child")};
+  collect(children);
+  for (const auto& c : children) {
+    ASSERT_TRUE(c.ok) << c.kind << ": " << c.message;
+    ASSERT_EQ(c.extra.size(), 2u);
+    EXPECT_EQ(c.extra[1], c.extra[0]) << "threads before and after the second communicator";
+  }
+}
+
+// A tunable out of its range: InvalidArgument naming the variable, from the
+// one check every communicator's tunables pass (check_tunables).
+TEST(BadStart, TunableOutOfRange) {
+  const uint16_t port = free_port();
+  std::vector<Child> children;
+  for (int r = 0; r < 2; ++r) {
+    auto vars = torchrun(r, 2, port, kTimeoutMs);
+    vars["RELAXCC_PEER_TIMEOUT_MS"] = "50";
+    children.push_back(spawn(vars));
+  }
+  collect(children);
+  for (const auto& c : children) expect_error(c, "Other", "RELAXCC_PEER_TIMEOUT_MS=50", kTimeoutMs);
+}
+
 // While it waits 1 s for its peer, rank 0's engine thread sleeps on the
 // worker's event fd, waking every millisecond (for deadlines) instead of
 // every RELAXCC_MAX_SLEEP_US (50 us): at most 1500 voluntary context
@@ -383,6 +441,8 @@ TEST(BadStart, NoRendezvousAddress) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--ucx-child") == 0) return relaxcc::child_main();
   if (argc > 1 && std::strcmp(argv[1], "--ucx-idle-child") == 0) return relaxcc::idle_child_main();
+  if (argc > 1 && std::strcmp(argv[1], "--ucx-share-child") == 0)
+    return relaxcc::share_child_main();
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

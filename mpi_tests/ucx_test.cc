@@ -26,6 +26,7 @@
 
 #include <gtest/gtest.h>
 
+#include "child_processes.h"
 #include "relaxcc/errors.h"
 #include "src/engine/transport.h"
 #include "src/ucx/ucx_transport.h"
@@ -177,16 +178,10 @@ class Ranks {
         mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     shared_ = new (p) Shared();
-    char tmpl[] = "/tmp/relaxcc_ucx_test.XXXXXX";
-    dir_ = mkdtemp(tmpl);
   }
   ~Ranks() {
-    for (pid_t pid : pids_)
-      if (pid > 0) ::kill(pid, SIGKILL);
-    for (pid_t pid : pids_)
-      if (pid > 0) waitpid(pid, nullptr, 0);
+    test::kill_children(pids_);
     munmap(shared_, sizeof(Shared));
-    std::filesystem::remove_all(dir_);
   }
 
   Shared& shared() { return *shared_; }
@@ -205,21 +200,7 @@ class Ranks {
   // Waits until every child exited (at most `timeout`); EXPECTs exit code 0
   // from each, except from the ranks in `killed`.
   void join(std::chrono::milliseconds timeout = 25s, std::vector<int> killed = {}) {
-    const auto deadline = Clock::now() + timeout;
-    for (size_t r = 0; r < pids_.size(); ++r) {
-      int status = 0;
-      pid_t got = 0;
-      while ((got = waitpid(pids_[r], &status, WNOHANG)) == 0 && Clock::now() < deadline)
-        std::this_thread::sleep_for(2ms);
-      if (got == 0) {
-        ADD_FAILURE() << "rank " << r << " did not finish in time";
-        continue;
-      }
-      pids_[r] = -1;
-      if (std::find(killed.begin(), killed.end(), static_cast<int>(r)) != killed.end()) continue;
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "rank " << r << " failed (status " << status << ")";
-    }
+    test::join_children(pids_, timeout, killed);
   }
 
   // Waits (in the parent) until `count` children called ready().
@@ -241,9 +222,9 @@ class Ranks {
                 const EndpointOptions& options) {
     try {
       auto worker = std::make_shared<Worker>(std::make_shared<Context>());
-      publish(rank, worker->blob());
+      blobs_.publish(rank, worker->blob());
       std::vector<Blob> blobs;
-      for (int r = 0; r < n_; ++r) blobs.push_back(read_blob(r));
+      for (int r = 0; r < n_; ++r) blobs.push_back(blobs_.read(r, 15s));
       {
         Channel channel(connect(worker, blobs, rank, options));
         body(channel, rank);
@@ -257,33 +238,8 @@ class Ranks {
     return testing::Test::HasFailure() ? 1 : 0;
   }
 
-  void publish(int rank, const Blob& blob) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    {
-      std::ofstream out(path + ".tmp", std::ios::binary);
-      out.write(reinterpret_cast<const char*>(blob.data()),
-                static_cast<std::streamsize>(blob.size()));
-    }
-    std::filesystem::rename(path + ".tmp", path);
-  }
-
-  Blob read_blob(int rank) {
-    const std::string path = dir_ + "/" + std::to_string(rank);
-    const auto deadline = Clock::now() + 15s;
-    while (!std::filesystem::exists(path)) {
-      if (Clock::now() > deadline)
-        throw std::runtime_error("no blob from rank " + std::to_string(rank));
-      std::this_thread::sleep_for(1ms);
-    }
-    std::ifstream in(path, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    Blob blob(bytes.size());
-    std::memcpy(blob.data(), bytes.data(), bytes.size());
-    return blob;
-  }
-
   Shared* shared_ = nullptr;
-  std::string dir_;
+  test::BlobDirectory blobs_{"relaxcc_ucx_test"};
   std::vector<pid_t> pids_;
   int n_ = 0;
 };
@@ -736,6 +692,102 @@ TEST(UcxFailure, StoppedSameHostPeerWaitsForTheCallersVerdict) {
   ranks.await_ready(3);
   ranks.signal(1, SIGKILL);
   ranks.join(25s, {1});
+}
+
+// A receive that matched before its peer was failed is written by UCX until
+// the message ends: it is reported (failed) only after its last byte, never
+// while UCX may still write the buffer. Eager fragments only (no rendezvous):
+// the sender pushes what the shared-memory FIFO takes, then stops
+// progressing until the receiver failed it.
+TEST(UcxFailure, MatchedReceiveOfAFailedPeerIsReportedAfterItsLastByte) {
+  ASSERT_EQ(setenv("UCX_RNDV_THRESH", "inf", 1), 0);
+  Ranks ranks;
+  constexpr size_t kWords = size_t{4} << 17;  // 4 MiB
+  ranks.spawn(2, [&](Channel& ch, int me) {
+    Shared& s = ranks.shared();
+    barrier(ch, s, 2, 1);
+    std::vector<uint64_t> data(kWords);
+    if (me == 1) {
+      for (size_t i = 0; i < kWords; ++i) data[i] = (uint64_t{1} << 56) | i;
+      ch.isend(1, data.data(), kWords * 8, 0, 7);
+      const auto deadline = Clock::now() + 15s;
+      while (s.ready.load() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      std::vector<Completion> done;
+      while (done.empty() && Clock::now() < deadline) ch.testsome(done);
+      ASSERT_EQ(done.size(), 1u);
+      s.ready.fetch_add(1);
+      while (s.ready.load() < 3 && Clock::now() < deadline) ch.wait(10ms);
+      return;
+    }
+    ch.irecv(1, data.data(), kWords * 8, 1, 7);
+    std::vector<Completion> done;
+    auto deadline = Clock::now() + 10s;
+    while (data[0] == 0 && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_NE(data[0], 0u) << "no fragment arrived";
+    ASSERT_EQ(data[kWords - 1], 0u) << "the whole message arrived at once";
+    ASSERT_TRUE(done.empty());
+    ch.fail_peer(1, "no heartbeat");
+    ASSERT_EQ(ch.take_lost_peers().size(), 1u);
+    // (The sender's own call may still be pushing fragments: a report that
+    // comes now must come after the last of them.)
+    const auto quiet = Clock::now() + 300ms;
+    while (done.empty() && Clock::now() < quiet) ch.testsome(done);
+    s.ready.fetch_add(1);
+    deadline = Clock::now() + 10s;
+    while (done.empty() && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_NE(message_of(done[0].error).find("rank 1"), std::string::npos) << done[0].error;
+    std::vector<uint64_t> at_report = data;
+    for (size_t i = 0; i < kWords; ++i)
+      ASSERT_EQ(at_report[i], (uint64_t{1} << 56) | i) << "word " << i << " at the report";
+    s.ready.fetch_add(1);
+    const auto after = Clock::now() + 200ms;
+    while (Clock::now() < after) ch.progress();
+    EXPECT_TRUE(data == at_report);
+  });
+  unsetenv("UCX_RNDV_THRESH");
+  ranks.join(25s);
+}
+
+// The same receive when its sender's process ends instead of finishing the
+// message: reported (failed) once the process is gone, within the liveness
+// check's period plus slack, and not before the parent let the sender go.
+TEST(UcxFailure, MatchedReceiveOfAFailedPeerIsReportedWhenItsSenderEnds) {
+  ASSERT_EQ(setenv("UCX_RNDV_THRESH", "inf", 1), 0);
+  Ranks ranks;
+  constexpr size_t kWords = size_t{4} << 17;  // 4 MiB
+  ranks.spawn(2, [&](Channel& ch, int me) {
+    Shared& s = ranks.shared();
+    barrier(ch, s, 2, 1);
+    std::vector<uint64_t> data(kWords);
+    if (me == 1) {
+      for (size_t i = 0; i < kWords; ++i) data[i] = (uint64_t{1} << 56) | i;
+      ch.isend(1, data.data(), kWords * 8, 0, 7);
+      const auto deadline = Clock::now() + 15s;
+      while (s.ready.load() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      std::_Exit(0);  // ends with its message half sent
+    }
+    ch.irecv(1, data.data(), kWords * 8, 1, 7);
+    std::vector<Completion> done;
+    auto deadline = Clock::now() + 10s;
+    while (data[0] == 0 && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_NE(data[0], 0u) << "no fragment arrived";
+    if (data[kWords - 1] != 0) GTEST_SKIP() << "the whole message arrived at once";
+    ch.fail_peer(1, "no heartbeat");
+    const auto quiet = Clock::now() + 200ms;
+    while (done.empty() && Clock::now() < quiet) ch.testsome(done);
+    const bool early = !done.empty() && data[kWords - 1] == 0;
+    EXPECT_FALSE(early) << "reported while its sender still ran";
+    const auto released = Clock::now();
+    s.ready.fetch_add(1);
+    deadline = Clock::now() + 5s;
+    while (done.empty() && Clock::now() < deadline) ch.testsome(done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_NE(message_of(done[0].error).find("rank 1"), std::string::npos) << done[0].error;
+    EXPECT_LT(Clock::now() - released, 1s);
+  });
+  unsetenv("UCX_RNDV_THRESH");
+  ranks.join(25s);
 }
 
 // An idle channel sleeps on its event fd: a second of waiting costs well

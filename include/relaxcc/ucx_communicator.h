@@ -70,6 +70,13 @@ struct UcxCommunicatorOptions {
   // UCX_NET_DEVICES nor UCX_TLS: "auto" applies the rule above, "" leaves
   // UCX's default, anything else is used as given (e.g. "eth0").
   std::string net_devices = "auto";
+  // Runs the new communicator on this one's engine and UCX worker (as
+  // MpiCommunicatorOptions::share_engine_with): one engine thread and one
+  // worker for both, priorities across both. Its rendezvous must take a
+  // generation of its own (on one store, or on one rendezvous address).
+  // Null: a new worker and engine. InvalidArgument when it is not a
+  // communicator of create_ucx_communicator.
+  CommunicatorPtr share_engine_with;
 };
 
 // Collective over the options.rendezvous.size processes. Throws Timeout,

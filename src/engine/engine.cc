@@ -23,7 +23,7 @@ namespace relaxcc::engine {
 
 Engine::Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> transport)
     : tunables_(std::move(tunables)),
-      peer_timeout_(checked_peer_timeout(tunables_.peer_timeout_ms)),
+      peer_timeout_(tunables_.peer_timeout_ms),
       backoff_(polling.backoff),
       transport_(std::move(transport)),
       null_request_(transport_->null_request()),

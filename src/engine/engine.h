@@ -58,11 +58,11 @@
 #include "src/engine/direct_exchange.h"
 #include "src/engine/heartbeat.h"
 #include "src/engine/lane.h"
+#include "src/engine/op_header.h"
 #include "src/engine/operation.h"
 #include "src/engine/request_poster.h"
 #include "src/engine/tag_windows.h"
 #include "src/engine/transport.h"
-#include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
 

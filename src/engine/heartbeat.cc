@@ -18,12 +18,6 @@ constexpr uint64_t kLeavingPayload = 0x4559425243435852;    // "RXCCRBYE"
 constexpr uint64_t kAckPayload = 0x4b43415243435852;  // "RXCCRACK"
 }  // namespace
 
-std::chrono::milliseconds checked_peer_timeout(int64_t ms) {
-  RELAXCC_ENFORCE(ms == 0 || (ms >= 200 && ms <= 600000), InvalidArgument,
-                  "RELAXCC_PEER_TIMEOUT_MS=", ms, ": expected 0 (off) or 200 to 600000");
-  return std::chrono::milliseconds(ms);
-}
-
 Heartbeat::Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::milliseconds timeout)
     : endpoints_(std::move(endpoints)),
       transport_(endpoints_->transport()),
@@ -50,6 +44,7 @@ void Heartbeat::post_receive() {
 void Heartbeat::poll(Clock::time_point now) {
   // Arrivals at every poll, as the notices: a message left waiting keeps a
   // transport's event fd readable, which would keep the engine thread awake.
+  if (started_ == Clock::time_point{}) started_ = now;
   take_heartbeats(now);
   if (now < next_step_) return;
   next_step_ = now + kHeartbeatStep;
@@ -61,12 +56,15 @@ void Heartbeat::poll(Clock::time_point now) {
   }
   for (size_t r = 0; r < peers_.size(); ++r) {
     Peer& p = peers_[r];
-    if (p.lost || p.heard == Clock::time_point{} || now - p.heard < timeout_) continue;
+    const bool heard = p.heard != Clock::time_point{};
+    if (p.lost || now - (heard ? p.heard : started_) < timeout_) continue;
     p.lost = true;
-    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.heard);
-    endpoints_->fail_peer(static_cast<int>(r),
-                          detail::concat("no heartbeat for ", silent.count(),
-                                         " ms (RELAXCC_PEER_TIMEOUT_MS=", timeout_.count(), ")"));
+    const auto silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - (heard ? p.heard : started_));
+    endpoints_->fail_peer(
+        static_cast<int>(r),
+        detail::concat(heard ? "no heartbeat for " : "no heartbeat at all in ", silent.count(),
+                       " ms (RELAXCC_PEER_TIMEOUT_MS=", timeout_.count(), ")"));
   }
 }
 

@@ -2,11 +2,13 @@
 // for every wing. Each rank sends a small message to every other rank of the
 // set every RELAXCC_PEER_TIMEOUT_MS / 4, on heartbeat_tag(max_tag) of the
 // collective space (no protocol uses it), and takes the others' with one
-// any-source receive. A peer heard from once and then silent for
-// RELAXCC_PEER_TIMEOUT_MS is declared lost: Endpoints::fail_peer, which
-// reports it as a PeerError (the engine then fails and poisons the lanes
-// with that peer and sends their poison notices). A peer never heard from is
-// not timed: the creation handshake and each operation's timeout cover it.
+// any-source receive. A peer silent for RELAXCC_PEER_TIMEOUT_MS is declared
+// lost: Endpoints::fail_peer, which reports it as a PeerError (the engine
+// then fails and poisons the lanes with that peer and sends their poison
+// notices). Silence counts from its latest heartbeat, or, for a peer never
+// heard from, from this set's first poll (a set starts with its
+// communicator's creation handshake, once every rank published its address:
+// its peers start theirs at about the same time).
 // A rank whose set is released (its communicators are gone) tells its peers
 // it leaves and takes what they sent until each answered (or left too):
 // they stop timing it and sending to it, and no heartbeat stays unreceived.
@@ -30,10 +32,6 @@
 #include "src/engine/transport.h"
 
 namespace relaxcc::engine {
-
-// RELAXCC_PEER_TIMEOUT_MS checked: 0 (heartbeats off) or 200..600000.
-// Throws InvalidArgument naming the variable otherwise.
-std::chrono::milliseconds checked_peer_timeout(int64_t ms);
 
 // The tag of heartbeats in the collective space: max_tag itself, above every
 // collective_tag() (op_header.h), and not kNoticeTag.
@@ -85,6 +83,7 @@ class Heartbeat {
   const Clock::duration period_;
   const int tag_;
   std::vector<Peer> peers_;
+  Clock::time_point started_{};  // the first poll
   Clock::time_point next_step_{};
   Clock::time_point next_send_{};
   Request receive_;

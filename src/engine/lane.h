@@ -18,9 +18,9 @@
 #include "relaxcc/work.h"
 #include "src/collectives/scratch_pool.h"
 #include "src/engine/clock.h"
+#include "src/engine/op_header.h"
 #include "src/engine/request_poster.h"
 #include "src/engine/tag_windows.h"
-#include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "relaxcc/errors.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 
 namespace relaxcc::engine {
 

@@ -10,8 +10,8 @@
 
 namespace relaxcc::engine {
 
-// RELAXCC_ENGINE_POLL ("auto", "sleep" or "yield"; InvalidArgument
-// otherwise): auto waits as for shared CPUs when `shared`.
+// RELAXCC_ENGINE_POLL ("auto", "sleep" or "yield", check_tunables):
+// auto waits as for shared CPUs when `shared`.
 Engine::Polling choose_polling(const std::string& policy, bool shared);
 
 }  // namespace relaxcc::engine

@@ -10,8 +10,8 @@
 
 #include "relaxcc/tunables.h"
 #include "src/collectives/scratch_pool.h"
+#include "src/engine/op_header.h"
 #include "src/engine/transport.h"
-#include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
 

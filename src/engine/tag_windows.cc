@@ -13,7 +13,7 @@
 #include "relaxcc/hash.h"
 #include "relaxcc/logging.h"
 #include "src/engine/clock.h"
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 
 namespace relaxcc::engine {
 

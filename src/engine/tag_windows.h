@@ -12,8 +12,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "src/engine/op_header.h"
 #include "src/engine/transport.h"
-#include "src/protocols/op_header.h"
 
 namespace relaxcc::engine {
 

@@ -12,12 +12,10 @@
 #include <thread>
 #include <utility>
 
-#include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/logging.h"
+#include "src/communicator/engine_communicator.h"
 #include "src/engine/clock.h"
-#include "src/engine/engine_communicator.h"
-#include "src/engine/polling.h"
 #include "src/mpi/mpi_errors.h"
 #include "src/mpi/mpi_transport.h"
 
@@ -145,10 +143,6 @@ CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
   const auto timeout = options.timeout.count() >= 0
                            ? options.timeout
                            : std::chrono::milliseconds(options.tunables.timeout_ms);
-  // Validates the selection table and the polling policy before any
-  // collective call.
-  AllreduceSelection::parse(options.tunables.allreduce_algo);
-  engine::choose_polling(options.tunables.engine_poll, false);
   std::shared_ptr<engine::Transport> transport;
   if (options.share_engine_with) {
     transport = engine::transport_of(*options.share_engine_with);

@@ -10,11 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
+#include "src/communicator/engine_communicator.h"
 #include "src/engine/clock.h"
-#include "src/engine/engine_communicator.h"
-#include "src/engine/polling.h"
 #include "src/ucx/ucx_transport.h"
 #include "src/ucx/worker.h"
 
@@ -55,8 +53,6 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
                            ? options.timeout
                            : std::chrono::milliseconds(options.tunables.timeout_ms);
   const auto deadline = Clock::now() + timeout;
-  AllreduceSelection::parse(options.tunables.allreduce_algo);
-  engine::choose_polling(options.tunables.engine_poll, false);
   RendezvousOptions r = options.rendezvous;
   r.timeout = timeout;
   if (options.store) {
@@ -66,7 +62,16 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
   }
   r.validate();
   // The worker first: its address is what the rendezvous exchanges.
-  auto worker = std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(net_devices(options)));
+  std::shared_ptr<ucx::UcxTransport> shared;
+  if (options.share_engine_with) {
+    shared = std::dynamic_pointer_cast<ucx::UcxTransport>(
+        engine::transport_of(*options.share_engine_with));
+    RELAXCC_ENFORCE(shared != nullptr, InvalidArgument,
+                    "create_ucx_communicator: share_engine_with is not a UCX communicator");
+  }
+  auto worker =
+      shared ? shared->worker()
+             : std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(net_devices(options)));
   const ucx::Blob own = worker->blob();
   std::vector<uint8_t> blob(own.size());
   for (size_t i = 0; i < own.size(); ++i) blob[i] = static_cast<uint8_t>(own[i]);
@@ -87,8 +92,15 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
   ucx::EndpointOptions e;
   e.generation = static_cast<uint32_t>(r.generation);
   e.share_memory = options.share_memory;
-  ucx::UcxConnection c = ucx::connect(std::move(worker), blobs, met.rank, e);
+  ucx::UcxConnection c;
+  if (shared) {
+    c.transport = shared;
+    c.endpoints = std::make_shared<ucx::UcxEndpoints>(shared, blobs, met.rank, e);
+  } else {
+    c = ucx::connect(std::move(worker), blobs, met.rank, e);
+  }
   engine::EngineCommunicatorOptions o;
+  o.share_engine_with = options.share_engine_with;
   o.tunables = options.tunables;
   o.timeout = left(deadline);
   o.creator = detail::concat("create_ucx_communicator (rank ", met.rank, " of ", met.size,

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "relaxcc/errors.h"
 
@@ -97,11 +98,19 @@ UcxTransport::Entry& UcxTransport::allocate(const UcxEndpoints* endpoints, int p
 }
 
 void UcxTransport::make_ready(Entry& e) {
+  unhold(e);
   e.state = EntryState::kReady;
   ++ready_;
 }
 
+void UcxTransport::unhold(Entry& e) {
+  if (!e.held) return;
+  e.held = false;
+  --held_;
+}
+
 void UcxTransport::release(Entry& e) {
+  unhold(e);
   if (e.request != nullptr) ucp_request_free(e.request);
   if (e.state == EntryState::kReady) --ready_;
   if (e.state == EntryState::kReady || e.state == EntryState::kPending) --pending_;
@@ -169,15 +178,43 @@ void UcxTransport::fail_requests(const UcxEndpoints* endpoints, int rank, int co
       if (e.state == EntryState::kDetached) release(e);
       continue;
     }
-    if (e.state != EntryState::kPending) continue;
-    // Marked first, so that the cancel's callback finds it finished.
+    if (e.state != EntryState::kPending || e.held) continue;
+    // Marked first: a callback from here on completes it as failed.
     e.error = code;
+    if (e.request != nullptr && !e.send) {
+      // An unmatched receive's callback runs inside the cancel.
+      ucp_request_cancel(worker_->get(), e.request);
+      if (e.state != EntryState::kPending) continue;
+      // Matched: its message is still being written into the buffer.
+      const auto& p = endpoints->peers_[static_cast<size_t>(rank)];
+      if (p.same_host && process_status(p.process.pid).runs(p.process)) {
+        e.held = true;
+        e.writer = p.process;
+        ++held_;
+        continue;
+      }
+    }
     make_ready(e);
     if (e.request != nullptr) {
-      if (!e.send) ucp_request_cancel(worker_->get(), e.request);
-      ucp_request_free(e.request);
+      ucp_request_free(e.request);  // no callback after this
       e.request = nullptr;
     }
+  }
+}
+
+void UcxTransport::check_held() {
+  bool ended = false;
+  for (Entry& e : entries_)
+    ended = ended || (e.held && !process_status(e.writer.pid).runs(e.writer));
+  if (!ended) return;
+  // What the ended process wrote before it ended is delivered first.
+  while (worker_->progress() != 0) {
+  }
+  for (Entry& e : entries_) {
+    if (!e.held || process_status(e.writer.pid).runs(e.writer)) continue;
+    make_ready(e);
+    ucp_request_free(e.request);
+    e.request = nullptr;
   }
 }
 
@@ -199,13 +236,15 @@ void UcxTransport::forget(const UcxEndpoints* endpoints) {
 void UcxTransport::check_liveness(bool now) {
   const auto t = Clock::now();
   if (!now && t < next_liveness_check_) return;
-  next_liveness_check_ = t + (polled_peers_ > 0 ? kProcCheckPeriod : kPidfdCheckPeriod);
+  next_liveness_check_ =
+      t + (polled_peers_ > 0 || held_ > 0 ? kProcCheckPeriod : kPidfdCheckPeriod);
   epoll_event events[16];
   const int n = epoll_wait(liveness_fd_, events, 16, 0);
   for (int i = 0; i < n; ++i) {
     auto& p = *static_cast<UcxEndpoints::Peer*>(events[i].data.ptr);
     p.owner->lose(p, process_ended(p.process));
   }
+  if (held_ > 0) check_held();
   if (polled_peers_ == 0) return;
   for (UcxEndpoints* set : polled_sets_)
     for (auto& p : set->peers_)
@@ -304,6 +343,7 @@ void UcxTransport::detach(engine::Request& request) {
   Entry& e = entry_of(request);
   request = null_request();
   if (e.state != EntryState::kPending || e.request == nullptr) return release(e);
+  unhold(e);
   // Until UCX finishes it (its callback releases the entry), or the peer is
   // lost, or the transport goes.
   e.state = EntryState::kDetached;
@@ -359,7 +399,7 @@ UcxEndpoints::UcxEndpoints(std::shared_ptr<UcxTransport> transport, const std::v
   const PeerBlob self = PeerBlob::decode(blobs[static_cast<size_t>(rank)], rank);
   RELAXCC_ENFORCE(self.process == ProcessIdentity::of_this_process(), InvalidArgument,
                   "UcxEndpoints: blob ", rank, " is not this process's (rank ", rank, ")");
-  std::lock_guard<std::mutex> lock(ucx_->mutex_);
+  std::unique_lock<std::mutex> lock(ucx_->mutex_);
   peers_.resize(blobs.size());
   try {
     for (size_t r = 0; r < blobs.size(); ++r) {
@@ -405,17 +445,17 @@ UcxEndpoints::UcxEndpoints(std::shared_ptr<UcxTransport> transport, const std::v
                       " failed: ", ucs_status_string(status));
     }
   } catch (...) {
-    close_endpoints();
+    close_endpoints(lock);
     throw;
   }
 }
 
 UcxEndpoints::~UcxEndpoints() {
-  std::lock_guard<std::mutex> lock(ucx_->mutex_);
-  close_endpoints();
+  std::unique_lock<std::mutex> lock(ucx_->mutex_);
+  close_endpoints(lock);
 }
 
-void UcxEndpoints::close_endpoints() {
+void UcxEndpoints::close_endpoints(std::unique_lock<std::mutex>& lock) {
   std::vector<void*> closing;
   for (Peer& p : peers_) {
     if (p.pidfd >= 0) {
@@ -447,6 +487,12 @@ void UcxEndpoints::close_endpoints() {
       for (void* r : closing) ucp_request_free(r);
       closing.clear();
     }
+    if (closing.empty()) break;
+    // Other threads may post and test meanwhile (this set's peers are
+    // closed: nothing of it is watched or polled any more).
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    lock.lock();
   }
   ucx_->forget(this);
 }

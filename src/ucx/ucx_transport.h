@@ -15,9 +15,13 @@
 // every request to or from it at once: its Completion::error names the rank
 // (error_string()), receives posted for it are cancelled (UCX never fails a
 // receive by itself), its endpoint is closed by force, and the transport
-// reports a PeerError. A stopped process (SIGSTOP) is alive to the kernel:
-// peer_state() says kStopped but nothing fails until the caller's heartbeats
-// decide and call fail_peer().
+// reports a PeerError. No completion reported for a request touches its
+// buffer afterwards: a receive whose message matched already (UCX cannot
+// cancel it) from a same-host peer whose process still runs is reported,
+// failed, only when UCX finished writing it or that process ended (a peer on
+// another host writes nothing once its endpoint is closed). A stopped process (SIGSTOP) is alive to
+// the kernel: peer_state() says kStopped but nothing fails until the caller's heartbeats decide and
+// call fail_peer().
 //
 // Progress happens only inside calls (test_some(), test()). The event fd is
 // an epoll set of the worker's fd and the same-host peers' pidfds: an idle
@@ -66,6 +70,7 @@ class UcxTransport final : public engine::Transport {
   int event_fd() const override { return epoll_fd_; }
   bool arm() override;
   int job_rank() const override { return job_rank_; }
+  const std::shared_ptr<Worker>& worker() const { return worker_; }
 
   // Requests posted and not yet reported, detached ones excepted.
   size_t pending() const;
@@ -89,6 +94,11 @@ class UcxTransport final : public engine::Transport {
     ucs_status_t status = UCS_OK;
     int error = 0;  // a lost peer's code
     ucp_tag_recv_info_t info{};
+    // Failed with its peer while its matched message was still arriving from
+    // `writer`'s running process: reported only when UCX finished with its
+    // buffer (its callback) or that process ended.
+    bool held = false;
+    ProcessIdentity writer{};
   };
   struct EndpointError {
     const UcxEndpoints* endpoints;
@@ -105,6 +115,9 @@ class UcxTransport final : public engine::Transport {
   engine::Request posted(Entry& e, ucs_status_ptr_t result);
   void make_ready(Entry& e);
   void release(Entry& e);
+  void unhold(Entry& e);
+  // Reports the held entries whose writer's process ended.
+  void check_held();
   engine::Completion complete(Entry& e);
   void progress();
   void check_liveness(bool now);
@@ -126,6 +139,7 @@ class UcxTransport final : public engine::Transport {
   std::vector<Entry*> free_;
   size_t pending_ = 0;
   size_t ready_ = 0;                        // entries ready and not yet reported
+  size_t held_ = 0;                         // entries with `held`
   std::vector<std::string> reasons_;        // error code k > 0: reasons_[k - 1]
   std::vector<UcxEndpoints*> polled_sets_;  // sets with same-host peers without a pidfd
   std::mutex errors_mutex_;                 // endpoint_errors_ (ucp may call from its own thread)
@@ -193,7 +207,9 @@ class UcxEndpoints final : public engine::Endpoints {
   uint64_t tag(engine::Space space, int source, int tag) const;
   // With the transport's lock held.
   void lose(Peer& p, const std::string& reason);
-  void close_endpoints();
+  // Closes every endpoint. `lock` holds the transport's lock; it is let go
+  // while the closes flush (at most options_.close_timeout).
+  void close_endpoints(std::unique_lock<std::mutex>& lock);
 
   UcxTransport* ucx_;
   EndpointOptions options_;

@@ -1,4 +1,4 @@
-#include "src/protocols/op_header.h"
+#include "src/engine/op_header.h"
 
 #include <string_view>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "src/engine/engine_communicator.h"
+#include "src/communicator/engine_communicator.h"
 
 #include <condition_variable>
 #include <cstdlib>
@@ -22,12 +22,13 @@
 #include "src/collectives/shared_memory.h"
 #include "src/engine/compute_op.h"
 #include "src/engine/engine.h"
+#include "src/engine/op_header.h"
 #include "src/engine/point_to_point.h"
 #include "src/engine/polling.h"
 #include "src/engine/transport.h"
+#include "src/engine/tunables_check.h"
 #include "src/protocols/alltoall_pairwise.h"
 #include "src/protocols/broadcast_chain.h"
-#include "src/protocols/op_header.h"
 #include "src/protocols/recursive_doubling.h"
 #include "src/protocols/ring.h"
 
@@ -637,10 +638,7 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   RELAXCC_ENFORCE(
       transport != nullptr && endpoints != nullptr && &endpoints->transport() == transport.get(),
       InvalidArgument, options.creator, ": the endpoints are not the transport's");
-  // Validates the selection table and the polling policy before any
-  // collective call.
-  AllreduceSelection::parse(options.tunables.allreduce_algo);
-  choose_polling(options.tunables.engine_poll, false);
+  check_tunables(options.tunables);
   auto comms = std::make_shared<EndpointSet>(std::move(endpoints));
   const int rank = comms->endpoints->rank();
   std::vector<int> everyone(static_cast<size_t>(comms->size));

@@ -1,0 +1,18 @@
+// The check of every tunable the engine and its communicators use, made once,
+// where tunables enter them (create_engine_communicator): past it, the engine
+// takes the values as given.
+#pragma once
+
+#include "relaxcc/tunables.h"
+
+namespace relaxcc::engine {
+
+// Throws InvalidArgument naming the variable and its accepted values for:
+// RELAXCC_ALLREDUCE_ALGO (a selection table, AllreduceSelection::parse),
+// RELAXCC_ENGINE_POLL (auto, sleep, yield), RELAXCC_PEER_TIMEOUT_MS (0 or
+// 200..600000), RELAXCC_TIMEOUT_MS (positive), RELAXCC_RANKS_PER_NODE (not
+// negative), the segment sizes and RELAXCC_PIPELINE_DEPTH (positive) and
+// RELAXCC_ROUND_PART_BYTES (at least 1024).
+void check_tunables(const Tunables& t);
+
+}  // namespace relaxcc::engine
