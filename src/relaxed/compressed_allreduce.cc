@@ -305,6 +305,8 @@ WorkPtr spread_segment(Communicator& comm, const Call& c, size_t s, const OpOpti
 }
 
 constexpr int64_t kMinPiece = 16384;
+// Segments whose exchange (step 2) may be on the wire at once.
+constexpr size_t kExchangeWindow = 2;
 constexpr int64_t kMaxSegments = 64;
 
 // Cuts the shards into pieces of at most `piece` elements and sizes every
@@ -484,7 +486,7 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
   OpOptions local;
   local.priority = options.priority;
   local.label = options.label;
-  std::vector<WorkPtr> stages, submitted;
+  std::vector<WorkPtr> stages, submitted, exchanges;
   const auto submit = [&submitted](WorkPtr w) {
     submitted.push_back(w);
     return w;
@@ -496,13 +498,19 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
       // 1. Encode every shard's piece (after the previous segment's encoding).
       local.after = encoded;
       encoded = submit(comm.compute([c, s] { encode_segment(*c, s); }, local));
-      // 2. Each piece's payload to its shard's owner.
+      // 2. Each piece's payload to its shard's owner, once the exchange two
+      // segments back completed: active operations share the links fairly,
+      // so without the window every segment's exchange would end together,
+      // late, and no segment's gather would overlap the later exchanges.
       AlltoallOptions a2a;
       static_cast<OpOptions&>(a2a) = options;
-      a2a.after = encoded;
+      a2a.after = s >= kExchangeWindow ? when_all({encoded, exchanges[s - kExchangeWindow]},
+                                                  nullptr, "compressed_allreduce: exchange window")
+                                       : encoded;
       const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
       WorkPtr exchanged =
           submit(comm.alltoallv(g.sent, g.bytes, g.received, recv_counts, ctx, a2a));
+      exchanges.push_back(exchanged);
       // 3. The owner's sum of its piece, encoded once.
       local.after = exchanged;
       WorkPtr reduced = submit(comm.compute(
