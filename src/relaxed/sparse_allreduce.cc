@@ -320,8 +320,6 @@ std::vector<int64_t> proportional_shares_of(int64_t k, const std::vector<int64_t
 // when k < n. So k_j <= count[j] and the shares sum to k.
 std::vector<int64_t> shares_of(int64_t k, const std::vector<int64_t>& count, uint64_t step) {
   const auto n = static_cast<int64_t>(count.size());
-  const auto [least, most] = std::minmax_element(count.begin(), count.end());
-  if (*most - *least > 1) return proportional_shares_of(k, count, step);
   const int64_t base = k / n, extra = k % n;
   std::vector<int64_t> kept(count.size(), base);
   if (extra == 0) return kept;
@@ -401,7 +399,8 @@ struct TopkCall {
     if (!options.shares.empty())
       for (int64_t count : shards.count)
         fingerprint = Fnv1a().u64(fingerprint).u64(static_cast<uint64_t>(count)).value();
-    kept = shares_of(k, shards.count, codec.step);
+    kept = direct ? proportional_shares_of(k, shards.count, codec.step)
+                  : shares_of(k, shards.count, codec.step);
     worker.feedback = options.feedback;
     server.feedback = options.server_feedback;
     const auto n = static_cast<size_t>(size);
