@@ -305,8 +305,10 @@ WorkPtr spread_segment(Communicator& comm, const Call& c, size_t s, const OpOpti
 }
 
 constexpr int64_t kMinPiece = 16384;
-// Segments whose exchange (step 2) may be on the wire at once.
-constexpr size_t kExchangeWindow = 2;
+// Segments whose exchange (step 2) may be on the wire at once: enough that
+// the gathers of the segments before them keep the links' other direction
+// busy while a handshake waits behind queued data on a slow link.
+constexpr size_t kExchangeWindow = 6;
 constexpr int64_t kMaxSegments = 64;
 
 // Cuts the shards into pieces of at most `piece` elements and sizes every
@@ -498,10 +500,11 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
       // 1. Encode every shard's piece (after the previous segment's encoding).
       local.after = encoded;
       encoded = submit(comm.compute([c, s] { encode_segment(*c, s); }, local));
-      // 2. Each piece's payload to its shard's owner, once the exchange two
-      // segments back completed: active operations share the links fairly,
-      // so without the window every segment's exchange would end together,
-      // late, and no segment's gather would overlap the later exchanges.
+      // 2. Each piece's payload to its shard's owner, once the exchange
+      // kExchangeWindow segments back completed: active operations share
+      // the links fairly, so without the window every segment's exchange
+      // would end together, late, and no segment's gather would overlap the
+      // later exchanges.
       AlltoallOptions a2a;
       static_cast<OpOptions&>(a2a) = options;
       a2a.after = s >= kExchangeWindow ? when_all({encoded, exchanges[s - kExchangeWindow]},
