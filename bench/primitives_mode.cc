@@ -16,6 +16,13 @@
 // its distance and rel_error are those of the last average, as for the
 // others (a last average that did not come within stop() fails the run).
 //
+// --shares equal,balanced --rates R0,R1,...: each primitive that splits x
+// into owned shards (allreduce: the relaxcc ring; compressed_*, auto and
+// topk: the owner schedule) runs once per share setting, in the same run:
+// equal shards, then shares from the link rates (ring_shares or
+// owner_shares, relaxcc/collectives/shares.h); a balanced row also reports
+// its time over the equal row's.
+//
 // --straggler R --slowdown S: a training-like loop of --compute-ms per round
 // (rank R: S times as long) of group averaging over all ranks, run three
 // ways: nobody slow (adaptive deadline), R slow without a deadline, R slow
@@ -35,13 +42,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "bench_util.h"
 #include "modes.h"
+#include "relaxcc/collectives/shares.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/async_average.h"
@@ -71,8 +81,10 @@ struct PrimitivesArgs {
   double slowdown = 3.0;
   double compute_ms = 20.0;
   int straggler_rounds = 30;
-  double rate_mbit = 0;       // recorded in the JSON rows (the harness's link rate)
-  std::string segment_bytes;  // compressed allreduce segments; empty: the default
+  double rate_mbit = 0;                      // recorded in the JSON rows (the harness's link rate)
+  std::string segment_bytes;                 // compressed allreduce segments; empty: the default
+  std::vector<std::string> shares{"equal"};  // equal, balanced: one run each
+  std::vector<double> rates;                 // per rank, for balanced shares
   std::string json;
 };
 
@@ -129,7 +141,31 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       "#   primitive      size   time(us)  sent/rank/round  distance  rel_error  vs MPI_Allreduce");
   double mpi_us = 0;
   uint64_t tag_round = 0;  // rounds increase across primitives (shared tags are per primitive)
-  for (const std::string& name : args.primitives) {
+  const auto sharded = [](const std::string& name) {
+    return name == "allreduce" || name == "auto" || name.rfind("compressed_", 0) == 0 ||
+           name.rfind("topk", 0) == 0;
+  };
+  std::vector<std::pair<std::string, std::string>> runs;  // (primitive, shares)
+  for (const std::string& name : args.primitives)
+    for (const std::string& kind : args.shares) {
+      RELAXCC_ENFORCE(kind == "equal" || kind == "balanced", InvalidArgument,
+                      "primitives --shares: ", kind, " (expected equal or balanced)");
+      if (kind == "equal" || sharded(name)) runs.emplace_back(name, kind);
+    }
+  const bool balanced_runs =
+      std::find(args.shares.begin(), args.shares.end(), "balanced") != args.shares.end();
+  RELAXCC_ENFORCE(!balanced_runs || static_cast<int>(args.rates.size()) == world.size,
+                  InvalidArgument, "primitives --shares balanced: ", args.rates.size(),
+                  " --rates for ", world.size, " ranks (expected one per rank)");
+  std::map<std::string, double> equal_us;  // per primitive
+  for (const auto& [name, kind] : runs) {
+    const bool balanced = kind == "balanced";
+    // Identical on every rank: computed from the same --rates.
+    const std::vector<double> ring_split =
+        balanced ? ring_shares(args.rates) : std::vector<double>{};
+    const std::vector<double> owner_split =
+        balanced ? owner_shares(args.rates) : std::vector<double>{};
+    const std::string shown = balanced ? name + "+bal" : name;
     Primitive p;
     std::string codec_name = "f32";
     int codec_bits = 32;
@@ -142,6 +178,16 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       p.run = [&](std::vector<float>& v, uint64_t) {
         MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                       MPI_COMM_WORLD);
+        for (float& e : v) e /= static_cast<float>(world.size);
+      };
+    } else if (name == "allreduce") {
+      // The relaxcc ring allreduce (sum, then divided as the MPI row).
+      p.run = [&](std::vector<float>& v, uint64_t) {
+        AllreduceOptions o;
+        o.algo = AllreduceAlgo::ring;
+        o.shares = ring_split;
+        const TensorView t = TensorView::host(v.data(), count);
+        comm->allreduce(t, t, host, o)->wait();
         for (float& e : v) e /= static_cast<float>(world.size);
       };
     } else if (name == "mpi_pairs") {
@@ -159,20 +205,26 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
         p.stats.add_round(peers.send_to, count * 4, peers.recv_from, count * 4);
       };
     } else if (name.rfind("compressed_", 0) == 0) {
-      // compressed_8bit, _4bit, _2bit, _1bit (minmax), compressed_f16, _bf16
+      // compressed_8bit, _4bit, _2bit, _1bit (minmax), compressed_f16, _bf16,
+      // compressed_f32 (the same schedule, f32 on the wire)
       const std::string codec = name.substr(11);
-      kernels::CompressorConfig c;
-      if (codec == "f16" || codec == "bf16") {
-        c.kind = codec == "f16" ? kernels::CompressorKind::f16 : kernels::CompressorKind::bf16;
+      std::optional<kernels::CompressorConfig> c = kernels::CompressorConfig{};
+      if (codec == "f32") {
+        c.reset();
+      } else if (codec == "f16" || codec == "bf16") {
+        c->kind = codec == "f16" ? kernels::CompressorKind::f16 : kernels::CompressorKind::bf16;
       } else {
-        c.kind = kernels::CompressorKind::minmax;
-        c.bits = std::stoi(codec);
+        c->kind = kernels::CompressorKind::minmax;
+        c->bits = std::stoi(codec);
       }
-      codec_name = kernels::compressor_name(c.kind);
-      codec_bits = c.kind == kernels::CompressorKind::minmax ? c.bits : 16;
+      if (c) {
+        codec_name = kernels::compressor_name(c->kind);
+        codec_bits = c->kind == kernels::CompressorKind::minmax ? c->bits : 16;
+      }
       p.run = [&, c](std::vector<float>& v, uint64_t) {
         CompressedAllreduceOptions o = compressed_options;
         o.codec = c;
+        o.shares = owner_split;
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
         compressed_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
@@ -205,6 +257,7 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       p.run = [&](std::vector<float>& v, uint64_t) {
         CompressedAllreduceOptions o = compressed_options;
         o.auto_codec = chooser.get();
+        o.shares = owner_split;
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
         compressed_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
@@ -219,6 +272,7 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
       p.run = [&, c](std::vector<float>& v, uint64_t) {
         SparseAllreduceOptions o;
         o.codec = c;
+        o.shares = owner_split;
         o.op = ReduceOp::avg;
         o.stats = &p.stats;
         sparse_allreduce(*comm, TensorView::host(v.data(), count), host, o)->wait();
@@ -283,24 +337,34 @@ void run_rows(const PrimitivesArgs& args, BenchWorld& world, Report& report) {
     const double rel_error = exact.empty() ? 0.0 : relative_distance(x, exact, world);
     const double us = median(times);
     if (name == "mpi") mpi_us = us;
+    if (!balanced) equal_us[name] = us;
+    const double vs_equal = balanced && equal_us.count(name) ? us / equal_us[name] : 0.0;
     const RelaxedCounts c = p.stats.counts();
-    const double sent = name == "mpi"
-                            ? 2.0 * (world.size - 1) / world.size * count * 4
-                            : (c.rounds ? static_cast<double>(c.bytes_sent) / c.rounds : 0.0);
+    double sent = name == "mpi" ? 2.0 * (world.size - 1) / world.size * count * 4
+                                : (c.rounds ? static_cast<double>(c.bytes_sent) / c.rounds : 0.0);
+    if (name == "allreduce") {
+      // The ring sends the right neighbour every chunk but its own and the
+      // neighbour's, once each way round.
+      const std::vector<int64_t> chunk = shard_counts(count, world.size, ring_split);
+      sent = 4.0 * static_cast<double>(2 * count - chunk[world.rank] -
+                                       chunk[(world.rank + 1) % world.size]);
+    }
     const double f32_ring = 2.0 * (world.size - 1) / world.size * count * 4;
     if (name == "async")
       report.print(
           "# async: time of a step() call; distance and rel_error after stop() applied the last "
           "average (x = avg(S), S the last snapshot, whose mean is the last inputs')");
     char line[256];
-    std::snprintf(line, sizeof line, "%13s %9s %10.1f %16.0f %9.2e %10.2e %16.2f", name.c_str(),
+    std::snprintf(line, sizeof line, "%13s %9s %10.1f %16.0f %9.2e %10.2e %16.2f", shown.c_str(),
                   format_bytes(count * 4).c_str(), us, sent, distance, rel_error,
                   mpi_us > 0 ? us / mpi_us : 0.0);
-    report.print(line);
+    report.print(vs_equal > 0 ? detail::concat(line, "  vs equal ", vs_equal) : std::string(line));
     report.add(
         Row()
             .set("mode", "primitives")
             .set("primitive", name)
+            .set("shares", kind)
+            .set("time_vs_equal", vs_equal)
             .set("codec", codec_name)
             .set("bits", codec_bits)
             .set("ranks", world.size)
@@ -475,7 +539,8 @@ void add_primitives_mode(CLI::App& app) {
   sub->add_option("-w,--warmup", args->warmup, "Untimed rounds")->capture_default_str();
   sub->add_option("--primitives", args->primitives,
                   "mpi, mpi_pairs (shift_one's exchange in plain MPI), all, ring, shift_one, "
-                  "exponential, choco, moshpit, async, compressed_<8bit|4bit|2bit|1bit|f16|bf16>, "
+                  "exponential, choco, moshpit, async, allreduce (the relaxcc ring), "
+                  "compressed_<8bit|4bit|2bit|1bit|f16|bf16|f32>, "
                   "auto (the auto codec; RELAXCC_AUTO_CODEC forces a choice), topk (top-k sparse "
                   "allreduce keeping 1%), topk_<ratio>")
       ->delimiter(',')
@@ -492,6 +557,15 @@ void add_primitives_mode(CLI::App& app) {
   sub->add_option("--segment-bytes", args->segment_bytes,
                   "Pipeline segment of the compressed allreduce (f32 bytes; default: the "
                   "library's)");
+  sub->add_option("--shares", args->shares,
+                  "equal, balanced: run each sharded primitive (allreduce, compressed_*, auto, "
+                  "topk) once per setting; balanced takes its shares from --rates")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--rates", args->rates,
+                  "Link rate of each rank's host (any unit; relaxcc-hosts --rates), for "
+                  "--shares balanced")
+      ->delimiter(',');
   sub->add_option("--json", args->json, "Append JSON Lines rows to this file");
   add_transport_option(sub, args->transport);
   sub->callback([args] {

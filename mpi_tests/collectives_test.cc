@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "relaxcc/collectives/shares.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "test_util.h"
@@ -101,6 +102,92 @@ INSTANTIATE_TEST_SUITE_P(Algos, AllreduceTest,
                          ::testing::Values(AllreduceAlgo::ring, AllreduceAlgo::recursive_doubling,
                                            AllreduceAlgo::automatic),
                          [](const auto& p) { return std::string(allreduce_algo_name(p.param)); });
+
+// Shares from link rates (relaxcc/collectives/shares.h): the owner
+// schedule gives a host too slow to carry its own data nothing, the ring
+// keeps equal chunks where no split beats them, and equal rates give equal
+// shares.
+TEST(Shares, FromLinkRates) {
+  const auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t j = 0; j < want.size(); ++j) EXPECT_NEAR(got[j], want[j], 1e-9) << "rank " << j;
+  };
+  near(owner_shares({1000, 1000, 200, 200}), {0.5, 0.5, 0, 0});
+  near(owner_shares({100, 100, 100}), {1.0 / 3, 1.0 / 3, 1.0 / 3});
+  near(owner_shares({1000, 200}), {0.5, 0.5});
+  near(ring_shares({1000, 1000, 200, 200}), {0.25, 0.25, 0.25, 0.25});
+  near(ring_shares({7, 7, 7}), {1.0 / 3, 1.0 / 3, 1.0 / 3});
+  // One slow host: its chunk takes both of its links to N (1.5x the ring).
+  const std::vector<double> rates{1000, 1000, 1000, 200}, f = ring_shares(rates);
+  double slowest = 0;
+  for (int j = 0; j < 4; ++j)
+    slowest = std::max(
+        slowest, (2 - f[j] - f[(j + 1) % 4]) / (std::min(rates[j], rates[(j + 1) % 4]) / 1000));
+  EXPECT_NEAR(slowest, 5.0, 0.05);  // equal chunks: 7.5
+  EXPECT_THROW(owner_shares({1000, 0}), InvalidArgument);
+  EXPECT_THROW(shard_counts(10, 2, {1, -1}), InvalidArgument);
+  EXPECT_THROW(shard_counts(10, 2, {0, 0}), InvalidArgument);
+  EXPECT_THROW(shard_counts(10, 3, {1, 1}), InvalidArgument);
+  EXPECT_EQ(shard_counts(10, 4, {}), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(shard_counts(10, 4, {0.5, 0.5, 0, 0}), (std::vector<int64_t>{5, 5, 0, 0}));
+  EXPECT_EQ(shard_counts(7, 3, {1, 1, 1}), (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(shard_counts(0, 2, {1, 3}), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(shard_counts(5, 2, {0, 1}), (std::vector<int64_t>{0, 5}));
+}
+
+// The ring with unequal chunks, empty ones included, gives exactly what
+// equal chunks give: every dtype and op, exact on data that encodes rank
+// and index.
+TEST(Shares, UnequalRingChunksAreExact) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const std::vector<std::vector<double>> splits = {
+      std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
+      std::vector<double>{0, 0, 0, 1}, std::vector<double>{1, 0, 0, 0}};
+  for (std::vector<double> shares : splits) {
+    shares.resize(static_cast<size_t>(n), 1.0);
+    if (std::all_of(shares.begin(), shares.end(), [](double w) { return w == 0; })) continue;
+    for (DType t : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4099}, int64_t{70001}}) {
+          Buffer b(t, count);
+          test::fill(b, r);
+          AllreduceOptions o;
+          o.op = op;
+          o.shares = shares;
+          comm->allreduce(b.view(), ExecContext::host(), o)->wait();
+          for_each_dtype(t, [&](auto tag) {
+            using T = decltype(tag);
+            const int64_t wrong =
+                count_wrong<T>(b, [&](int64_t i) { return test::expected_reduction<T>(i, op, n); });
+            ASSERT_EQ(wrong, 0) << "dtype " << t << " op " << op << " count " << count << " shares "
+                                << shares[0] << "," << shares[1];
+          });
+        }
+      }
+    }
+  }
+}
+
+// Ranks that pass different shares fail with PeerMismatch instead of mixing
+// chunks, and the communicator stays usable.
+TEST(Shares, DifferentSharesFailOnEveryRank) {
+  using namespace std::chrono_literals;
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  Buffer b(DType::i32, 4096);
+  test::fill(b, r);
+  AllreduceOptions o;
+  o.shares.assign(static_cast<size_t>(n), 1.0);
+  if (r == 0) o.shares[0] = 3.0;
+  EXPECT_THROW(comm->allreduce(b.view(), ExecContext::host(), o)->wait(10s), PeerMismatch);
+  o.shares[0] = 1.0;
+  test::fill(b, r);
+  comm->allreduce(b.view(), ExecContext::host(), o)->wait(10s);
+  EXPECT_EQ(b.as<int32_t>()[4095], test::expected_reduction<int32_t>(4095, ReduceOp::sum, n));
+}
 
 // Buffers from Communicator::allocate: on one node the ring reads the left
 // neighbour's buffer in place (shared mode). The view starts at an odd

@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "relaxcc/collectives/shares.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
@@ -548,6 +550,90 @@ TEST(CompressedAllreduce, CodecsThatDifferFailEveryRank) {
       EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error) << "variant " << variant;
     }
   }
+}
+
+// Unequal shares (the owner schedule with shards split by weight, empty
+// shards included, and the owners' payloads sent straight to every rank):
+// exactly the equal split's sums where the codec is exact (f32 and f16 on
+// small integers), within the codec's bound (minmax 8 bits: 2n / 255 on
+// values in [-1, 1]) and bitwise identical on every rank otherwise, bytes
+// per peer that agree between the two ends, and an error-feedback state
+// made for the same shares.
+TEST(CompressedAllreduce, UnequalSharesAreExactAndWithinTheBound) {
+  auto comm = world();
+  const int n = comm->size(), me = comm->rank();
+  for (std::vector<double> shares :
+       {std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
+        std::vector<double>{0, 0, 0, 1}}) {
+    shares.resize(static_cast<size_t>(n), 1.0);
+    if (std::all_of(shares.begin(), shares.end(), [](double w) { return w == 0; })) shares[0] = 1;
+    const std::string split = ::testing::PrintToString(shares);
+    for (const std::optional<CompressorConfig>& codec :
+         {std::optional<CompressorConfig>{}, std::optional{kind(CompressorKind::f16)}}) {
+      for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{4099}, int64_t{70001}}) {
+        for (int64_t segment : {int64_t{1} << 20, int64_t{1000}}) {
+          std::vector<float> x(static_cast<size_t>(count));
+          for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+          CompressedAllreduceOptions o;
+          o.codec = codec;
+          o.segment_bytes = segment;
+          o.shares = shares;
+          compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)
+              ->wait();
+          for (int64_t i = 0; i < count; ++i) {
+            int64_t want = 0;
+            for (int r = 0; r < n; ++r) want += test::encode(r, i);
+            ASSERT_EQ(x[i], static_cast<float>(want))
+                << (codec ? "f16" : "f32") << " shares " << split << " count " << count
+                << " segment " << segment << " index " << i;
+          }
+        }
+      }
+    }
+    const int64_t count = 70001;
+    const std::vector<double> exact = exact_sum(count, n, 5);
+    RelaxedStats stats;
+    CompressedAllreduceState state(count, me, n, Device::host(), shares);
+    std::vector<float> x = uniform(count, me, 5);
+    CompressedAllreduceOptions o;
+    o.codec = minmax(8);
+    o.segment_bytes = 1000;
+    o.shares = shares;
+    o.stats = &stats;
+    o.state = &state;
+    compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o)->wait();
+    double worst = 0;
+    for (int64_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(x[i] - exact[i]));
+    EXPECT_LE(worst, 2.0 * n / 255 + 1e-5) << "shares " << split;
+    EXPECT_EQ(test::rank_that_differs(*comm, x), -1) << "shares " << split;
+    EXPECT_EQ(test::counts_that_disagree(*comm, stats.counts()), "") << "shares " << split;
+    // A state made for equal shares does not fit another split.
+    CompressedAllreduceState equal(count, me, n);
+    o.state = &equal;
+    if (shard_counts(count, n, shares)[me] != shard_counts(count, n, {})[me]) {
+      EXPECT_THROW(
+          compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o),
+          InvalidArgument)
+          << "shares " << split;
+    }
+  }
+}
+
+// A rank whose shares differ fails every rank instead of mixing shards.
+TEST(CompressedAllreduce, SharesThatDifferFailEveryRank) {
+  const int n = test::world_size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = create_mpi_communicator();
+  const int me = comm->rank();
+  std::vector<float> x = uniform(4096, me, 1);
+  const std::vector<float> before = x;
+  CompressedAllreduceOptions o;
+  o.codec = minmax(8);
+  o.shares.assign(static_cast<size_t>(n), 1.0);
+  if (me == n - 1) o.shares[0] = 3.0;
+  WorkPtr w = compressed_allreduce(*comm, TensorView::host(x.data(), 4096), ExecContext::host(), o);
+  EXPECT_THROW(w->wait(std::chrono::milliseconds(20000)), Error);
+  EXPECT_EQ(x, before);  // x is written only once every payload decoded
 }
 
 }  // namespace

@@ -368,6 +368,66 @@ TEST(TopK, BitwiseIdenticalOnEveryRank) {
   }
 }
 
+// Unequal shares (shards split by weight, empty ones included; k split in
+// proportion; the owners' slots sent straight to every rank): with
+// everything kept the exact sum, as with equal shares; with 1% kept, at
+// most k nonzeros, identical on every rank, the server residual sized by
+// sparse_allreduce_owned with the same shares, and bytes per peer that
+// agree between the two ends. A rank whose shares differ fails every rank.
+TEST(TopK, UnequalShares) {
+  auto comm = test::world();
+  const int n = comm->size(), me = comm->rank();
+  for (std::vector<double> shares :
+       {std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
+        std::vector<double>{0, 0, 0, 1}}) {
+    shares.resize(static_cast<size_t>(n), 1.0);
+    if (std::all_of(shares.begin(), shares.end(), [](double w) { return w == 0; })) shares[0] = 1;
+    const std::string split = ::testing::PrintToString(shares);
+    for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{5}, int64_t{10007}}) {
+      std::vector<float> x(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+      SparseAllreduceOptions o;
+      o.codec = top_k(1.0);
+      o.shares = shares;
+      run(*comm, x, o)->wait();
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < n; ++r) want += test::encode(r, i);
+        ASSERT_EQ(x[i], static_cast<float>(want))
+            << "shares " << split << " count " << count << " index " << i;
+      }
+    }
+    const int64_t count = 100003;
+    std::mt19937 rng(99u + static_cast<unsigned>(me));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(count));
+    for (float& v : x) v = normal(rng);
+    kernels::ErrorFeedback worker(count), server(sparse_allreduce_owned(count, me, n, shares));
+    RelaxedStats stats;
+    SparseAllreduceOptions o;
+    o.codec = top_k(0.01);
+    o.op = ReduceOp::avg;
+    o.feedback = &worker;
+    o.server_feedback = &server;
+    o.stats = &stats;
+    o.shares = shares;
+    run(*comm, x, o)->wait();
+    EXPECT_EQ(test::rank_that_differs(*comm, x), -1) << "shares " << split;
+    EXPECT_LE(std::count_if(x.begin(), x.end(), [](float v) { return v != 0.0f; }),
+              kernels::kept_elements(count, o.codec))
+        << "shares " << split;
+    EXPECT_EQ(test::counts_that_disagree(*comm, stats.counts()), "") << "shares " << split;
+  }
+  if (n < 2) return;
+  std::vector<float> x(4096, 1.0f);
+  SparseAllreduceOptions o;
+  o.codec = top_k(0.1);
+  o.shares.assign(static_cast<size_t>(n), 1.0);
+  if (me == n - 1) o.shares[0] = 3.0;
+  EXPECT_THROW(run(*comm, x, o)->wait(20s), Error);
+  for (float v : x) ASSERT_EQ(v, 1.0f);
+}
+
 // A tensor with k < n: the shards whose share of k is 0 take turns as the
 // step rolls, so over the calls every element is sent and the residuals
 // stay bounded (a shard that never gets a share would keep all it ever

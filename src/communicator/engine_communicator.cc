@@ -13,6 +13,7 @@
 #include <array>
 #include <fstream>
 
+#include "relaxcc/collectives/shares.h"
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/hash.h"
@@ -332,7 +333,7 @@ class EngineCommunicator final : public Communicator {
     check_host(input, ctx, "allreduce input");
     check_host(output, ctx, "allreduce output");
     const int n = size();
-    AllreduceAlgo algo = options.algo;
+    AllreduceAlgo algo = options.shares.empty() ? options.algo : AllreduceAlgo::ring;
     if (algo == AllreduceAlgo::automatic)
       algo = selection_.pick(static_cast<int64_t>(output.nbytes()));
     // One rank and recursive doubling work in place.
@@ -362,7 +363,8 @@ class EngineCommunicator final : public Communicator {
         return work;
       return submit(std::move(op), options, std::move(details));
     }
-    RingSpec spec = ring_spec(OpType::allreduce, output.dtype, balanced_chunks(output.numel, n));
+    RingSpec spec =
+        ring_spec(OpType::allreduce, output.dtype, shard_counts(output.numel, n, options.shares));
     spec.op = options.op;
     spec.local = input;
     spec.gathered = output;

@@ -150,6 +150,9 @@ class NcclCommunicator final : public Communicator {
     RELAXCC_ENFORCE(options.algo != AllreduceAlgo::recursive_doubling, Unsupported, state_->who(),
                     ": allreduce: recursive_doubling is not available on the NCCL communicator "
                     "(NCCL picks its own algorithm: pass auto)");
+    RELAXCC_ENFORCE(options.shares.empty(), Unsupported, state_->who(),
+                    ": allreduce: unequal shares are not available on the NCCL communicator "
+                    "(NCCL picks its own chunks)");
     const ncclDataType_t t = nccl_dtype(output.dtype);
     const ncclRedOp_t op = nccl_op(options.op);
     return state_->enqueue(

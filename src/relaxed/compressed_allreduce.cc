@@ -65,7 +65,7 @@ using relaxed::dense;
 using relaxed::Shards;
 
 // What one call keeps until it finishes (its buffers travel with its Works).
-// Shard j (the ring's balanced chunk j, owned by rank j) is cut into pieces
+// Shard j (the ring's balanced chunk j, or rank j's share, owned by rank j) is cut into pieces
 // of at most `piece` elements; segment s is piece s of every shard, and each
 // segment is exchanged, reduced and gathered on its own, so that segment s
 // is on the wire while segment s + 1 is encoded and segment s - 1 reduced.
@@ -80,6 +80,10 @@ struct Call {
   RobustAggregation robust;
   CompressedAllreduceState* state = nullptr;
   Shards shards{0, 1};
+  // Unequal shares: the owners' payloads go straight to every rank (an
+  // alltoallv from n copies of this rank's payload in `received`), not
+  // around the ring.
+  bool direct = false;
   int64_t piece = 1;  // elements per piece of a shard
   // With error feedback: the residuals this call leaves (worker: x's
   // elements; server: the owned shard's), put in place only once every
@@ -274,7 +278,37 @@ void reduce_segment(Call& c, size_t s) {
                        with_rng(c.ctx, c.ctx.rng.seed, static_cast<uint64_t>(g.first[r])));
 }
 
+// Direct gather of segment s: n copies of this rank's payload in its
+// `received` (read by then), the alltoallv's input.
+void copy_own_payload(Call& c, size_t s) {
+  const Call::Segment& g = c.segments[s];
+  const int64_t bytes = g.bytes[c.rank];
+  for (int j = 0; j < c.size && bytes > 0; ++j)
+    c.backend->copy(bytes_of(g.received, j * bytes, bytes).data(),
+                    bytes_of(g.gathered, g.offset[c.rank], bytes).data(),
+                    static_cast<size_t>(bytes), c.ctx);
+}
+
+// Step 4 for segment s: the owners' payloads to every rank, unchanged.
+WorkPtr spread_segment(Communicator& comm, const Call& c, size_t s, const OpOptions& options) {
+  const Call::Segment& g = c.segments[s];
+  const int n = c.size, r = c.rank;
+  if (c.direct) {
+    AlltoallOptions a2a;
+    static_cast<OpOptions&>(a2a) = options;
+    const std::vector<int64_t> send_counts(static_cast<size_t>(n), g.bytes[r]);
+    return comm.alltoallv(g.received, send_counts, g.gathered, g.bytes, c.ctx, a2a);
+  }
+  AllgatherOptions ag;
+  static_cast<OpOptions&>(ag) = options;
+  return comm.allgatherv(g.gathered.slice(g.offset[r], g.bytes[r]), g.gathered, g.bytes, c.ctx, ag);
+}
+
 constexpr int64_t kMinPiece = 16384;
+// Segments whose exchange (step 2) may be on the wire at once: enough that
+// the gathers of the segments before them keep the links' other direction
+// busy while a handshake waits behind queued data on a slow link.
+constexpr size_t kExchangeWindow = 6;
 constexpr int64_t kMaxSegments = 64;
 
 // Cuts the shards into pieces of at most `piece` elements and sizes every
@@ -384,7 +418,7 @@ void decode_segments(Call& c) {
 std::vector<RelaxedStats::Traffic> traffic(const Call& c) {
   std::vector<RelaxedStats::Traffic> out;
   for (const Call::Segment& g : c.segments)
-    relaxed::add_owner_schedule_traffic(out, c.rank, g.bytes, g.bytes);
+    relaxed::add_owner_schedule_traffic(out, c.rank, g.bytes, g.bytes, c.direct);
   return out;
 }
 
@@ -431,9 +465,10 @@ void check_options(const TensorView& x, const ExecContext& ctx,
   RELAXCC_ENFORCE(!options.state || options.state->numel() == x.numel, InvalidArgument, what,
                   ": error-feedback state for ", options.state ? options.state->numel() : 0,
                   " elements, tensor of ", x.numel);
-  RELAXCC_ENFORCE(
-      !options.state || relaxed::StateAccess::owned(*options.state) == Shards(x.numel, n).count[r],
-      InvalidArgument, what, ": error-feedback state made for another communicator");
+  RELAXCC_ENFORCE(!options.state || relaxed::StateAccess::owned(*options.state) ==
+                                        Shards(x.numel, n, options.shares).count[r],
+                  InvalidArgument, what,
+                  ": error-feedback state made for another communicator or other shares");
   RELAXCC_ENFORCE(!options.state || options.state->device() == x.device, InvalidArgument, what,
                   ": rank ", r, "'s error-feedback state is on ",
                   options.state ? options.state->device() : x.device, ", the tensor on ", x.device);
@@ -453,7 +488,7 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
   OpOptions local;
   local.priority = options.priority;
   local.label = options.label;
-  std::vector<WorkPtr> stages, submitted;
+  std::vector<WorkPtr> stages, submitted, exchanges;
   const auto submit = [&submitted](WorkPtr w) {
     submitted.push_back(w);
     return w;
@@ -465,22 +500,32 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
       // 1. Encode every shard's piece (after the previous segment's encoding).
       local.after = encoded;
       encoded = submit(comm.compute([c, s] { encode_segment(*c, s); }, local));
-      // 2. Each piece's payload to its shard's owner.
+      // 2. Each piece's payload to its shard's owner, once the exchange
+      // kExchangeWindow segments back completed: active operations share
+      // the links fairly, so without the window every segment's exchange
+      // would end together, late, and no segment's gather would overlap the
+      // later exchanges.
       AlltoallOptions a2a;
       static_cast<OpOptions&>(a2a) = options;
-      a2a.after = encoded;
+      a2a.after = s >= kExchangeWindow ? when_all({encoded, exchanges[s - kExchangeWindow]},
+                                                  nullptr, "compressed_allreduce: exchange window")
+                                       : encoded;
       const std::vector<int64_t> recv_counts(static_cast<size_t>(n), g.bytes[r]);
       WorkPtr exchanged =
           submit(comm.alltoallv(g.sent, g.bytes, g.received, recv_counts, ctx, a2a));
+      exchanges.push_back(exchanged);
       // 3. The owner's sum of its piece, encoded once.
       local.after = exchanged;
-      WorkPtr reduced = submit(comm.compute([c, s] { reduce_segment(*c, s); }, local));
+      WorkPtr reduced = submit(comm.compute(
+          [c, s] {
+            reduce_segment(*c, s);
+            if (c->direct) copy_own_payload(*c, s);
+          },
+          local));
       // 4. The owners' payloads to every rank, unchanged.
-      AllgatherOptions ag;
-      static_cast<OpOptions&>(ag) = options;
-      ag.after = reduced;
-      WorkPtr spread = submit(
-          comm.allgatherv(g.gathered.slice(g.offset[r], g.bytes[r]), g.gathered, g.bytes, ctx, ag));
+      OpOptions spread_options = options;
+      spread_options.after = reduced;
+      WorkPtr spread = submit(spread_segment(comm, *c, s, spread_options));
       stages.insert(stages.end(), {encoded, reduced, spread});
     }
     // 5. Every rank decodes the same bytes into x, once every segment
@@ -565,10 +610,13 @@ WorkPtr step_stages(Communicator& comm, const std::shared_ptr<Call>& c,
       exchanged[s]->wait();
       const TensorView own = g.gathered.slice(g.offset[r], g.bytes[r]);
       run_local([&] { reduce_segment(*c, s); }, own);
-      AllgatherOptions ag;
-      static_cast<OpOptions&>(ag) = options;
-      ag.after = nullptr;
-      spread.push_back(comm.allgatherv(own, g.gathered, g.bytes, ctx, ag));
+      if (c->direct) {
+        copy_own_payload(*c, s);
+        backend.finish(ctx);
+      }
+      OpOptions spread_options = options;
+      spread_options.after = nullptr;
+      spread.push_back(spread_segment(comm, *c, s, spread_options));
     }
     for (const WorkPtr& w : spread) w->wait();
     // 5. Every rank decodes the same bytes into x (left as it was when any
@@ -585,11 +633,12 @@ WorkPtr step_stages(Communicator& comm, const std::shared_ptr<Call>& c,
 
 }  // namespace
 
-CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size, Device device)
+CompressedAllreduceState::CompressedAllreduceState(int64_t numel, int rank, int size, Device device,
+                                                   const std::vector<double>& shares)
     : numel_(numel), owned_(0), device_(device) {
   RELAXCC_ENFORCE(numel >= 0 && size >= 1 && rank >= 0 && rank < size, InvalidArgument,
                   "CompressedAllreduceState: ", numel, " elements, rank ", rank, " of ", size);
-  const Shards shards(numel, size);
+  const Shards shards(numel, size, shares);
   owned_ = shards.count[rank];
   if (device.is_host()) {
     worker_.assign(static_cast<size_t>(numel), 0.0f);
@@ -652,7 +701,7 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
     CompressedAllreduceOptions o = options;
     o.auto_codec = nullptr;
     o.codec = chooser.choose(x.numel).codec;
-    if (o.codec || o.robust.kind != RobustAggregation::Kind::none)
+    if (o.codec || o.robust.kind != RobustAggregation::Kind::none || !o.shares.empty())
       return compressed_allreduce(comm, x, ctx, o);
     check_options(x, ctx, o, comm.size(), comm.rank(), "compressed_allreduce");
     AllreduceOptions a;
@@ -692,7 +741,8 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   c->op = options.op;
   c->robust = options.robust;
   c->state = options.state;
-  c->shards = Shards(x.numel, n);
+  c->shards = Shards(x.numel, n, options.shares);
+  c->direct = !options.shares.empty();
   c->piece = std::max<int64_t>(1, options.segment_bytes / static_cast<int64_t>(sizeof(float)) / n);
   plan_segments(comm, *c);
   if (c->state)

@@ -7,8 +7,8 @@
 namespace relaxcc::relaxed {
 
 void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int me,
-                                const std::vector<int64_t>& block,
-                                const std::vector<int64_t>& slot) {
+                                const std::vector<int64_t>& block, const std::vector<int64_t>& slot,
+                                bool direct) {
   const int n = static_cast<int>(block.size());
   if (traffic.empty())
     for (int j = 0; j < n; ++j)
@@ -19,6 +19,11 @@ void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int
     const int j = t.peer;
     t.sent += static_cast<uint64_t>(block[j]);
     t.received += static_cast<uint64_t>(block[me]);
+    if (direct) {
+      t.sent += static_cast<uint64_t>(slot[me]);
+      t.received += static_cast<uint64_t>(slot[j]);
+      continue;
+    }
     if (j == right) t.sent += all - static_cast<uint64_t>(slot[right]);
     if (j == left) t.received += all - static_cast<uint64_t>(slot[me]);
   }

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "relaxcc/collectives/shares.h"
 #include "relaxcc/communicator.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/relaxed/relaxed_stats.h"
@@ -21,10 +22,12 @@ inline bool dense(kernels::CompressorKind kind) {
          kind == kernels::CompressorKind::minmax || kind == kernels::CompressorKind::sign;
 }
 
-// The shards: the ring's balanced chunks, and where each starts.
+// The shards: the ring's balanced chunks, or split by `shares`
+// (relaxcc/collectives/shares.h), and where each starts.
 struct Shards {
   std::vector<int64_t> count, offset;
-  Shards(int64_t numel, int n) : count(balanced_chunks(numel, n)), offset(count.size(), 0) {
+  Shards(int64_t numel, int n, const std::vector<double>& shares = {})
+      : count(shard_counts(numel, n, shares)), offset(count.size(), 0) {
     for (size_t j = 1; j < count.size(); ++j) offset[j] = offset[j - 1] + count[j - 1];
   }
 };
@@ -36,13 +39,15 @@ inline std::span<std::byte> bytes_of(std::vector<unsigned char>& v, int64_t offs
 
 // Adds the bytes per peer of an owner schedule to `traffic` (one entry per
 // peer but `me`, in rank order): an alltoallv that sends each peer j
-// `block[j]` bytes and receives `block[me]` from it, then an allgatherv ring
-// of `slot[j]` bytes per rank, which sends the right neighbour every slot
-// but its own and receives from the left neighbour every slot but this
-// rank's. The compressed allreduce calls it per segment, the sparse one once.
+// `block[j]` bytes and receives `block[me]` from it, then the owners' slots
+// of `slot[j]` bytes to every rank: by an allgatherv ring, which sends the
+// right neighbour every slot but its own and receives from the left
+// neighbour every slot but this rank's, or (direct) by an alltoallv that
+// sends every peer this rank's slot and receives each peer's from it. The
+// compressed allreduce calls it per segment, the sparse one once.
 void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int me,
-                                const std::vector<int64_t>& block,
-                                const std::vector<int64_t>& slot);
+                                const std::vector<int64_t>& block, const std::vector<int64_t>& slot,
+                                bool direct = false);
 
 // comm.allreduce(x, ctx, options), with its bytes per peer added to `stats`
 // (if set) when it completes. Counting runs it on the ring (options.algo

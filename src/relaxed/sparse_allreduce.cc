@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -285,7 +286,34 @@ OwnerStatus::Code code_of(const std::exception_ptr& error) {
   }
 }
 
-// Shard j's share of k: k_j = floor(k / n), plus 1 for k mod n of the m
+// Unequal shards (shares): k_j = floor(k count[j] / numel), plus 1 for
+// the first k - sum of them shards with room for it (k_j < count[j]),
+// counted from shard step mod n. So k_j <= count[j] and the shares sum to
+// k (k <= numel).
+std::vector<int64_t> proportional_shares_of(int64_t k, const std::vector<int64_t>& count,
+                                            uint64_t step) {
+  const auto n = static_cast<int64_t>(count.size());
+  const int64_t numel = std::accumulate(count.begin(), count.end(), int64_t{0});
+  std::vector<int64_t> kept(count.size(), 0);
+  int64_t given = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    // k count[j] may not fit 64 bits: in 128.
+    __extension__ using Wide = __int128;
+    kept[j] = static_cast<int64_t>(static_cast<Wide>(k) * count[j] / std::max<int64_t>(numel, 1));
+    given += kept[j];
+  }
+  const auto first = static_cast<int64_t>(step % static_cast<uint64_t>(n));
+  for (int64_t i = 0; given < k && i < 2 * n; ++i) {
+    const int64_t j = (first + i) % n;
+    if (kept[j] < count[j]) {
+      ++kept[j];
+      ++given;
+    }
+  }
+  return kept;
+}
+
+// Equal shards: shard j's share of k: k_j = floor(k / n), plus 1 for k mod n of the m
 // shards with room for it (all n, or the first numel mod n when floor(k /
 // n) already fills the smaller shards): shard j < m takes it when (j -
 // step) mod m < k mod n. Rotating with the step sends every shard in turn
@@ -331,8 +359,11 @@ struct TopkCall {
   std::vector<int64_t> block_bytes, block_offset, slot_bytes, slot_offset;
   // The blocks of x (alltoallv input), this shard's blocks from every rank
   // (its output), and every owner's slot (allgatherv output): u8 views of
-  // the call's payload memory, on x's device.
-  TensorView sent, received, gathered;
+  // the call's payload memory, on x's device. Unequal shares: the slots go
+  // straight to every rank, by an alltoallv from n copies of this rank's
+  // slot (`spread`).
+  TensorView sent, received, gathered, spread;
+  bool direct = false;
   // Worker-side and server-side error feedback, committed only when every
   // owner's status is ok; with either, the encoders' scratch (the largest
   // shard's elements).
@@ -351,7 +382,8 @@ struct TopkCall {
         backend(std::move(x_backend)),
         codec(options.codec),
         op(options.op),
-        shards(tensor.numel, comm.size()) {
+        shards(tensor.numel, comm.size(), options.shares),
+        direct(!options.shares.empty()) {
     const int64_t k = kernels::kept_elements(x.numel, codec);
     fingerprint = Fnv1a()
                       .bytes("topk")
@@ -363,7 +395,12 @@ struct TopkCall {
                       .u64(codec.step)
                       .u64(codec.approximate ? 1 : 0)
                       .value();
-    kept = shares_of(k, shards.count, codec.step);
+    // Unequal shares: the shard layout, too.
+    if (!options.shares.empty())
+      for (int64_t count : shards.count)
+        fingerprint = Fnv1a().u64(fingerprint).u64(static_cast<uint64_t>(count)).value();
+    kept = direct ? proportional_shares_of(k, shards.count, codec.step)
+                  : shares_of(k, shards.count, codec.step);
     worker.feedback = options.feedback;
     server.feedback = options.server_feedback;
     const auto n = static_cast<size_t>(size);
@@ -388,9 +425,12 @@ struct TopkCall {
     const int64_t sent_bytes = block_offset.back() + block_bytes.back();
     const int64_t received_bytes = size * block_bytes[rank];
     const int64_t gathered_bytes = slot_offset.back() + slot_bytes.back();
+    const int64_t spread_bytes = direct ? size * slot_bytes[rank] : 0;
     const auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
     const TensorView all = backend->payload_memory(
-        comm, aligned(sent_bytes) + aligned(received_bytes) + gathered_bytes, "sparse_allreduce");
+        comm,
+        aligned(sent_bytes) + aligned(received_bytes) + aligned(gathered_bytes) + spread_bytes,
+        "sparse_allreduce");
     const auto part = [&all](int64_t offset, int64_t bytes) {
       return TensorView(static_cast<unsigned char*>(all.data) + offset, bytes, DType::u8,
                         all.device, all.owner);
@@ -398,8 +438,11 @@ struct TopkCall {
     sent = part(0, sent_bytes);
     received = part(aligned(sent_bytes), received_bytes);
     gathered = part(aligned(sent_bytes) + aligned(received_bytes), gathered_bytes);
+    spread =
+        part(aligned(sent_bytes) + aligned(received_bytes) + aligned(gathered_bytes), spread_bytes);
     if (worker.feedback || server.feedback)
-      scratch = backend->zeros(shards.count[0], DType::f32, ctx);
+      scratch = backend->zeros(*std::max_element(shards.count.begin(), shards.count.end()),
+                               DType::f32, ctx);
   }
 
   // Byte `offset` of a buffer.
@@ -680,8 +723,33 @@ OwnerStatus checked_status(const TopkCall& c, int j, const OwnerStatus& s) {
 void count_traffic(const TopkCall& c, RelaxedStats& stats) {
   if (c.size == 1) return;
   std::vector<RelaxedStats::Traffic> traffic;
-  relaxed::add_owner_schedule_traffic(traffic, c.rank, c.block_bytes, c.slot_bytes);
+  relaxed::add_owner_schedule_traffic(traffic, c.rank, c.block_bytes, c.slot_bytes, c.direct);
   stats.add_round(traffic);
+}
+
+// Direct step 4's input: n copies of this rank's slot, once written.
+void copy_own_slot(const TopkCall& c) {
+  const int r = c.rank;
+  for (int j = 0; j < c.size; ++j)
+    c.backend->copy(TopkCall::at(c.spread, j * c.slot_bytes[r]),
+                    TopkCall::at(c.gathered, c.slot_offset[r]),
+                    static_cast<size_t>(c.slot_bytes[r]), c.ctx);
+  c.backend->finish(c.ctx);
+}
+
+// Step 4: the owners' slots to every rank, unchanged (after what `options`
+// names; direct: after copy_own_slot).
+WorkPtr spread_slots(Communicator& comm, const TopkCall& c, const OpOptions& options) {
+  const int n = c.size, r = c.rank;
+  if (c.direct) {
+    AlltoallOptions a2a;
+    static_cast<OpOptions&>(a2a) = options;
+    const std::vector<int64_t> send_counts(static_cast<size_t>(n), c.slot_bytes[r]);
+    return comm.alltoallv(c.spread, send_counts, c.gathered, c.slot_bytes, c.ctx, a2a);
+  }
+  AllgatherOptions ag;
+  static_cast<OpOptions&>(ag) = options;
+  return comm.allgatherv(c.slot(r), c.gathered, c.slot_bytes, c.ctx, ag);
 }
 
 // Step 5: every owner's status, then (all ok) the residuals committed and
@@ -763,10 +831,11 @@ WorkPtr top_k(Communicator& comm, const TensorView& x, const ExecContext& ctx,
       "sparse_allreduce: the alltoallv's outcome");
   const WorkPtr reduced = comm.compute([c] { reduce_into_slot(*c); }, op_options(options, settled));
 
-  // 4. The owners' slots to every rank, unchanged.
-  AllgatherOptions ag;
-  static_cast<OpOptions&>(ag) = op_options(options, reduced);
-  const WorkPtr spread = comm.allgatherv(c->slot(r), c->gathered, c->slot_bytes, ctx, ag);
+  // 4. The owners' slots to every rank, unchanged (direct: once the
+  // owner's slot is copied, which runs where the owner's step ran).
+  WorkPtr ready = reduced;
+  if (c->direct) ready = comm.compute([c] { copy_own_slot(*c); }, op_options(options, reduced));
+  const WorkPtr spread = spread_slots(comm, *c, op_options(options, ready));
 
   // 5.
   RelaxedStats* stats = options.stats;
@@ -806,11 +875,10 @@ WorkPtr top_k_device(Communicator& comm, const TensorView& x, const ExecContext&
     // 3. The owner's checks, sum and top k_r, into its slot.
     reduce_into_slot(c);
     // 4. The owners' slots to every rank, unchanged.
-    AllgatherOptions ag;
-    static_cast<OpOptions&>(ag) = op_options(options, nullptr);
     std::exception_ptr gathered;
     try {
-      comm.allgatherv(c.slot(r), c.gathered, c.slot_bytes, ctx, ag)->wait();
+      if (c.direct) copy_own_slot(c);
+      spread_slots(comm, c, op_options(options, nullptr))->wait();
     } catch (...) {
       gathered = std::current_exception();
     }
@@ -821,10 +889,11 @@ WorkPtr top_k_device(Communicator& comm, const TensorView& x, const ExecContext&
 
 }  // namespace
 
-int64_t sparse_allreduce_owned(int64_t numel, int rank, int size) {
+int64_t sparse_allreduce_owned(int64_t numel, int rank, int size,
+                               const std::vector<double>& shares) {
   RELAXCC_ENFORCE(numel >= 0 && size >= 1 && rank >= 0 && rank < size, InvalidArgument,
                   "sparse_allreduce_owned: ", numel, " elements, rank ", rank, " of ", size);
-  return relaxed::Shards(numel, size).count[static_cast<size_t>(rank)];
+  return relaxed::Shards(numel, size, shares).count[static_cast<size_t>(rank)];
 }
 
 WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
@@ -856,9 +925,11 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
   if (!topk) {
     RELAXCC_ENFORCE(!options.server_feedback, InvalidArgument,
                     "sparse_allreduce: server_feedback is for topk, got randomk");
+    RELAXCC_ENFORCE(options.shares.empty(), InvalidArgument,
+                    "sparse_allreduce: shares are for topk, got randomk");
     return device ? random_k_device(comm, x, ctx, options) : random_k(comm, x, ctx, options);
   }
-  const int64_t owned = sparse_allreduce_owned(x.numel, comm.rank(), comm.size());
+  const int64_t owned = sparse_allreduce_owned(x.numel, comm.rank(), comm.size(), options.shares);
   RELAXCC_ENFORCE(!options.server_feedback ||
                       static_cast<int64_t>(options.server_feedback->residual().size()) == owned,
                   InvalidArgument, "sparse_allreduce: server-side error feedback for ",

@@ -8,6 +8,8 @@
 //   ring                pipelined reduce-scatter then allgather over the ring
 //                       r -> r+1, in segments of RELAXCC_SEGMENT_BYTES;
 //                       bandwidth-optimal (each rank sends 2(n-1)/n of the data)
+//                       (with AllreduceOptions::shares, chunk j of rank j
+//                       takes its share of the tensor)
 //   recursive_doubling  log2(n) rounds exchanging the whole tensor with rank
 //                       r xor 2^k (non-powers of two fold the extra ranks in
 //                       first); latency-optimal for small messages
@@ -46,6 +48,11 @@ AllreduceAlgo parse_allreduce_algo(std::string_view name);
 struct AllreduceOptions : OpOptions {
   ReduceOp op = ReduceOp::sum;
   AllreduceAlgo algo = AllreduceAlgo::automatic;  // automatic: the selection table
+  // The ring's chunk of each rank (relaxcc/collectives/shares.h; ring_shares
+  // gives them from link rates); empty: equal chunks. Every rank passes the
+  // same shares (PeerMismatch otherwise). Not empty: the ring runs whatever
+  // `algo` and the selection table say.
+  std::vector<double> shares;
 };
 
 // Algorithm selection kept as data: size ranges in bytes mapped to algorithms.

@@ -12,7 +12,9 @@
 //   3. owner r decodes the n payloads of its piece and sums them in f32
 //      (avg: then divides by n), and encodes the result once (server-side
 //      error feedback on its shard);
-//   4. an allgatherv forwards the owners' payloads unchanged;
+//   4. an allgatherv forwards the owners' payloads unchanged (with unequal
+//      shares, an alltoallv sends each owner's payload straight to every
+//      rank);
 // and once every segment arrived:
 //   5. every rank decodes every payload into x (the owner its own payload
 //      too, so all ranks hold the same bits).
@@ -66,12 +68,11 @@
 // codec for this schedule, or the uncompressed allreduce
 // (Communicator::allreduce with op sum or avg, its selection table and its
 // ring), which auto takes whenever no codec is predicted faster by the
-// AutoCodec's margin. Every rank makes the same choice (agreed
-// calibration, same bucket size). With robust aggregation the uncompressed
-// choice is this schedule with f32 payloads (the allreduce cannot aggregate
-// robustly). The uncompressed allreduce leaves an error-feedback state as it
-// is (its residuals wait for the next compressed call; a bucket's choice
-// only changes with a new calibration).
+// AutoCodec's margin (with shares: this schedule with f32 payloads). Every rank makes the same
+// choice (agreed calibration, same bucket size). With robust aggregation the uncompressed choice is
+// this schedule with f32 payloads (the allreduce cannot aggregate robustly). The uncompressed
+// allreduce leaves an error-feedback state as it is (its residuals wait for the next compressed
+// call; a bucket's choice only changes with a new calibration).
 //
 // Hierarchical variant: full precision within each node (an allreduce over
 // the node's ranks, shared memory on one machine), compressed across nodes
@@ -138,7 +139,10 @@ class CompressedAllreduceState {
   // rank being `rank`, with its residuals on `device` (the tensor's: a CUDA
   // device keeps them in device memory; Unsupported in a build without
   // CUDA).
-  CompressedAllreduceState(int64_t numel, int rank, int size, Device device = Device::host());
+  // `shares`: the calls' CompressedAllreduceOptions::shares (the owned
+  // shard's size follows from them).
+  CompressedAllreduceState(int64_t numel, int rank, int size, Device device = Device::host(),
+                           const std::vector<double>& shares = {});
 
   int64_t numel() const noexcept { return numel_; }
   Device device() const noexcept { return device_; }
@@ -189,6 +193,13 @@ struct CompressedAllreduceOptions : OpOptions {
   // `codec` is ignored. Calibrated on this communicator (hierarchical: on
   // comms.inter; ignored elsewhere); it must outlive the call.
   const AutoCodec* auto_codec = nullptr;
+  // Rank j owns shard j of this split (relaxcc/collectives/shares.h;
+  // owner_shares gives them from link rates); empty: equal shards. Not
+  // empty: step 4 sends each owner's payload straight to every rank (an
+  // alltoallv) instead of around the ring, so that a rank that owns little
+  // also forwards little. Every rank passes the same shares: a rank whose
+  // split differs fails the alltoallv with PeerMismatch on every rank.
+  std::vector<double> shares;
 };
 
 // x (f32) becomes the (compressed) sum or average over the ranks, in place

@@ -35,7 +35,8 @@
 //      k_r (server-side error feedback: what it drops waits in
 //      server_feedback) and encodes them once;
 //   4. an allgatherv forwards the owners' slots unchanged: a 16-byte status
-//      word, then the payload;
+//      word, then the payload (with unequal shares, an alltoallv sends each
+//      owner's slot straight to every rank);
 //   5. every rank writes every shard's pairs into x, 0 elsewhere, from the
 //      same bytes: the results are bitwise identical on every rank.
 // Steps 1 and 3 run off the engine thread (Communicator::compute) on host
@@ -85,6 +86,8 @@
 // when it succeeds. No thread of their own.
 #pragma once
 
+#include <vector>
+
 #include "relaxcc/communicator.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/error_feedback.h"
@@ -109,7 +112,7 @@ struct SparseAllreduceOptions : OpOptions {
   // run one after the other (the next one `after` this one).
   kernels::ErrorFeedback* feedback = nullptr;
   // topk only. Set: server-side error feedback of the owned shard, made for
-  // sparse_allreduce_owned(x.numel, comm.rank(), comm.size()) elements (in
+  // sparse_allreduce_owned(x.numel, comm.rank(), comm.size(), shares) elements (in
   // the units of `op`: keep the op from call to call); it must outlive the
   // call's Work. Changed, as `feedback`, only by a call that succeeds.
   kernels::ErrorFeedback* server_feedback = nullptr;
@@ -118,6 +121,13 @@ struct SparseAllreduceOptions : OpOptions {
   // transport's own headers), one round per collective that completed; it
   // must outlive the call's Work.
   RelaxedStats* stats = nullptr;
+  // topk only: rank j owns shard j of this split (relaxcc/collectives/shares.h;
+  // owner_shares gives them from link rates), and k is split in proportion;
+  // empty: equal shards. Not empty: step 4 sends each owner's slot straight
+  // to every rank (an alltoallv) instead of around the ring. Every rank
+  // passes the same shares: the layout is in the blocks' fingerprint, so a
+  // rank whose split differs gives PeerMismatch.
+  std::vector<double> shares;
 };
 
 // Device tensors. A CUDA tensor with a context on its device runs over a
@@ -161,6 +171,7 @@ WorkPtr sparse_allreduce(Communicator& comm, const TensorView& x, const ExecCont
 
 // The elements of the shard that `rank` of `size` owns in a top-k sparse
 // allreduce of `numel` elements (the size of its server_feedback).
-int64_t sparse_allreduce_owned(int64_t numel, int rank, int size);
+int64_t sparse_allreduce_owned(int64_t numel, int rank, int size,
+                               const std::vector<double>& shares = {});
 
 }  // namespace relaxcc
