@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <future>
+#include <latch>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -44,13 +45,18 @@ class Agreement : public ::testing::Test {
   // Runs agree_next_view for every member at once, each on its own client.
   std::vector<Outcome> run(const MembershipView& current, const std::vector<Member>& members,
                            const AgreementOptions& options) {
+    // Every member connects first, then all start together: a member whose
+    // thread starts late is a slow member, which the protocol counts as lost.
+    std::latch connected(static_cast<std::ptrdiff_t>(members.size()));
     std::vector<std::future<Outcome>> futures;
     for (const Member& m : members) {
-      futures.push_back(std::async(std::launch::async, [this, current, m, options] {
+      futures.push_back(std::async(std::launch::async, [this, current, m, options, &connected] {
         TcpStoreOptions o;
         o.port = server_.port();
         o.timeout = milliseconds(10000);
         TcpStore client(o);
+        client.check({"connected"});
+        connected.arrive_and_wait();
         Outcome out;
         try {
           out.view = agree_next_view(client, current, m.self, m.lost, options);
@@ -69,7 +75,7 @@ class Agreement : public ::testing::Test {
   static AgreementOptions fast(const std::string& prefix) {
     AgreementOptions o;
     o.timeout = milliseconds(5000);
-    o.proposal_wait = milliseconds(500);
+    o.proposal_wait = milliseconds(1500);
     o.key_prefix = prefix;
     return o;
   }
