@@ -1,6 +1,9 @@
 // Membership views and agree_next_view over a real TcpStore: each member is a
 // thread with its own store client (not an MPI program).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <future>
@@ -133,6 +136,61 @@ TEST_F(Agreement, SecondFailureDuringAgreement) {
   // The store server times the wait out on its own clock: allow 50 ms.
   EXPECT_GE(took, options.proposal_wait - milliseconds(50));
   EXPECT_LT(took, options.timeout);
+}
+
+// Real processes: member 3 is SIGKILLed before the agreement, member 2 is
+// SIGKILLed while the others wait for its proposal; members 0 and 1 report
+// the view they got through a pipe and exit 0.
+TEST_F(Agreement, SigkilledProcessesDuringAgreement) {
+  const MembershipView current = first_view(4);
+  AgreementOptions options = fast("killed");
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  for (int r = 0; r < 4; ++r) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::string result;
+      try {
+        TcpStoreOptions o;
+        o.port = server_.port();
+        o.timeout = milliseconds(10000);
+        TcpStore client(o);
+        if (r >= 2) {  // killed by the parent, or ends by itself within 20 s
+          std::this_thread::sleep_for(milliseconds(20000));
+          ::_exit(2);
+        }
+        result = agree_next_view(client, current, r, {3}, options).describe();
+      } catch (const std::exception& e) {
+        result = e.what();
+      }
+      const auto n = ::write(fds[1], result.data(), result.size());
+      ::_exit(n == static_cast<ssize_t>(result.size()) ? 0 : 1);
+    }
+    ::close(fds[1]);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  ::kill(pids[3], SIGKILL);
+  std::this_thread::sleep_for(milliseconds(200));
+  ::kill(pids[2], SIGKILL);
+  for (int r = 0; r < 4; ++r) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[r], &status, 0), pids[r]);
+    std::string result;
+    char buf[512];
+    for (ssize_t n; (n = ::read(pipes[r], buf, sizeof buf)) > 0;) result.append(buf, n);
+    ::close(pipes[r]);
+    if (r < 2) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "member " << r;
+      EXPECT_EQ(result, "epoch 1 {0,1}") << "member " << r;
+    } else {
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "member " << r;
+    }
+  }
 }
 
 TEST_F(Agreement, LostButAliveMemberIsExcluded) {
