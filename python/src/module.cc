@@ -385,16 +385,24 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "create",
           [](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-             std::chrono::milliseconds timeout, const py::object& parent) {
+             std::chrono::milliseconds timeout, const py::object& parent, const std::string& wing,
+             const std::string& store_address) {
             PgPtr p;
             if (!parent.is_none()) p = parent.cast<PgPtr>();
+            RELAXCC_ENFORCE(wing == "mpi" || wing == "ucx", InvalidArgument,
+                            "ProcessGroupRelaxcc.create: wing '", wing, "' (\"mpi\" or \"ucx\")");
             py::gil_scoped_release release;
-            return ProcessGroupRelaxcc::create(store, rank, size, timeout, p,
-                                               mpi_communicator_factory());
+            return ProcessGroupRelaxcc::create(
+                store, rank, size, timeout, p,
+                wing == "mpi" ? mpi_communicator_factory()
+                              : ucx_communicator_factory(rank, size, store_address));
           },
           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-          py::arg("parent") = py::none(),
-          "c10d's creation callback: collective over the group's members")
+          py::arg("parent") = py::none(), py::arg("wing") = "mpi",
+          py::arg("store_address") = "(torch's store)",
+          "c10d's creation callback: collective over the group's members; the default "
+          "group's world communicator comes from `wing` (\"mpi\": MPI_COMM_WORLD, \"ucx\": "
+          "UCX, meeting on `store`, named `store_address` in messages)")
       .def_property_readonly("members", &ProcessGroupRelaxcc::members,
                              "the world ranks of the members, in group rank order")
       .def_property_readonly("timeout", &ProcessGroupRelaxcc::timeout);
