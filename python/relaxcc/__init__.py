@@ -5,11 +5,21 @@
     import relaxcc, torch.distributed as dist
     dist.init_process_group("relaxcc", init_method="env://")
 
-Processes are started by mpirun (the communicator runs over MPI today). With
-``env://``, RANK and WORLD_SIZE default to Open MPI's OMPI_COMM_WORLD_RANK and
-OMPI_COMM_WORLD_SIZE; MASTER_ADDR and MASTER_PORT are torch's, as always.
-``tcp://`` and ``file://`` need ``rank`` and ``world_size`` (torch's
-rendezvous reads them from the arguments): ``relaxcc.mpi_rank()`` and
+Processes are started by torchrun (or any launcher that gives torch's
+rendezvous a store: ``env://``, ``tcp://``, ``file://``) or by mpirun. The
+world communicator runs on one of relaxcc's two transports ("wings"):
+
+- under mpirun (OMPI_COMM_WORLD_SIZE or PMIX_RANK set): the MPI wing, over
+  MPI_COMM_WORLD;
+- otherwise: the UCX wing, which exchanges its worker addresses through the
+  c10d store that torch hands the backend, with torch's rank and world size.
+
+``RELAXCC_PYTHON_WING=mpi`` or ``ucx`` overrides the choice (``ucx`` under
+mpirun works too). Under mpirun with ``env://``, RANK and WORLD_SIZE default
+to Open MPI's OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE; MASTER_ADDR and
+MASTER_PORT are torch's, as always. ``tcp://`` and ``file://`` need
+``rank`` and ``world_size`` (torch's rendezvous reads them from the
+arguments): under mpirun, ``relaxcc.mpi_rank()`` and
 ``relaxcc.mpi_world_size()`` give them.
 
 Errors from relaxcc are Python exceptions with relaxcc's message:
@@ -39,7 +49,8 @@ BACKEND = "relaxcc"
 
 __all__ = ["BACKEND", "Error", "InvalidArgument", "Unsupported", "CorruptPayload", "InternalError",
            "CommunicationError", "Timeout", "PeerMismatch", "DeviceError", "CommunicatorPoisoned",
-           "ProcessGroupRelaxcc", "InvalidType", "DistributedDataParallel", "algorithms", "mpi_rank", "mpi_world_size", "is_relaxcc_group"]
+           "ProcessGroupRelaxcc", "InvalidType", "DistributedDataParallel", "algorithms", "mpi_rank", "mpi_world_size", "is_relaxcc_group",
+           "launched_by_mpirun", "wing"]
 
 
 def mpi_rank():
@@ -79,12 +90,38 @@ def _create_process_group(store, rank, world_size, timeout):
         parent = default
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
-    return ProcessGroupRelaxcc.create(store, rank, world_size, timeout, parent)
+    return ProcessGroupRelaxcc.create(store, rank, world_size, timeout, parent, wing=wing(),
+                                      store_address=_store_address(store))
+
+
+def launched_by_mpirun():
+    """Whether mpirun started this process (Open MPI's or PMIx's variables)."""
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMIX_RANK" in os.environ
+
+
+def wing():
+    """The transport the next world communicator uses: "mpi" or "ucx"
+    (RELAXCC_PYTHON_WING, else "mpi" under mpirun and "ucx" otherwise)."""
+    chosen = os.environ.get("RELAXCC_PYTHON_WING", "")
+    if chosen == "":
+        return "mpi" if launched_by_mpirun() else "ucx"
+    if chosen not in ("mpi", "ucx"):
+        raise InvalidArgument(f"relaxcc: RELAXCC_PYTHON_WING={chosen!r}: expected 'mpi' or 'ucx'")
+    return chosen
+
+
+def _store_address(store):
+    # The store, for relaxcc's messages: its type, and where torchrun's or
+    # env://'s master lives when the environment says.
+    where = ""
+    if "MASTER_ADDR" in os.environ:
+        where = f" at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}"
+    return f"{type(store).__name__}{where}"
 
 
 def _default_env_from_mpirun():
     # env:// reads RANK and WORLD_SIZE; under mpirun, Open MPI's say the same.
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
+    if "OMPI_COMM_WORLD_RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" in os.environ:
         os.environ.setdefault("RANK", os.environ["OMPI_COMM_WORLD_RANK"])
         os.environ.setdefault("WORLD_SIZE", os.environ["OMPI_COMM_WORLD_SIZE"])
         if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "python/src/process_group.h"
 #include "relaxcc/errors.h"
@@ -70,6 +71,15 @@ std::vector<BucketKey> saved_buckets(const StateDict& dict) {
   std::vector<BucketKey> keys;
   for (size_t i = 0; i < flat.size(); i += 2) keys.emplace_back(flat[i], flat[i + 1]);
   return keys;
+}
+// The buckets a state dict holds, each filled by load(bucket, key, prefix)
+// (prefix: the bucket's keys in the dict). All are loaded before any is
+// used, so that a bad state dict leaves the hook as it was.
+template <class Bucket, class Load>
+std::map<BucketKey, Bucket> load_buckets(const StateDict& dict, Load&& load) {
+  std::map<BucketKey, Bucket> loaded;
+  for (const auto& key : saved_buckets(dict)) load(loaded[key], key, bucket_prefix(key));
+  return loaded;
 }
 template <typename Map>
 void put_buckets(StateDict& dict, const Map& states) {
@@ -137,13 +147,13 @@ class CompressedHook {
   void load_state_dict(const py::bytes& data) {
     const StateDict dict = deserialize(data);
     const Communicator& comm = *pg_->communicator();
-    std::map<BucketKey, Bucket> loaded;
-    for (const auto& key : saved_buckets(dict)) {
-      Bucket& b = loaded[key];
-      b.state = std::make_unique<CompressedAllreduceState>(key.second, comm.rank(), comm.size());
-      b.state->load(dict, bucket_prefix(key));
-      b.rng_offset = static_cast<uint64_t>(dict.get_int(bucket_prefix(key) + "rng_offset"));
-    }
+    auto loaded =
+        load_buckets<Bucket>(dict, [&](Bucket& b, const BucketKey& key, const std::string& prefix) {
+          b.state =
+              std::make_unique<CompressedAllreduceState>(key.second, comm.rank(), comm.size());
+          b.state->load(dict, prefix);
+          b.rng_offset = static_cast<uint64_t>(dict.get_int(prefix + "rng_offset"));
+        });
     if (auto_codec_) {
       const auto bits = dict.get_ints("auto_codec.measurements");
       const size_t codecs = auto_codec_->options().codecs.size();
@@ -227,16 +237,14 @@ class SparseHook {
   void load_state_dict(const py::bytes& data) {
     const StateDict dict = deserialize(data);
     const Communicator& comm = *pg_->communicator();
-    std::map<BucketKey, Bucket> loaded;
-    for (const auto& key : saved_buckets(dict)) {
-      const std::string prefix = bucket_prefix(key);
-      Bucket& b = loaded[key];
-      make(b, key.second, comm);
-      load_residual(*b.worker, dict.get_floats(prefix + "worker"), prefix + "worker");
-      if (b.server) load_residual(*b.server, dict.get_floats(prefix + "server"), prefix + "server");
-      b.step = static_cast<uint64_t>(dict.get_int(prefix + "step"));
-    }
-    buckets_ = std::move(loaded);
+    buckets_ =
+        load_buckets<Bucket>(dict, [&](Bucket& b, const BucketKey& key, const std::string& prefix) {
+          make(b, key.second, comm);
+          load_residual(*b.worker, dict.get_floats(prefix + "worker"), prefix + "worker");
+          if (b.server)
+            load_residual(*b.server, dict.get_floats(prefix + "server"), prefix + "server");
+          b.step = static_cast<uint64_t>(dict.get_int(prefix + "step"));
+        });
   }
 
  private:
@@ -306,12 +314,6 @@ kernels::Rounding parse_rounding(const std::string& name) {
 // relaxcc's error types as Python classes: relaxcc.Error derives from
 // RuntimeError; InvalidArgument also from ValueError, Unsupported from
 // NotImplementedError, Timeout from TimeoutError.
-struct ErrorClasses {
-  PyObject *error, *invalid_argument, *unsupported, *corrupt_payload, *internal, *communication,
-      *timeout, *peer_mismatch, *device, *poisoned;
-};
-ErrorClasses* error_classes = nullptr;  // set once at import, never freed
-
 PyObject* new_error(py::module_& m, const char* name, std::initializer_list<PyObject*> bases) {
   py::tuple b(bases.size());
   size_t i = 0;
@@ -323,45 +325,57 @@ PyObject* new_error(py::module_& m, const char* name, std::initializer_list<PyOb
   return cls;
 }
 
+// Whether `p` holds an E.
+template <class E>
+bool holds(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// A relaxcc error type and its Python class. The table lists each type after
+// its base, so that the last entry that holds an error is its own type.
+struct ErrorClass {
+  bool (*holds)(const std::exception_ptr&);
+  PyObject* cls;
+};
+std::vector<ErrorClass>* error_classes = nullptr;  // set once at import, never freed
+
 void register_errors(py::module_& m) {
-  auto* c = new ErrorClasses;
-  c->error = new_error(m, "Error", {PyExc_RuntimeError});
-  c->invalid_argument = new_error(m, "InvalidArgument", {c->error, PyExc_ValueError});
+  auto* table = new std::vector<ErrorClass>;
+  auto add = [&]<class E>(const char* name, std::initializer_list<PyObject*> bases) {
+    PyObject* cls = new_error(m, name, bases);
+    table->push_back({&holds<E>, cls});
+    return cls;
+  };
+  PyObject* error = add.operator()<Error>("Error", {PyExc_RuntimeError});
+  PyObject* invalid = add.operator()<InvalidArgument>("InvalidArgument", {error, PyExc_ValueError});
   // An option of the wrong Python type (relaxcc.algorithms, DistributedDataParallel).
-  new_error(m, "InvalidType", {c->invalid_argument, PyExc_TypeError});
-  c->unsupported = new_error(m, "Unsupported", {c->error, PyExc_NotImplementedError});
-  c->corrupt_payload = new_error(m, "CorruptPayload", {c->error});
-  c->internal = new_error(m, "InternalError", {c->error});
-  c->communication = new_error(m, "CommunicationError", {c->error});
-  c->timeout = new_error(m, "Timeout", {c->communication, PyExc_TimeoutError});
-  c->peer_mismatch = new_error(m, "PeerMismatch", {c->communication});
-  c->device = new_error(m, "DeviceError", {c->communication});
-  c->poisoned = new_error(m, "CommunicatorPoisoned", {c->communication});
-  error_classes = c;
+  new_error(m, "InvalidType", {invalid, PyExc_TypeError});
+  add.operator()<Unsupported>("Unsupported", {error, PyExc_NotImplementedError});
+  add.operator()<CorruptPayload>("CorruptPayload", {error});
+  add.operator()<InternalError>("InternalError", {error});
+  PyObject* communication = add.operator()<CommunicationError>("CommunicationError", {error});
+  add.operator()<Timeout>("Timeout", {communication, PyExc_TimeoutError});
+  add.operator()<PeerMismatch>("PeerMismatch", {communication});
+  add.operator()<DeviceError>("DeviceError", {communication});
+  add.operator()<CommunicatorPoisoned>("CommunicatorPoisoned", {communication});
+  error_classes = table;
   py::register_exception_translator([](std::exception_ptr p) {
-    const ErrorClasses& k = *error_classes;
+    if (!p) return;
     try {
-      if (p) std::rethrow_exception(p);
-    } catch (const Timeout& e) {
-      PyErr_SetString(k.timeout, e.what());
-    } catch (const PeerMismatch& e) {
-      PyErr_SetString(k.peer_mismatch, e.what());
-    } catch (const DeviceError& e) {
-      PyErr_SetString(k.device, e.what());
-    } catch (const CommunicatorPoisoned& e) {
-      PyErr_SetString(k.poisoned, e.what());
-    } catch (const CommunicationError& e) {
-      PyErr_SetString(k.communication, e.what());
-    } catch (const InvalidArgument& e) {
-      PyErr_SetString(k.invalid_argument, e.what());
-    } catch (const Unsupported& e) {
-      PyErr_SetString(k.unsupported, e.what());
-    } catch (const CorruptPayload& e) {
-      PyErr_SetString(k.corrupt_payload, e.what());
-    } catch (const InternalError& e) {
-      PyErr_SetString(k.internal, e.what());
+      std::rethrow_exception(p);
     } catch (const Error& e) {
-      PyErr_SetString(k.error, e.what());
+      for (auto it = error_classes->rbegin(); it != error_classes->rend(); ++it) {
+        if (it->holds(p)) {
+          PyErr_SetString(it->cls, e.what());
+          return;
+        }
+      }
     }
   });
 }
@@ -385,16 +399,24 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "create",
           [](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-             std::chrono::milliseconds timeout, const py::object& parent) {
+             std::chrono::milliseconds timeout, const py::object& parent, const std::string& wing,
+             const std::string& store_address) {
             PgPtr p;
             if (!parent.is_none()) p = parent.cast<PgPtr>();
+            RELAXCC_ENFORCE(wing == "mpi" || wing == "ucx", InvalidArgument,
+                            "ProcessGroupRelaxcc.create: wing '", wing, "' (\"mpi\" or \"ucx\")");
             py::gil_scoped_release release;
-            return ProcessGroupRelaxcc::create(store, rank, size, timeout, p,
-                                               mpi_communicator_factory());
+            return ProcessGroupRelaxcc::create(
+                store, rank, size, timeout, p,
+                wing == "mpi" ? mpi_communicator_factory()
+                              : ucx_communicator_factory(rank, size, store_address));
           },
           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-          py::arg("parent") = py::none(),
-          "c10d's creation callback: collective over the group's members")
+          py::arg("parent") = py::none(), py::arg("wing") = "mpi",
+          py::arg("store_address") = "(torch's store)",
+          "c10d's creation callback: collective over the group's members; the default "
+          "group's world communicator comes from `wing` (\"mpi\": MPI_COMM_WORLD, \"ucx\": "
+          "UCX, meeting on `store`, named `store_address` in messages)")
       .def_property_readonly("members", &ProcessGroupRelaxcc::members,
                              "the world ranks of the members, in group rank order")
       .def_property_readonly("timeout", &ProcessGroupRelaxcc::timeout);

@@ -5,12 +5,14 @@
 
 #include <numeric>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "relaxcc/config.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
 #include "relaxcc/nccl_communicator.h"
+#include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc::python {
 namespace {
@@ -169,6 +171,98 @@ CommunicatorFactory mpi_communicator_factory() {
   };
 }
 
+CommunicatorFactory ucx_communicator_factory(int rank, int size, std::string address) {
+  return [rank, size, address = std::move(address)](const c10::intrusive_ptr<::c10d::Store>& store,
+                                                    std::chrono::milliseconds timeout) {
+    UcxCommunicatorOptions options;
+    options.tunables.timeout_ms = timeout.count();
+    options.timeout = timeout;
+    options.rendezvous.rank = rank;
+    options.rendezvous.size = size;
+    options.store = std::make_shared<C10dStore>(store, address);
+    // This rank's count of worlds made on this store: the same on every rank.
+    options.rendezvous.generation =
+        static_cast<uint64_t>(options.store->add(detail::concat("relaxcc/worlds/", rank), 1));
+    return create_ucx_communicator(options);
+  };
+}
+
+// ---- C10dStore -------------------------------------------------------------
+
+namespace {
+
+// Runs a c10d store call, turning its errors into CommunicationError.
+template <typename F>
+auto c10d_call(const std::string& address, const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    RELAXCC_THROW(CommunicationError, "c10d store ", address, ": ", what, " failed: ", e.what());
+  }
+}
+
+std::string joined(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
+  return out;
+}
+
+}  // namespace
+
+C10dStore::C10dStore(c10::intrusive_ptr<::c10d::Store> store, std::string address)
+    : Store(store->getTimeout()), store_(std::move(store)), address_(std::move(address)) {}
+
+void C10dStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  c10d_call(address_, "set '" + key + "'", [&] { store_->set(key, value); });
+}
+
+std::vector<uint8_t> C10dStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  // c10d's get waits for the store's own timeout: wait with ours first.
+  wait({key}, timeout);
+  return c10d_call(address_, "get '" + key + "'", [&] { return store_->get(key); });
+}
+
+int64_t C10dStore::add(const std::string& key, int64_t delta) {
+  return c10d_call(address_, "add '" + key + "'", [&] { return store_->add(key, delta); });
+}
+
+std::vector<uint8_t> C10dStore::compare_set(const std::string& key,
+                                            const std::vector<uint8_t>& expected,
+                                            const std::vector<uint8_t>& desired) {
+  auto got = c10d_call(address_, "compare_set '" + key + "'",
+                       [&] { return store_->compareSet(key, expected, desired); });
+  // c10d returns `expected` for a missing key that was not set; relaxcc's
+  // contract returns the value found there (none).
+  if (got == expected && got != desired && !check({key})) got.clear();
+  return got;
+}
+
+void C10dStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  // Polls check(): torch 1.13's TCPStore does not wake a wait when
+  // compareSet stores a key, and a wait that times out leaves the server's
+  // late answer on the connection for the next call to read.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (!check(keys)) {
+    RELAXCC_ENFORCE(std::chrono::steady_clock::now() < deadline, Timeout, "c10d store ", address_,
+                    ": ", joined(keys), " not set within ", timeout.count(), " ms");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+bool C10dStore::check(const std::vector<std::string>& keys) {
+  return c10d_call(address_, "check " + joined(keys), [&] { return store_->check(keys); });
+}
+
+int64_t C10dStore::num_keys() {
+  return c10d_call(address_, "num_keys", [&] { return store_->getNumKeys(); });
+}
+
+bool C10dStore::delete_key(const std::string& key) {
+  return c10d_call(address_, "delete_key '" + key + "'", [&] { return store_->deleteKey(key); });
+}
+
 // ---- RelaxccWork ---------------------------------------------------------
 
 RelaxccWork::RelaxccWork(int rank, OpType type, const WorkPtr& op, Tensors outputs,
@@ -247,7 +341,7 @@ c10::intrusive_ptr<ProcessGroupRelaxcc> ProcessGroupRelaxcc::create(
   const CommunicatorPtr& world = family->world;
   RELAXCC_ENFORCE(size <= world->size(), InvalidArgument, "relaxcc backend: a group of ", size,
                   " ranks, but the world communicator has ", world->size(),
-                  " (the MPI communicator needs processes started by mpirun, one per rank)");
+                  " (under mpirun, the world is the processes mpirun started)");
   // The members meet in the group's store: each publishes its world rank.
   const std::string me = std::to_string(world->rank());
   store->set("relaxcc/member/" + std::to_string(rank), std::vector<uint8_t>(me.begin(), me.end()));
@@ -257,8 +351,7 @@ c10::intrusive_ptr<ProcessGroupRelaxcc> ProcessGroupRelaxcc::create(
     const int r = std::stoi(std::string(bytes.begin(), bytes.end()));
     RELAXCC_ENFORCE(r >= 0 && r < world->size(), InvalidArgument, "relaxcc backend: rank ", i,
                     " of a group of ", size, " is process ", r, " but the ",
-                    "world communicator has ", world->size(),
-                    " ranks (the processes must be those that mpirun started)");
+                    "world communicator has ", world->size(), " ranks");
     members[static_cast<size_t>(i)] = r;
   }
   std::vector<int> identity(static_cast<size_t>(world->size()));

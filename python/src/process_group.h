@@ -15,8 +15,9 @@
 // member publishes its world rank in the group's c10d store and reads the
 // others' back: the store a group is given is where its members meet. The
 // world communicator comes from a CommunicatorFactory given the same store:
-// today one over MPI_COMM_WORLD (processes started by mpirun), later one that
-// rendezvouses over the store itself.
+// the MPI wing's over MPI_COMM_WORLD (processes started by mpirun), or the
+// UCX wing's, which exchanges its worker addresses through that store
+// (processes started by torchrun or any launcher that gives c10d a store).
 //
 // Tensors: CPU tensors of any dtype move (as bytes); reductions take the
 // dtypes relaxcc reduces (f32, f64, f16, bf16, i32, i64, u8) and the ops it
@@ -55,6 +56,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "relaxcc/communicator.h"
+#include "relaxcc/store.h"
 
 namespace relaxcc::python {
 
@@ -68,8 +70,42 @@ using BackendBase = ::c10d::ProcessGroup;
 // that creates the default group. `store` is that group's c10d store.
 using CommunicatorFactory = std::function<CommunicatorPtr(
     const c10::intrusive_ptr<::c10d::Store>& store, std::chrono::milliseconds timeout)>;
-// The factory of this build: an MPI communicator over MPI_COMM_WORLD.
+// The MPI wing: a communicator over MPI_COMM_WORLD (the store is unused).
 CommunicatorFactory mpi_communicator_factory();
+// The UCX wing: create_ucx_communicator with `rank` of `size`, meeting on
+// the group's c10d store (C10dStore). Each creation on one store takes the
+// next generation of that store (a counter per rank in the store), so a
+// job may create several worlds on one store, in the same order on every
+// rank. `address` names the store in messages.
+CommunicatorFactory ucx_communicator_factory(int rank, int size, std::string address);
+
+// relaxcc's Store over a c10d Store: what the UCX wing's rendezvous reads
+// and writes goes to torch's store (TCPStore, FileStore, PrefixStore...).
+// A get or wait that runs past its timeout throws relaxcc's Timeout naming
+// the keys and `address`; any failure of the c10d store throws
+// CommunicationError with c10d's message. Waits poll check() (1 to 20 ms
+// apart): c10d 1.13's waits cannot serve relaxcc's contract (see wait).
+class C10dStore : public Store {
+ public:
+  C10dStore(c10::intrusive_ptr<::c10d::Store> store, std::string address);
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  using Store::get;
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::vector<uint8_t> compare_set(const std::string& key, const std::vector<uint8_t>& expected,
+                                   const std::vector<uint8_t>& desired) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t num_keys() override;
+  bool delete_key(const std::string& key) override;
+  std::string address() const override { return address_; }
+
+ private:
+  c10::intrusive_ptr<::c10d::Store> store_;
+  std::string address_;
+};
 
 // A c10d Work over a relaxcc Work: `finish` (copies results out, may be
 // empty) runs in relaxcc's completion callback once the operation

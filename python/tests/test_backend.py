@@ -3,6 +3,8 @@ against exact expected values (data encodes rank and index); ops and dtypes
 relaxcc lacks; Work, futures, groups and timeouts.
 
 mpirun -np 2|4 --oversubscribe /usr/bin/python3 -m pytest -q python/tests/test_backend.py
+or /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 2
+--tee 1 -m pytest -q python/tests/test_backend.py
 (PYTHONPATH=<build>/python; tests/conftest.py starts the group), or without
 pytest: /usr/bin/python3 python/tests/test_backend.py [init_method].
 """
@@ -17,7 +19,8 @@ import torch.distributed as dist
 
 import relaxcc
 
-RANK, N = relaxcc.mpi_rank(), relaxcc.mpi_world_size()
+# Under mpirun, `import relaxcc` sets RANK and WORLD_SIZE from Open MPI's.
+RANK, N = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 REDUCE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                  torch.int64, torch.uint8]
 MOVE_DTYPES = REDUCE_DTYPES + [torch.int8, torch.bool, torch.complex64]
@@ -259,6 +262,21 @@ def test_timeout():
     dist.barrier()
 
 
+def test_missing_rank_at_creation():
+    # A world communicator on the UCX wing (either launcher) whose rank 1
+    # never arrives: Timeout naming it on rank 0 within the timeout (2 s)
+    # plus 2 s. Its own store prefix keeps it apart from the default group.
+    default_store = dist.distributed_c10d._get_default_store()
+    store = dist.PrefixStore("missing_rank_at_creation/", default_store)
+    if RANK == 0:
+        start = time.monotonic()
+        raises(relaxcc.Timeout, "rank 1", lambda: relaxcc.ProcessGroupRelaxcc.create(
+            store, 0, 2, timedelta(seconds=2), wing="ucx", store_address="missing-rank test"))
+        took = time.monotonic() - start
+        check(1.9 < took < 4.0, f"timeout after {took:.2f} s")
+    dist.barrier()
+
+
 def main():
     if len(sys.argv) > 1:
         init = sys.argv[1]
@@ -270,7 +288,8 @@ def main():
     check(dist.get_backend() == "relaxcc", "backend name")
     tests = [test_allreduce, test_unsupported, test_allreduce_coalesced, test_broadcast_reduce,
              test_allgather_gather_scatter, test_reduce_scatter, test_alltoall, test_send_recv,
-             test_work_and_future, test_groups, test_mismatch, test_timeout]
+             test_work_and_future, test_groups, test_mismatch, test_timeout,
+             test_missing_rank_at_creation]
     for test in tests:
         test()
         if RANK == 0:

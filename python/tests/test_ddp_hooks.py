@@ -23,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import relaxcc
 import relaxcc.hooks as hooks
 
-RANK, N = relaxcc.mpi_rank(), relaxcc.mpi_world_size()
+# Under mpirun, `import relaxcc` sets RANK and WORLD_SIZE from Open MPI's.
+RANK, N = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.set_num_threads(1)
 
 
