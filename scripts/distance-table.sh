@@ -13,7 +13,7 @@
 #
 #   scripts/distance-table.sh OUT [RATES] [DELAYS] [PARTS]
 #   scripts/distance-table.sh docs/results/distance 1000,100 0,10,50,100
-set -euo pipefail
+set -uo pipefail  # a failed call is reported and the grid goes on
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/distance-table.sh OUT [RATES] [DELAYS] [PARTS]}
 RATES=${2:-1000,100}

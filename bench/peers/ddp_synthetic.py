@@ -139,6 +139,8 @@ def main():
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
+    # Every rank leaves together: rank 0 holds the store the others' teardown uses.
+    dist.barrier()
     dist.destroy_process_group()
 
 
