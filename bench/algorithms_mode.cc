@@ -490,6 +490,7 @@ void run_algorithms(const AlgorithmsArgs& args) {
                    .set("bytes_ratio_vs_allreduce", bytes_ratio)
                    .set("step_ratio_vs_allreduce", step_ratio)
                    .set("step_x_compute", even.step_ms / args.compute_ms)
+                   .set("peers_left_out", even.left_out)
                    .set("compute_ms", args.compute_ms)
                    .set("rate_mbit", args.rate_mbit)
                    .set("iters", args.iters)
