@@ -1009,8 +1009,9 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   EXPECT_FALSE(d.straggler(1));
   d.missed(1, 2);
   EXPECT_TRUE(d.straggler(1));
-  // No round waits for it; every third listens for it in the background
-  // (four round intervals; the cap while no interval is known).
+  // No round waits for it; the first round with it probes it, then every
+  // third round number listens for it in the background (four round
+  // intervals; the cap while no interval is known).
   std::vector<int> probes;
   for (int round = 3; round <= 11; ++round) {
     const AdaptiveDeadline::Wait w = d.wait_for(1, round);
@@ -1025,7 +1026,7 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
     EXPECT_EQ(again.probe, w.probe) << "round " << round;
     d.missed(1, round);
   }
-  EXPECT_EQ(probes, (std::vector<int>{5, 8, 11}));
+  EXPECT_EQ(probes, (std::vector<int>{3, 6, 9}));
   // A probe heard it 30 ms late (behind in phase): the next round waits for
   // that once, then the peer is judged by the deadline again.
   d.caught_up(1, 30ms);
@@ -1047,6 +1048,30 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   EXPECT_EQ(peers[1].arrived, 1);
   EXPECT_EQ(peers[1].left_out, 14);  // every call, both tensors of round 1 too
   EXPECT_EQ(peers[1].median, 800us);
+}
+
+// Sends to a straggler: at most kMaxStragglerSends in flight per peer; the
+// rest are skipped and counted, and a completed send frees its place.
+TEST(AdaptiveDeadline, StragglerSendsAreBoundedPerPeer) {
+  AdaptiveDeadline d(AdaptiveDeadlineOptions{});
+  for (int i = 0; i < AdaptiveDeadline::kMaxStragglerSends; ++i)
+    EXPECT_TRUE(d.start_straggler_send(2)) << "send " << i;
+  EXPECT_FALSE(d.start_straggler_send(2));
+  EXPECT_FALSE(d.start_straggler_send(2));
+  EXPECT_TRUE(d.start_straggler_send(3));  // another peer has its own bound
+  d.straggler_send_done(2);
+  EXPECT_TRUE(d.start_straggler_send(2));
+  d.straggler_send_done(2);
+  d.straggler_send_done(2);
+  d.straggler_send_done(2);  // more completions than sends: never below 0
+  const auto peers = d.peers();
+  ASSERT_EQ(peers.size(), 2u);
+  EXPECT_EQ(peers[0].peer, 2);
+  EXPECT_EQ(peers[0].sends_in_flight, 0);
+  EXPECT_EQ(peers[0].sends_skipped, 2);
+  EXPECT_EQ(peers[1].peer, 3);
+  EXPECT_EQ(peers[1].sends_in_flight, 1);
+  EXPECT_EQ(peers[1].sends_skipped, 0);
 }
 
 // With a rank that is always slow and a minority of the peers, the adaptive

@@ -108,7 +108,12 @@ AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer, uint64_t round) {
     p.catch_up = 0;
   } else if (straggler_locked(p)) {
     w = Wait{std::chrono::microseconds(0), true, {}};
-    if (++p.straggler_rounds % options_.probe_interval == 0) {
+    const uint64_t at = round != 0 ? round : ++p.unnumbered;
+    // The first round with a new straggler probes it: a peer only behind in
+    // phase is heard at once.
+    if (!p.probe_base || *p.probe_base >= at ||
+        at - *p.probe_base >= static_cast<uint64_t>(options_.probe_interval)) {
+      p.probe_base = at;
       const int64_t listen =
           intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
       w.probe = std::chrono::microseconds(std::clamp<int64_t>(listen, 1, options_.cap.count()));
@@ -135,7 +140,7 @@ void AdaptiveDeadline::observe(int peer, std::chrono::microseconds arrival) {
   push_ring(p.samples, p.next, static_cast<size_t>(options_.window),
             std::max<int64_t>(arrival.count(), 0));
   p.misses_in_row = 0;
-  p.straggler_rounds = 0;
+  p.probe_base.reset();
   ++p.arrived;
 }
 
@@ -152,7 +157,7 @@ void AdaptiveDeadline::caught_up(int peer, std::chrono::microseconds arrival) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
   p.misses_in_row = 0;
-  p.straggler_rounds = 0;
+  p.probe_base.reset();
   // The lag, and the margin the deadline gives a peer in phase.
   p.catch_up = arrival.count() + current_locked().count();
 }
@@ -163,12 +168,30 @@ bool AdaptiveDeadline::straggler(int peer) const {
   return it != peers_.end() && straggler_locked(it->second);
 }
 
+bool AdaptiveDeadline::start_straggler_send(int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Peer& p = peers_[peer];
+  if (p.sends_in_flight >= kMaxStragglerSends) {
+    ++p.sends_skipped;
+    return false;
+  }
+  ++p.sends_in_flight;
+  return true;
+}
+
+void AdaptiveDeadline::straggler_send_done(int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Peer& p = peers_[peer];
+  p.sends_in_flight = std::max<int64_t>(p.sends_in_flight - 1, 0);
+}
+
 std::vector<AdaptiveDeadline::PeerRecord> AdaptiveDeadline::peers() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<PeerRecord> out;
   for (const auto& [rank, p] : peers_)
     out.push_back(PeerRecord{rank, p.arrived, p.left_out, straggler_locked(p),
-                             std::chrono::microseconds(p.samples.empty() ? 0 : median(p.samples))});
+                             std::chrono::microseconds(p.samples.empty() ? 0 : median(p.samples)),
+                             p.sends_in_flight, p.sends_skipped});
   return out;
 }
 

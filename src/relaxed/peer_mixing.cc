@@ -129,11 +129,26 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   for (int peer : plan.send_to) {
     auto header = std::make_shared<MixHeader>(r->mine);
     const auto it = per_peer.find(peer);
-    if (it != per_peer.end() && it->second.left_out) header->flags |= kLeftOut;
+    const bool left_out = it != per_peer.end() && it->second.left_out;
+    if (left_out) header->flags |= kLeftOut;
     const TensorView header_out(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header);
-    works.push_back(comm.point_to_point(
-        {P2POp::send(peer, header_out, call.tag), P2POp::send(peer, data_out, call.tag + 1)}, ctx,
-        options_for(peer, true)));
+    const std::vector<P2POp> ops{P2POp::send(peer, header_out, call.tag),
+                                 P2POp::send(peer, data_out, call.tag + 1)};
+    if (!left_out) {
+      works.push_back(comm.point_to_point(ops, ctx, options_for(peer, true)));
+      continue;
+    }
+    // A straggler's send: the round does not wait for it, and it goes only
+    // while fewer than kMaxStragglerSends to the peer are in flight (a peer
+    // behind by rounds takes one message per round of its own).
+    if (!adaptive->start_straggler_send(peer)) continue;
+    P2POptions send = p2p;
+    send.deadline.reset();
+    send.started_deadline.reset();
+    WorkPtr w = comm.point_to_point(ops, ctx, send);
+    w->then([sender = adaptive->guard(), peer](const Work&) {
+      sender([peer](AdaptiveDeadline& a) { a.straggler_send_done(peer); });
+    });
   }
   r->arrival_us.assign(plan.recv_from.size(), -1);
   for (size_t k = 0; k < plan.recv_from.size(); ++k) {

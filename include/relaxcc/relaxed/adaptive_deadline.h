@@ -20,17 +20,21 @@
 // A peer that missed its deadline in `straggler_misses` rounds in a row is a
 // straggler: rounds do not wait for it (wait 0: its message is taken if it
 // is already there, or has begun to arrive, when the round starts), and
-// every probe_interval-th round with it probes it without waiting: its
-// message is listened for in the background for four round intervals
-// (steps). A peer behind by rounds misses every probe and costs nothing; a
-// healthy peer that only fell behind in phase (after a hiccup, or a round
-// that waited for a straggler) is heard within them, and the next round
-// with it waits once for that lag (caught_up), which brings the two back in
-// phase. Any arrival on time ends the straggler state: a peer contributes
-// whenever it is on time. The rounds apply the wait to the start of a
-// peer's message: a peer whose message has begun to arrive by then is
-// waited for until `cap` (peer_mixing) and sampled at its whole arrival.
-// Thread-safe: rounds observe from the engine thread while callers plan.
+// the first round with it after it became one, and the first once
+// probe_interval of this rank's rounds (round numbers, whether or not they
+// had the peer) passed since the last probe, probe it without waiting: its message is listened for
+// in the background for four round intervals (steps). Counting round numbers, not rounds with the
+// peer, keeps the probes as frequent when partners rotate (shift_one, exponential: one round in n-1
+// or log2 n with a peer). A peer behind by rounds misses every probe and costs nothing; a healthy
+// peer that only fell behind in phase (after a hiccup, or a round that waited for a straggler) is
+// heard within them, and the next round with it waits once for that lag (caught_up), which brings
+// the two back in phase. Any arrival on time ends the straggler state: a peer contributes whenever
+// it is on time. The rounds apply the wait to the start of a peer's message: a peer whose message
+// has begun to arrive by then is waited for until `cap` (peer_mixing) and sampled at its whole
+// arrival. Sends to a straggler are not waited for by the rounds: at most kMaxStragglerSends of
+// them are in flight per peer (start_straggler_send), so that a peer behind by rounds, which takes
+// one message per round of its own, is not sent one per round of this rank that pile up in the
+// transport. Thread-safe: rounds observe from the engine thread while callers plan.
 #pragma once
 
 #include <chrono>
@@ -39,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace relaxcc {
@@ -54,7 +59,7 @@ struct AdaptiveDeadlineOptions {
   std::chrono::microseconds cap{std::chrono::seconds(2)};
   int window = 16;           // arrivals kept per peer, and round intervals
   int straggler_misses = 2;  // missed rounds in a row that make a straggler
-  int probe_interval = 8;    // a straggler's rounds per full-deadline probe
+  int probe_interval = 8;    // this rank's rounds between two probes of a straggler
 };
 
 class AdaptiveDeadline {
@@ -103,12 +108,24 @@ class AdaptiveDeadline {
   Guard guard();
   bool straggler(int peer) const;
 
+  // Sends to a straggler in flight (posted, not yet taken by the peer) at
+  // most, per peer.
+  static constexpr int kMaxStragglerSends = 1;
+  // Whether this round sends to `peer`, which it leaves out as a straggler:
+  // false while kMaxStragglerSends sends to it are in flight (the send is
+  // skipped, counted in PeerRecord::sends_skipped); true registers one,
+  // which straggler_send_done ends when it completes.
+  bool start_straggler_send(int peer);
+  void straggler_send_done(int peer);
+
   struct PeerRecord {
     int peer = 0;
     int64_t arrived = 0;   // rounds it contributed to
     int64_t left_out = 0;  // rounds (of each tensor) that went on without it
     bool straggler = false;
     std::chrono::microseconds median{0};  // of its kept arrivals (0: none)
+    int64_t sends_in_flight = 0;          // to it as a straggler, not yet taken
+    int64_t sends_skipped = 0;            // to it as a straggler, with one in flight
   };
   // Every peer seen, by rank.
   std::vector<PeerRecord> peers() const;
@@ -119,7 +136,11 @@ class AdaptiveDeadline {
     std::vector<int64_t> samples;  // ring buffer of the last `window` arrivals, in us
     size_t next = 0;
     int misses_in_row = 0;
-    int64_t straggler_rounds = 0;
+    // The round a straggler's probes count from (none: not one, or not
+    // asked since), and rounds asked without a number.
+    std::optional<uint64_t> probe_base;
+    uint64_t unnumbered = 0;
+    int64_t sends_in_flight = 0, sends_skipped = 0;
     int64_t catch_up = 0;     // us: the next round's wait, once (0: none)
     uint64_t wait_round = 0;  // the last round asked, and its answer
     Wait wait;
