@@ -60,6 +60,10 @@ struct AdaptiveDeadlineOptions {
   int window = 16;           // arrivals kept per peer, and round intervals
   int straggler_misses = 2;  // missed rounds in a row that make a straggler
   int probe_interval = 8;    // this rank's rounds between two probes of a straggler
+  // A peer's message that came after its round went on is mixed into the
+  // next round with the peer that misses it, if that round is at most this
+  // many round numbers newer (0: late messages are dropped).
+  int max_staleness = 4;
 };
 
 class AdaptiveDeadline {
@@ -85,6 +89,11 @@ class AdaptiveDeadline {
     // > 0: a probe; listen for the peer's message this long after the
     // round's start, without the round waiting for it.
     std::chrono::microseconds probe{0};
+    // > 0 (a peer that missed its last round but is no straggler yet,
+    // max_staleness > 0): how long after the round's start a message that
+    // misses `wait` is still listened for, outside the round, to be kept as
+    // a late arrival.
+    std::chrono::microseconds listen{0};
   };
   // The wait for `peer` in round `round`, which starts now. Every call of
   // one round number (its tensors) gets the same answer: a round counts
@@ -118,6 +127,18 @@ class AdaptiveDeadline {
   bool start_straggler_send(int peer);
   void straggler_send_done(int peer);
 
+  // Late arrivals: `peer`'s message of round `round` on `tag` that a probe or
+  // a late listen took after its round went on. One is kept per (peer, tag),
+  // the newest; take_late hands it to a round that misses the peer, once,
+  // if at most max_staleness round numbers older than `round` (an older one
+  // is dropped), and counts it in PeerRecord::late_mixed.
+  struct LateArrival {
+    uint64_t round = 0;
+    std::shared_ptr<const std::vector<unsigned char>> data;
+  };
+  void keep_late(int peer, int tag, LateArrival late);
+  std::optional<LateArrival> take_late(int peer, int tag, uint64_t round);
+
   struct PeerRecord {
     int peer = 0;
     int64_t arrived = 0;   // rounds it contributed to
@@ -126,6 +147,7 @@ class AdaptiveDeadline {
     std::chrono::microseconds median{0};  // of its kept arrivals (0: none)
     int64_t sends_in_flight = 0;          // to it as a straggler, not yet taken
     int64_t sends_skipped = 0;            // to it as a straggler, with one in flight
+    int64_t late_mixed = 0;               // late arrivals of it mixed into a later round
   };
   // Every peer seen, by rank.
   std::vector<PeerRecord> peers() const;
@@ -140,7 +162,7 @@ class AdaptiveDeadline {
     // asked since), and rounds asked without a number.
     std::optional<uint64_t> probe_base;
     uint64_t unnumbered = 0;
-    int64_t sends_in_flight = 0, sends_skipped = 0;
+    int64_t sends_in_flight = 0, sends_skipped = 0, late_mixed = 0;
     int64_t catch_up = 0;     // us: the next round's wait, once (0: none)
     uint64_t wait_round = 0;  // the last round asked, and its answer
     Wait wait;
@@ -155,6 +177,8 @@ class AdaptiveDeadline {
 
   // A probe's listening time, in round intervals.
   static constexpr int64_t kProbeIntervals = 4;
+  std::map<std::pair<int, int>, LateArrival> late_;  // by (peer, tag)
+  std::chrono::microseconds listen_locked() const;
 
   // Whether this AdaptiveDeadline still lives, for guard().
   struct Alive {
