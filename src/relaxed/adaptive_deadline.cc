@@ -110,12 +110,7 @@ AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer, uint64_t round) {
     p.catch_up = 0;
   } else if (straggler_locked(p)) {
     w = Wait{std::chrono::microseconds(0), true, {}};
-    const uint64_t at = round != 0 ? round : ++p.unnumbered;
-    // The first round with a new straggler probes it: a peer only behind in
-    // phase is heard at once.
-    if (!p.probe_base || *p.probe_base >= at ||
-        at - *p.probe_base >= static_cast<uint64_t>(options_.probe_interval)) {
-      p.probe_base = at;
+    if (++p.straggler_rounds % options_.probe_interval == 0) {
       w.probe = listen_locked();
     }
   }
@@ -171,7 +166,7 @@ void AdaptiveDeadline::observe(int peer, std::chrono::microseconds arrival) {
   push_ring(p.samples, p.next, static_cast<size_t>(options_.window),
             std::max<int64_t>(arrival.count(), 0));
   p.misses_in_row = 0;
-  p.probe_base.reset();
+  p.straggler_rounds = 0;
   ++p.arrived;
 }
 
@@ -188,7 +183,7 @@ void AdaptiveDeadline::caught_up(int peer, std::chrono::microseconds arrival) {
   std::lock_guard<std::mutex> lock(mutex_);
   Peer& p = peers_[peer];
   p.misses_in_row = 0;
-  p.probe_base.reset();
+  p.straggler_rounds = 0;
   // The lag, and the margin the deadline gives a peer in phase.
   p.catch_up = arrival.count() + current_locked().count();
 }

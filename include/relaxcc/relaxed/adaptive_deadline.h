@@ -20,20 +20,24 @@
 // A peer that missed its deadline in `straggler_misses` rounds in a row is a
 // straggler: rounds do not wait for it (wait 0: its message is taken if it
 // is already there, or has begun to arrive, when the round starts), and
-// the first round with it after it became one, and the first once
-// probe_interval of this rank's rounds (round numbers, whether or not they
-// had the peer) passed since the last probe, probe it without waiting: its message is listened for
-// in the background for four round intervals (steps). Counting round numbers, not rounds with the
-// peer, keeps the probes as frequent when partners rotate (shift_one, exponential: one round in n-1
-// or log2 n with a peer). A peer behind by rounds misses every probe and costs nothing; a healthy
-// peer that only fell behind in phase (after a hiccup, or a round that waited for a straggler) is
-// heard within them, and the next round with it waits once for that lag (caught_up), which brings
-// the two back in phase. Any arrival on time ends the straggler state: a peer contributes whenever
-// it is on time. The rounds apply the wait to the start of a peer's message: a peer whose message
-// has begun to arrive by then is waited for until `cap` (peer_mixing) and sampled at its whole
-// arrival. Sends to a straggler are not waited for by the rounds: at most kMaxStragglerSends of
-// them are in flight per peer (start_straggler_send), so that a peer behind by rounds, which takes
-// one message per round of its own, is not sent one per round of this rank that pile up in the
+// every probe_interval-th round with it probes it without waiting: its
+// message is listened for in the background for four round intervals
+// (steps). A peer behind by rounds misses every probe and costs nothing; a
+// healthy peer that only fell behind in phase (after a hiccup, or a round
+// that waited for a straggler) is heard within them, and the next round
+// with it waits once for that lag (caught_up), which brings the two back in
+// phase. What a probe hears, and what a late listen hears of a peer that
+// missed its last round (Wait::listen), is kept and mixed into a later
+// round with the peer that misses it, at most max_staleness rounds newer
+// (keep_late, take_late): a peer out of phase keeps contributing. Any
+// arrival on time ends the straggler state: a peer contributes whenever it
+// is on time. The rounds apply the wait to the start of a peer's message: a
+// peer whose message has begun to arrive by then is waited for until `cap`
+// (peer_mixing) and sampled at its whole arrival. Sends to a straggler are
+// not waited for by the rounds: at most kMaxStragglerSends of them are in
+// flight per peer (start_straggler_send), so that a peer behind by rounds,
+// which takes one message per round of its own, is not sent one per round
+// of this rank that pile up in the transport.
 // transport. Thread-safe: rounds observe from the engine thread while callers plan.
 #pragma once
 
@@ -59,7 +63,7 @@ struct AdaptiveDeadlineOptions {
   std::chrono::microseconds cap{std::chrono::seconds(2)};
   int window = 16;           // arrivals kept per peer, and round intervals
   int straggler_misses = 2;  // missed rounds in a row that make a straggler
-  int probe_interval = 8;    // this rank's rounds between two probes of a straggler
+  int probe_interval = 8;    // a straggler's rounds per probe
   // A peer's message that came after its round went on is mixed into the
   // next round with the peer that misses it, if that round is at most this
   // many round numbers newer (0: late messages are dropped).
@@ -158,10 +162,7 @@ class AdaptiveDeadline {
     std::vector<int64_t> samples;  // ring buffer of the last `window` arrivals, in us
     size_t next = 0;
     int misses_in_row = 0;
-    // The round a straggler's probes count from (none: not one, or not
-    // asked since), and rounds asked without a number.
-    std::optional<uint64_t> probe_base;
-    uint64_t unnumbered = 0;
+    int64_t straggler_rounds = 0;  // rounds with it since it became one
     int64_t sends_in_flight = 0, sends_skipped = 0, late_mixed = 0;
     int64_t catch_up = 0;     // us: the next round's wait, once (0: none)
     uint64_t wait_round = 0;  // the last round asked, and its answer
