@@ -16,6 +16,8 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/membership.h"
 #include "relaxcc/store.h"
+#include "relaxcc/tensor.h"
+#include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc {
 namespace {
@@ -191,6 +193,98 @@ TEST_F(Agreement, SigkilledProcessesDuringAgreement) {
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "member " << r;
     }
   }
+}
+
+// shrink on the UCX wing: n processes on one communicator, the last is
+// SIGKILLed; the survivors' allreduce fails, they shrink to epoch 1 over
+// the others and sum data that encodes rank and index exactly there.
+void shrink_after_kill(uint16_t port, int n) {
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::string result;
+      try {
+        auto store = [&] {
+          TcpStoreOptions o;
+          o.port = port;
+          o.timeout = milliseconds(10000);
+          return std::make_shared<TcpStore>(o);
+        }();
+        UcxCommunicatorOptions u;
+        u.store = store;
+        u.rendezvous.rank = r;
+        u.rendezvous.size = n;
+        u.rendezvous.job = "shrink-test";
+        u.timeout = milliseconds(10000);
+        u.net_devices = "lo";
+        CommunicatorPtr comm = create_ucx_communicator(u);
+        MembershipView view{0, {}};
+        for (int m = 0; m < n; ++m) view.members.push_back(m);
+        std::vector<int32_t> data(1000);
+        if (r == n - 1) ::raise(SIGKILL);
+        std::vector<int> lost;
+        try {
+          comm->allreduce(TensorView(data.data(), 1000, DType::i32), ExecContext::host())->wait();
+          result = "allreduce over a killed member succeeded";
+        } catch (const PeerLost& e) {
+          if (e.peer() >= 0) lost.push_back(view.members[e.peer()]);
+        } catch (const CommunicationError&) {
+        }
+        if (lost.empty()) lost.push_back(n - 1);
+        ShrinkOptions o;
+        o.store = store;
+        o.self = r;
+        o.lost = lost;
+        o.agreement.proposal_wait = milliseconds(1000);
+        o.agreement.key_prefix = "shrink-test/agreement";
+        o.net_devices = "lo";
+        ShrinkResult s = shrink(*comm, view, o);
+        for (int i = 0; i < 1000; ++i) data[i] = s.comm->rank() * 1000 + i;
+        s.comm->allreduce(TensorView(data.data(), 1000, DType::i32), ExecContext::host())->wait();
+        const int m = s.comm->size();
+        bool exact = true;
+        for (int i = 0; i < 1000; ++i) exact = exact && data[i] == 1000 * m * (m - 1) / 2 + m * i;
+        if (result.empty()) result = s.view.describe() + (exact ? " exact" : " wrong sums");
+      } catch (const std::exception& e) {
+        result = e.what();
+      }
+      const auto w = ::write(fds[1], result.data(), result.size());
+      ::_exit(w == static_cast<ssize_t>(result.size()) ? 0 : 1);
+    }
+    ::close(fds[1]);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  std::string expected = "epoch 1 {";
+  for (int m = 0; m + 1 < n; ++m) expected += (m ? "," : "") + std::to_string(m);
+  expected += "} exact";
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[r], &status, 0), pids[r]);
+    std::string result;
+    char buf[512];
+    for (ssize_t k; (k = ::read(pipes[r], buf, sizeof buf)) > 0;) result.append(buf, k);
+    ::close(pipes[r]);
+    if (r + 1 < n) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "member " << r;
+      EXPECT_EQ(result, expected) << "member " << r;
+    } else {
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "member " << r;
+    }
+  }
+}
+
+TEST_F(Agreement, ShrinkAfterKillAt3) {
+  shrink_after_kill(server_.port(), 3);
+}
+TEST_F(Agreement, ShrinkAfterKillAt4) {
+  shrink_after_kill(server_.port(), 4);
 }
 
 TEST_F(Agreement, LostButAliveMemberIsExcluded) {

@@ -14,10 +14,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "relaxcc/communicator.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/tunables.h"
 
 namespace relaxcc {
 
@@ -75,5 +78,42 @@ struct AgreementOptions {
 // InvalidArgument when `self` is not in `current`.
 MembershipView agree_next_view(Store& store, const MembershipView& current, int self,
                                const std::vector<int>& lost, const AgreementOptions& options = {});
+
+// ---- shrink (shaped as ncclCommRevoke + ncclCommShrink) ----------------------
+
+struct ShrinkOptions {
+  // The job's rendezvous store (the agreement's and the new rendezvous').
+  std::shared_ptr<Store> store;
+  // This process's rank (a member of the current view) and the process ranks
+  // it reports lost (PeerLost::peer() mapped through the view, or none).
+  int self = -1;
+  std::vector<int> lost;
+  AgreementOptions agreement;
+  // Bounds the new communicator's creation (rendezvous and handshake).
+  std::chrono::milliseconds create_timeout{10000};
+  // Rendezvous keys of the new communicator: job `job`, generation = epoch.
+  std::string job = "relaxcc-shrink";
+  Tunables tunables = Tunables::from_env();
+  bool share_memory = true;
+  std::string net_devices = "auto";
+};
+
+struct ShrinkResult {
+  MembershipView view;
+  CommunicatorPtr comm;
+};
+
+// Collective over the survivors of `current` (comm's view). Poisons `comm`
+// first, so that its operations in flight and later fail (revoke), runs
+// agree_next_view, then creates a UCX communicator over the view decided
+// (rank = position in view.members) with the epoch as its endpoint set's tag
+// generation and a fresh worker: no message of `comm` matches one of the new
+// communicator. Throws Excluded when this process was left out; Timeout when
+// no view is decided, or when a member of the decided view does not arrive
+// for the new communicator (it failed after the decision: call shrink again
+// on the view returned by Excluded::view() / the decided view with it
+// reported lost); Unsupported without the UCX wing.
+ShrinkResult shrink(Communicator& comm, const MembershipView& current,
+                    const ShrinkOptions& options);
 
 }  // namespace relaxcc
