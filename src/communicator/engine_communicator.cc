@@ -27,7 +27,6 @@
 #include "src/engine/point_to_point.h"
 #include "src/engine/polling.h"
 #include "src/engine/transport.h"
-#include "src/engine/tunables_check.h"
 #include "src/protocols/alltoall_pairwise.h"
 #include "src/protocols/broadcast_chain.h"
 #include "src/protocols/recursive_doubling.h"
@@ -640,7 +639,6 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   RELAXCC_ENFORCE(
       transport != nullptr && endpoints != nullptr && &endpoints->transport() == transport.get(),
       InvalidArgument, options.creator, ": the endpoints are not the transport's");
-  check_tunables(options.tunables);
   auto comms = std::make_shared<EndpointSet>(std::move(endpoints));
   const int rank = comms->endpoints->rank();
   std::vector<int> everyone(static_cast<size_t>(comms->size));

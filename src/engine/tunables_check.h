@@ -1,6 +1,8 @@
 // The check of every tunable the engine and its communicators use, made once,
-// where tunables enter them (create_engine_communicator): past it, the engine
-// takes the values as given.
+// where tunables enter them: at the start of each wing's factory
+// (create_mpi_communicator, create_ucx_communicator), before any connection,
+// so a bad value fails its rank at once. Past it, the engine takes the values
+// as given.
 #pragma once
 
 #include "relaxcc/tunables.h"

@@ -16,6 +16,7 @@
 #include "relaxcc/logging.h"
 #include "src/communicator/engine_communicator.h"
 #include "src/engine/clock.h"
+#include "src/engine/tunables_check.h"
 #include "src/mpi/mpi_errors.h"
 #include "src/mpi/mpi_transport.h"
 
@@ -139,6 +140,8 @@ std::pair<MPI_Comm, MPI_Comm> timed_dup_pair(MPI_Comm comm, std::chrono::millise
 }  // namespace mpi
 
 CommunicatorPtr create_mpi_communicator(const MpiCommunicatorOptions& options) {
+  // Before any connection: a bad tunable fails this rank alone, at once.
+  engine::check_tunables(options.tunables);
   mpi::ensure_mpi();
   const auto timeout = options.timeout.count() >= 0
                            ? options.timeout

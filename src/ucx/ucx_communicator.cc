@@ -13,6 +13,7 @@
 #include "relaxcc/errors.h"
 #include "src/communicator/engine_communicator.h"
 #include "src/engine/clock.h"
+#include "src/engine/tunables_check.h"
 #include "src/ucx/ucx_transport.h"
 #include "src/ucx/worker.h"
 
@@ -49,6 +50,8 @@ bool ucx_available() {
 }
 
 CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
+  // Before any connection: a bad tunable fails this rank alone, at once.
+  engine::check_tunables(options.tunables);
   const auto timeout = options.timeout.count() >= 0
                            ? options.timeout
                            : std::chrono::milliseconds(options.tunables.timeout_ms);
