@@ -1049,58 +1049,6 @@ TEST(AdaptiveDeadline, StragglerIsLeftOutProbedAndBackOnceOnTime) {
   EXPECT_EQ(peers[1].median, 800us);
 }
 
-// Sends to a straggler: at most kMaxStragglerSends in flight per peer; the
-// rest are skipped and counted, and a completed send frees its place.
-TEST(AdaptiveDeadline, StragglerSendsAreBoundedPerPeer) {
-  AdaptiveDeadline d(AdaptiveDeadlineOptions{});
-  for (int i = 0; i < AdaptiveDeadline::kMaxStragglerSends; ++i)
-    EXPECT_TRUE(d.start_straggler_send(2)) << "send " << i;
-  EXPECT_FALSE(d.start_straggler_send(2));
-  EXPECT_FALSE(d.start_straggler_send(2));
-  EXPECT_TRUE(d.start_straggler_send(3));  // another peer has its own bound
-  d.straggler_send_done(2);
-  EXPECT_TRUE(d.start_straggler_send(2));
-  d.straggler_send_done(2);
-  d.straggler_send_done(2);
-  d.straggler_send_done(2);  // more completions than sends: never below 0
-  const auto peers = d.peers();
-  ASSERT_EQ(peers.size(), 2u);
-  EXPECT_EQ(peers[0].peer, 2);
-  EXPECT_EQ(peers[0].sends_in_flight, 0);
-  EXPECT_EQ(peers[0].sends_skipped, 2);
-  EXPECT_EQ(peers[1].peer, 3);
-  EXPECT_EQ(peers[1].sends_in_flight, 1);
-  EXPECT_EQ(peers[1].sends_skipped, 0);
-}
-
-// Late arrivals: the newest per (peer, tag), handed once to a later round
-// within max_staleness round numbers, never to its own or an older round.
-TEST(AdaptiveDeadline, LateArrivalsAreMixedOnceWithinTheStalenessBound) {
-  AdaptiveDeadline d(AdaptiveDeadlineOptions{.max_staleness = 2});
-  const auto bytes = [](unsigned char v) {
-    return std::make_shared<const std::vector<unsigned char>>(4, v);
-  };
-  d.keep_late(1, 10, {5, bytes(5)});
-  d.keep_late(1, 10, {4, bytes(4)});                // older than the one kept: ignored
-  d.keep_late(1, 12, {6, bytes(6)});                // another tag
-  EXPECT_FALSE(d.take_late(1, 10, 5).has_value());  // its own round
-  EXPECT_FALSE(d.take_late(2, 10, 6).has_value());  // another peer
-  const auto late = d.take_late(1, 10, 7);
-  ASSERT_TRUE(late.has_value());
-  EXPECT_EQ(late->round, 5u);
-  EXPECT_EQ(late->data->at(0), 5);
-  EXPECT_FALSE(d.take_late(1, 10, 7).has_value());  // once
-  EXPECT_FALSE(d.take_late(1, 12, 9).has_value());  // 3 rounds newer: dropped
-  EXPECT_FALSE(d.take_late(1, 12, 8).has_value());  // and gone
-  const auto peers = d.peers();
-  ASSERT_EQ(peers.size(), 1u);
-  EXPECT_EQ(peers[0].late_mixed, 1);
-  AdaptiveDeadline none(AdaptiveDeadlineOptions{.max_staleness = 0});
-  none.keep_late(1, 10, {5, bytes(5)});
-  EXPECT_FALSE(none.take_late(1, 10, 6).has_value());
-  EXPECT_THROW(AdaptiveDeadline(AdaptiveDeadlineOptions{.max_staleness = -1}), InvalidArgument);
-}
-
 // With a rank that is always slow and a minority of the peers, the adaptive
 // deadline follows the others' arrivals, not the straggler's: the rounds stop
 // waiting for it.

@@ -40,8 +40,6 @@ AdaptiveDeadline::AdaptiveDeadline(AdaptiveDeadlineOptions options)
                   InvalidArgument, "AdaptiveDeadline: expected window (", o.window,
                   "), straggler_misses (", o.straggler_misses, ") and probe_interval (",
                   o.probe_interval, ") >= 1");
-  RELAXCC_ENFORCE(o.max_staleness >= 0, InvalidArgument,
-                  "AdaptiveDeadline: expected max_staleness >= 0, got ", o.max_staleness);
 }
 
 AdaptiveDeadline::~AdaptiveDeadline() {
@@ -111,43 +109,14 @@ AdaptiveDeadline::Wait AdaptiveDeadline::wait_for(int peer, uint64_t round) {
   } else if (straggler_locked(p)) {
     w = Wait{std::chrono::microseconds(0), true, {}};
     if (++p.straggler_rounds % options_.probe_interval == 0) {
-      w.probe = listen_locked();
+      const int64_t listen =
+          intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
+      w.probe = std::chrono::microseconds(std::clamp<int64_t>(listen, 1, options_.cap.count()));
     }
   }
-  // A peer that missed its last round (behind in phase, or turning slow) is
-  // listened for after its wait: its late message is mixed in later.
-  if (!w.straggler && p.misses_in_row > 0 && options_.max_staleness > 0)
-    w.listen = std::max(listen_locked(), w.wait);
   p.wait_round = round;
   p.wait = w;
   return w;
-}
-
-std::chrono::microseconds AdaptiveDeadline::listen_locked() const {
-  const int64_t listen =
-      intervals_.empty() ? options_.cap.count() : kProbeIntervals * median(intervals_);
-  return std::chrono::microseconds(std::clamp<int64_t>(listen, 1, options_.cap.count()));
-}
-
-void AdaptiveDeadline::keep_late(int peer, int tag, LateArrival late) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (options_.max_staleness == 0) return;
-  LateArrival& kept = late_[{peer, tag}];
-  if (late.round >= kept.round) kept = std::move(late);
-}
-
-std::optional<AdaptiveDeadline::LateArrival> AdaptiveDeadline::take_late(int peer, int tag,
-                                                                         uint64_t round) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = late_.find({peer, tag});
-  if (it == late_.end()) return std::nullopt;
-  // Kept for a later round (a newer one than `round`): not this one's.
-  if (it->second.round >= round) return std::nullopt;
-  LateArrival late = std::move(it->second);
-  late_.erase(it);
-  if (round - late.round > static_cast<uint64_t>(options_.max_staleness)) return std::nullopt;
-  ++peers_[peer].late_mixed;
-  return late;
 }
 
 std::chrono::microseconds AdaptiveDeadline::current() const {
@@ -194,30 +163,12 @@ bool AdaptiveDeadline::straggler(int peer) const {
   return it != peers_.end() && straggler_locked(it->second);
 }
 
-bool AdaptiveDeadline::start_straggler_send(int peer) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Peer& p = peers_[peer];
-  if (p.sends_in_flight >= kMaxStragglerSends) {
-    ++p.sends_skipped;
-    return false;
-  }
-  ++p.sends_in_flight;
-  return true;
-}
-
-void AdaptiveDeadline::straggler_send_done(int peer) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Peer& p = peers_[peer];
-  p.sends_in_flight = std::max<int64_t>(p.sends_in_flight - 1, 0);
-}
-
 std::vector<AdaptiveDeadline::PeerRecord> AdaptiveDeadline::peers() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<PeerRecord> out;
   for (const auto& [rank, p] : peers_)
     out.push_back(PeerRecord{rank, p.arrived, p.left_out, straggler_locked(p),
-                             std::chrono::microseconds(p.samples.empty() ? 0 : median(p.samples)),
-                             p.sends_in_flight, p.sends_skipped, p.late_mixed});
+                             std::chrono::microseconds(p.samples.empty() ? 0 : median(p.samples))});
   return out;
 }
 

@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 #include <span>
-#include <tuple>
 
 #include "relaxcc/errors.h"
 
@@ -99,20 +98,16 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
     P2POptions send, recv;
     bool left_out = false;
     bool probe = false;
-    std::chrono::microseconds listen{0};  // > 0: a late listen follows the receive
   };
   std::map<int, PeerCall> per_peer;
   if (adaptive) {
     adaptive->begin_round(call.round, r->start);
     for (int peer : plan.recv_from) {
       const AdaptiveDeadline::Wait w = adaptive->wait_for(peer, call.round);
-      PeerCall c{p2p, p2p, w.straggler, w.probe.count() > 0,
-                 w.probe.count() > 0 ? std::chrono::microseconds(0) : w.listen};
+      PeerCall c{p2p, p2p, w.straggler, w.probe.count() > 0};
       c.send.deadline = r->start + w.wait;
       c.recv.deadline = r->start + (c.probe ? w.probe : w.wait);
       c.recv.started_deadline = r->start + adaptive->options().cap;
-      // A message that misses the wait stays for the late listen.
-      c.recv.keep_late = c.listen.count() > 0;
       per_peer[peer] = c;
     }
     for (int peer : plan.send_to) {
@@ -134,32 +129,19 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   for (int peer : plan.send_to) {
     auto header = std::make_shared<MixHeader>(r->mine);
     const auto it = per_peer.find(peer);
-    const bool left_out = it != per_peer.end() && it->second.left_out;
-    if (left_out) header->flags |= kLeftOut;
+    if (it != per_peer.end() && it->second.left_out) header->flags |= kLeftOut;
     const TensorView header_out(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header);
-    const std::vector<P2POp> ops{P2POp::send(peer, header_out, call.tag),
-                                 P2POp::send(peer, data_out, call.tag + 1)};
-    if (!left_out) {
-      works.push_back(comm.point_to_point(ops, ctx, options_for(peer, true)));
-      continue;
-    }
-    // A straggler's send: the round does not wait for it, and it goes only
-    // while fewer than kMaxStragglerSends to the peer are in flight (a peer
-    // behind by rounds takes one message per round of its own).
-    if (!adaptive->start_straggler_send(peer)) continue;
-    P2POptions send = p2p;
-    send.deadline.reset();
-    send.started_deadline.reset();
-    WorkPtr w = comm.point_to_point(ops, ctx, send);
-    w->then([sender = adaptive->guard(), peer](const Work&) {
-      sender([peer](AdaptiveDeadline& a) { a.straggler_send_done(peer); });
-    });
+    works.push_back(comm.point_to_point(
+        {P2POp::send(peer, header_out, call.tag), P2POp::send(peer, data_out, call.tag + 1)}, ctx,
+        options_for(peer, true)));
   }
   r->arrival_us.assign(plan.recv_from.size(), -1);
-  // A receive of `peer`'s message of this round, into fresh buffers.
-  const auto receive = [&](int peer, const P2POptions& options) {
+  for (size_t k = 0; k < plan.recv_from.size(); ++k) {
+    const int peer = plan.recv_from[k];
     auto header = std::make_shared<MixHeader>();
     auto data = std::make_shared<std::vector<unsigned char>>(std::max<size_t>(wire_bytes, 1));
+    r->in_headers.push_back(header);
+    r->in_data.push_back(data);
     WorkPtr w = comm.point_to_point(
         {P2POp::recv(peer,
                      TensorView(header.get(), sizeof(MixHeader), DType::u8, Device::host(), header),
@@ -168,52 +150,22 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
                      call.codec ? bytes_view(data, static_cast<int64_t>(wire_bytes), DType::u8)
                                 : bytes_view(data, x.numel, x.dtype),
                      call.tag + 1)},
-        ctx, options);
-    return std::make_tuple(header, data, w);
-  };
-  // A message a probe or a late listen took after the round went on: kept
-  // for a later round with the peer (AdaptiveDeadline::take_late).
-  const auto keep_if_late = [r, tag = call.tag](AdaptiveDeadline& a, int peer, const MixHeader& h,
-                                                std::shared_ptr<std::vector<unsigned char>> d) {
-    if (h.round == r->mine.round && std::strncmp(h.what, r->mine.what, sizeof(h.what)) == 0)
-      a.keep_late(peer, tag, {h.round, std::move(d)});
-  };
-  for (size_t k = 0; k < plan.recv_from.size(); ++k) {
-    const int peer = plan.recv_from[k];
-    auto [header, data, w] = receive(peer, options_for(peer, false));
-    r->in_headers.push_back(header);
-    r->in_data.push_back(data);
+        ctx, options_for(peer, false));
     // The arrival time, for the adaptive deadline.
     const auto it = per_peer.find(peer);
     const bool probe = it != per_peer.end() && it->second.probe;
     AdaptiveDeadline::Guard prober = probe ? adaptive->guard() : AdaptiveDeadline::Guard();
-    w->then([r, k, prober, peer, keep_if_late, header, data](const Work& done) {
+    w->then([r, k, prober, peer](const Work& done) {
       if (done.exception() || done.partial()) return;
       const auto us =
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r->start);
       if (prober) {
-        prober([&](AdaptiveDeadline& a) {
-          a.caught_up(peer, us);
-          keep_if_late(a, peer, *header, data);
-        });
+        prober([&](AdaptiveDeadline& a) { a.caught_up(peer, us); });
         return;
       }
       std::lock_guard<std::mutex> lock(r->mutex);
       r->arrival_us[k] = us.count();
     });
-    if (it != per_peer.end() && it->second.listen.count() > 0) {
-      // The late listen: takes the message the receive above left (keep_late)
-      // until `listen` after the round's start, outside the round.
-      P2POptions late = p2p;
-      late.deadline = r->start + it->second.listen;
-      late.started_deadline = late.deadline;
-      auto [late_header, late_data, listen] = receive(peer, late);
-      listen->then([keeper = adaptive->guard(), keep_if_late, peer, late_header,
-                    late_data](const Work& done) {
-        if (done.exception() || done.partial()) return;
-        keeper([&](AdaptiveDeadline& a) { keep_if_late(a, peer, *late_header, late_data); });
-      });
-    }
     r->receives.push_back(w);
     r->probing.push_back(probe);
     // A probe only listens: the round neither waits for it nor mixes it.
@@ -225,40 +177,19 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
   // The round may complete after the deadline's owner let it go.
   const AdaptiveDeadline::Guard learner = adaptive ? adaptive->guard() : AdaptiveDeadline::Guard();
   const uint64_t round = call.round;
-  const int tag = call.tag;
   return when_all(
       std::move(works),
-      [r, x, ctx, learner, round, tag, stats, send_to, what, compressed, wire_bytes](Work& result) {
+      [r, x, ctx, learner, round, stats, send_to, what, compressed, wire_bytes](Work& result) {
         std::vector<int> arrived, missing, left_out_by;
         std::vector<const void*> inputs;
-        // A missing peer's late arrival of an earlier round, mixed in its place.
-        std::vector<std::shared_ptr<const std::vector<unsigned char>>> late;
         std::vector<std::vector<float>> decoded;  // compressed rounds: the peers' tensors
         decoded.reserve(r->recv_from.size());
         std::vector<double> weights;
         double total = r->self_weight;
-        const auto add_input = [&](const unsigned char* data, double weight) {
-          if (compressed) {
-            decoded.emplace_back(static_cast<size_t>(x.numel));
-            kernels::decode(std::as_bytes(std::span(data, wire_bytes)),
-                            TensorView::host(decoded.back().data(), x.numel), ctx);
-            inputs.push_back(decoded.back().data());
-          } else {
-            inputs.push_back(data);
-          }
-          weights.push_back(weight);
-          total += weight;
-        };
         for (size_t k = 0; k < r->recv_from.size(); ++k) {
           const int peer = r->recv_from[k];
           if (r->probing[k] || r->receives[k]->partial()) {
             missing.push_back(peer);
-            std::optional<AdaptiveDeadline::LateArrival> kept;
-            if (learner)
-              learner([&](AdaptiveDeadline& a) { kept = a.take_late(peer, tag, round); });
-            if (!kept) continue;
-            late.push_back(kept->data);
-            add_input(late.back()->data(), r->weights[k]);
             continue;
           }
           const MixHeader& h = *r->in_headers[k];
@@ -269,13 +200,22 @@ WorkPtr mix(Communicator& comm, const TensorView& x, const ExecContext& ctx, con
               ", this rank '", r->mine.what, "'");
           arrived.push_back(peer);
           if (h.flags & kLeftOut) left_out_by.push_back(peer);
-          add_input(r->in_data[k]->data(), r->weights[k]);
+          if (compressed) {
+            decoded.emplace_back(static_cast<size_t>(x.numel));
+            kernels::decode(std::as_bytes(std::span(r->in_data[k]->data(), wire_bytes)),
+                            TensorView::host(decoded.back().data(), x.numel), ctx);
+            inputs.push_back(decoded.back().data());
+          } else {
+            inputs.push_back(r->in_data[k]->data());
+          }
+          weights.push_back(r->weights[k]);
+          total += r->weights[k];
         }
         // Nobody weighted arrived (a zero self weight, every peer late): x
         // stays as it is.
         if (total > 0)
-          visit_averaged(x.dtype, [&](auto type) {
-            using T = decltype(type);
+          visit_averaged(x.dtype, [&](auto tag) {
+            using T = decltype(tag);
             T* out = x.as<T>();
             for (int64_t i = 0; i < x.numel; ++i) {
               double acc = r->self_weight * load(out, i);

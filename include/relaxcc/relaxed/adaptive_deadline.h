@@ -26,19 +26,11 @@
 // healthy peer that only fell behind in phase (after a hiccup, or a round
 // that waited for a straggler) is heard within them, and the next round
 // with it waits once for that lag (caught_up), which brings the two back in
-// phase. What a probe hears, and what a late listen hears of a peer that
-// missed its last round (Wait::listen), is kept and mixed into a later
-// round with the peer that misses it, at most max_staleness rounds newer
-// (keep_late, take_late): a peer out of phase keeps contributing. Any
-// arrival on time ends the straggler state: a peer contributes whenever it
-// is on time. The rounds apply the wait to the start of a peer's message: a
-// peer whose message has begun to arrive by then is waited for until `cap`
-// (peer_mixing) and sampled at its whole arrival. Sends to a straggler are
-// not waited for by the rounds: at most kMaxStragglerSends of them are in
-// flight per peer (start_straggler_send), so that a peer behind by rounds,
-// which takes one message per round of its own, is not sent one per round
-// of this rank that pile up in the transport.
-// transport. Thread-safe: rounds observe from the engine thread while callers plan.
+// phase. Any arrival on time ends the straggler state: a peer contributes
+// whenever it is on time. The rounds apply the wait to the start of a
+// peer's message: a peer whose message has begun to arrive by then is
+// waited for until `cap` (peer_mixing) and sampled at its whole arrival.
+// Thread-safe: rounds observe from the engine thread while callers plan.
 #pragma once
 
 #include <chrono>
@@ -47,7 +39,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 namespace relaxcc {
@@ -63,11 +54,7 @@ struct AdaptiveDeadlineOptions {
   std::chrono::microseconds cap{std::chrono::seconds(2)};
   int window = 16;           // arrivals kept per peer, and round intervals
   int straggler_misses = 2;  // missed rounds in a row that make a straggler
-  int probe_interval = 8;    // a straggler's rounds per probe
-  // A peer's message that came after its round went on is mixed into the
-  // next round with the peer that misses it, if that round is at most this
-  // many round numbers newer (0: late messages are dropped).
-  int max_staleness = 4;
+  int probe_interval = 8;    // a straggler's rounds per full-deadline probe
 };
 
 class AdaptiveDeadline {
@@ -93,11 +80,6 @@ class AdaptiveDeadline {
     // > 0: a probe; listen for the peer's message this long after the
     // round's start, without the round waiting for it.
     std::chrono::microseconds probe{0};
-    // > 0 (a peer that missed its last round but is no straggler yet,
-    // max_staleness > 0): how long after the round's start a message that
-    // misses `wait` is still listened for, outside the round, to be kept as
-    // a late arrival.
-    std::chrono::microseconds listen{0};
   };
   // The wait for `peer` in round `round`, which starts now. Every call of
   // one round number (its tensors) gets the same answer: a round counts
@@ -121,37 +103,12 @@ class AdaptiveDeadline {
   Guard guard();
   bool straggler(int peer) const;
 
-  // Sends to a straggler in flight (posted, not yet taken by the peer) at
-  // most, per peer.
-  static constexpr int kMaxStragglerSends = 1;
-  // Whether this round sends to `peer`, which it leaves out as a straggler:
-  // false while kMaxStragglerSends sends to it are in flight (the send is
-  // skipped, counted in PeerRecord::sends_skipped); true registers one,
-  // which straggler_send_done ends when it completes.
-  bool start_straggler_send(int peer);
-  void straggler_send_done(int peer);
-
-  // Late arrivals: `peer`'s message of round `round` on `tag` that a probe or
-  // a late listen took after its round went on. One is kept per (peer, tag),
-  // the newest; take_late hands it to a round that misses the peer, once,
-  // if at most max_staleness round numbers older than `round` (an older one
-  // is dropped), and counts it in PeerRecord::late_mixed.
-  struct LateArrival {
-    uint64_t round = 0;
-    std::shared_ptr<const std::vector<unsigned char>> data;
-  };
-  void keep_late(int peer, int tag, LateArrival late);
-  std::optional<LateArrival> take_late(int peer, int tag, uint64_t round);
-
   struct PeerRecord {
     int peer = 0;
     int64_t arrived = 0;   // rounds it contributed to
     int64_t left_out = 0;  // rounds (of each tensor) that went on without it
     bool straggler = false;
     std::chrono::microseconds median{0};  // of its kept arrivals (0: none)
-    int64_t sends_in_flight = 0;          // to it as a straggler, not yet taken
-    int64_t sends_skipped = 0;            // to it as a straggler, with one in flight
-    int64_t late_mixed = 0;               // late arrivals of it mixed into a later round
   };
   // Every peer seen, by rank.
   std::vector<PeerRecord> peers() const;
@@ -162,8 +119,7 @@ class AdaptiveDeadline {
     std::vector<int64_t> samples;  // ring buffer of the last `window` arrivals, in us
     size_t next = 0;
     int misses_in_row = 0;
-    int64_t straggler_rounds = 0;  // rounds with it since it became one
-    int64_t sends_in_flight = 0, sends_skipped = 0, late_mixed = 0;
+    int64_t straggler_rounds = 0;
     int64_t catch_up = 0;     // us: the next round's wait, once (0: none)
     uint64_t wait_round = 0;  // the last round asked, and its answer
     Wait wait;
@@ -178,8 +134,6 @@ class AdaptiveDeadline {
 
   // A probe's listening time, in round intervals.
   static constexpr int64_t kProbeIntervals = 4;
-  std::map<std::pair<int, int>, LateArrival> late_;  // by (peer, tag)
-  std::chrono::microseconds listen_locked() const;
 
   // Whether this AdaptiveDeadline still lives, for guard().
   struct Alive {
