@@ -292,16 +292,9 @@ void copy_own_payload(Call& c, size_t s) {
 // Step 4 for segment s: the owners' payloads to every rank, unchanged.
 WorkPtr spread_segment(Communicator& comm, const Call& c, size_t s, const OpOptions& options) {
   const Call::Segment& g = c.segments[s];
-  const int n = c.size, r = c.rank;
-  if (c.direct) {
-    AlltoallOptions a2a;
-    static_cast<OpOptions&>(a2a) = options;
-    const std::vector<int64_t> send_counts(static_cast<size_t>(n), g.bytes[r]);
-    return comm.alltoallv(g.received, send_counts, g.gathered, g.bytes, c.ctx, a2a);
-  }
-  AllgatherOptions ag;
-  static_cast<OpOptions&>(ag) = options;
-  return comm.allgatherv(g.gathered.slice(g.offset[r], g.bytes[r]), g.gathered, g.bytes, c.ctx, ag);
+  return relaxed::spread_owner_slots(comm, c.direct,
+                                     g.gathered.slice(g.offset[c.rank], g.bytes[c.rank]),
+                                     g.received, g.gathered, g.bytes, c.ctx, options);
 }
 
 constexpr int64_t kMinPiece = 16384;

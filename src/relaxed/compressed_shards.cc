@@ -29,6 +29,21 @@ void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int
   }
 }
 
+WorkPtr spread_owner_slots(Communicator& comm, bool direct, const TensorView& own,
+                           const TensorView& copies, const TensorView& gathered,
+                           const std::vector<int64_t>& counts, const ExecContext& ctx,
+                           const OpOptions& options) {
+  if (direct) {
+    AlltoallOptions a2a;
+    static_cast<OpOptions&>(a2a) = options;
+    const std::vector<int64_t> send_counts(static_cast<size_t>(comm.size()), own.numel);
+    return comm.alltoallv(copies, send_counts, gathered, counts, ctx, a2a);
+  }
+  AllgatherOptions ag;
+  static_cast<OpOptions&>(ag) = options;
+  return comm.allgatherv(own, gathered, counts, ctx, ag);
+}
+
 WorkPtr counted_allreduce(Communicator& comm, const TensorView& x, const ExecContext& ctx,
                           AllreduceOptions options, RelaxedStats* stats,
                           const std::vector<int>& ranks) {

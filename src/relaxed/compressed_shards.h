@@ -49,6 +49,16 @@ void add_owner_schedule_traffic(std::vector<RelaxedStats::Traffic>& traffic, int
                                 const std::vector<int64_t>& block, const std::vector<int64_t>& slot,
                                 bool direct = false);
 
+// Step 4 of an owner schedule: every owner's slot (`own` on this rank, owner
+// j's of `counts[j]` bytes at its place in `gathered`) to every rank,
+// unchanged. Direct: an alltoallv from `copies`, which holds size() copies of
+// `own` (written by the caller before `options`' dependencies complete);
+// otherwise an allgatherv ring of `own`.
+WorkPtr spread_owner_slots(Communicator& comm, bool direct, const TensorView& own,
+                           const TensorView& copies, const TensorView& gathered,
+                           const std::vector<int64_t>& counts, const ExecContext& ctx,
+                           const OpOptions& options);
+
 // comm.allreduce(x, ctx, options), with its bytes per peer added to `stats`
 // (if set) when it completes. Counting runs it on the ring (options.algo
 // forced; the other algorithms move other bytes): the reduce-scatter sends

@@ -740,16 +740,8 @@ void copy_own_slot(const TopkCall& c) {
 // Step 4: the owners' slots to every rank, unchanged (after what `options`
 // names; direct: after copy_own_slot).
 WorkPtr spread_slots(Communicator& comm, const TopkCall& c, const OpOptions& options) {
-  const int n = c.size, r = c.rank;
-  if (c.direct) {
-    AlltoallOptions a2a;
-    static_cast<OpOptions&>(a2a) = options;
-    const std::vector<int64_t> send_counts(static_cast<size_t>(n), c.slot_bytes[r]);
-    return comm.alltoallv(c.spread, send_counts, c.gathered, c.slot_bytes, c.ctx, a2a);
-  }
-  AllgatherOptions ag;
-  static_cast<OpOptions&>(ag) = options;
-  return comm.allgatherv(c.slot(r), c.gathered, c.slot_bytes, c.ctx, ag);
+  return relaxed::spread_owner_slots(comm, c.direct, c.slot(c.rank), c.spread, c.gathered,
+                                     c.slot_bytes, c.ctx, options);
 }
 
 // Step 5: every owner's status, then (all ok) the residuals committed and
