@@ -142,12 +142,7 @@ TEST(Shares, UnequalRingChunksAreExact) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   if (n == 1) GTEST_SKIP() << "needs 2 or more ranks";
-  const std::vector<std::vector<double>> splits = {
-      std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
-      std::vector<double>{0, 0, 0, 1}, std::vector<double>{1, 0, 0, 0}};
-  for (std::vector<double> shares : splits) {
-    shares.resize(static_cast<size_t>(n), 1.0);
-    if (std::all_of(shares.begin(), shares.end(), [](double w) { return w == 0; })) continue;
+  for (const std::vector<double>& shares : test::unequal_shares(n)) {
     for (DType t : kAllDTypes) {
       for (ReduceOp op : kAllReduceOps) {
         for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4099}, int64_t{70001}}) {

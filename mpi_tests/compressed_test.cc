@@ -562,11 +562,7 @@ TEST(CompressedAllreduce, CodecsThatDifferFailEveryRank) {
 TEST(CompressedAllreduce, UnequalSharesAreExactAndWithinTheBound) {
   auto comm = world();
   const int n = comm->size(), me = comm->rank();
-  for (std::vector<double> shares :
-       {std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
-        std::vector<double>{0, 0, 0, 1}}) {
-    shares.resize(static_cast<size_t>(n), 1.0);
-    if (std::all_of(shares.begin(), shares.end(), [](double w) { return w == 0; })) shares[0] = 1;
+  for (const std::vector<double>& shares : test::unequal_shares(n)) {
     const std::string split = ::testing::PrintToString(shares);
     for (const std::optional<CompressorConfig>& codec :
          {std::optional<CompressorConfig>{}, std::optional{kind(CompressorKind::f16)}}) {

@@ -377,11 +377,7 @@ TEST(TopK, BitwiseIdenticalOnEveryRank) {
 TEST(TopK, UnequalShares) {
   auto comm = test::world();
   const int n = comm->size(), me = comm->rank();
-  for (std::vector<double> shares :
-       {std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
-        std::vector<double>{0, 0, 0, 1}}) {
-    shares.resize(static_cast<size_t>(n), 1.0);
-    if (std::all_of(shares.begin(), shares.end(), [](double w) { return w == 0; })) shares[0] = 1;
+  for (const std::vector<double>& shares : test::unequal_shares(n)) {
     const std::string split = ::testing::PrintToString(shares);
     for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{5}, int64_t{10007}}) {
       std::vector<float> x(static_cast<size_t>(count));

@@ -170,4 +170,19 @@ T expected_reduction(int64_t index, ReduceOp op, int ranks) {
   return out;
 }
 
+// Unequal shares (relaxcc/collectives/shares.h) for `n` ranks, empty shards
+// included: the weights {5,5,1,1}, {0,3,1,2}, {0,0,0,1} and {1,0,0,0}, cut to
+// n ranks or padded with 1, those whose weights are all zero left out.
+inline std::vector<std::vector<double>> unequal_shares(int n) {
+  std::vector<std::vector<double>> out;
+  for (std::vector<double> shares :
+       {std::vector<double>{5, 5, 1, 1}, std::vector<double>{0, 3, 1, 2},
+        std::vector<double>{0, 0, 0, 1}, std::vector<double>{1, 0, 0, 0}}) {
+    shares.resize(static_cast<size_t>(n), 1.0);
+    if (std::any_of(shares.begin(), shares.end(), [](double w) { return w != 0; }))
+      out.push_back(std::move(shares));
+  }
+  return out;
+}
+
 }  // namespace relaxcc::test
