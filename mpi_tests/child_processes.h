@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <stdexcept>
@@ -72,6 +73,30 @@ inline ChildRun spawn_child(const char* mode, const std::map<std::string, std::s
   return c;
 }
 
+// Forks a child that runs `body` and writes what it returns (or the message
+// of what it throws) to its pipe, then exits 0 when that write succeeded, 1
+// otherwise. collect_children() reads it.
+inline ChildRun fork_child(const std::function<std::string()>& body) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  ChildRun c;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    ::close(fds[0]);
+    std::string result;
+    try {
+      result = body();
+    } catch (const std::exception& e) {
+      result = e.what();
+    }
+    const ssize_t n = ::write(fds[1], result.data(), result.size());
+    ::_exit(n == static_cast<ssize_t>(result.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  c.out = fds[0];
+  return c;
+}
+
 // Reads each child's output until it closes and reaps the child, all within
 // `timeout`: a child still running then is killed, and is a test failure.
 inline void collect_children(const std::vector<ChildRun*>& runs,
@@ -97,6 +122,12 @@ inline void collect_children(const std::vector<ChildRun*>& runs,
     c->out = -1;
     ::waitpid(c->pid, &c->status, 0);
   }
+}
+
+inline void collect_children(std::vector<ChildRun>& runs, std::chrono::milliseconds timeout) {
+  std::vector<ChildRun*> each;
+  for (ChildRun& c : runs) each.push_back(&c);
+  collect_children(each, timeout);
 }
 
 // Forked ranks (`pids`, by rank) that ran a test body: waits for each to exit

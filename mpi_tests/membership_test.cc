@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_processes.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/membership.h"
 #include "relaxcc/store.h"
@@ -24,6 +25,11 @@ namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+using test::ChildRun;
+using test::fork_child;
+
+// Members' own waits end within 20 s.
+constexpr milliseconds kCollectTimeout{30000};
 
 // What one member's agree_next_view gave: the view, or the Excluded view.
 struct Outcome {
@@ -146,49 +152,28 @@ TEST_F(Agreement, SecondFailureDuringAgreement) {
 TEST_F(Agreement, SigkilledProcessesDuringAgreement) {
   const MembershipView current = first_view(4);
   AgreementOptions options = fast("killed");
-  std::vector<pid_t> pids;
-  std::vector<int> pipes;
-  for (int r = 0; r < 4; ++r) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      std::string result;
-      try {
-        TcpStoreOptions o;
-        o.port = server_.port();
-        o.timeout = milliseconds(10000);
-        TcpStore client(o);
-        if (r >= 2) {  // killed by the parent, or ends by itself within 20 s
-          std::this_thread::sleep_for(milliseconds(20000));
-          ::_exit(2);
-        }
-        result = agree_next_view(client, current, r, {3}, options).describe();
-      } catch (const std::exception& e) {
-        result = e.what();
+  std::vector<ChildRun> members;
+  for (int r = 0; r < 4; ++r)
+    members.push_back(fork_child([&, r] {
+      TcpStoreOptions o;
+      o.port = server_.port();
+      o.timeout = milliseconds(10000);
+      TcpStore client(o);
+      if (r >= 2) {  // killed by the parent, or ends by itself within 20 s
+        std::this_thread::sleep_for(milliseconds(20000));
+        ::_exit(2);
       }
-      const auto n = ::write(fds[1], result.data(), result.size());
-      ::_exit(n == static_cast<ssize_t>(result.size()) ? 0 : 1);
-    }
-    ::close(fds[1]);
-    pids.push_back(pid);
-    pipes.push_back(fds[0]);
-  }
-  ::kill(pids[3], SIGKILL);
+      return agree_next_view(client, current, r, {3}, options).describe();
+    }));
+  ::kill(members[3].pid, SIGKILL);
   std::this_thread::sleep_for(milliseconds(200));
-  ::kill(pids[2], SIGKILL);
+  ::kill(members[2].pid, SIGKILL);
+  test::collect_children(members, kCollectTimeout);
   for (int r = 0; r < 4; ++r) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pids[r], &status, 0), pids[r]);
-    std::string result;
-    char buf[512];
-    for (ssize_t n; (n = ::read(pipes[r], buf, sizeof buf)) > 0;) result.append(buf, n);
-    ::close(pipes[r]);
+    const int status = members[r].status;
     if (r < 2) {
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "member " << r;
-      EXPECT_EQ(result, "epoch 1 {0,1}") << "member " << r;
+      EXPECT_EQ(members[r].text, "epoch 1 {0,1}") << "member " << r;
     } else {
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "member " << r;
     }
@@ -199,81 +184,64 @@ TEST_F(Agreement, SigkilledProcessesDuringAgreement) {
 // SIGKILLed; the survivors' allreduce fails, they shrink to epoch 1 over
 // the others and sum data that encodes rank and index exactly there.
 void shrink_after_kill(uint16_t port, int n) {
-  std::vector<pid_t> pids;
-  std::vector<int> pipes;
-  for (int r = 0; r < n; ++r) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      std::string result;
+  std::vector<ChildRun> members;
+  for (int r = 0; r < n; ++r)
+    members.push_back(fork_child([port, n, r]() -> std::string {
+      auto store = [&] {
+        TcpStoreOptions o;
+        o.port = port;
+        o.timeout = milliseconds(10000);
+        return std::make_shared<TcpStore>(o);
+      }();
+      UcxCommunicatorOptions u;
+      u.store = store;
+      u.rendezvous.rank = r;
+      u.rendezvous.size = n;
+      u.rendezvous.job = "shrink-test";
+      u.timeout = milliseconds(10000);
+      u.net_devices = "lo";
+      CommunicatorPtr comm = create_ucx_communicator(u);
+      MembershipView view{0, {}};
+      for (int m = 0; m < n; ++m) view.members.push_back(m);
+      std::vector<int32_t> data(1000);
+      const TensorView x(data.data(), 1000, DType::i32);
+      std::vector<int> lost;
       try {
-        auto store = [&] {
-          TcpStoreOptions o;
-          o.port = port;
-          o.timeout = milliseconds(10000);
-          return std::make_shared<TcpStore>(o);
-        }();
-        UcxCommunicatorOptions u;
-        u.store = store;
-        u.rendezvous.rank = r;
-        u.rendezvous.size = n;
-        u.rendezvous.job = "shrink-test";
-        u.timeout = milliseconds(10000);
-        u.net_devices = "lo";
-        CommunicatorPtr comm = create_ucx_communicator(u);
-        MembershipView view{0, {}};
-        for (int m = 0; m < n; ++m) view.members.push_back(m);
-        std::vector<int32_t> data(1000);
+        // Every member is past its creation once this completes, so the
+        // loss below is seen by every survivor in the next allreduce.
+        comm->allreduce(x, ExecContext::host())->wait();
         if (r == n - 1) ::raise(SIGKILL);
-        std::vector<int> lost;
-        try {
-          comm->allreduce(TensorView(data.data(), 1000, DType::i32), ExecContext::host())->wait();
-          result = "allreduce over a killed member succeeded";
-        } catch (const PeerLost& e) {
-          if (e.peer() >= 0) lost.push_back(view.members[e.peer()]);
-        } catch (const CommunicationError&) {
-        }
-        if (lost.empty()) lost.push_back(n - 1);
-        ShrinkOptions o;
-        o.store = store;
-        o.self = r;
-        o.lost = lost;
-        o.agreement.proposal_wait = milliseconds(1000);
-        o.agreement.key_prefix = "shrink-test/agreement";
-        o.net_devices = "lo";
-        ShrinkResult s = shrink(*comm, view, o);
-        for (int i = 0; i < 1000; ++i) data[i] = s.comm->rank() * 1000 + i;
-        s.comm->allreduce(TensorView(data.data(), 1000, DType::i32), ExecContext::host())->wait();
-        const int m = s.comm->size();
-        bool exact = true;
-        for (int i = 0; i < 1000; ++i) exact = exact && data[i] == 1000 * m * (m - 1) / 2 + m * i;
-        if (result.empty()) result = s.view.describe() + (exact ? " exact" : " wrong sums");
-      } catch (const std::exception& e) {
-        result = e.what();
+        comm->allreduce(x, ExecContext::host())->wait();
+        return "allreduce over a killed member succeeded";
+      } catch (const PeerLost& e) {
+        if (e.peer() >= 0) lost.push_back(view.members[e.peer()]);
+      } catch (const CommunicationError&) {
       }
-      const auto w = ::write(fds[1], result.data(), result.size());
-      ::_exit(w == static_cast<ssize_t>(result.size()) ? 0 : 1);
-    }
-    ::close(fds[1]);
-    pids.push_back(pid);
-    pipes.push_back(fds[0]);
-  }
+      if (lost.empty()) lost.push_back(n - 1);
+      ShrinkOptions o;
+      o.store = store;
+      o.self = r;
+      o.lost = lost;
+      o.agreement.proposal_wait = milliseconds(1000);
+      o.agreement.key_prefix = "shrink-test/agreement";
+      o.net_devices = "lo";
+      ShrinkResult s = shrink(*comm, view, o);
+      for (int i = 0; i < 1000; ++i) data[i] = s.comm->rank() * 1000 + i;
+      s.comm->allreduce(x, ExecContext::host())->wait();
+      const int m = s.comm->size();
+      bool exact = true;
+      for (int i = 0; i < 1000; ++i) exact = exact && data[i] == 1000 * m * (m - 1) / 2 + m * i;
+      return s.view.describe() + (exact ? " exact" : " wrong sums");
+    }));
+  test::collect_children(members, kCollectTimeout);
   std::string expected = "epoch 1 {";
   for (int m = 0; m + 1 < n; ++m) expected += (m ? "," : "") + std::to_string(m);
   expected += "} exact";
   for (int r = 0; r < n; ++r) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pids[r], &status, 0), pids[r]);
-    std::string result;
-    char buf[512];
-    for (ssize_t k; (k = ::read(pipes[r], buf, sizeof buf)) > 0;) result.append(buf, k);
-    ::close(pipes[r]);
+    const int status = members[r].status;
     if (r + 1 < n) {
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "member " << r;
-      EXPECT_EQ(result, expected) << "member " << r;
+      EXPECT_EQ(members[r].text, expected) << "member " << r;
     } else {
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "member " << r;
     }
