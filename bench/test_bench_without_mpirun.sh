@@ -4,7 +4,19 @@
 #   test_bench_without_mpirun.sh <relaxcc-bench>
 set -u
 bench=$1
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A free port below the ephemeral range (32768 and up): no outgoing
+# connection takes it before rank 0's store binds it.
+port=$(/usr/bin/python3 -c '
+import random, socket
+while True:
+    p = random.randrange(20000, 32000)
+    with socket.socket() as s:
+        try:
+            s.bind(("", p))
+        except OSError:
+            continue
+    print(p)
+    break')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 args=(allreduce -b 8 -e 1M -f 32 -n 20 -w 2 --impl relaxcc --transport ucx)

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -29,6 +28,7 @@
 #include <vector>
 
 #include "child_processes.h"
+#include "free_port.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/rendezvous.h"
 #include "relaxcc/store.h"
@@ -41,6 +41,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using test::free_port;
 
 std::vector<uint8_t> bytes(std::string_view s) {
   return std::vector<uint8_t>(s.begin(), s.end());
@@ -48,24 +49,6 @@ std::vector<uint8_t> bytes(std::string_view s) {
 
 int64_t elapsed_ms(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-}
-
-// A port nobody listens on now, below Linux's ephemeral range (32768 and
-// up), so that no outgoing connection of another program takes it before
-// the test's server binds it.
-uint16_t free_port() {
-  static std::mt19937 rng(static_cast<unsigned>(::getpid()));
-  for (;;) {
-    const auto port = static_cast<uint16_t>(20000 + rng() % 12000);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(port);
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (free) return port;
-  }
 }
 
 TcpStoreOptions server_options(milliseconds timeout = milliseconds(10000)) {

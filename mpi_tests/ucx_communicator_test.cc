@@ -6,12 +6,9 @@
 // peer that never arrives. Each child reports one line on its stdout:
 //   ok <rank> <size> <elapsed ms>
 //   error <kind> <elapsed ms>\n<message>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +29,7 @@
 #include <gtest/gtest.h>
 
 #include "child_processes.h"
+#include "free_port.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/exec_context.h"
 #include "relaxcc/rendezvous.h"
@@ -46,6 +44,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using test::free_port;
 
 int64_t elapsed_ms(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
@@ -205,19 +204,6 @@ int share_child_main() {
   }
   std::fflush(stdout);
   return 0;
-}
-
-// A port nobody listens on now (bound, read and released).
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 struct Child : test::ChildRun {

@@ -25,30 +25,47 @@ Heartbeat::Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::millisec
       period_(timeout / 4),
       tag_(heartbeat_tag(endpoints_->max_tag())),
       peers_(static_cast<size_t>(endpoints_->size())),
-      receive_(transport_.null_request()) {
+      receives_(peers_.size(), transport_.null_request()),
+      indices_(peers_.size()),
+      completions_(peers_.size()) {
   for (Peer& p : peers_) p.send = transport_.null_request();
-  peers_[static_cast<size_t>(endpoints_->rank())].lost = true;  // not a peer
+  Peer& self = peers_[static_cast<size_t>(endpoints_->rank())];
+  self.lost = self.done = true;  // not a peer
 }
 
-void Heartbeat::post_receive() {
+void Heartbeat::post_receive(size_t r) {
   try {
-    receive_ =
-        endpoints_->irecv(Space::collective, received_.get(), sizeof(uint64_t), kAnySource, tag_);
-    posted_ = true;
+    receives_[r] = endpoints_->irecv(Space::collective, peers_[r].received.get(), sizeof(uint64_t),
+                                     static_cast<int>(r), tag_);
   } catch (const Error& e) {
-    RELAXCC_LOG(warn, "cannot listen for heartbeats: ", e.message());
-    posted_ = false;
+    RELAXCC_LOG(debug, "cannot listen for rank ", r, "'s heartbeats: ", e.message());
   }
+}
+
+void Heartbeat::post_receives() {
+  for (size_t r = 0; r < peers_.size(); ++r)
+    if (receives_[r] == transport_.null_request() && !peers_[r].lost && !peers_[r].done)
+      post_receive(r);
 }
 
 void Heartbeat::poll(Clock::time_point now) {
   // Arrivals at every poll, as the notices: a message left waiting keeps a
   // transport's event fd readable, which would keep the engine thread awake.
   if (started_ == Clock::time_point{}) started_ = now;
+  // Silence this rank did not watch is not its peers': after a gap of half
+  // the timeout between two polls (this process descheduled or stopped, its
+  // engine thread held up), every peer's clock moves on by the gap.
+  if (last_poll_ != Clock::time_point{} && now - last_poll_ > timeout_ / 2) {
+    const Clock::duration gap = now - last_poll_;
+    started_ += gap;
+    for (Peer& p : peers_)
+      if (p.heard != Clock::time_point{}) p.heard += gap;
+  }
+  last_poll_ = now;
   take_heartbeats(now);
   if (now < next_step_) return;
   next_step_ = now + kHeartbeatStep;
-  if (!posted_) post_receive();
+  post_receives();
   test_sends();
   if (now >= next_send_) {
     next_send_ = now + period_;
@@ -69,34 +86,38 @@ void Heartbeat::poll(Clock::time_point now) {
 }
 
 void Heartbeat::take_heartbeats(Clock::time_point now) {
-  while (posted_) {
-    Completion completion;
+  // Until none is left: a message left waiting keeps a transport's event fd
+  // readable.
+  for (;;) {
     int failure = 0;
-    const bool done = transport_.test(receive_, completion, failure);
-    if (failure != 0 || (done && completion.error != 0)) {
-      RELAXCC_LOG(warn, "heartbeat receive failed (posting a new one): ",
-                  transport_.error_string(failure != 0 ? failure : completion.error));
-      if (!done) {
-        // The detached receive may still write its buffer: it keeps it for good.
-        transport_.detach(receive_);
-        static_cast<void>(received_.release());
-        received_ = std::make_unique<uint64_t>(0);
+    const int k = transport_.test_some(static_cast<int>(receives_.size()), receives_.data(),
+                                       indices_.data(), completions_.data(), failure);
+    if (failure != 0)
+      RELAXCC_LOG(warn, "cannot test heartbeat receives: ", transport_.error_string(failure));
+    if (k <= 0) return;
+    for (int i = 0; i < k; ++i) {
+      const auto r = static_cast<size_t>(indices_[static_cast<size_t>(i)]);
+      const Completion& c = completions_[static_cast<size_t>(i)];
+      Peer& p = peers_[r];
+      if (c.cancelled) continue;
+      if (c.error != 0) {
+        // Posted again at the next step unless the peer is lost by then.
+        RELAXCC_LOG(debug, "heartbeat receive from rank ", r,
+                    " failed: ", transport_.error_string(c.error));
+        continue;
       }
-      post_receive();
-      return;
-    }
-    if (!done) return;
-    if (completion.source >= 0 && completion.source < static_cast<int>(peers_.size())) {
-      Peer& p = peers_[static_cast<size_t>(completion.source)];
       p.heard = now;
-      if (*received_ == kLeavingPayload || *received_ == kAckPayload) p.done = true;
-      if (*received_ == kLeavingPayload && !leaving_ && !p.lost) {
+      const uint64_t payload = *p.received;
+      if (payload == kLeavingPayload || payload == kAckPayload) p.done = true;
+      if (payload == kLeavingPayload && !leaving_ && !p.lost) {
         // No more heartbeats to it after this answer, nor a verdict on it.
         p.lost = true;
-        send_to(static_cast<size_t>(completion.source), &kAckPayload, true);
+        send_to(r, &kAckPayload, true);
       }
+      // A peer's later heartbeats are taken even after a verdict on it (none
+      // stays unreceived); nothing follows its leaving or its answer.
+      if (!p.done) post_receive(r);
     }
-    post_receive();
   }
 }
 
@@ -148,27 +169,25 @@ bool Heartbeat::release(Clock::time_point deadline) {
     send_to(r, &kLeavingPayload, true);
   }
   for (;;) {
-    if (!posted_) post_receive();
+    post_receives();
     take_heartbeats(Clock::now());
     const bool answered =
         std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.done; });
     if (answered || Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  if (posted_) {
-    transport_.cancel(receive_);
-    for (;;) {
-      Completion completion;
-      int failure = 0;
-      if (transport_.test(receive_, completion, failure) || failure != 0) {
-        posted_ = false;
-        break;
-      }
-      if (Clock::now() >= deadline + std::chrono::milliseconds(50)) break;
+  for (Request& receive : receives_) transport_.cancel(receive);
+  const auto posted = [&] {
+    return std::any_of(receives_.begin(), receives_.end(),
+                       [&](const Request& r) { return r != transport_.null_request(); });
+  };
+  while (posted() && Clock::now() < deadline + std::chrono::milliseconds(50)) {
+    int failure = 0;
+    if (transport_.test_some(static_cast<int>(receives_.size()), receives_.data(), indices_.data(),
+                             completions_.data(), failure) == 0)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
   }
-  return !posted_;
+  return !posted();
 }
 
 }  // namespace relaxcc::engine

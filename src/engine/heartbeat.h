@@ -2,20 +2,23 @@
 // for every wing. Each rank sends a small message to every other rank of the
 // set every RELAXCC_PEER_TIMEOUT_MS / 4, on heartbeat_tag(max_tag) of the
 // collective space (no protocol uses it), and takes the others' with one
-// any-source receive. A peer silent for RELAXCC_PEER_TIMEOUT_MS is declared
+// receive per peer (a message that a stopped peer left half-sent blocks its
+// own receive, not the others'). A peer silent for RELAXCC_PEER_TIMEOUT_MS is declared
 // lost: Endpoints::fail_peer, which reports it as a PeerError (the engine
 // then fails and poisons the lanes with that peer and sends their poison
 // notices). Silence counts from its latest heartbeat, or, for a peer never
 // heard from, from this set's first poll (a set starts with its
 // communicator's creation handshake, once every rank published its address:
-// its peers start theirs at about the same time).
+// its peers start theirs at about the same time). Only watched silence
+// counts: when this rank itself did not poll for half the timeout (it was
+// descheduled or stopped), that gap is not held against its peers.
 // A rank whose set is released (its communicators are gone) tells its peers
 // it leaves and takes what they sent until each answered (or left too):
 // they stop timing it and sending to it, and no heartbeat stays unreceived.
 //
 // Cost: the engine's poll of poison notices runs it (Engine::poll_notices:
 // every millisecond while operations run, every kIdleNoticePoll when idle);
-// each poll tests its receive (as the notices' one), and every step
+// each poll tests its receives (as the notices' one), and every step
 // (kHeartbeatStep) it sends what is due and judges: size - 1 messages of 8
 // bytes per period, nothing per operation.
 //
@@ -39,13 +42,13 @@ inline int heartbeat_tag(int max_tag) {
   return max_tag;
 }
 
-// How often a heartbeat set looks at its receive and its peers' deadlines.
+// How often a heartbeat set looks at its receives and its peers' deadlines.
 inline constexpr auto kHeartbeatStep = std::chrono::milliseconds(10);
 
 class Heartbeat {
  public:
   // For `endpoints` (at least 2 ranks), with a peer timeout of `timeout`
-  // (positive). Posts its receive at the first poll().
+  // (positive). Posts its receives at the first poll().
   Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::milliseconds timeout);
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -58,8 +61,8 @@ class Heartbeat {
   void forget(int rank);
   // Tells the peers this rank leaves and takes their heartbeats until each
   // answered or left too (at most until `deadline`), then cancels the
-  // receive. False when the receive is still posted: then this object (its
-  // buffer) must never be freed.
+  // receives. False when one is still posted: then this object (its
+  // buffers) must never be freed.
   bool release(Clock::time_point deadline);
 
  private:
@@ -68,8 +71,12 @@ class Heartbeat {
     Request send;               // the heartbeat in flight to it (null: none)
     bool lost = false;          // no heartbeats to it, no verdict on it
     bool done = false;          // it left, or answered this rank's leaving
+    // Its receive's buffer (receives_[r]).
+    std::unique_ptr<uint64_t> received = std::make_unique<uint64_t>(0);
   };
-  void post_receive();
+  void post_receive(size_t r);
+  // For every peer not lost, not done and without one.
+  void post_receives();
   void take_heartbeats(Clock::time_point now);
   void test_sends();
   // To every peer not lost and without one in flight.
@@ -83,13 +90,13 @@ class Heartbeat {
   const Clock::duration period_;
   const int tag_;
   std::vector<Peer> peers_;
-  Clock::time_point started_{};  // the first poll
+  Clock::time_point started_{};    // the first poll
+  Clock::time_point last_poll_{};  // the latest poll
   Clock::time_point next_step_{};
   Clock::time_point next_send_{};
-  Request receive_;
-  bool posted_ = false;
-  // The posted receive's buffer; a detached receive keeps its own (leaked).
-  std::unique_ptr<uint64_t> received_ = std::make_unique<uint64_t>(0);
+  std::vector<Request> receives_;  // per peer: its posted receive (null: none)
+  std::vector<int> indices_;       // test_some's output
+  std::vector<Completion> completions_;
   bool leaving_ = false;  // release() began
 };
 
