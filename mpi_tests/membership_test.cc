@@ -10,6 +10,7 @@
 #include <latch>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <thread>
 #include <vector>
 
@@ -21,6 +22,11 @@
 #include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc {
+// Views in gtest's messages.
+void PrintTo(const MembershipView& view, std::ostream* out) {
+  *out << view.describe();
+}
+
 namespace {
 
 using std::chrono::milliseconds;
@@ -345,6 +351,18 @@ TEST_F(Agreement, AMinorityAccuserIsLeftOutInsteadOfTheAccused) {
       EXPECT_EQ(*outcomes[r].view, expected) << prefix << " member " << r;
     }
   }
+}
+
+TEST_F(Agreement, OfTwoMembersThatAccuseEachOtherOneStays) {
+  // 0 and 1 cannot reach each other; 2 hears from both.
+  const auto outcomes = run(first_view(3), {{0, {1}}, {1, {0}}, {2, {}}}, fast("mutual"));
+  const MembershipView expected{1, {0, 2}};
+  ASSERT_TRUE(outcomes[0].view.has_value());
+  ASSERT_TRUE(outcomes[1].excluded_from.has_value());
+  ASSERT_TRUE(outcomes[2].view.has_value());
+  EXPECT_EQ(*outcomes[0].view, expected);
+  EXPECT_EQ(*outcomes[1].excluded_from, expected);
+  EXPECT_EQ(*outcomes[2].view, expected);
 }
 
 TEST_F(Agreement, GroupsOnOneStoreAtOneEpochAreApart) {

@@ -2,6 +2,7 @@
 // (protocol and failure cases: docs/architecture.md, "Membership agreement").
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -131,22 +132,25 @@ bool condemned(const Proposals& heard, int member) {
 }
 
 // The view decided from the proposals read: the proposers, less those a
-// strict majority of the other proposers report lost, less the proposers that
-// report lost a member that stays (minority accusers).
+// strict majority of the other proposers report lost; then, while a member
+// left reports another member left lost (a minority accuser), the highest
+// such accuser is left out too, so no two members of the view accuse each
+// other and of two that accuse each other only one goes.
 std::vector<int> decide(const Proposals& heard) {
   std::vector<int> stay;
   for (const auto& entry : heard) {
     if (!condemned(heard, entry.first)) stay.push_back(entry.first);
   }
-  std::vector<int> out;
-  for (int m : stay) {
+  const auto accuses_a_member = [&](int m) {
     const std::vector<int>& accused = heard.at(m);
-    const bool minority_accuser = std::any_of(accused.begin(), accused.end(), [&](int a) {
-      return std::binary_search(stay.begin(), stay.end(), a);
-    });
-    if (!minority_accuser) out.push_back(m);
+    return std::any_of(accused.begin(), accused.end(),
+                       [&](int a) { return std::binary_search(stay.begin(), stay.end(), a); });
+  };
+  for (;;) {
+    const auto accuser = std::find_if(stay.rbegin(), stay.rend(), accuses_a_member);
+    if (accuser == stay.rend()) return stay;
+    stay.erase(std::next(accuser).base());
   }
-  return out;
 }
 
 // Whether the caller may decide before its deadline: every member not heard
