@@ -83,12 +83,12 @@ struct AgreementOptions {
 // A member is left out when it has not proposed by the time the view is
 // decided, when a strict majority of the other proposers report it lost, or
 // when it reports lost a member that stays (a minority accuser: the link at
-// fault is most likely its own; of accusers that accuse each other, the
-// highest rank goes first, so the other can stay). A caller decides only once every member has
-// proposed, except those that a strict majority of the view's other members
-// report lost, or when `options.timeout` has passed: a slow member that
-// nobody (or only a minority) reports lost is waited for. The first decision
-// stored is final, so every caller gets the same view.
+// fault is most likely its own; of two that accuse each other, the higher
+// rank goes and the other stays). A caller decides only once every member
+// has proposed, except those that a strict majority of the view's other
+// members report lost, or when `options.timeout` has passed: a slow member
+// that nobody (or only a minority) reports lost is waited for. The first
+// decision stored is final, so every caller gets the same view.
 //
 // Returns the view decided (epoch current.epoch + 1, a subset of current);
 // Excluded when `self` is not in it; PeerMismatch when the store holds a
