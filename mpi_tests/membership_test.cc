@@ -235,7 +235,8 @@ std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creati
       if (o.lost_ranks.empty()) o.lost_ranks.push_back(n - 1);
       o.agreement.timeout = milliseconds(1500);
       o.agreement.key_prefix = "shrink-test/agreement";
-      o.create_timeout = milliseconds(2000);
+      // Only the creation that waits for a dead member should time out.
+      o.create_timeout = milliseconds(die_in_creation ? 2000 : 10000);
       o.net_devices = "lo";
       if (die_in_creation && r == n - 2) {
         agree_next_view(*store, view, view.members[r], {view.members[n - 1]}, o.agreement);
