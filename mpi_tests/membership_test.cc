@@ -194,13 +194,15 @@ TEST_F(Agreement, SigkilledProcessesDuringAgreement) {
 // is SIGKILLed; the survivors' allreduce fails, they shrink and sum data that
 // encodes rank and index exactly on the view they get, which each reports.
 // With `die_in_creation`, member n-2 takes part in the agreement and is
-// SIGKILLed before the new communicator exists.
+// SIGKILLed before the new communicator exists. `shrink_timeout` is
+// ShrinkOptions::timeout.
 constexpr int kFirst = 10;
 
-std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creation) {
+std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creation,
+                                        milliseconds shrink_timeout = milliseconds(30000)) {
   std::vector<ChildRun> members;
   for (int r = 0; r < n; ++r)
-    members.push_back(fork_child([port, n, r, die_in_creation]() -> std::string {
+    members.push_back(fork_child([port, n, r, die_in_creation, shrink_timeout]() -> std::string {
       auto store = [&] {
         TcpStoreOptions o;
         o.port = port;
@@ -237,6 +239,7 @@ std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creati
       o.agreement.key_prefix = "shrink-test/agreement";
       // Only the creation that waits for a dead member should time out.
       o.create_timeout = milliseconds(die_in_creation ? 2000 : 10000);
+      o.timeout = shrink_timeout;
       o.net_devices = "lo";
       if (die_in_creation && r == n - 2) {
         agree_next_view(*store, view, view.members[r], {view.members[n - 1]}, o.agreement);
@@ -282,6 +285,18 @@ TEST_F(Agreement, ShrinkAfterKillAt4) {
 // communicator.
 TEST_F(Agreement, ShrinkAgainWhenAMemberDiesDuringCreation) {
   expect_survivors(shrink_after_kill(server_.port(), 4, true), 2, "epoch 2 {10,11} exact");
+}
+
+// As above with 3 processes and no time for a second attempt: the survivor
+// gets Timeout naming the view whose communicator was not created and the
+// member that never arrived.
+TEST_F(Agreement, ShrinkStopsAtItsTimeout) {
+  const auto members = shrink_after_kill(server_.port(), 3, true, milliseconds(0));
+  ASSERT_TRUE(WIFEXITED(members[0].status) && WEXITSTATUS(members[0].status) == 0);
+  const std::string& text = members[0].text;
+  for (const char* part : {"Timeout", "the communicator of epoch 1 {10,11} was not created",
+                           "rank 1 of 2 never arrived"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << " not in: " << text;
 }
 
 // shrink takes this process's rank from the communicator and the lost ranks
