@@ -134,8 +134,8 @@ bool condemned(const Proposals& heard, int member) {
 // The view decided from the proposals read: the proposers, less those a
 // strict majority of the other proposers report lost; then, while a member
 // left reports another member left lost (a minority accuser), the highest
-// such accuser is left out too, so no two members of the view accuse each
-// other and of two that accuse each other only one goes.
+// such accuser is left out too: no member of the view reports another lost,
+// and of two that report each other only the higher goes.
 std::vector<int> decide(const Proposals& heard) {
   std::vector<int> stay;
   for (const auto& entry : heard) {
@@ -203,9 +203,9 @@ MembershipView agree_next_view(Store& store, const MembershipView& current, int 
   store.set(proposal_key(self), encode(MembershipView{epoch, accused}));
   store.add(count_key, 1);
 
-  // 2. Collect proposals until every member not heard from is condemned by a
-  // majority of those read, or until the deadline; stop when a decision is
-  // stored meanwhile.
+  // 2. Collect proposals until every member not heard from is reported lost
+  // by a strict majority of the view's other members (may_decide), or until
+  // the deadline; stop when a decision is stored meanwhile.
   Proposals heard{{self, accused}};
   int64_t counted = 0;
   while (!may_decide(heard, current) && Clock::now() < deadline) {
