@@ -38,12 +38,17 @@ struct MembershipView {
   int size() const { return static_cast<int>(members.size()); }
   // "epoch 3 {0,2,3}", for messages.
   std::string describe() const;
+  // FNV-1a (hash.h) of the epoch and the member list: the agreement's store
+  // keys and shrink's rendezvous job carry it, so groups that share a store
+  // and an epoch never read each other's records.
+  uint64_t fingerprint() const;
   bool operator==(const MembershipView& other) const = default;
 };
 
 // This process was left out of the view its peers agreed on (they reported it
-// lost, or it arrived after the decision): it runs no more operations on that
-// view or the earlier ones and must rejoin. view() is the view decided.
+// lost, it reported a member lost that the others hear from, or it arrived
+// after the decision): it runs no more operations on that view or the earlier
+// ones and must rejoin. view() is the view decided.
 class Excluded : public CommunicationError {
  public:
   Excluded(int process_rank, MembershipView view, std::string message, const char* file, int line)
@@ -59,23 +64,37 @@ class Excluded : public CommunicationError {
 };
 
 struct AgreementOptions {
-  // The whole agreement: Timeout (naming the epoch and the members whose
-  // proposals are missing) when no view is decided by then.
+  // How long a caller waits for the proposal of a member that no majority
+  // reports lost: a member whose proposal has not come by then is left out
+  // (it failed or stalled during the agreement). A caller returns within
+  // `timeout` plus its store calls. Must be positive.
   std::chrono::milliseconds timeout{10000};
-  // How long a proposer waits for the proposal of a member it believes alive
-  // before it counts that member as lost too (a second failure during the
-  // agreement). At most `timeout`.
-  std::chrono::milliseconds proposal_wait{2000};
   // Prefix of the store keys; jobs sharing a store use different prefixes.
+  // Keys: <key_prefix>/<current.fingerprint()>/epoch<E>/{proposal/<m>,
+  // proposals,decision}, E = current.epoch + 1, fingerprint in decimal.
   std::string key_prefix = "relaxcc/membership";
 };
 
-// The view that follows `current` once `lost` (process ranks this caller
-// reports lost: from PeerLost, a poison notice or the heartbeat) are left
-// out. `self` is this process's rank; it must be a member of `current`.
-// Returns the view decided (epoch current.epoch + 1), the same for every
-// caller; Excluded when `self` is not in it; Timeout as AgreementOptions says;
-// InvalidArgument when `self` is not in `current`.
+// The view that follows `current`, agreed by its members through `store`.
+// `self` is this process's rank, a member of `current`; `lost` are the
+// members this caller has its own evidence against (PeerLost, the transport,
+// the heartbeat), process ranks of `current`.
+//
+// A member is left out when it has not proposed by the time the view is
+// decided, when a strict majority of the other proposers report it lost, or
+// when it reports lost a member that stays (a minority accuser: the link at
+// fault is most likely its own; of two that accuse each other, the higher
+// rank goes and the other stays). A caller decides only once every member
+// has proposed, except those that a strict majority of the view's other
+// members report lost, or when `options.timeout` has passed: a slow member
+// that nobody (or only a minority) reports lost is waited for. The first
+// decision stored is final, so every caller gets the same view.
+//
+// Returns the view decided (epoch current.epoch + 1, a subset of current);
+// Excluded when `self` is not in it; PeerMismatch when the store holds a
+// decision or proposal under this view's keys that is not one of
+// `current` (naming what differs); InvalidArgument for a `self` or `lost`
+// outside `current` and for options out of range; the store's errors.
 MembershipView agree_next_view(Store& store, const MembershipView& current, int self,
                                const std::vector<int>& lost, const AgreementOptions& options = {});
 
@@ -84,14 +103,18 @@ MembershipView agree_next_view(Store& store, const MembershipView& current, int 
 struct ShrinkOptions {
   // The job's rendezvous store (the agreement's and the new rendezvous').
   std::shared_ptr<Store> store;
-  // This process's rank (a member of the current view) and the process ranks
-  // it reports lost (PeerLost::peer() mapped through the view, or none).
-  int self = -1;
-  std::vector<int> lost;
+  // Ranks of the communicator being shrunk that this process saw lost
+  // (PeerLost::peer(), the heartbeat), or none; shrink maps them to process
+  // ranks through the view. This process's own rank is comm.rank().
+  std::vector<int> lost_ranks;
   AgreementOptions agreement;
-  // Bounds the new communicator's creation (rendezvous and handshake).
+  // Bounds each creation of the new communicator (rendezvous and handshake).
   std::chrono::milliseconds create_timeout{10000};
-  // Rendezvous keys of the new communicator: job `job`, generation = epoch.
+  // No further attempt starts after this, counted from the call: the last
+  // one ends at most agreement.timeout + create_timeout later.
+  std::chrono::milliseconds timeout{30000};
+  // Rendezvous keys of the new communicator: job "<job>/<view fingerprint>",
+  // generation = the view's epoch.
   std::string job = "relaxcc-shrink";
   Tunables tunables = Tunables::from_env();
   bool share_memory = true;
@@ -103,16 +126,24 @@ struct ShrinkResult {
   CommunicatorPtr comm;
 };
 
-// Collective over the survivors of `current` (comm's view). Poisons `comm`
-// first, so that its operations in flight and later fail (revoke), runs
-// agree_next_view, then creates a UCX communicator over the view decided
-// (rank = position in view.members) with the epoch as its endpoint set's tag
-// generation and a fresh worker: no message of `comm` matches one of the new
-// communicator. Throws Excluded when this process was left out; Timeout when
-// no view is decided, or when a member of the decided view does not arrive
-// for the new communicator (it failed after the decision: call shrink again
-// on the view returned by Excluded::view() / the decided view with it
-// reported lost); Unsupported without the UCX wing.
+// Collective over the survivors of `current`, the view `comm` runs on (comm
+// rank r is process current.members[r]). Poisons `comm` first, so that its
+// operations in flight and later fail (revoke), runs agree_next_view, then
+// creates a UCX communicator over the view decided (rank = position in
+// view.members) with the epoch as its endpoint set's tag generation and a
+// fresh worker: no message of `comm` matches one of the new communicator.
+//
+// As ncclCommShrink, it returns a working communicator or throws. When a
+// member of the decided view fails before the new communicator exists (its
+// creation ends with Timeout or a CommunicationError), shrink agrees again
+// from that view, where the member that never came is left out at
+// agreement.timeout, and creates that view's communicator: the returned
+// view's epoch may be more than current.epoch + 1. It stops retrying once
+// ShrinkOptions::timeout has passed: Timeout naming the last view decided
+// and the creation's error. Throws Excluded when this process was left out
+// of a view (it must rejoin); InvalidArgument when comm and current differ
+// in size or a lost rank is not a peer's rank of comm; PeerMismatch as
+// agree_next_view; Unsupported without the UCX wing.
 ShrinkResult shrink(Communicator& comm, const MembershipView& current,
                     const ShrinkOptions& options);
 

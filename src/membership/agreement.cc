@@ -2,10 +2,14 @@
 // (protocol and failure cases: docs/architecture.md, "Membership agreement").
 #include <algorithm>
 #include <charconv>
+#include <iterator>
+#include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/membership.h"
 #include "relaxcc/store.h"
 
@@ -17,13 +21,29 @@ int MembershipView::rank_of(int process_rank) const {
   return static_cast<int>(it - members.begin());
 }
 
-std::string MembershipView::describe() const {
-  std::string out = "epoch " + std::to_string(epoch) + " {";
+namespace {
+
+// "a,b,c".
+std::string joined(const std::vector<int>& members) {
+  std::string out;
   for (size_t i = 0; i < members.size(); ++i) {
     if (i > 0) out += ',';
     out += std::to_string(members[i]);
   }
-  return out + '}';
+  return out;
+}
+
+}  // namespace
+
+std::string MembershipView::describe() const {
+  return "epoch " + std::to_string(epoch) + " {" + joined(members) + '}';
+}
+
+uint64_t MembershipView::fingerprint() const {
+  Fnv1a h;
+  h.u64(epoch).u64(members.size());
+  for (int m : members) h.u64(static_cast<uint64_t>(m));
+  return h.value();
 }
 
 namespace {
@@ -31,13 +51,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// "<epoch>:<m>,<m>,..." (members ascending).
+// "<epoch>:<m>,<m>,..." (members ascending): a decision (the view) or a
+// proposal (the epoch and the members its proposer reports lost).
 std::vector<uint8_t> encode(const MembershipView& view) {
-  std::string text = std::to_string(view.epoch) + ':';
-  for (size_t i = 0; i < view.members.size(); ++i) {
-    if (i > 0) text += ',';
-    text += std::to_string(view.members[i]);
-  }
+  const std::string text = std::to_string(view.epoch) + ':' + joined(view.members);
   return {text.begin(), text.end()};
 }
 
@@ -68,28 +85,85 @@ MembershipView decode(const std::vector<uint8_t>& bytes, const std::string& key)
   return view;
 }
 
-std::vector<int> without(const std::vector<int>& members, const std::vector<int>& lost) {
-  std::vector<int> out;
-  for (int m : members) {
-    if (std::find(lost.begin(), lost.end(), m) == lost.end()) out.push_back(m);
-  }
-  return out;
-}
-
-std::vector<int> intersect(const std::vector<int>& a, const std::vector<int>& b) {
-  std::vector<int> out;
-  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
-  return out;
+// A record read under the keys of `current`'s agreement must be one of it:
+// epoch current.epoch + 1, members (or accused members) of `current`.
+MembershipView checked(MembershipView record, const MembershipView& current, const std::string& key,
+                       const char* what) {
+  std::vector<int> strangers;
+  std::set_difference(record.members.begin(), record.members.end(), current.members.begin(),
+                      current.members.end(), std::back_inserter(strangers));
+  RELAXCC_ENFORCE(record.epoch == current.epoch + 1 && strangers.empty(), PeerMismatch, what,
+                  " under key ", key, " is ", record.describe(), ", not one of membership view ",
+                  current.describe(), ": ",
+                  record.epoch != current.epoch + 1
+                      ? detail::concat("epoch ", record.epoch, " instead of ", current.epoch + 1)
+                      : detail::concat("members {", joined(strangers), "} are not in the view"));
+  return record;
 }
 
 MembershipView adopt(MembershipView decided, int self) {
   if (!decided.contains(self)) {
     std::string message = "process " + std::to_string(self) + " was left out of membership view " +
-                          decided.describe() + " (its peers reported it lost); it must rejoin";
+                          decided.describe() +
+                          " (its peers reported it lost, it reported lost a member they hear "
+                          "from, or it came after the decision); it must rejoin";
     throw Excluded(self, std::move(decided), std::move(message), __FILE__, __LINE__);
   }
   return decided;
 }
+
+// Proposals read: proposer -> the members it reports lost.
+using Proposals = std::map<int, std::vector<int>>;
+
+// How many proposers of `heard` other than `member` report it lost.
+int accusers(const Proposals& heard, int member) {
+  int n = 0;
+  for (const auto& [proposer, accused] : heard) {
+    if (proposer != member && std::binary_search(accused.begin(), accused.end(), member)) ++n;
+  }
+  return n;
+}
+
+// Whether a strict majority of the proposers in `heard` other than `member`
+// report `member` lost.
+bool condemned(const Proposals& heard, int member) {
+  const int others = static_cast<int>(heard.size()) - (heard.count(member) ? 1 : 0);
+  return 2 * accusers(heard, member) > others;
+}
+
+// The view decided from the proposals read: the proposers, less those a
+// strict majority of the other proposers report lost; then, while a member
+// left reports another member left lost (a minority accuser), the highest
+// such accuser is left out too: no member of the view reports another lost,
+// and of two that report each other only the higher goes.
+std::vector<int> decide(const Proposals& heard) {
+  std::vector<int> stay;
+  for (const auto& entry : heard) {
+    if (!condemned(heard, entry.first)) stay.push_back(entry.first);
+  }
+  const auto accuses_a_member = [&](int m) {
+    const std::vector<int>& accused = heard.at(m);
+    return std::any_of(accused.begin(), accused.end(),
+                       [&](int a) { return std::binary_search(stay.begin(), stay.end(), a); });
+  };
+  for (;;) {
+    const auto accuser = std::find_if(stay.rbegin(), stay.rend(), accuses_a_member);
+    if (accuser == stay.rend()) return stay;
+    stay.erase(std::next(accuser).base());
+  }
+}
+
+// Whether the caller may decide before its deadline: every member not heard
+// from is reported lost by a strict majority of the other members of
+// `current` (so one accuser alone never cuts a wait short, unless the view
+// has two members).
+bool may_decide(const Proposals& heard, const MembershipView& current) {
+  return std::all_of(current.members.begin(), current.members.end(), [&](int m) {
+    return heard.count(m) > 0 || 2 * accusers(heard, m) > current.size() - 1;
+  });
+}
+
+constexpr milliseconds kPoll{2};
 
 }  // namespace
 
@@ -99,60 +173,60 @@ MembershipView agree_next_view(Store& store, const MembershipView& current, int 
                   " is not a member of membership view ", current.describe());
   RELAXCC_ENFORCE(!options.key_prefix.empty(), InvalidArgument,
                   "AgreementOptions::key_prefix is empty");
-  const auto start = Clock::now();
-  const auto deadline = start + options.timeout;
-  const auto proposals_deadline = start + std::min(options.proposal_wait, options.timeout);
-  const std::string base = options.key_prefix + "/epoch" + std::to_string(current.epoch + 1) + '/';
+  RELAXCC_ENFORCE(options.timeout > milliseconds(0), InvalidArgument,
+                  "AgreementOptions::timeout must be positive, not ", options.timeout.count(),
+                  " ms");
+  std::vector<int> accused;
+  for (int m : lost) {
+    RELAXCC_ENFORCE(current.contains(m), InvalidArgument, "process ", self, " reports process ", m,
+                    " lost, which is not a member of membership view ", current.describe());
+    if (m != self) accused.push_back(m);
+  }
+  std::sort(accused.begin(), accused.end());
+  accused.erase(std::unique(accused.begin(), accused.end()), accused.end());
+
+  const auto deadline = Clock::now() + options.timeout;
+  const uint64_t epoch = current.epoch + 1;
+  const std::string base =
+      detail::concat(options.key_prefix, '/', current.fingerprint(), "/epoch", epoch, '/');
   const std::string decision_key = base + "decision";
+  const std::string count_key = base + "proposals";
   const auto proposal_key = [&](int member) { return base + "proposal/" + std::to_string(member); };
+  const auto adopt_stored = [&](const std::vector<uint8_t>& bytes) {
+    return adopt(checked(decode(bytes, decision_key), current, decision_key, "the decision"), self);
+  };
 
   // A view already decided (this caller arrives late) is final.
-  if (store.check({decision_key}))
-    return adopt(decode(store.get(decision_key), decision_key), self);
+  if (store.check({decision_key})) return adopt_stored(store.get(decision_key));
 
-  // 1. Propose: the members this caller believes alive.
-  std::vector<int> alive = without(current.members, lost);
-  if (!std::binary_search(alive.begin(), alive.end(), self)) {
-    alive.insert(std::lower_bound(alive.begin(), alive.end(), self), self);
-  }
-  store.set(proposal_key(self), encode(MembershipView{current.epoch + 1, alive}));
+  // 1. Propose: the members this caller reports lost, on its own evidence.
+  store.set(proposal_key(self), encode(MembershipView{epoch, accused}));
+  store.add(count_key, 1);
 
-  // 2. Collect the proposals of every member still believed alive; a member
-  // whose proposal misses proposals_deadline counts as lost (it failed during
-  // the agreement); a member another proposer reports lost is dropped (the
-  // candidate is the intersection of the proposals: one report suffices).
-  std::vector<int> heard{self};
-  for (;;) {
-    int next = -1;
-    for (int m : alive) {
-      if (m != self && std::find(heard.begin(), heard.end(), m) == heard.end()) {
-        next = m;
-        break;
+  // 2. Collect proposals until every member not heard from is reported lost
+  // by a strict majority of the view's other members (may_decide), or until
+  // the deadline; stop when a decision is stored meanwhile.
+  Proposals heard{{self, accused}};
+  int64_t counted = 0;
+  while (!may_decide(heard, current) && Clock::now() < deadline) {
+    if (store.check({decision_key})) return adopt_stored(store.get(decision_key));
+    const int64_t count = store.add(count_key, 0);
+    if (count != counted) {
+      counted = count;
+      for (int m : current.members) {
+        if (heard.count(m) || !store.check({proposal_key(m)})) continue;
+        const std::string key = proposal_key(m);
+        heard[m] = checked(decode(store.get(key), key), current, key, "the proposal").members;
       }
-    }
-    if (next < 0) break;
-    if (store.check({decision_key})) break;
-    const auto now = Clock::now();
-    const auto wait = std::max(milliseconds(1),
-                               std::chrono::duration_cast<milliseconds>(proposals_deadline - now));
-    try {
-      const std::string key = proposal_key(next);
-      const MembershipView proposal = decode(store.get(key, wait), key);
-      heard.push_back(next);
-      alive = intersect(alive, proposal.members);
-    } catch (const Timeout&) {
-      alive.erase(std::find(alive.begin(), alive.end(), next));
+    } else {
+      std::this_thread::sleep_for(kPoll);
     }
   }
 
   // 3. Decide: the first candidate stored under the decision key is the view;
   // every later compare_set returns it. Everyone ends with the same view.
-  RELAXCC_ENFORCE(Clock::now() < deadline, Timeout, "membership agreement on epoch ",
-                  current.epoch + 1, " from view ", current.describe(), " ran past its timeout of ",
-                  options.timeout.count(), " ms (store ", store.address(), ")");
-  const MembershipView candidate{current.epoch + 1, alive};
-  const auto stored = store.compare_set(decision_key, {}, encode(candidate));
-  return adopt(decode(stored, decision_key), self);
+  const MembershipView candidate{epoch, decide(heard)};
+  return adopt_stored(store.compare_set(decision_key, {}, encode(candidate)));
 }
 
 }  // namespace relaxcc

@@ -1,5 +1,10 @@
 // shrink (membership.h): revoke the old communicator, agree on the next view,
-// create the new view's communicator on the UCX wing.
+// create the new view's communicator on the UCX wing, agreeing again when a
+// member of the decided view fails before that communicator exists.
+#include <chrono>
+#include <string>
+#include <vector>
+
 #include "relaxcc/errors.h"
 #include "relaxcc/membership.h"
 #include "relaxcc/ucx_communicator.h"
@@ -12,22 +17,44 @@ ShrinkResult shrink(Communicator& comm, const MembershipView& current,
                   ": ShrinkOptions::store is null");
   RELAXCC_ENFORCE_EQ(comm.size(), current.size(), InvalidArgument, "shrink of ", current.describe(),
                      ": the communicator's size differs from the view's");
+  const int self = current.members[comm.rank()];
+  std::vector<int> lost;
+  for (int r : options.lost_ranks) {
+    RELAXCC_ENFORCE(r >= 0 && r < comm.size() && r != comm.rank(), InvalidArgument, "shrink of ",
+                    current.describe(), ": rank ", comm.rank(), " reports rank ", r,
+                    " lost, which is not a peer's rank of its communicator of size ", comm.size());
+    lost.push_back(current.members[r]);
+  }
   comm.poison(detail::concat("revoked: shrinking ", current.describe()));
-  ShrinkResult result;
-  result.view =
-      agree_next_view(*options.store, current, options.self, options.lost, options.agreement);
-  UcxCommunicatorOptions o;
-  o.store = options.store;
-  o.rendezvous.rank = result.view.rank_of(options.self);
-  o.rendezvous.size = result.view.size();
-  o.rendezvous.job = options.job;
-  o.rendezvous.generation = result.view.epoch;
-  o.tunables = options.tunables;
-  o.timeout = options.create_timeout;
-  o.share_memory = options.share_memory;
-  o.net_devices = options.net_devices;
-  result.comm = create_ucx_communicator(o);
-  return result;
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  MembershipView view = current;
+  for (;;) {
+    view = agree_next_view(*options.store, view, self, lost, options.agreement);
+    // A member of `view` that fails before its communicator exists is left
+    // out by the next agreement, at its timeout.
+    lost.clear();
+    UcxCommunicatorOptions o;
+    o.store = options.store;
+    o.rendezvous.rank = view.rank_of(self);
+    o.rendezvous.size = view.size();
+    o.rendezvous.job = detail::concat(options.job, '/', view.fingerprint());
+    o.rendezvous.generation = view.epoch;
+    o.tunables = options.tunables;
+    o.timeout = options.create_timeout;
+    o.share_memory = options.share_memory;
+    o.net_devices = options.net_devices;
+    try {
+      return ShrinkResult{view, create_ucx_communicator(o)};
+    } catch (const PeerMismatch&) {
+      throw;
+    } catch (const CommunicationError& e) {
+      // A member of `view` failed after the decision: agree again from it.
+      RELAXCC_ENFORCE(std::chrono::steady_clock::now() < deadline, Timeout, "shrink of ",
+                      current.describe(), ": the communicator of ", view.describe(),
+                      " was not created (", e.what(), ") and ShrinkOptions::timeout of ",
+                      options.timeout.count(), " ms has passed");
+    }
+  }
 }
 
 }  // namespace relaxcc
