@@ -290,6 +290,7 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
   auto comm = create(options(scenario_comm()));
   Buffer data(DType::i32, 1 << 16);
   Outcome failure;
+  int lost_peer = -1;
   int step = 0;
   for (;; ++step) {
     if (comm->rank() == kVictim && step == kKillStep) raise(SIGKILL);
@@ -299,6 +300,7 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
       comm->allreduce(data.view(), ExecContext::host())->wait();
     } catch (const CommunicationError& e) {
       failure = {e.what(), Clock::now() - t0};
+      if (const auto* lost = dynamic_cast<const PeerLost*>(&e)) lost_peer = lost->peer();
       break;
     }
     for (int64_t i = 0; i < data.numel; ++i)
@@ -322,6 +324,10 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
                      failure.what.find("relaxcc::PeerLost") != std::string::npos ||
                      failure.what.find("relaxcc::CommunicationError") != std::string::npos;
   EXPECT_TRUE(typed) << failure.what;
+  // UCX sees the process end: PeerLost naming it on every survivor.
+  if (test::on_ucx()) {
+    EXPECT_EQ(lost_peer, kVictim) << failure.what;
+  }
   std::printf("[rank %d] %s\n", comm->rank(), failure.what.c_str());
   if (!HasFailure()) std::printf("survivor rank %d: ok\n", comm->rank());
   std::fflush(stdout);
@@ -332,8 +338,8 @@ TEST(Killed, RankKilledMidLoopIsNamed) {
 // Rank 1 stops itself (SIGSTOP) at the start of step 5 of an allreduce
 // loop, under mpirun --enable-recovery with RELAXCC_PEER_TIMEOUT_MS=500 and
 // an operation timeout of 10 s: the survivors' heartbeats find it silent and
-// every survivor fails with PeerLost naming rank 1 (or the poisoning that a
-// peer's notice brings), within 500 + 300 ms of its last completed
+// every survivor fails with PeerLost naming rank 1 (its own verdict, or a
+// peer's notice or abort record), within 500 + 300 ms of its last completed
 // allreduce (which precedes the stop). A child of the stopped rank kills it
 // 3 s later, so that mpirun ends; survivors leave with _exit, as above.
 TEST(Stopped, RankStoppedMidLoopIsReportedByHeartbeats) {
@@ -348,6 +354,7 @@ TEST(Stopped, RankStoppedMidLoopIsReportedByHeartbeats) {
   auto comm = create(o);
   Buffer data(DType::i32, 1 << 10);
   std::string failure;
+  int lost_peer = -1;
   auto last_success = Clock::now();
   int step = 0;
   for (;; ++step) {
@@ -365,6 +372,7 @@ TEST(Stopped, RankStoppedMidLoopIsReportedByHeartbeats) {
       comm->allreduce(data.view(), ExecContext::host())->wait();
     } catch (const CommunicationError& e) {
       failure = e.what();
+      if (const auto* lost = dynamic_cast<const PeerLost*>(&e)) lost_peer = lost->peer();
       break;
     }
     last_success = Clock::now();
@@ -382,6 +390,7 @@ TEST(Stopped, RankStoppedMidLoopIsReportedByHeartbeats) {
                      (failure.find("rank 1 is lost") != std::string::npos ||
                       failure.find("rank 1 lost") != std::string::npos);
   EXPECT_TRUE(named) << failure;
+  EXPECT_EQ(lost_peer, kVictim) << "PeerLost naming rank 1 on every survivor: " << failure;
   std::printf("[rank %d] after %lld ms: %s\n", comm->rank(), static_cast<long long>(took.count()),
               failure.c_str());
   if (!HasFailure()) std::printf("survivor rank %d: ok\n", comm->rank());

@@ -63,7 +63,8 @@ struct Outcome {
   char what[512] = {};
 };
 struct Shared {
-  std::atomic<int> ready{0};  // ranks in their loop
+  std::atomic<int> ready{0};     // ranks in their loop
+  std::atomic<int> reported{0};  // ranks whose allreduce failed
   std::atomic<int64_t> signal_ns{0};
   Outcome outcome[kMaxRanks];
 };
@@ -157,6 +158,8 @@ class World {
 // Allreduces of `count` i64 whose values encode the rank and the index,
 // checked exactly, until one fails (recorded in the rank's Outcome) or
 // `for_how_long` passed. `ready` counts this rank in once it has run one.
+// After a failure the rank stays until every survivor's failed (at most
+// 5 s): a survivor that left at once would be reported lost itself.
 void allreduce_until_failure(Communicator& comm, int me, Shared& s, int64_t count,
                              std::chrono::milliseconds for_how_long) {
   const int n = comm.size();
@@ -180,17 +183,16 @@ void allreduce_until_failure(Communicator& comm, int me, Shared& s, int64_t coun
     s.outcome[me].failed_ns.store(monotonic_ns());
     std::snprintf(s.outcome[me].what, sizeof(s.outcome[me].what), "%s", e.what());
   }
+  if (s.outcome[me].failed_ns.load() == 0) return;
+  s.reported.fetch_add(1);
+  const auto until = Clock::now() + 5s;
+  while (s.reported.load() < n - 1 && Clock::now() < until) std::this_thread::sleep_for(1ms);
 }
 
-// Whether `o` reports the loss of `victim`: PeerLost naming it, or a
-// poisoning (this rank's or a peer's notice) whose reason names it lost.
+// Whether `o` reports the loss of `victim`: PeerLost naming it (a survivor
+// that learns of the loss from a peer's notice or abort record too).
 bool names_victim(const Outcome& o, int victim) {
-  if (o.peer.load() >= 0) return o.peer.load() == victim;
-  // The engine's reason ("rank 2 is lost: ...") or the transport's error of a
-  // request ("transport error with rank 2: UCX: rank 2 lost: ...").
-  const std::string rank = "rank " + std::to_string(victim);
-  return std::strstr(o.what, (rank + " is lost").c_str()) != nullptr ||
-         std::strstr(o.what, (rank + " lost").c_str()) != nullptr;
+  return o.peer.load() == victim;
 }
 
 int trials(int fallback) {

@@ -31,8 +31,12 @@
 //     received everything its part of the failed operation needed before the
 //     notice arrived completes it normally (its next call fails);
 //   - a transport error about a peer (a lost connection, a dead process)
-//     fails the operation at once with CommunicationError naming the peer
-//     and poisons the communicator the same way, notices included. Without
+//     fails the operation at once with PeerLost naming the peer and
+//     poisons the communicator the same way, notices included; so does a
+//     heartbeat's verdict (RELAXCC_PEER_TIMEOUT_MS). A communicator poisoned
+//     by a lost peer fails its operations in flight and its later calls with
+//     PeerLost naming that peer (peer()) instead of CommunicatorPoisoned, on
+//     every member: the notices and abort records carry the lost rank. Without
 //     `mpirun --enable-recovery`, Open MPI itself ends the job when a rank
 //     dies (see mpi_communicator.h);
 //   - poison(reason) poisons the communicator on purpose, notices

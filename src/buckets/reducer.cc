@@ -43,6 +43,9 @@ template <typename E>
     throw_labeled(e, label);
   } catch (const CommunicatorPoisoned& e) {
     throw_labeled(e, label);
+  } catch (const PeerLost& e) {
+    if (e.message().find(label) != std::string::npos) throw;
+    throw PeerLost(e.peer(), detail::concat(label, ": ", e.message()), e.file(), e.line());
   } catch (const CommunicationError& e) {
     throw_labeled(e, label);
   } catch (const InvalidArgument& e) {

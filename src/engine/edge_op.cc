@@ -44,6 +44,7 @@ void EdgeOp::reset_edges(const std::string& label) {
   abort_reason_.clear();
   abort_kind_ = AbortKind::error;
   abort_origin_ = -1;
+  abort_lost_ = -1;
 }
 
 FirstContacts first_contacts(int rank, int size) {
@@ -307,7 +308,7 @@ void EdgeOp::on_complete(RequestPoster& t, int64_t s, const Completion& completi
     const std::string what = detail::concat(name(), " #", seq(), ": transport error with rank ",
                                             p.rank, ": ", t.error_string(completion.error));
     fail(t, std::make_exception_ptr(PeerLost(p.rank, what, __FILE__, __LINE__)), what,
-         AbortKind::error);
+         AbortKind::error, p.rank);
     if (kind == kDataRecv || kind == kDrainRecv) ++p.completed_in;
     if (kind == kDataSend || (kind == kHeaderSend && p.inline_out)) ++p.completed_out;
     check_finished(t);
@@ -354,10 +355,17 @@ void EdgeOp::on_complete(RequestPoster& t, int64_t s, const Completion& completi
           detail::concat(name(), " #", seq(), detail::of_label(label_), ": rank ",
                          p.abort_in.origin, " failed: ", p.abort_in.reason);
       // A peer whose communicator was poisoned: its notice poisons this
-      // rank's copy too, so the operation fails as the contract says.
+      // rank's copy too, so the operation fails as the contract says; one
+      // that lost a peer names it.
+      const int lost =
+          p.abort_in.lost >= 0 && p.abort_in.lost < t.size() && p.abort_in.lost != t.rank()
+              ? p.abort_in.lost
+              : -1;
       std::exception_ptr err;
       if (p.abort_in.kind == AbortKind::mismatch)
         err = std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__));
+      else if (lost >= 0)
+        err = std::make_exception_ptr(PeerLost(lost, what, __FILE__, __LINE__));
       else if (p.abort_in.kind == AbortKind::poisoned)
         err = std::make_exception_ptr(CommunicatorPoisoned(what, __FILE__, __LINE__));
       else
@@ -367,7 +375,7 @@ void EdgeOp::on_complete(RequestPoster& t, int64_t s, const Completion& completi
       for (int64_t m = p.limit_in(); m < p.posted_in; ++m)
         t.cancel_receives(*this, slot(kDataRecv, pi, m));
       abort_origin_ = p.abort_in.origin;
-      fail(t, err, p.abort_in.reason, p.abort_in.kind);
+      fail(t, err, p.abort_in.reason, p.abort_in.kind, lost);
       break;
     }
     case kDataSend:
@@ -393,7 +401,7 @@ void EdgeOp::abort(RequestPoster& t, std::exception_ptr error) {
     hard_abort_ = true;
     set_error(error);
     // Tell peers owed data, cancel every receive, finish now.
-    if (!aborted_) fail(t, error, reason, AbortKind::poisoned);
+    if (!aborted_) fail(t, error, reason, AbortKind::poisoned, cause.lost);
     for (int pi = 0; pi < static_cast<int>(peers_.size()); ++pi) {
       for (SlotKind k : {kHeaderRecv, kAbortRecv}) t.cancel_receives(*this, slot(k, pi, 0));
       // Drain receives are matched to messages that exist: they complete.
@@ -408,12 +416,13 @@ void EdgeOp::abort(RequestPoster& t, std::exception_ptr error) {
 }
 
 void EdgeOp::fail(RequestPoster& t, std::exception_ptr error, const std::string& reason,
-                  AbortKind kind) {
+                  AbortKind kind, int lost) {
   set_error(std::move(error));
   if (aborted_) return;
   aborted_ = true;
   abort_reason_ = reason;
   abort_kind_ = kind;
+  abort_lost_ = lost;
   if (abort_origin_ < 0) abort_origin_ = t.rank();
   if (!started_) {
     finished_ = true;
@@ -435,6 +444,7 @@ void EdgeOp::send_abort(RequestPoster& t, int pi) {
   p.abort_sent = true;
   p.abort_out.kind = abort_kind_;
   p.abort_out.origin = abort_origin_;
+  p.abort_out.lost = abort_lost_;
   p.abort_out.sent = p.posted_out;
   p.abort_out.set_reason(abort_reason_);
   t.isend(*this, slot(kAbortSend, pi, 0), &p.abort_out, sizeof(AbortRecord), p.rank,

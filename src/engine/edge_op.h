@@ -201,7 +201,9 @@ class EdgeOp : public Operation {
   void receive_headers(RequestPoster& t);
   // This rank's header on edge `pi`.
   OpHeader edge_header(int pi) const;
-  void fail(RequestPoster& t, std::exception_ptr error, const std::string& reason, AbortKind kind);
+  // `lost`: the lane rank whose loss failed it (-1: none), for the abort records.
+  void fail(RequestPoster& t, std::exception_ptr error, const std::string& reason, AbortKind kind,
+            int lost = -1);
   void send_abort(RequestPoster& t, int pi);
   void post_abort_recv(RequestPoster& t, int pi);
   void send_header(RequestPoster& t, int pi);
@@ -245,6 +247,7 @@ class EdgeOp : public Operation {
   std::string abort_reason_;
   AbortKind abort_kind_ = AbortKind::error;
   int abort_origin_ = -1;
+  int abort_lost_ = -1;
 };
 
 }  // namespace relaxcc::engine

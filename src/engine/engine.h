@@ -182,9 +182,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // when it waits in an operation of the lane, and before it starts its next
   // one otherwise. A member whose part of the failed operation completed
   // before the notice arrived keeps that result; its next call on the lane
-  // throws CommunicatorPoisoned.
+  // throws CommunicatorPoisoned. `lost`: the lane rank whose loss poisoned
+  // it (-1: none); the operations in flight then fail with PeerLost naming
+  // it, on every member (the notice carries it).
   void poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
-              bool notify_peers = true);
+              bool notify_peers = true, int lost = -1);
   // poison() for a wait on `work` that timed out: the poison reason (and so
   // the peers' notice) names the peers the operation still waited for.
   // Returns them ("waiting for: rank 3 (header)"), or the reason the lane
@@ -324,7 +326,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<TimeoutReport> report_timeout(Lane& lane);
   // poison() under mutex_; false when the lane was poisoned already.
   bool poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason,
-                     bool notify_peers);
+                     bool notify_peers, int lost = -1);
   // `notice` came from comm rank `source` of `comms`.
   void on_notice(const EndpointSet& comms, PoisonNotice notice, int source);
   void test_notice_sends();

@@ -111,6 +111,7 @@ class Lane {
   uint64_t next_seq_ = 1;
   uint64_t next_p2p_seq_ = 1;
   std::string poison_reason_;
+  int lost_peer_ = -1;  // the lane rank whose loss poisoned it (-1: none)
   // Written by the token's holder only.
   LaneCounters counters_;
   std::atomic<int64_t> requests_pending_{0};

@@ -40,6 +40,8 @@ AbortCause abort_cause(const std::exception_ptr& error) {
     std::rethrow_exception(error);
   } catch (const CommunicatorPoisoned& e) {
     cause = {AbortKind::poisoned, e.message()};
+  } catch (const PeerLost& e) {
+    cause = {AbortKind::poisoned, e.message(), e.peer()};
   } catch (const Error& e) {
     cause.reason = e.message();
   } catch (const std::exception& e) {

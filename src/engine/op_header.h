@@ -96,11 +96,13 @@ void copy_text(char (&dst)[N], const std::string& text) {
 
 enum class AbortKind : int32_t { error = 0, mismatch = 1, poisoned = 2 };
 
-// Why an operation is being aborted: `poisoned` for CommunicatorPoisoned
-// (abort hard), `error` otherwise; the message goes to the peers.
+// Why an operation is being aborted: `poisoned` for CommunicatorPoisoned and
+// PeerLost (abort hard), `error` otherwise; the message goes to the peers,
+// with the lost lane rank of a PeerLost.
 struct AbortCause {
   AbortKind kind = AbortKind::error;
   std::string reason = "local error";
+  int lost = -1;
 };
 AbortCause abort_cause(const std::exception_ptr& error);
 
@@ -108,8 +110,8 @@ struct AbortRecord {
   uint32_t magic = kHeaderMagic;
   AbortKind kind = AbortKind::error;
   int32_t origin = -1;  // the rank where the failure started
-  int32_t pad = 0;
-  int64_t sent = 0;  // data messages the sender posted to the receiver
+  int32_t lost = -1;    // the lane rank whose loss failed it (-1: none)
+  int64_t sent = 0;     // data messages the sender posted to the receiver
   char reason[232] = {};
 
   void set_reason(const std::string& text) { copy_text(reason, text); }
@@ -126,7 +128,8 @@ struct PoisonNotice {
   uint32_t lane = 0;    // OpHeader::lane of the poisoned lane
   int32_t origin = -1;  // lane rank where the poisoning started
   uint32_t window = 0;  // the lane's tag window between the origin and the receiver
-  char reason[240] = {};
+  int32_t lost = -1;    // the lane rank whose loss poisoned it (-1: none)
+  char reason[236] = {};
 
   void set_reason(const std::string& text) { copy_text(reason, text); }
 };

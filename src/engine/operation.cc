@@ -40,10 +40,21 @@ void Operation::release_seq() {
     ++lane.oldest_in_flight_;
 }
 
+namespace {
+// The error of an operation refused or aborted on a poisoned lane: PeerLost
+// naming `lost` (the lane rank whose loss poisoned it), or
+// CommunicatorPoisoned when there is none (-1).
+std::exception_ptr poisoned_error(int lost, const std::string& what) {
+  if (lost >= 0) return std::make_exception_ptr(PeerLost(lost, what, __FILE__, __LINE__));
+  return std::make_exception_ptr(CommunicatorPoisoned(what, __FILE__, __LINE__));
+}
+}  // namespace
+
 void Engine::take_seq_locked(Lane& lane, Operation& op, Clock::time_point now) {
   if (lane.poisoned())
-    RELAXCC_THROW(CommunicatorPoisoned, op.name(), ": the communicator is poisoned (",
-                  lane.poison_reason_, ") and accepts no more operations");
+    std::rethrow_exception(poisoned_error(
+        lane.lost_peer_, detail::concat(op.name(), ": the communicator is poisoned (",
+                                        lane.poison_reason_, ") and accepts no more operations")));
   RELAXCC_ENFORCE(!stop_, CommunicatorPoisoned, op.name(), ": the communicator is shutting down");
   if (op.collective()) {
     std::lock_guard<std::mutex> seqs(lane.in_flight_mutex_);
@@ -149,13 +160,15 @@ void Engine::record_finished(const Operation& op) {
 bool Engine::fail_if_poisoned(Operation& op) {
   if (!op.lane_->poisoned()) return false;
   std::string reason;
+  int lost = -1;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     reason = op.lane_->poison_reason_;
+    lost = op.lane_->lost_peer_;
   }
-  op.set_error(std::make_exception_ptr(CommunicatorPoisoned(
-      detail::concat(op.name(), " #", op.seq(), ": the communicator is poisoned (", reason, ")"),
-      __FILE__, __LINE__)));
+  op.set_error(poisoned_error(
+      lost,
+      detail::concat(op.name(), " #", op.seq(), ": the communicator is poisoned (", reason, ")")));
   op.work_->complete(op.error());
   return true;
 }
@@ -210,10 +223,14 @@ void Engine::abort_all(const Lane* lane, const std::string& reason) {
   fail_waiting(lane, detail::concat("the communicator is poisoned (", reason, ")"));
   for (const auto& op : active_) {
     if ((op->done() && op->pending_ == 0) || (lane != nullptr && op->lane_.get() != lane)) continue;
-    auto err = std::make_exception_ptr(CommunicatorPoisoned(
-        detail::concat(op->name(), " #", op->seq(), " aborted: the communicator is poisoned (",
-                       reason, ")"),
-        __FILE__, __LINE__));
+    int lost = -1;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lost = op->lane_->lost_peer_;
+    }
+    auto err = poisoned_error(
+        lost, detail::concat(op->name(), " #", op->seq(),
+                             " aborted: the communicator is poisoned (", reason, ")"));
     try {
       op->abort(op->lane_->poster_, err);
     } catch (...) {

@@ -16,19 +16,20 @@
 
 namespace relaxcc::engine {
 
-void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason,
-                    bool notify_peers) {
+void Engine::poison(const std::shared_ptr<Lane>& lane, const std::string& reason, bool notify_peers,
+                    int lost) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!poison_locked(lane, reason, notify_peers)) return;
+    if (!poison_locked(lane, reason, notify_peers, lost)) return;
   }
   doorbell_->notify();
 }
 
 bool Engine::poison_locked(const std::shared_ptr<Lane>& lane, const std::string& reason,
-                           bool notify_peers) {
+                           bool notify_peers, int lost) {
   if (lane->poisoned()) return false;
   lane->poison_reason_ = reason;
+  lane->lost_peer_ = lost;
   lane->notify_peers_ = notify_peers;
   lane->poisoned_.store(true);
   to_poison_.push_back(lane);
@@ -175,7 +176,7 @@ void Engine::on_peer_errors() {
           RELAXCC_LOG(error, "abort of ", op->name(), " #", op->seq(), " failed");
         }
       }
-      poison(lane, reason);
+      poison(lane, reason, true, peer);
     }
   }
 }
@@ -211,8 +212,11 @@ void Engine::on_notice(const EndpointSet& comms, PoisonNotice notice, int source
         hit.push_back(std::move(lane));
     }
   }
-  for (const auto& lane : hit)
-    poison(lane, detail::concat("by rank ", notice.origin, ": ", notice.reason), false);
+  for (const auto& lane : hit) {
+    const bool lost = notice.lost >= 0 && notice.lost < lane->size_ && notice.lost != lane->rank_;
+    poison(lane, detail::concat("by rank ", notice.origin, ": ", notice.reason), false,
+           lost ? notice.lost : -1);
+  }
 }
 
 void Engine::send_notices(const Lane& lane) {
@@ -223,6 +227,7 @@ void Engine::send_notices(const Lane& lane) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     base.set_reason(lane.poison_reason_);
+    base.lost = lane.lost_peer_;
   }
   for (int r = 0; r < lane.size_; ++r) {
     if (r == lane.rank_) continue;

@@ -106,7 +106,8 @@ void Engine::complete_request(const Pending& p, const Completion& completion) {
   if (completion.error != 0 && p.peer >= 0)
     poison(p.op->lane_,
            detail::concat(p.op->name(), " #", p.op->seq(), ": transport error with rank ", p.peer,
-                          ": ", transport_->error_string(completion.error)));
+                          ": ", transport_->error_string(completion.error)),
+           true, p.peer);
 }
 
 }  // namespace relaxcc::engine
