@@ -741,8 +741,12 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   comm->set_node_layout(nodes, one_node ? std::make_shared<SharedMemory>() : nullptr);
   // Only a window sized to the path across nodes needs the round trip.
   const Tunables& t = options.tunables;
-  if (!one_node && t.pipeline_depth == 0 && t.link_mbit > 0)
+  if (!one_node && t.pipeline_depth == 0 && t.link_mbit > 0) {
     comm->set_round_trip_ns(comm->measure_round_trip(options.timeout, options.creator));
+    RELAXCC_LOG(info, options.creator, ": rank ", rank, ": agreed round trip ",
+                static_cast<double>(comm->stats().round_trip_ns) * 1e-6, " ms; ring window ",
+                comm->stats().pipeline_depth, " segments");
+  }
   return comm;
 }
 
