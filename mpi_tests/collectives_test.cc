@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <regex>
@@ -18,6 +19,7 @@
 #include "relaxcc/collectives/shares.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/mpi_communicator.h"
+#include "src/collectives/ring_schedule.h"
 #include "test_util.h"
 
 namespace relaxcc {
@@ -614,6 +616,86 @@ TEST(Alltoall, BlocksAcrossNodesGoInParts) {
   comm->allreduce(b.view(), ExecContext::host(), ring)->wait();
   for (int64_t i = 0; i < b.numel; ++i)
     ASSERT_EQ(b.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, n)) << i;
+}
+
+// The in-flight window sized to a path: the bandwidth-delay product in
+// segments, rounded up, within [min_depth, max(min_depth, max_bytes / segment)].
+TEST(Window, FromRateAndRoundTrip) {
+  constexpr int64_t kSeg = 128 * 1024, kMost = int64_t{64} << 20;
+  // 1 Gbit/s over 100 ms: 12.5 MB, 95.4 segments.
+  EXPECT_EQ(path_window(1e9, 0.1, kSeg, 4, kMost), 96);
+  // Exactly 8 segments per round trip.
+  EXPECT_EQ(path_window(8.0 * 8 * kSeg, 1.0, kSeg, 4, kMost), 8);
+  // 10 Gbit/s over 100 us: one segment; the floor.
+  EXPECT_EQ(path_window(1e10, 1e-4, kSeg, 4, kMost), 4);
+  // 10 Gbit/s over 100 ms wants 954 segments; 64 MiB holds 512.
+  EXPECT_EQ(path_window(1e10, 0.1, kSeg, 4, kMost), 512);
+  EXPECT_EQ(path_window(std::numeric_limits<double>::infinity(), 0.1, kSeg, 4, kMost), 512);
+  // A bound below the floor keeps the floor.
+  EXPECT_EQ(path_window(1e10, 0.1, kSeg, 4, kSeg), 4);
+  // Nothing measured.
+  EXPECT_EQ(path_window(1e9, 0.0, kSeg, 4, kMost), 4);
+  EXPECT_EQ(path_window(0.0, 0.1, kSeg, 4, kMost), 4);
+  EXPECT_EQ(path_window(1e9, std::numeric_limits<double>::quiet_NaN(), kSeg, 4, kMost), 4);
+}
+
+// Across nodes (each rank its own node here) the window is sized to the
+// round trip measured at creation: at a rate this high it reaches the
+// RELAXCC_WINDOW_BYTES bound, 256 segments of 1 KB, so every segment of a
+// step is in flight at once. The ring collectives and the broadcast chain
+// stay exact; a group keeps its parent's figures; an explicit
+// RELAXCC_PIPELINE_DEPTH wins.
+TEST(Window, SizedToThePathAndExact) {
+  if (test::world_size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  Tunables t = Tunables::from_env();
+  t.ranks_per_node = 1;
+  t.net_segment_bytes = 1024;
+  t.pipeline_depth = 0;
+  t.link_mbit = int64_t{1} << 40;
+  t.window_bytes = 256 * 1024;
+  auto comm = test::create_communicator(t);
+  const int n = comm->size(), r = comm->rank();
+  const CommStats stats = comm->stats();
+  EXPECT_GT(stats.round_trip_ns, 0);
+  EXPECT_EQ(stats.pipeline_depth, 256);
+  std::vector<int> everyone(n);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  auto group = comm->group(everyone, {.key = 3});
+  EXPECT_EQ(group->stats().round_trip_ns, stats.round_trip_ns);
+  EXPECT_EQ(group->stats().pipeline_depth, 256);
+  // The small count's chunks have fewer segments than the window (the last
+  // reduce-scatter step takes one slot per segment), the large one's more
+  // (391 to 782 segments of 1 KB: its slots are recycled).
+  for (int64_t count : {int64_t{1001} * n, int64_t{100003} * n}) {
+    Buffer b(DType::i32, count);
+    test::fill(b, r);
+    AllreduceOptions ring;
+    ring.algo = AllreduceAlgo::ring;
+    comm->allreduce(b.view(), ExecContext::host(), ring)->wait();
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(b.as<int32_t>()[i], test::expected_reduction<int32_t>(i, ReduceOp::sum, n))
+          << "element " << i << " of " << count;
+    Buffer all(DType::i64, count), mine(DType::i64, count / n);
+    for (int64_t i = 0; i < count; ++i) all.as<int64_t>()[i] = int64_t{r} * 1000000000 + i;
+    comm->reduce_scatter(all.view(), mine.view(), ExecContext::host())->wait();
+    for (int64_t i = 0; i < count / n; ++i) {
+      const int64_t k = r * (count / n) + i;
+      ASSERT_EQ(mine.as<int64_t>()[i], int64_t{n} * (n - 1) / 2 * 1000000000 + n * k) << k;
+    }
+    for (int root = 0; root < n; ++root) {
+      Buffer c(DType::i64, count);
+      for (int64_t i = 0; i < count; ++i) c.as<int64_t>()[i] = int64_t{r} * 1000000000 + i;
+      BroadcastOptions o;
+      o.root = root;
+      group->broadcast(c.view(), ExecContext::host(), o)->wait();
+      for (int64_t i = 0; i < count; ++i)
+        ASSERT_EQ(c.as<int64_t>()[i], int64_t{root} * 1000000000 + i) << "root " << root;
+    }
+  }
+  t.pipeline_depth = 7;
+  auto fixed = test::create_communicator(t);
+  EXPECT_EQ(fixed->stats().round_trip_ns, 0);
+  EXPECT_EQ(fixed->stats().pipeline_depth, 7);
 }
 
 TEST(PointToPoint, RingExchangeInOneBatch) {

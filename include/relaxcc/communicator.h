@@ -112,6 +112,14 @@ struct CommStats {
   int64_t engine_lanes = 0;
   int64_t engine_operations = 0;
   int64_t group_windows = 0;
+  // The round trip to the ring neighbours that creation measured and every
+  // rank agreed (the largest rank's; 0: not measured: one node, or
+  // RELAXCC_PIPELINE_DEPTH or RELAXCC_LINK_MBIT 0), in nanoseconds; groups
+  // keep their parent's. pipeline_depth: the segments this communicator's
+  // ring collectives and broadcasts keep in flight per step and peer
+  // (RELAXCC_PIPELINE_DEPTH). Both 0 on communicators without such rings.
+  int64_t round_trip_ns = 0;
+  int64_t pipeline_depth = 0;
 };
 
 class Communicator {

@@ -1,6 +1,8 @@
 #include "src/collectives/ring_schedule.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 
 namespace relaxcc {
 
@@ -8,6 +10,19 @@ std::vector<int64_t> balanced_chunks(int64_t numel, int size) {
   std::vector<int64_t> counts(static_cast<size_t>(size), numel / size);
   for (int c = 0; c < numel % size; ++c) ++counts[c];
   return counts;
+}
+
+int path_window(double bits_per_s, double round_trip_s, int64_t segment_bytes, int min_depth,
+                int64_t max_bytes) {
+  const int64_t segment = std::max<int64_t>(segment_bytes, 1);
+  const int64_t most = std::max<int64_t>(min_depth, std::max<int64_t>(max_bytes, 0) / segment);
+  const double bdp_segments = bits_per_s / 8 * round_trip_s / static_cast<double>(segment);
+  // Also false for NaN.
+  if (!(bdp_segments > 0)) return min_depth;
+  const double wanted = std::ceil(std::min(bdp_segments, static_cast<double>(INT32_MAX)));
+  return static_cast<int>(
+      std::min<int64_t>({std::max<int64_t>(min_depth, static_cast<int64_t>(wanted)), most,
+                         static_cast<int64_t>(INT32_MAX)}));
 }
 
 RingSchedule::RingSchedule(int rank, int size, const std::vector<int64_t>& chunk_counts,

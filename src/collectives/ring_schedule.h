@@ -29,6 +29,18 @@ namespace relaxcc {
 // first numel % size chunks hold one element more.
 std::vector<int64_t> balanced_chunks(int64_t numel, int size);
 
+// The in-flight window of a pipelined ring or chain when it is not set
+// (RELAXCC_PIPELINE_DEPTH 0), and the least one sized to a path.
+constexpr int kMinPipelineDepth = 4;
+
+// The in-flight window, in segments of `segment_bytes`, that keeps a link of
+// `bits_per_s` busy over a round trip of `round_trip_s`: the bandwidth-delay
+// product in segments, rounded up, at least `min_depth`, and at most
+// max(min_depth, max_bytes / segment_bytes) (and INT32_MAX). A rate or round
+// trip that is not positive (or not finite) gives `min_depth`.
+int path_window(double bits_per_s, double round_trip_s, int64_t segment_bytes, int min_depth,
+                int64_t max_bytes);
+
 struct RingSegment {
   bool reduce = false;  // reduce-scatter phase (else allgather)
   int step = 0;

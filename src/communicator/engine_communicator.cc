@@ -1,6 +1,7 @@
 #include "src/communicator/engine_communicator.h"
 
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "relaxcc/logging.h"
 #include "relaxcc/topology.h"
 #include "src/collectives/argument_checks.h"
+#include "src/collectives/ring_schedule.h"
 #include "src/collectives/shared_memory.h"
 #include "src/engine/compute_op.h"
 #include "src/engine/engine.h"
@@ -163,7 +165,12 @@ class EngineCommunicator final : public Communicator {
   int size() const override { return lane_->size(); }
   bool poisoned() const override { return lane_->poisoned(); }
   void poison(const std::string& reason) override { engine_->poison(lane_, reason, true); }
-  CommStats stats() const override { return engine_->stats(*lane_); }
+  CommStats stats() const override {
+    CommStats s = engine_->stats(*lane_);
+    s.round_trip_ns = round_trip_ns_;
+    s.pipeline_depth = pipeline_depth();
+    return s;
+  }
   // Three transport tags per user tag (P2PChannel).
   int max_p2p_tag() const override { return (lane_->comms()->max_tag - 2) / 3; }
 
@@ -204,6 +211,44 @@ class EngineCommunicator final : public Communicator {
     }
     return out;
   }
+
+  // The round trip to this rank's ring neighbours, agreed: the largest of
+  // every rank's, in nanoseconds. Each of kRoundTripProbes rounds sends a
+  // token to the right neighbour and waits for the one from the left, then
+  // answers to the left and waits for the right's answer; a rank's figure is
+  // its fastest round (later rounds start in step, so the first's skew
+  // drops out). Collective; Timeout when a rank does not take part.
+  int64_t measure_round_trip(std::chrono::milliseconds timeout, const std::string& creator) {
+    const int n = size(), r = rank(), right = (r + 1) % n, left = (r - 1 + n) % n;
+    auto tokens = std::make_shared<std::array<uint8_t, 4>>();
+    auto token = [&tokens](size_t i) {
+      return TensorView::host(tokens->data() + i, 1, std::shared_ptr<const void>(tokens));
+    };
+    P2POptions o;
+    o.label = creator + " round-trip probe";
+    int64_t fastest = INT64_MAX;
+    for (int k = 0; k < kRoundTripProbes; ++k) {
+      const auto start = std::chrono::steady_clock::now();
+      point_to_point({P2POp::send(right, token(0), 0), P2POp::recv(left, token(1), 0)},
+                     ExecContext::host(), o)
+          ->wait(timeout);
+      point_to_point({P2POp::send(left, token(2), 1), P2POp::recv(right, token(3), 1)},
+                     ExecContext::host(), o)
+          ->wait(timeout);
+      fastest = std::min<int64_t>(fastest, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               std::chrono::steady_clock::now() - start)
+                                               .count());
+    }
+    auto agreed = std::make_shared<int64_t>(fastest);
+    AllreduceOptions a;
+    a.op = ReduceOp::max;
+    a.label = creator + " round-trip probe: the largest";
+    allreduce(TensorView::host(agreed.get(), 1, agreed), ExecContext::host(), a)->wait(timeout);
+    return *agreed;
+  }
+
+  // Known after the creation's probe (groups: their parent's).
+  void set_round_trip_ns(int64_t ns) { round_trip_ns_ = ns; }
 
   // Known after the handshake, before the communicator is handed out.
   void set_node_layout(std::shared_ptr<const NodeLayoutMap> nodes,
@@ -254,11 +299,13 @@ class EngineCommunicator final : public Communicator {
     std::shared_ptr<SharedMemory> shm =
         one_node ? (shared_memory_ ? shared_memory_ : std::make_shared<SharedMemory>()) : nullptr;
     // The lane gives its windows back (Lane::retire_windows).
-    return std::make_shared<EngineCommunicator>(
+    auto made = std::make_shared<EngineCommunicator>(
         engine_,
         engine_->add_lane(lane_->comms(), std::move(comm_members), my_rank, lane_id,
                           std::move(windows), lane_->tunables()),
         nodes_, std::move(shm), host_scratch_);
+    made->set_round_trip_ns(round_trip_ns_);
+    return made;
   }
 
   CommunicatorPtr split(int color, int key, const SplitOptions& options) override {
@@ -603,9 +650,19 @@ class EngineCommunicator final : public Communicator {
     const Tunables& t = lane_->tunables();
     return std::max<int64_t>(shared_memory_ ? t.segment_bytes : t.net_segment_bytes, 1);
   }
+  // RELAXCC_PIPELINE_DEPTH when set; else, across nodes, the window that
+  // keeps a link of RELAXCC_LINK_MBIT busy over the measured round trip.
   int pipeline_depth() const {
-    return static_cast<int>(std::max<int64_t>(lane_->tunables().pipeline_depth, 1));
+    const Tunables& t = lane_->tunables();
+    if (t.pipeline_depth > 0)
+      return static_cast<int>(std::min<int64_t>(t.pipeline_depth, INT32_MAX));
+    if (shared_memory_) return kMinPipelineDepth;
+    return path_window(static_cast<double>(t.link_mbit) * 1e6,
+                       static_cast<double>(round_trip_ns_) * 1e-9, segment_bytes(),
+                       kMinPipelineDepth, t.window_bytes);
   }
+
+  static constexpr int kRoundTripProbes = 3;
 
   AllreduceSelection selection_;
   std::shared_ptr<Engine> engine_;
@@ -620,6 +677,9 @@ class EngineCommunicator final : public Communicator {
   // Splits so far (every rank splits in the same order): the key of the next
   // split's group.
   uint64_t splits_ = 0;
+  // The agreed round trip to the ring neighbours (measure_round_trip); 0:
+  // not measured.
+  int64_t round_trip_ns_ = 0;
   std::mutex small_op_mutex_;
   std::shared_ptr<RecursiveDoublingOp> small_op_;
   // What Engine::run_now returns for a call that completed within it: one
@@ -679,6 +739,14 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   }
   const bool one_node = nodes->one_node(everyone);
   comm->set_node_layout(nodes, one_node ? std::make_shared<SharedMemory>() : nullptr);
+  // Only a window sized to the path across nodes needs the round trip.
+  const Tunables& t = options.tunables;
+  if (!one_node && t.pipeline_depth == 0 && t.link_mbit > 0) {
+    comm->set_round_trip_ns(comm->measure_round_trip(options.timeout, options.creator));
+    RELAXCC_LOG(info, options.creator, ": rank ", rank, ": agreed round trip ",
+                static_cast<double>(comm->stats().round_trip_ns) * 1e-6, " ms; ring window ",
+                comm->stats().pipeline_depth, " segments");
+  }
   return comm;
 }
 

@@ -23,8 +23,13 @@ void check_tunables(const Tunables& t) {
                   ": expected a positive size");
   RELAXCC_ENFORCE(t.net_segment_bytes > 0, InvalidArgument,
                   "RELAXCC_NET_SEGMENT_BYTES=", t.net_segment_bytes, ": expected a positive size");
-  RELAXCC_ENFORCE(t.pipeline_depth > 0, InvalidArgument,
-                  "RELAXCC_PIPELINE_DEPTH=", t.pipeline_depth, ": expected a positive number");
+  RELAXCC_ENFORCE(t.pipeline_depth >= 0, InvalidArgument,
+                  "RELAXCC_PIPELINE_DEPTH=", t.pipeline_depth,
+                  ": expected 0 (sized to the path) or a positive number");
+  RELAXCC_ENFORCE(t.link_mbit >= 0, InvalidArgument, "RELAXCC_LINK_MBIT=", t.link_mbit,
+                  ": expected 0 (no probe) or a positive rate in Mbit/s");
+  RELAXCC_ENFORCE(t.window_bytes > 0, InvalidArgument, "RELAXCC_WINDOW_BYTES=", t.window_bytes,
+                  ": expected a positive size");
   RELAXCC_ENFORCE(t.round_part_bytes >= 1024, InvalidArgument,
                   "RELAXCC_ROUND_PART_BYTES=", t.round_part_bytes, ": expected at least 1024");
 }

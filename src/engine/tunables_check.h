@@ -13,7 +13,8 @@ namespace relaxcc::engine {
 // RELAXCC_ALLREDUCE_ALGO (a selection table, AllreduceSelection::parse),
 // RELAXCC_ENGINE_POLL (auto, sleep, yield), RELAXCC_PEER_TIMEOUT_MS (0 or
 // 200..600000), RELAXCC_TIMEOUT_MS (positive), RELAXCC_RANKS_PER_NODE (not
-// negative), the segment sizes and RELAXCC_PIPELINE_DEPTH (positive) and
+// negative), the segment sizes and RELAXCC_WINDOW_BYTES (positive),
+// RELAXCC_PIPELINE_DEPTH and RELAXCC_LINK_MBIT (not negative) and
 // RELAXCC_ROUND_PART_BYTES (at least 1024).
 void check_tunables(const Tunables& t);
 

@@ -59,6 +59,7 @@ struct RingSpec {
   // The full chunk layout that allgather fills (gather_phase).
   TensorView gathered;
   int64_t segment_bytes = 1 << 20;
+  // Receives (and broadcast sends) in flight: the communicator's window.
   int pipeline_depth = 4;
   // Segments of at least this many bytes are combined on the engine's
   // compute thread (RequestPoster::compute); 0: all on the engine thread.
