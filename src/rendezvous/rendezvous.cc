@@ -321,14 +321,52 @@ RendezvousOptions RendezvousOptions::from_env() {
     o.host = addr;
     o.port = static_cast<uint16_t>(parse_int(port, 1, 65535, "MASTER_PORT"));
   }
-  if (const auto [name, value] =
-          first_set({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"});
-      name != nullptr)
-    o.rank = static_cast<int>(parse_int(value, 0, INT32_MAX - 1, name));
-  if (const auto [name, value] = first_set({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"});
-      name != nullptr)
-    o.size = static_cast<int>(parse_int(value, 1, INT32_MAX, name));
+  const LaunchEnvironment launch = LaunchEnvironment::from_env();
+  if (launch.rank >= 0) o.rank = launch.rank;
+  if (launch.size >= 1) o.size = launch.size;
   return o;
+}
+
+const char* launcher_name(Launcher l) noexcept {
+  switch (l) {
+    case Launcher::mpi:
+      return "mpi";
+    case Launcher::torchrun:
+      return "torchrun";
+    case Launcher::srun:
+      return "srun";
+    case Launcher::none:
+      break;
+  }
+  return "none";
+}
+
+LaunchEnvironment LaunchEnvironment::from_env() {
+  LaunchEnvironment l;
+  if (env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") ||
+      env("PMI_RANK"))
+    l.launcher = Launcher::mpi;
+  else if (env("RANK") || env("WORLD_SIZE"))
+    l.launcher = Launcher::torchrun;
+  else if (env("SLURM_PROCID"))
+    l.launcher = Launcher::srun;
+  if (const auto [name, value] =
+          first_set({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"});
+      name != nullptr) {
+    l.rank = static_cast<int>(parse_int(value, 0, INT32_MAX - 1, name));
+    l.rank_variable = name;
+  }
+  if (const auto [name, value] =
+          first_set({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
+      name != nullptr) {
+    l.size = static_cast<int>(parse_int(value, 1, INT32_MAX, name));
+    l.size_variable = name;
+  }
+  if (const auto [name, value] =
+          first_set({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"});
+      name != nullptr)
+    l.local_rank = static_cast<int>(parse_int(value, 0, INT32_MAX - 1, name));
+  return l;
 }
 
 std::string RendezvousOptions::address() const {
@@ -341,7 +379,7 @@ void RendezvousOptions::validate() const {
                   "MASTER_ADDR and MASTER_PORT");
   RELAXCC_ENFORCE(size >= 1, InvalidArgument, "rendezvous at ", address(),
                   ": no size: set WORLD_SIZE (or the launcher's "
-                  "OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)");
+                  "OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)");
   RELAXCC_ENFORCE(rank >= -1 && rank < size, InvalidArgument, "rendezvous at ", address(),
                   ": rank ", rank, " is out of range for size ", size);
   RELAXCC_ENFORCE(timeout.count() > 0, InvalidArgument, "rendezvous at ", address(),
