@@ -15,7 +15,7 @@
 #include "relaxcc/element_cast.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
-#include "relaxcc/rendezvous.h"
+#include "relaxcc/launch.h"
 #include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc::bench {

@@ -26,10 +26,10 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/error_feedback.h"
+#include "relaxcc/launch.h"
 #include "relaxcc/relaxed/auto_codec.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
-#include "relaxcc/rendezvous.h"
 #include "relaxcc/state_dict.h"
 
 namespace py = pybind11;
@@ -435,7 +435,7 @@ PYBIND11_MODULE(_C, m) {
         d["size_variable"] = l.size_variable;
         return d;
       },
-      "how this process was started (LaunchEnvironment::from_env, relaxcc/rendezvous.h): "
+      "how this process was started (LaunchEnvironment::from_env, relaxcc/launch.h): "
       "launcher ('none', 'mpi', 'torchrun' or 'srun'), rank, size and local_rank (-1: not "
       "given) and the variables rank and size came from");
   m.def(

@@ -40,13 +40,6 @@ int64_t parse_int(std::string_view s, int64_t lo, int64_t hi, const std::string&
   return v;
 }
 
-// The first variable of `names` that is set: its name and value.
-std::pair<const char*, const char*> first_set(std::initializer_list<const char*> names) {
-  for (const char* n : names)
-    if (const char* v = env(n)) return {n, v};
-  return {nullptr, nullptr};
-}
-
 // One process's identity: its host, pid and a random nonce (pids repeat
 // across hosts and containers).
 struct Identity {
@@ -325,48 +318,6 @@ RendezvousOptions RendezvousOptions::from_env() {
   if (launch.rank >= 0) o.rank = launch.rank;
   if (launch.size >= 1) o.size = launch.size;
   return o;
-}
-
-const char* launcher_name(Launcher l) noexcept {
-  switch (l) {
-    case Launcher::mpi:
-      return "mpi";
-    case Launcher::torchrun:
-      return "torchrun";
-    case Launcher::srun:
-      return "srun";
-    case Launcher::none:
-      break;
-  }
-  return "none";
-}
-
-LaunchEnvironment LaunchEnvironment::from_env() {
-  LaunchEnvironment l;
-  if (env("OMPI_COMM_WORLD_RANK") || env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") ||
-      env("PMI_RANK"))
-    l.launcher = Launcher::mpi;
-  else if (env("RANK") || env("WORLD_SIZE"))
-    l.launcher = Launcher::torchrun;
-  else if (env("SLURM_PROCID"))
-    l.launcher = Launcher::srun;
-  if (const auto [name, value] =
-          first_set({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"});
-      name != nullptr) {
-    l.rank = static_cast<int>(parse_int(value, 0, INT32_MAX - 1, name));
-    l.rank_variable = name;
-  }
-  if (const auto [name, value] =
-          first_set({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
-      name != nullptr) {
-    l.size = static_cast<int>(parse_int(value, 1, INT32_MAX, name));
-    l.size_variable = name;
-  }
-  if (const auto [name, value] =
-          first_set({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"});
-      name != nullptr)
-    l.local_rank = static_cast<int>(parse_int(value, 0, INT32_MAX - 1, name));
-  return l;
 }
 
 std::string RendezvousOptions::address() const {
