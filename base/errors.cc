@@ -1,22 +1,6 @@
 #include "relaxcc/errors.h"
 
-#include <cstdlib>
-
 namespace relaxcc {
-
-int process_rank() noexcept {
-  static const int rank = [] {
-    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK"}) {
-      if (const char* v = std::getenv(name); v != nullptr && *v != '\0') {
-        char* end = nullptr;
-        const long r = std::strtol(v, &end, 10);
-        if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
-      }
-    }
-    return -1;
-  }();
-  return rank;
-}
 
 namespace {
 std::string format(std::string_view kind, const std::string& message, const char* file, int line,

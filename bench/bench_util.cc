@@ -15,20 +15,12 @@
 #include "relaxcc/element_cast.h"
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/reduce.h"
+#include "relaxcc/launch.h"
 #include "relaxcc/ucx_communicator.h"
 
 namespace relaxcc::bench {
 
 namespace {
-
-bool is_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0';
-}
-
-bool launched_by_mpirun() {
-  return is_set("OMPI_COMM_WORLD_SIZE") || is_set("PMIX_RANK") || is_set("PMI_RANK");
-}
 
 // The UCX communicator of the next generation on world's store.
 CommunicatorPtr create_on_store(BenchWorld& world, const Tunables& tunables, int rank, int size) {
@@ -46,7 +38,7 @@ CommunicatorPtr create_on_store(BenchWorld& world, const Tunables& tunables, int
 }  // namespace
 
 BenchWorld::BenchWorld(bool without_mpirun) : tunables(Tunables::from_env()) {
-  if (!launched_by_mpirun()) {
+  if (LaunchEnvironment::from_env().launcher != Launcher::mpi) {
     const RendezvousOptions r = RendezvousOptions::from_env();
     if (!r.host.empty()) {
       RELAXCC_ENFORCE(without_mpirun, InvalidArgument, "started without mpirun (rendezvous at ",

@@ -21,7 +21,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 args=(allreduce -b 8 -e 1M -f 32 -n 20 -w 2 --impl relaxcc --transport ucx)
 export RELAXCC_RENDEZVOUS=127.0.0.1:$port WORLD_SIZE=2 RELAXCC_TIMEOUT_MS=20000
-unset OMPI_COMM_WORLD_SIZE PMIX_RANK PMI_RANK
+unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE PMIX_RANK PMI_RANK
 RANK=1 timeout 60 "$bench" "${args[@]}" >"$out/1" 2>&1 &
 one=$!
 RANK=0 timeout 60 "$bench" "${args[@]}" >"$out/0" 2>&1

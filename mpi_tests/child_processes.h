@@ -4,6 +4,7 @@
 // address blobs through files, and their collection with timeouts.
 #pragma once
 
+#include <errno.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -98,29 +100,57 @@ inline ChildRun fork_child(const std::function<std::string()>& body) {
 }
 
 // Reads each child's output until it closes and reaps the child, all within
-// `timeout`: a child still running then is killed, and is a test failure.
+// `timeout`: a child still running then (its output open, or closed but the
+// child not exited) is killed, reaped, and is a test failure. A signal that
+// interrupts a wait (EINTR) is no timeout: the wait resumes.
 inline void collect_children(const std::vector<ChildRun*>& runs,
                              std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto left_ms = [&] {
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now())
+                                    .count());
+  };
   for (ChildRun* c : runs) {
+    bool running = true;  // not known to have exited
     for (;;) {
       pollfd p{c->out, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            deadline - std::chrono::steady_clock::now())
-                            .count();
-      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) {
+      const int64_t left = left_ms();
+      const int ready = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) {
         ::kill(c->pid, SIGKILL);
-        ADD_FAILURE() << "child " << c->pid << " still running after " << timeout.count() << " ms";
+        ADD_FAILURE() << "child " << c->pid << " still running after " << timeout.count() << " ms"
+                      << (ready < 0 ? std::string(" (poll: ") + std::strerror(errno) + ")" : "");
+        running = false;  // killed: reaped below
         break;
       }
       char buf[4096];
       const ssize_t n = ::read(c->out, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       c->text.append(buf, static_cast<size_t>(n));
     }
     ::close(c->out);
     c->out = -1;
-    ::waitpid(c->pid, &c->status, 0);
+    // Its output closed: it should exit at once; killed if not by the deadline.
+    while (running) {
+      const pid_t got = ::waitpid(c->pid, &c->status, WNOHANG);
+      if (got < 0 && errno == EINTR) continue;
+      if (got != 0) break;  // reaped (or not ours: nothing to wait for)
+      if (left_ms() == 0) {
+        ::kill(c->pid, SIGKILL);
+        ADD_FAILURE() << "child " << c->pid << " closed its output but was still running after "
+                      << timeout.count() << " ms";
+        running = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    // Killed: SIGKILL ends it, so this wait is short.
+    if (!running)
+      while (::waitpid(c->pid, &c->status, 0) < 0 && errno == EINTR) {
+      }
   }
 }
 
@@ -141,9 +171,12 @@ inline void join_children(std::vector<pid_t>& pids, std::chrono::milliseconds ti
     if (std::find(exempt.begin(), exempt.end(), static_cast<int>(r)) != exempt.end()) continue;
     int status = 0;
     pid_t got = 0;
-    while ((got = waitpid(pids[r], &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() < deadline)
+    for (;;) {
+      got = waitpid(pids[r], &status, WNOHANG);
+      if (got < 0 && errno == EINTR) continue;
+      if (got != 0 || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     if (got == 0) {
       ADD_FAILURE() << "rank " << r << " did not finish in time";
       continue;
@@ -159,7 +192,9 @@ inline void kill_children(std::vector<pid_t>& pids) {
   for (pid_t pid : pids)
     if (pid > 0) ::kill(pid, SIGKILL);
   for (pid_t& pid : pids)
-    if (pid > 0) waitpid(pid, nullptr, 0);
+    if (pid > 0)
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
 }
 
 // The forked ranks' address blobs, exchanged through files of a temporary

@@ -632,5 +632,55 @@ TEST(CompressedAllreduce, SharesThatDifferFailEveryRank) {
   EXPECT_EQ(x, before);  // x is written only once every payload decoded
 }
 
+// Shard counts one element apart on the last rank (shard 0 one more, shard 1
+// one less): every rank fails with PeerMismatch naming the shard counts, x
+// untouched, with an 8-bit codec (whose payload sizes differ too) and with
+// the sign codec, whose payloads keep their sizes (8 elements a byte), so
+// only the split in the headers tells the ranks apart.
+TEST(CompressedAllreduce, SharesOneElementApartFailEveryRankWithPeerMismatch) {
+  const int n = test::world_size();
+  if (n < 3) GTEST_SKIP() << "needs 3 ranks or more";
+  constexpr int64_t kShard = 1004;
+  const int64_t count = kShard * n;
+  for (const CompressorConfig& codec : {minmax(8), kind(CompressorKind::sign)}) {
+    const std::string name = codec.kind == CompressorKind::sign ? "sign" : "minmax8";
+    auto comm = world();
+    const int me = comm->rank();
+    CompressedAllreduceOptions o;
+    o.codec = codec;
+    o.shares.assign(static_cast<size_t>(n), static_cast<double>(kShard));
+    const bool odd = me == n - 1;
+    if (odd) {
+      o.shares[0] += 1;
+      o.shares[1] -= 1;
+    }
+    std::vector<int64_t> want(static_cast<size_t>(n), kShard);
+    if (odd) {
+      ++want[0];
+      --want[1];
+    }
+    ASSERT_EQ(shard_counts(count, n, o.shares), want);
+    if (codec.kind == CompressorKind::sign) {
+      ASSERT_EQ(kernels::encoded_size(kShard + 1, codec), kernels::encoded_size(kShard, codec));
+      ASSERT_EQ(kernels::encoded_size(kShard - 1, codec), kernels::encoded_size(kShard, codec));
+    }
+    std::vector<float> x(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>(test::encode(me, i));
+    const std::vector<float> before = x;
+    WorkPtr w =
+        compressed_allreduce(*comm, TensorView::host(x.data(), count), ExecContext::host(), o);
+    try {
+      w->wait(std::chrono::milliseconds(20000));
+      ADD_FAILURE() << name << ": rank " << me << " completed";
+    } catch (const PeerMismatch& e) {
+      EXPECT_NE(std::string(e.what()).find("shard counts"), std::string::npos)
+          << name << ": " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << name << ": rank " << me << " failed without PeerMismatch: " << e.what();
+    }
+    EXPECT_EQ(x, before) << name;
+  }
+}
+
 }  // namespace
 }  // namespace relaxcc

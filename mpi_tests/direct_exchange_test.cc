@@ -19,6 +19,7 @@
 
 #include "relaxcc/collectives/allreduce.h"
 #include "relaxcc/errors.h"
+#include "src/communicator/engine_communicator.h"
 #include "src/engine/engine.h"
 #include "src/engine/op_header.h"
 #include "src/mpi/mpi_transport.h"
@@ -175,6 +176,41 @@ TEST_F(DirectExchangeTest, HandedOverThenAnAbortRecordFailsTheCall) {
         << e.message();
   }
   EXPECT_EQ(engine_->stats(*lane_).requests_pending, 0);
+}
+
+// Tunables that reach the engine without a wing's factory are checked all
+// the same, by the one check (check_tunables): the Engine constructor and
+// create_engine_communicator throw InvalidArgument naming the variable
+// before they start or connect anything (every rank of the world, alone).
+TEST(TunablesChecked, ByTheEngineAndByCreateEngineCommunicator) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Tunables bad = Tunables::from_env();
+    const char* name = variant == 0 ? "RELAXCC_PEER_TIMEOUT_MS=50" : "RELAXCC_ENGINE_POLL='spin'";
+    if (variant == 0)
+      bad.peer_timeout_ms = 50;
+    else
+      bad.engine_poll = "spin";
+    auto transport = std::make_shared<mpi::MpiTransport>();
+    try {
+      Engine engine(bad, Engine::Polling{}, transport);
+      ADD_FAILURE() << "Engine accepted " << name;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(e.message().find(name), std::string::npos) << e.message();
+    }
+    MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_SELF, &coll);
+    MPI_Comm_dup(MPI_COMM_SELF, &p2p);
+    auto endpoints = std::make_shared<mpi::MpiEndpoints>(transport, coll, p2p);
+    EngineCommunicatorOptions o;
+    o.tunables = bad;
+    o.timeout = 1s;
+    try {
+      create_engine_communicator(transport, endpoints, o);
+      ADD_FAILURE() << "create_engine_communicator accepted " << name;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(e.message().find(name), std::string::npos) << e.message();
+    }
+  }
 }
 
 }  // namespace

@@ -21,8 +21,9 @@
 
 namespace relaxcc {
 
-// The process rank of this job as its launcher reports it (Open MPI, PMIx,
-// PMI, torchrun), or -1. Used to prefix errors and log lines.
+// The process rank of this job as its launcher reports it
+// (LaunchEnvironment::from_env, relaxcc/launch.h: torchrun, Open MPI, PMIx,
+// PMI, Slurm), or -1. Used to prefix errors and log lines.
 int process_rank() noexcept;
 
 class Error : public std::runtime_error {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "relaxcc/launch.h"
 #include "relaxcc/store.h"
 
 namespace relaxcc {
@@ -52,9 +53,8 @@ struct RendezvousOptions {
   // The options the environment gives:
   // - host and port: RELAXCC_RENDEZVOUS=host:port ([v6addr]:port for IPv6),
   //   else torchrun's MASTER_ADDR and MASTER_PORT;
-  // - rank: the first set of RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK,
-  //   SLURM_PROCID (none: -1, by arrival);
-  // - size: the first set of WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS;
+  // - rank and size: LaunchEnvironment::from_env()'s (no rank: -1, by
+  //   arrival);
   // - timeout: RELAXCC_TIMEOUT_MS.
   // Throws InvalidArgument naming the variable whose value does not parse.
   // Fields the environment does not give keep their defaults.

@@ -9,14 +9,15 @@ Processes are started by torchrun (or any launcher that gives torch's
 rendezvous a store: ``env://``, ``tcp://``, ``file://``) or by mpirun. The
 world communicator runs on one of relaxcc's two transports ("wings"):
 
-- under mpirun (OMPI_COMM_WORLD_SIZE or PMIX_RANK set): the MPI wing, over
+- under an MPI launcher (mpirun; Open MPI's, PMIx's or PMI's variables set,
+  as relaxcc's LaunchEnvironment reads them): the MPI wing, over
   MPI_COMM_WORLD;
 - otherwise: the UCX wing, which exchanges its worker addresses through the
   c10d store that torch hands the backend, with torch's rank and world size.
 
 ``RELAXCC_PYTHON_WING=mpi`` or ``ucx`` overrides the choice (``ucx`` under
-mpirun works too). Under mpirun with ``env://``, RANK and WORLD_SIZE default
-to Open MPI's OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE; MASTER_ADDR and
+mpirun works too). Under mpirun with ``env://``, RANK, WORLD_SIZE and
+LOCAL_RANK default to the launcher's rank, size and local rank; MASTER_ADDR and
 MASTER_PORT are torch's, as always. ``tcp://`` and ``file://`` need
 ``rank`` and ``world_size`` (torch's rendezvous reads them from the
 arguments): under mpirun, ``relaxcc.mpi_rank()`` and
@@ -53,19 +54,22 @@ __all__ = ["BACKEND", "Error", "InvalidArgument", "Unsupported", "CorruptPayload
            "launched_by_mpirun", "wing"]
 
 
+def _mpi_launch(what):
+    launch = _C.launch_environment()
+    if launch["launcher"] != "mpi" or launch[what] < 0:
+        raise RuntimeError(f"relaxcc: not started by mpirun (no {what} from an MPI launcher; "
+                           f"launcher: {launch['launcher']})")
+    return launch[what]
+
+
 def mpi_rank():
-    """This process's rank in mpirun's job (OMPI_COMM_WORLD_RANK, or PMIX_RANK)."""
-    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if key in os.environ:
-            return int(os.environ[key])
-    raise RuntimeError("relaxcc: not started by mpirun (no OMPI_COMM_WORLD_RANK)")
+    """This process's rank in mpirun's job (relaxcc's LaunchEnvironment)."""
+    return _mpi_launch("rank")
 
 
 def mpi_world_size():
-    """The number of processes mpirun started (OMPI_COMM_WORLD_SIZE)."""
-    if "OMPI_COMM_WORLD_SIZE" in os.environ:
-        return int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    raise RuntimeError("relaxcc: not started by mpirun (no OMPI_COMM_WORLD_SIZE)")
+    """The number of processes mpirun started (relaxcc's LaunchEnvironment)."""
+    return _mpi_launch("size")
 
 
 def is_relaxcc_group(group=None):
@@ -95,19 +99,15 @@ def _create_process_group(store, rank, world_size, timeout):
 
 
 def launched_by_mpirun():
-    """Whether mpirun started this process (Open MPI's or PMIx's variables)."""
-    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMIX_RANK" in os.environ
+    """Whether an MPI launcher started this process (Open MPI's, PMIx's or
+    PMI's variables; relaxcc's LaunchEnvironment, as relaxcc-bench asks)."""
+    return _C.launch_environment()["launcher"] == "mpi"
 
 
 def wing():
     """The transport the next world communicator uses: "mpi" or "ucx"
     (RELAXCC_PYTHON_WING, else "mpi" under mpirun and "ucx" otherwise)."""
-    chosen = os.environ.get("RELAXCC_PYTHON_WING", "")
-    if chosen == "":
-        return "mpi" if launched_by_mpirun() else "ucx"
-    if chosen not in ("mpi", "ucx"):
-        raise InvalidArgument(f"relaxcc: RELAXCC_PYTHON_WING={chosen!r}: expected 'mpi' or 'ucx'")
-    return chosen
+    return _C.wing()
 
 
 def _store_address(store):
@@ -120,12 +120,13 @@ def _store_address(store):
 
 
 def _default_env_from_mpirun():
-    # env:// reads RANK and WORLD_SIZE; under mpirun, Open MPI's say the same.
-    if "OMPI_COMM_WORLD_RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" in os.environ:
-        os.environ.setdefault("RANK", os.environ["OMPI_COMM_WORLD_RANK"])
-        os.environ.setdefault("WORLD_SIZE", os.environ["OMPI_COMM_WORLD_SIZE"])
-        if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:
-            os.environ.setdefault("LOCAL_RANK", os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+    # env:// reads RANK and WORLD_SIZE; under mpirun, the launcher's say the same.
+    launch = _C.launch_environment()
+    if launch["launcher"] == "mpi" and launch["rank"] >= 0 and launch["size"] >= 1:
+        os.environ.setdefault("RANK", str(launch["rank"]))
+        os.environ.setdefault("WORLD_SIZE", str(launch["size"]))
+        if launch["local_rank"] >= 0:
+            os.environ.setdefault("LOCAL_RANK", str(launch["local_rank"]))
 
 
 _default_env_from_mpirun()

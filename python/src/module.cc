@@ -26,6 +26,7 @@
 #include "relaxcc/errors.h"
 #include "relaxcc/kernels/compressor.h"
 #include "relaxcc/kernels/error_feedback.h"
+#include "relaxcc/launch.h"
 #include "relaxcc/relaxed/auto_codec.h"
 #include "relaxcc/relaxed/compressed_allreduce.h"
 #include "relaxcc/relaxed/sparse_allreduce.h"
@@ -421,6 +422,35 @@ PYBIND11_MODULE(_C, m) {
                              "the world ranks of the members, in group rank order")
       .def_property_readonly("timeout", &ProcessGroupRelaxcc::timeout);
 
+  m.def(
+      "launch_environment",
+      [] {
+        const LaunchEnvironment l = LaunchEnvironment::from_env();
+        py::dict d;
+        d["launcher"] = launcher_name(l.launcher);
+        d["rank"] = l.rank;
+        d["size"] = l.size;
+        d["local_rank"] = l.local_rank;
+        d["rank_variable"] = l.rank_variable;
+        d["size_variable"] = l.size_variable;
+        return d;
+      },
+      "how this process was started (LaunchEnvironment::from_env, relaxcc/launch.h): "
+      "launcher ('none', 'mpi', 'torchrun' or 'srun'), rank, size and local_rank (-1: not "
+      "given) and the variables rank and size came from");
+  m.def(
+      "wing",
+      [] {
+        const std::string chosen = Tunables::from_env().python_wing;
+        if (chosen.empty())
+          return std::string(LaunchEnvironment::from_env().launcher == Launcher::mpi ? "mpi"
+                                                                                     : "ucx");
+        RELAXCC_ENFORCE(chosen == "mpi" || chosen == "ucx", InvalidArgument,
+                        "RELAXCC_PYTHON_WING='", chosen, "': expected 'mpi' or 'ucx'");
+        return chosen;
+      },
+      "the wing of the next world communicator: RELAXCC_PYTHON_WING, else 'mpi' when an MPI "
+      "launcher started the process and 'ucx' otherwise");
   m.def(
       "allreduce_seconds",
       [](const py::object& pg, int64_t numel, int iterations) {

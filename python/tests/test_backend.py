@@ -10,6 +10,7 @@ pytest: /usr/bin/python3 python/tests/test_backend.py [init_method].
 """
 import os
 import re
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -277,6 +278,76 @@ def test_missing_rank_at_creation():
     dist.barrier()
 
 
+LAUNCH_CHECKS = r"""
+import os
+import relaxcc
+
+VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK",
+        "PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID",
+        "SLURM_NTASKS", "SLURM_LOCALID", "RELAXCC_PYTHON_WING")
+
+
+def given(**env):
+    for k in VARS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    return relaxcc._C.launch_environment()
+
+
+def expect_error(exc, text, fn):
+    try:
+        fn()
+    except exc as e:
+        assert text in str(e), str(e)
+        return
+    raise AssertionError(f"no {exc.__name__} ({text})")
+
+
+l = given()
+assert (l["launcher"], l["rank"], l["size"]) == ("none", -1, -1), l
+assert not relaxcc.launched_by_mpirun() and relaxcc.wing() == "ucx"
+l = given(PMI_RANK="3", PMI_SIZE="4")
+assert (l["launcher"], l["rank"], l["size"], l["rank_variable"]) == ("mpi", 3, 4, "PMI_RANK"), l
+assert relaxcc.launched_by_mpirun() and relaxcc.wing() == "mpi"
+assert (relaxcc.mpi_rank(), relaxcc.mpi_world_size()) == (3, 4)
+l = given(OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK="1")
+assert (l["launcher"], l["rank"], l["size"], l["local_rank"]) == ("mpi", 1, 2, 1), l
+l = given(PMIX_RANK="2")
+assert (l["launcher"], l["rank"], l["size"]) == ("mpi", 2, -1), l
+expect_error(RuntimeError, "not started by mpirun", relaxcc.mpi_world_size)
+l = given(RANK="2", WORLD_SIZE="5", LOCAL_RANK="0", SLURM_PROCID="0", SLURM_NTASKS="1")
+assert (l["launcher"], l["rank"], l["size"], l["local_rank"]) == ("torchrun", 2, 5, 0), l
+assert relaxcc.wing() == "ucx"
+expect_error(RuntimeError, "not started by mpirun", relaxcc.mpi_rank)
+l = given(SLURM_PROCID="1", SLURM_NTASKS="3", SLURM_LOCALID="1")
+assert (l["launcher"], l["rank"], l["size"], l["local_rank"]) == ("srun", 1, 3, 1), l
+given(PMI_RANK="0", PMI_SIZE="1", RELAXCC_PYTHON_WING="ucx")
+assert relaxcc.wing() == "ucx"
+given(RELAXCC_PYTHON_WING="mpi")
+assert relaxcc.wing() == "mpi"
+given(RELAXCC_PYTHON_WING="tcp")
+expect_error(relaxcc.InvalidArgument, "RELAXCC_PYTHON_WING='tcp'", relaxcc.wing)
+given()
+os.environ["PMIX_RANK"] = "x"
+expect_error(relaxcc.InvalidArgument, "PMIX_RANK='x'", relaxcc.launched_by_mpirun)
+print("launch checks ok")
+"""
+
+
+def test_launch_environment():
+    # The launchers' variables as the library reads them (LaunchEnvironment,
+    # the one reader, also relaxcc-bench's), and RELAXCC_PYTHON_WING (a
+    # tunable): in a child interpreter, whose environment the checks change
+    # (this one's threads may read theirs). Rank 0 only.
+    if RANK != 0:
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX", "PMI_"))}
+    run = subprocess.run([sys.executable, "-c", LAUNCH_CHECKS], env=env, capture_output=True,
+                         text=True, timeout=120)
+    check(run.returncode == 0 and "launch checks ok" in run.stdout,
+          f"launch checks: {run.stdout}{run.stderr}")
+
+
 def main():
     if len(sys.argv) > 1:
         init = sys.argv[1]
@@ -289,7 +360,7 @@ def main():
     tests = [test_allreduce, test_unsupported, test_allreduce_coalesced, test_broadcast_reduce,
              test_allgather_gather_scatter, test_reduce_scatter, test_alltoall, test_send_recv,
              test_work_and_future, test_groups, test_mismatch, test_timeout,
-             test_missing_rank_at_creation]
+             test_missing_rank_at_creation, test_launch_environment]
     for test in tests:
         test()
         if RANK == 0:

@@ -22,11 +22,14 @@ void check_rates(const std::vector<double>& rates, const char* what) {
 }
 
 // The smallest t in [lo, hi] with feasible(t), by bisection (feasible is
-// monotone and holds at hi).
+// monotone, holds at hi and not at lo), to the last bit: it stops once no
+// double lies strictly between lo and hi (further steps could not move hi),
+// after about 60 steps for the ranges here, and after 200 at most.
 template <typename F>
 double bisect(double lo, double hi, F feasible) {
   for (int i = 0; i < 200; ++i) {
     const double mid = 0.5 * (lo + hi);
+    if (mid <= lo || mid >= hi) break;
     (feasible(mid) ? hi : lo) = mid;
   }
   return hi;

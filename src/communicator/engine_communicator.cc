@@ -29,6 +29,7 @@
 #include "src/engine/point_to_point.h"
 #include "src/engine/polling.h"
 #include "src/engine/transport.h"
+#include "src/engine/tunables_check.h"
 #include "src/protocols/alltoall_pairwise.h"
 #include "src/protocols/broadcast_chain.h"
 #include "src/protocols/recursive_doubling.h"
@@ -699,6 +700,9 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   RELAXCC_ENFORCE(
       transport != nullptr && endpoints != nullptr && &endpoints->transport() == transport.get(),
       InvalidArgument, options.creator, ": the endpoints are not the transport's");
+  // The wing's factory checked them before it connected; checked here too
+  // for any other caller.
+  check_tunables(options.tunables);
   auto comms = std::make_shared<EndpointSet>(std::move(endpoints));
   const int rank = comms->endpoints->rank();
   std::vector<int> everyone(static_cast<size_t>(comms->size));

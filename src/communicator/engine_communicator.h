@@ -31,9 +31,10 @@ struct EngineCommunicatorOptions {
 // does not arrive within options.timeout, PeerMismatch when ranks differ) and
 // sets the polling and the node layout from it. Groups and splits of it use
 // the same endpoint set (tag windows keep them apart); nothing else of the
-// wing is called but `transport` and `endpoints`. options.tunables must have
-// passed check_tunables (src/engine/tunables_check.h): the wing's factory
-// checks them before it connects.
+// wing is called but `transport` and `endpoints`. Throws InvalidArgument for
+// options.tunables that check_tunables (src/engine/tunables_check.h)
+// refuses, before the handshake (the wing's factory checks them before it
+// connects, so a wing's ranks fail at once).
 CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
                                            std::shared_ptr<Endpoints> endpoints,
                                            const EngineCommunicatorOptions& options);

@@ -22,6 +22,7 @@ std::shared_ptr<Work> Engine::run_now(const std::shared_ptr<Lane>& lane,
                                       const OpOptions& options, const WorkPtr& done) {
   // A completion callback must not block (nor take a token it may hold).
   if (options.after || Engine::drives_progress_here()) return nullptr;
+  op->set_agreement(options.agree, options.agree_what);
   TokenHold hold(token_, token_holder_);
   if (!hold || !active_.empty() || !waiting_.empty() || !spawned_.empty()) return nullptr;
   // Poison notices as iterate() picks them up before it starts an operation.

@@ -27,6 +27,11 @@ int EdgeOp::add_peer(int rank, int64_t msgs_from, int64_t msgs_to, int64_t elems
   return static_cast<int>(peers_.size()) - 1;
 }
 
+void EdgeOp::set_agreement(uint64_t value, const std::string& what) {
+  header_.agree = value;
+  if (value != 0 || !agree_what_.empty()) agree_what_ = value != 0 ? what : std::string();
+}
+
 void EdgeOp::reset_edges(const std::string& label) {
   label_ = label;
   for (Peer& p : peers_) {
@@ -338,9 +343,9 @@ void EdgeOp::on_complete(RequestPoster& t, int64_t s, const Completion& completi
         p.mismatch = true;
         if (p.inline_in) p.posted_in = p.completed_in = 1;
         post_abort_recv(t, pi);
-        const std::string what =
-            detail::concat(name(), detail::of_label(label_), ": ranks disagree: ",
-                           describe_mismatch(t.rank(), edge_header(pi), p.rank, p.header_in));
+        const std::string what = detail::concat(
+            name(), detail::of_label(label_), ": ranks disagree: ",
+            describe_mismatch(t.rank(), edge_header(pi), p.rank, p.header_in, agree_what_));
         fail(t, std::make_exception_ptr(PeerMismatch(what, __FILE__, __LINE__)), what,
              AbortKind::mismatch);
         send_abort(t, pi);

@@ -79,6 +79,7 @@ class EdgeOp : public Operation {
   void on_complete(RequestPoster& t, int64_t slot, const Completion& completion) final;
   void abort(RequestPoster& t, std::exception_ptr error) final;
   bool done() const final { return finished_; }
+  void set_agreement(uint64_t value, const std::string& what) final;
   std::string waiting_for() const override;
 
  protected:
@@ -224,6 +225,7 @@ class EdgeOp : public Operation {
 
   std::string label_;
   OpHeader header_;
+  std::string agree_what_;          // names header_.agree's arguments in mismatch messages
   bool collecting_inline_ = false;  // start(): the first run() may fill header messages
   struct Deferred {                 // start(): data sends held back until the headers are out
     int pi;

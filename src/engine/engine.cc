@@ -16,13 +16,25 @@
 #include "relaxcc/logging.h"
 #include "src/engine/engine_detail.h"
 #include "src/engine/engine_work.h"
+#include "src/engine/tunables_check.h"
 
 namespace relaxcc::engine {
 
 // ---- Engine ----------------------------------------------------------------
 
+namespace {
+
+// `t`, once check_tunables passed: an engine starts nothing on values it
+// would not accept.
+Tunables checked(Tunables t) {
+  check_tunables(t);
+  return t;
+}
+
+}  // namespace
+
 Engine::Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> transport)
-    : tunables_(std::move(tunables)),
+    : tunables_(checked(std::move(tunables))),
       peer_timeout_(tunables_.peer_timeout_ms),
       backoff_(polling.backoff),
       transport_(std::move(transport)),

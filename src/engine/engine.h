@@ -120,7 +120,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
   // `tunables`: the engine's own (spin, sleep, stall warnings, trace); each
   // lane has its own for its operations. Every lane's endpoints are
-  // `transport`'s.
+  // `transport`'s. Throws InvalidArgument, starting nothing, for tunables
+  // that check_tunables (src/engine/tunables_check.h) refuses.
   Engine(Tunables tunables, Polling polling, std::shared_ptr<Transport> transport);
   // Changes the polling (creation learns the node's layout after the engine
   // started).

@@ -29,7 +29,7 @@ const char* op_type_name(OpType t) noexcept {
 bool same_call(const OpHeader& a, const OpHeader& b) noexcept {
   return a.magic == b.magic && a.version == b.version && a.type == b.type && a.dtype == b.dtype &&
          a.op == b.op && a.algo == b.algo && a.root == b.root && a.seq == b.seq &&
-         a.lane == b.lane && a.count == b.count && a.layout == b.layout &&
+         a.lane == b.lane && a.count == b.count && a.layout == b.layout && a.agree == b.agree &&
          a.to_peer == b.from_peer && a.from_peer == b.to_peer &&
          (a.shm_pid != 0) == (b.shm_pid != 0);
 }
@@ -110,9 +110,16 @@ std::string describe(const OpHeader& h, int peer) {
   return what;
 }
 
-std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHeader& theirs) {
+std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHeader& theirs,
+                              const std::string& agree_what) {
   std::string text = detail::concat("rank ", me, " calls ", describe(mine, peer), ", rank ", peer,
                                     " calls ", describe(theirs, me));
+  if (readable(mine) && readable(theirs) && mine.agree != theirs.agree) {
+    text = detail::concat(agree_what.empty()
+                              ? "the arguments of the calls built on it (OpOptions::agree)"
+                              : agree_what,
+                          " differ: ", text);
+  }
   std::vector<std::string> diffs;
   if (!readable(mine) || !readable(theirs)) {
     diffs.emplace_back("different relaxcc versions, or a corrupt message");
@@ -144,9 +151,9 @@ std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHe
     }
     if (mine.lane != theirs.lane)
       diffs.emplace_back("operations of different communicators or groups whose messages met");
-    // Per-edge counts follow from the count too (except alltoallv's): they
-    // are news only when nothing else differs.
-    const bool edges_news = diffs.empty();
+    // Per-edge counts follow from the count and the agreed arguments too
+    // (except alltoallv's): they are news only when nothing else differs.
+    const bool edges_news = diffs.empty() && mine.agree == theirs.agree;
     if (edges_news && mine.to_peer != theirs.from_peer)
       diffs.push_back(detail::concat("rank ", me, " sends ", mine.to_peer, " elements to rank ",
                                      peer, ", which expects ", theirs.from_peer));

@@ -3,6 +3,7 @@
 //
 //   OpHeader     what a rank is calling: op type, dtype, reduce op, algorithm,
 //                sequence number, element count and a hash of the layout;
+//                a hash of the caller's further arguments (OpOptions::agree);
 //                per edge, what it sends to and expects from that peer;
 //                where its buffer lies when it is in node-shared memory.
 //   AbortRecord  "I stopped this operation": the origin rank, the reason, and
@@ -36,7 +37,7 @@ enum class OpType : uint8_t {
 const char* op_type_name(OpType t) noexcept;
 
 inline constexpr uint32_t kHeaderMagic = 0x43435852;  // "RXCC"
-inline constexpr uint8_t kHeaderVersion = 3;
+inline constexpr uint8_t kHeaderVersion = 4;
 // The header message carries the sender's first data message to this peer
 // right after the header (see EdgeOp).
 inline constexpr uint8_t kHeaderInlineData = 1;
@@ -67,8 +68,11 @@ struct OpHeader {
   // The lane (RequestPoster::lane_id): a hash of a group's identity (op_header.h's
   // tag windows keep groups apart; this catches what would not).
   uint32_t lane = 0;
+  // The caller's OpOptions::agree: arguments of a composite call that this
+  // operation does not see (0: none).
+  uint64_t agree = 0;
 };
-static_assert(sizeof(OpHeader) == 80);
+static_assert(sizeof(OpHeader) == 88);
 
 // Whether `mine` and `theirs` (received from the peer) describe the same call.
 // Symmetric: both ends of an edge reach the same verdict.
@@ -83,8 +87,12 @@ std::string describe(const OpHeader& h, int peer = -1);
 // The whole disagreement between rank `me`, which sent `mine` to `peer`, and
 // `peer`, which sent `theirs`: "rank 0 calls allgather #2 of 12 x f32, rank
 // 1 calls allgather #2 of 12 x f32: different per-rank counts". Names every
-// field that differs, in terms of the public API.
-std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHeader& theirs);
+// field that differs, in terms of the public API. A difference in `agree`
+// comes first, named by `agree_what` (OpOptions::agree_what of this rank's
+// call): "CompressedAllreduceOptions::shares differ: rank 0 calls ...", so
+// that it survives the cut to an AbortRecord's reason.
+std::string describe_mismatch(int me, const OpHeader& mine, int peer, const OpHeader& theirs,
+                              const std::string& agree_what = {});
 
 // Copies `text` into `dst`, cut to fit, always NUL-terminated.
 template <size_t N>

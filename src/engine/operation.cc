@@ -92,6 +92,7 @@ std::shared_ptr<Work> Engine::submit(const std::shared_ptr<Lane>& lane,
                                      std::shared_ptr<Operation> op, Details details,
                                      const OpOptions& options) {
   const WorkPtr& after = options.after;
+  op->set_agreement(options.agree, options.agree_what);
   std::shared_ptr<EngineWork> work;
   std::weak_ptr<Operation> waiting = op;
   bool ring = false;

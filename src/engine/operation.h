@@ -65,6 +65,11 @@ class Operation {
   // Before the Work completes: records what the Work reports beyond success
   // (Work::set_contributions).
   virtual void report(Work&) const {}
+  // The call's OpOptions::agree and agree_what, set at every submission
+  // (Engine::submit, run_now) before the operation starts: an operation that
+  // exchanges headers (EdgeOp) carries the value in them and fails with
+  // PeerMismatch naming `what` when a peer's differs; others ignore it.
+  virtual void set_agreement(uint64_t /*value*/, const std::string& /*what*/) {}
   // The direct path of Engine::run_now, for an operation that exchanges a
   // few messages with one peer. begin_direct() does what start() would, but
   // posts with RequestPoster::post_isend/post_irecv into `x`; it returns false,

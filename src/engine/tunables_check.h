@@ -1,8 +1,10 @@
-// The check of every tunable the engine and its communicators use, made once,
-// where tunables enter them: at the start of each wing's factory
-// (create_mpi_communicator, create_ucx_communicator), before any connection,
-// so a bad value fails its rank at once. Past it, the engine takes the values
-// as given.
+// The one check of every tunable the engine and its communicators use. Each
+// wing's factory (create_mpi_communicator, create_ucx_communicator) calls it
+// first, before any connection, so a bad value fails its rank at once;
+// create_engine_communicator and the Engine constructor call it again for
+// callers that reach them otherwise (a few string compares and the parse of
+// the allreduce table, once per communicator). Past them, the engine takes
+// the values as given.
 #pragma once
 
 #include "relaxcc/tunables.h"

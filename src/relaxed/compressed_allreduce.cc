@@ -7,6 +7,7 @@
 #include <span>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "src/relaxed/compressed_shards.h"
 #include "src/relaxed/tensor_backend.h"
 
@@ -519,7 +520,9 @@ WorkPtr submit_stages(Communicator& comm, const std::shared_ptr<Call>& c,
       OpOptions spread_options = options;
       spread_options.after = reduced;
       WorkPtr spread = submit(spread_segment(comm, *c, s, spread_options));
-      stages.insert(stages.end(), {encoded, reduced, spread});
+      // The exchange too: a mismatch it finds is the call's error, not the
+      // reduction's "a stage it runs after failed".
+      stages.insert(stages.end(), {encoded, exchanged, reduced, spread});
     }
     // 5. Every rank decodes the same bytes into x, once every segment
     // arrived (x is left as it was when any stage failed).
@@ -741,7 +744,18 @@ WorkPtr compressed_allreduce(Communicator& comm, const TensorView& x, const Exec
   if (c->state)
     relaxed::StateAccess::allocate(*c->state, *c->backend, ctx, c->worker_host, c->server_host,
                                    c->worker, c->server);
-  return c->backend->stepped() ? step_stages(comm, c, options) : submit_stages(comm, c, options);
+  // Every collective of the call carries the split in its header: ranks
+  // whose shard counts differ fail with PeerMismatch naming them, even where
+  // the payloads' sizes happen to match (a codec that rounds sizes up).
+  CompressedAllreduceOptions agreed = options;
+  Fnv1a split;
+  split.u64(options.agree).byte(c->direct ? 1 : 0);
+  for (const int64_t k : c->shards.count) split.u64(static_cast<uint64_t>(k));
+  agreed.agree = split.value();
+  agreed.agree_what = detail::concat(
+      "the shard counts (CompressedAllreduceOptions::shares, or the tensor's size)",
+      options.agree != 0 ? " or " : "", options.agree != 0 ? options.agree_what : "");
+  return c->backend->stepped() ? step_stages(comm, c, agreed) : submit_stages(comm, c, agreed);
 }
 
 WorkPtr hierarchical_compressed_allreduce(Communicator& comm, const HierarchicalComms& comms,

@@ -40,13 +40,6 @@ int64_t parse_int(std::string_view s, int64_t lo, int64_t hi, const std::string&
   return v;
 }
 
-// The first variable of `names` that is set: its name and value.
-std::pair<const char*, const char*> first_set(std::initializer_list<const char*> names) {
-  for (const char* n : names)
-    if (const char* v = env(n)) return {n, v};
-  return {nullptr, nullptr};
-}
-
 // One process's identity: its host, pid and a random nonce (pids repeat
 // across hosts and containers).
 struct Identity {
@@ -321,13 +314,9 @@ RendezvousOptions RendezvousOptions::from_env() {
     o.host = addr;
     o.port = static_cast<uint16_t>(parse_int(port, 1, 65535, "MASTER_PORT"));
   }
-  if (const auto [name, value] =
-          first_set({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"});
-      name != nullptr)
-    o.rank = static_cast<int>(parse_int(value, 0, INT32_MAX - 1, name));
-  if (const auto [name, value] = first_set({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"});
-      name != nullptr)
-    o.size = static_cast<int>(parse_int(value, 1, INT32_MAX, name));
+  const LaunchEnvironment launch = LaunchEnvironment::from_env();
+  if (launch.rank >= 0) o.rank = launch.rank;
+  if (launch.size >= 1) o.size = launch.size;
   return o;
 }
 
@@ -341,7 +330,7 @@ void RendezvousOptions::validate() const {
                   "MASTER_ADDR and MASTER_PORT");
   RELAXCC_ENFORCE(size >= 1, InvalidArgument, "rendezvous at ", address(),
                   ": no size: set WORLD_SIZE (or the launcher's "
-                  "OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)");
+                  "OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)");
   RELAXCC_ENFORCE(rank >= -1 && rank < size, InvalidArgument, "rendezvous at ", address(),
                   ": rank ", rank, " is out of range for size ", size);
   RELAXCC_ENFORCE(timeout.count() > 0, InvalidArgument, "rendezvous at ", address(),

@@ -1,6 +1,7 @@
 // OpOptions: what the options of every communicator operation share.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "relaxcc/work.h"
@@ -32,6 +33,16 @@ struct OpOptions {
   // complete); a point-to-point batch just fails locally, so its peers see
   // their own timeout.
   WorkPtr after;
+  // Arguments of a call built on this operation that the operation itself
+  // does not see (a composite collective's split of the tensor, say), as a
+  // hash (0: none), and what they are, for the error ("CompressedAllreduce
+  // Options::shares"). Every rank must pass the same value: on a
+  // communicator that exchanges operation headers (MpiCommunicator,
+  // UcxCommunicator) a collective whose ranks pass different values fails
+  // with PeerMismatch on every rank, naming `agree_what`, before any data
+  // lands in a buffer. Other communicators do not check it.
+  uint64_t agree = 0;
+  std::string agree_what;
 };
 
 }  // namespace relaxcc

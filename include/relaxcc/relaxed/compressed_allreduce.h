@@ -197,8 +197,11 @@ struct CompressedAllreduceOptions : OpOptions {
   // owner_shares gives them from link rates); empty: equal shards. Not
   // empty: step 4 sends each owner's payload straight to every rank (an
   // alltoallv) instead of around the ring, so that a rank that owns little
-  // also forwards little. Every rank passes the same shares: a rank whose
-  // split differs fails the alltoallv with PeerMismatch on every rank.
+  // also forwards little. Every rank passes the same shares: the shard
+  // counts travel in the header of every collective of the call
+  // (OpOptions::agree), so ranks whose counts differ, by one element even
+  // where the payloads' sizes match, fail with PeerMismatch on every rank,
+  // naming the shard counts, before anything is decoded.
   std::vector<double> shares;
 };
 
