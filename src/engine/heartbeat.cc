@@ -35,7 +35,7 @@ Heartbeat::Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::millisec
 
 void Heartbeat::post_receive(size_t r) {
   try {
-    receives_[r] = endpoints_->irecv(Space::collective, peers_[r].received.get(), sizeof(uint64_t),
+    receives_[r] = endpoints_->irecv(Space::collective, peers_[r].beat.get(), sizeof(uint64_t),
                                      static_cast<int>(r), tag_);
   } catch (const Error& e) {
     RELAXCC_LOG(debug, "cannot listen for rank ", r, "'s heartbeats: ", e.message());
@@ -65,6 +65,7 @@ void Heartbeat::poll(Clock::time_point now) {
   take_heartbeats(now);
   if (now < next_step_) return;
   next_step_ = now + kHeartbeatStep;
+  take_evidence(now);
   post_receives();
   test_sends();
   if (now >= next_send_) {
@@ -80,8 +81,8 @@ void Heartbeat::poll(Clock::time_point now) {
         std::chrono::duration_cast<std::chrono::milliseconds>(now - (heard ? p.heard : started_));
     endpoints_->fail_peer(
         static_cast<int>(r),
-        detail::concat(heard ? "no heartbeat for " : "no heartbeat at all in ", silent.count(),
-                       " ms (RELAXCC_PEER_TIMEOUT_MS=", timeout_.count(), ")"));
+        detail::concat(heard ? "no heartbeat nor message for " : "no heartbeat at all in ",
+                       silent.count(), " ms (RELAXCC_PEER_TIMEOUT_MS=", timeout_.count(), ")"));
   }
 }
 
@@ -107,7 +108,7 @@ void Heartbeat::take_heartbeats(Clock::time_point now) {
         continue;
       }
       p.heard = now;
-      const uint64_t payload = *p.received;
+      const uint64_t payload = *p.beat;
       if (payload == kLeavingPayload || payload == kAckPayload) p.done = true;
       if (payload == kLeavingPayload && !leaving_ && !p.lost) {
         // No more heartbeats to it after this answer, nor a verdict on it.
@@ -118,6 +119,16 @@ void Heartbeat::take_heartbeats(Clock::time_point now) {
       // stays unreceived); nothing follows its leaving or its answer.
       if (!p.done) post_receive(r);
     }
+  }
+}
+
+void Heartbeat::take_evidence(Clock::time_point now) {
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    Peer& p = peers_[r];
+    const uint64_t received = endpoints_->heard_count(static_cast<int>(r));
+    if (received == p.received) continue;
+    p.received = received;
+    p.heard = std::max(p.heard, now);
   }
 }
 

@@ -6,7 +6,10 @@
 // own receive, not the others'). A peer silent for RELAXCC_PEER_TIMEOUT_MS is declared
 // lost: Endpoints::fail_peer, which reports it as a PeerError (the engine
 // then fails and poisons the lanes with that peer and sends their poison
-// notices). Silence counts from its latest heartbeat, or, for a peer never
+// notices). Word from a peer is its heartbeat or any receive of the engine's
+// from it that completed (Endpoints::heard_count, looked at every step): a
+// peer whose heartbeats queue behind its bulk data on a slow link is alive
+// as long as that data arrives. Silence counts from its latest word, or, for a peer never
 // heard from, from this set's first poll (a set starts with its
 // communicator's creation handshake, once every rank published its address:
 // its peers start theirs at about the same time). Only watched silence
@@ -67,17 +70,21 @@ class Heartbeat {
 
  private:
   struct Peer {
-    Clock::time_point heard{};  // the latest heartbeat (epoch: none yet)
+    Clock::time_point heard{};  // the latest word from it (epoch: none yet)
+    uint64_t received = 0;      // Endpoints::heard_count when last looked at
     Request send;               // the heartbeat in flight to it (null: none)
     bool lost = false;          // no heartbeats to it, no verdict on it
     bool done = false;          // it left, or answered this rank's leaving
     // Its receive's buffer (receives_[r]).
-    std::unique_ptr<uint64_t> received = std::make_unique<uint64_t>(0);
+    std::unique_ptr<uint64_t> beat = std::make_unique<uint64_t>(0);
   };
   void post_receive(size_t r);
   // For every peer not lost, not done and without one.
   void post_receives();
   void take_heartbeats(Clock::time_point now);
+  // The engine's receives that completed since the last step: word from
+  // their senders too.
+  void take_evidence(Clock::time_point now);
   void test_sends();
   // To every peer not lost and without one in flight.
   void send_heartbeats(const uint64_t* payload);

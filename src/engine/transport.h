@@ -86,7 +86,11 @@ struct PeerError {
 class Endpoints {
  public:
   Endpoints(std::shared_ptr<Transport> transport, int rank, int size, int max_tag)
-      : transport_(std::move(transport)), rank_(rank), size_(size), max_tag_(max_tag) {}
+      : transport_(std::move(transport)),
+        rank_(rank),
+        size_(size),
+        max_tag_(max_tag),
+        heard_(std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(size))) {}
   virtual ~Endpoints() = default;
   Endpoints(const Endpoints&) = delete;
   Endpoints& operator=(const Endpoints&) = delete;
@@ -122,11 +126,24 @@ class Endpoints {
   // thread.
   virtual void fail_peer(int rank, const std::string& reason);
 
+  // Evidence of life for the engine's heartbeats (heartbeat.h): the engine
+  // counts every receive from `rank` that completed with its data
+  // (heard_from, token holder: one relaxed load and store), and the
+  // heartbeat takes a change of the count (heard_count) as word from it.
+  void heard_from(int rank) {
+    std::atomic<uint64_t>& n = heard_[static_cast<size_t>(rank)];
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  uint64_t heard_count(int rank) const {
+    return heard_[static_cast<size_t>(rank)].load(std::memory_order_relaxed);
+  }
+
  private:
   const std::shared_ptr<Transport> transport_;
   const int rank_;
   const int size_;
   const int max_tag_;
+  const std::unique_ptr<std::atomic<uint64_t>[]> heard_;  // per rank: receives completed
 };
 
 // What the engine calls for requests of any of a wing's endpoint sets: one
