@@ -72,10 +72,16 @@ void Heartbeat::poll(Clock::time_point now) {
     next_send_ = now + period_;
     send_heartbeats(&kHeartbeatPayload);
   }
+  if (!created_ && endpoints_->is_created()) {
+    // Peers never heard from are timed from the end of the creation.
+    created_ = true;
+    started_ = now;
+  }
+  const Clock::time_point never_heard_deadline = this->never_heard_deadline();
   for (size_t r = 0; r < peers_.size(); ++r) {
     Peer& p = peers_[r];
     const bool heard = p.heard != Clock::time_point{};
-    if (p.lost || now - (heard ? p.heard : started_) < timeout_) continue;
+    if (p.lost || (heard ? now - p.heard < timeout_ : now < never_heard_deadline)) continue;
     p.lost = true;
     const auto silent =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - (heard ? p.heard : started_));
@@ -120,6 +126,15 @@ void Heartbeat::take_heartbeats(Clock::time_point now) {
       if (!p.done) post_receive(r);
     }
   }
+}
+
+Clock::time_point Heartbeat::never_heard_deadline() const {
+  const Clock::time_point plain = started_ + timeout_;
+  if (created_) return plain;
+  const std::optional<Clock::time_point> creation = endpoints_->creation_deadline();
+  // One timeout before the creation's own: the verdict names the peer, and
+  // its notice reaches the others, before their handshakes give up.
+  return creation ? std::max(plain, *creation - timeout_) : plain;
 }
 
 void Heartbeat::take_evidence(Clock::time_point now) {

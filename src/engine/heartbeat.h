@@ -10,9 +10,11 @@
 // from it that completed (Endpoints::heard_count, looked at every step): a
 // peer whose heartbeats queue behind its bulk data on a slow link is alive
 // as long as that data arrives. Silence counts from its latest word, or, for a peer never
-// heard from, from this set's first poll (a set starts with its
-// communicator's creation handshake, once every rank published its address:
-// its peers start theirs at about the same time). Only watched silence
+// heard from, from this set's first poll, or, when its creator announced a
+// creation handshake (Endpoints::creating), from the poll after the
+// handshake; while the handshake runs such a peer has until one timeout
+// before the handshake's deadline (a slow creator is not lost; a stopped
+// one is named before the handshake's Timeout). Only watched silence
 // counts: when this rank itself did not poll for half the timeout (it was
 // descheduled or stopped), that gap is not held against its peers.
 // A rank whose set is released (its communicators are gone) tells its peers
@@ -85,6 +87,11 @@ class Heartbeat {
   // The engine's receives that completed since the last step: word from
   // their senders too.
   void take_evidence(Clock::time_point now);
+  // When a peer never heard from is lost: one timeout after the first poll
+  // (after the creation handshake when the set announced one:
+  // Endpoints::creating), or while that handshake runs, one timeout before
+  // its deadline if that is later.
+  Clock::time_point never_heard_deadline() const;
   void test_sends();
   // To every peer not lost and without one in flight.
   void send_heartbeats(const uint64_t* payload);
@@ -105,6 +112,7 @@ class Heartbeat {
   std::vector<int> indices_;       // test_some's output
   std::vector<Completion> completions_;
   bool leaving_ = false;  // release() began
+  bool created_ = false;  // Endpoints::is_created() was seen
 };
 
 }  // namespace relaxcc::engine

@@ -31,9 +31,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "src/engine/clock.h"
 
 namespace relaxcc::engine {
 
@@ -137,6 +140,23 @@ class Endpoints {
   uint64_t heard_count(int rank) const {
     return heard_[static_cast<size_t>(rank)].load(std::memory_order_relaxed);
   }
+  // The creation handshake of this set's communicator (its creator calls
+  // creating() before and created() once every rank answered; any thread):
+  // while it runs, a peer never heard from is given until shortly before
+  // `deadline`, the creation's own timeout (a slow peer is not lost, a stopped
+  // one is named before the handshake gives up); after it, the heartbeat
+  // times such a peer from then.
+  void creating(Clock::time_point deadline) {
+    creation_deadline_.store(deadline.time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  void created() { created_.store(true, std::memory_order_release); }
+  bool is_created() const { return created_.load(std::memory_order_acquire); }
+  // The deadline given to creating(), or nullopt when none was.
+  std::optional<Clock::time_point> creation_deadline() const {
+    const Clock::rep d = creation_deadline_.load(std::memory_order_relaxed);
+    if (d == 0) return std::nullopt;
+    return Clock::time_point(Clock::duration(d));
+  }
 
  private:
   const std::shared_ptr<Transport> transport_;
@@ -144,6 +164,8 @@ class Endpoints {
   const int size_;
   const int max_tag_;
   const std::unique_ptr<std::atomic<uint64_t>[]> heard_;  // per rank: receives completed
+  std::atomic<Clock::rep> creation_deadline_{0};          // 0: none
+  std::atomic<bool> created_{false};
 };
 
 // What the engine calls for requests of any of a wing's endpoint sets: one
