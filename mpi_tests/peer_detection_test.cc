@@ -119,10 +119,13 @@ class World {
   int run(int rank, int64_t peer_timeout_ms, const Body& body) {
     try {
       auto worker = std::make_shared<Worker>(std::make_shared<Context>());
-      blobs_.publish(rank, worker->blob());
+      // Heartbeats over UDP, as create_ucx_communicator sets them up.
+      EndpointOptions eo;
+      eo.liveness = std::make_shared<engine::UdpSocket>();
+      blobs_.publish(rank, worker->blob(eo.liveness.get()));
       std::vector<Blob> blobs;
       for (int r = 0; r < n_; ++r) blobs.push_back(blobs_.read(r, 20s));
-      UcxConnection c = connect(worker, blobs, rank);
+      UcxConnection c = connect(worker, blobs, rank, eo);
       if (rank == stops_) {
         ::raise(SIGSTOP);
         return 0;

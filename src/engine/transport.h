@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "src/engine/clock.h"
+#include "src/engine/liveness_channel.h"
 
 namespace relaxcc::engine {
 
@@ -128,6 +129,11 @@ class Endpoints {
   // posted); UCX fails its requests at once and closes its endpoint. Any
   // thread.
   virtual void fail_peer(int rank, const std::string& reason);
+
+  // The channel of this set's heartbeats when the wing has one of its own
+  // (liveness_channel.h); null: the heartbeats go as tagged messages of the
+  // transport. Called once, by the engine's heartbeat of this set.
+  virtual std::unique_ptr<LivenessChannel> liveness_channel() { return nullptr; }
 
   // Evidence of life for the engine's heartbeats (heartbeat.h): the engine
   // counts every receive from `rank` that completed with its data

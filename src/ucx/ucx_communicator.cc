@@ -75,7 +75,9 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
   auto worker =
       shared ? shared->worker()
              : std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(net_devices(options)));
-  const ucx::Blob own = worker->blob();
+  // This set's heartbeat socket: its address goes out with the worker's.
+  auto liveness = std::make_shared<engine::UdpSocket>();
+  const ucx::Blob own = worker->blob(liveness.get());
   std::vector<uint8_t> blob(own.size());
   for (size_t i = 0; i < own.size(); ++i) blob[i] = static_cast<uint8_t>(own[i]);
   RendezvousResult met;
@@ -95,6 +97,7 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
   ucx::EndpointOptions e;
   e.generation = static_cast<uint32_t>(r.generation);
   e.share_memory = options.share_memory;
+  e.liveness = std::move(liveness);
   ucx::UcxConnection c;
   if (shared) {
     c.transport = shared;

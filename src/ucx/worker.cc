@@ -59,8 +59,11 @@ Worker::~Worker() {
   ucp_worker_destroy(worker_);
 }
 
-Blob Worker::blob() const {
-  return self_.encode();
+Blob Worker::blob(const engine::UdpSocket* liveness) const {
+  if (liveness == nullptr) return self_.encode();
+  PeerBlob b = self_;
+  b.liveness = liveness->address();
+  return b.encode();
 }
 
 bool Worker::arm() {
