@@ -73,11 +73,16 @@ struct Shared {
 // communicator over UCX with `peer_timeout_ms`; a child's GoogleTest failures
 // or exception become its exit code. Rank `stops` (-1: none) connects and
 // then stops itself (SIGSTOP) before its communicator exists, never sending
-// a heartbeat: the others' creation errors are then their Outcome.
+// a heartbeat: the others' creation errors are then their Outcome, and their
+// creation timeout is kStoppedCreationTimeout. Rank `slow` (-1: none) waits
+// kSlowCreation between connecting and creating its communicator.
+constexpr auto kStoppedCreationTimeout = 3s;
+constexpr auto kSlowCreation = 1500ms;
 class World {
  public:
   using Body = std::function<void(Communicator&, int, Shared&)>;
-  World(int n, int64_t peer_timeout_ms, Body body, int stops = -1) : n_(n), stops_(stops) {
+  World(int n, int64_t peer_timeout_ms, Body body, int stops = -1, int slow = -1)
+      : n_(n), stops_(stops), slow_(slow) {
     void* p =
         mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
@@ -115,17 +120,21 @@ class World {
   int run(int rank, int64_t peer_timeout_ms, const Body& body) {
     try {
       auto worker = std::make_shared<Worker>(std::make_shared<Context>());
-      blobs_.publish(rank, worker->blob());
+      // Heartbeats over UDP, as create_ucx_communicator sets them up.
+      EndpointOptions eo;
+      eo.liveness = std::make_shared<engine::UdpSocket>();
+      blobs_.publish(rank, worker->blob(eo.liveness.get()));
       std::vector<Blob> blobs;
       for (int r = 0; r < n_; ++r) blobs.push_back(blobs_.read(r, 20s));
-      UcxConnection c = connect(worker, blobs, rank);
+      UcxConnection c = connect(worker, blobs, rank, eo);
       if (rank == stops_) {
         ::raise(SIGSTOP);
         return 0;
       }
+      if (rank == slow_) std::this_thread::sleep_for(kSlowCreation);
       engine::EngineCommunicatorOptions o;
       o.tunables.peer_timeout_ms = peer_timeout_ms;
-      o.timeout = 20s;
+      o.timeout = stops_ >= 0 ? kStoppedCreationTimeout : 20s;
       o.creator = "peer_detection_test";
       Outcome& out = shared_->outcome[rank];
       out.start_ns.store(monotonic_ns());
@@ -150,6 +159,7 @@ class World {
   }
   const int n_;
   const int stops_;
+  const int slow_;
   Shared* shared_ = nullptr;
   test::BlobDirectory blobs_{"relaxcc_detect"};
   std::vector<pid_t> pids_;
@@ -246,9 +256,10 @@ TEST(PeerDetection, StoppedPeerReportedWithinTimeoutPlus300ms) {
 }
 
 // A peer that never sends a heartbeat (it stops before its communicator
-// exists) is reported within the peer timeout (plus 700 ms of slack for a
-// loaded machine), not after the creation handshake's 20 s.
-TEST(PeerDetection, PeerNeverHeardFromReportedWithinTimeout) {
+// exists) is reported by name one peer timeout before the creation's
+// timeout (plus 500 ms of slack for a loaded machine), before the
+// handshake's own Timeout.
+TEST(PeerDetection, PeerNeverHeardFromReportedBeforeCreationTimeout) {
   constexpr int kRanks = 3, kVictim = 2;
   World w(
       kRanks, 500, [](Communicator&, int, Shared&) { ADD_FAILURE() << "created without rank 2"; },
@@ -260,10 +271,29 @@ TEST(PeerDetection, PeerNeverHeardFromReportedWithinTimeout) {
     ASSERT_NE(o.failed_ns.load(), 0) << "rank " << r << " saw no error";
     const double took = static_cast<double>(o.failed_ns.load() - o.start_ns.load()) / 1e6;
     EXPECT_TRUE(names_victim(o, kVictim)) << "rank " << r << ": " << o.what;
-    EXPECT_LT(took, 1200.0) << "rank " << r << ": " << o.what;
+    const double due =
+        std::chrono::duration<double, std::milli>(kStoppedCreationTimeout).count() - 500;
+    EXPECT_GE(took, due - 50) << "rank " << r << ": " << o.what;
+    EXPECT_LT(took, due + 500) << "rank " << r << ": " << o.what;
     std::printf("rank %d: never-heard rank %d reported after %.0f ms: %s\n", r, kVictim, took,
                 o.what);
   }
+}
+
+// A rank that creates its communicator three peer timeouts after the
+// others (it connected, then was slow) is not reported: never-heard peers
+// have the creation's time until its handshake ends. Then one allreduce,
+// exact.
+TEST(PeerDetection, SlowCreatorNotReported) {
+  World w(
+      3, 500,
+      [](Communicator& comm, int me, Shared&) {
+        int64_t v = me + 1;
+        comm.allreduce(TensorView(&v, 1, DType::i64), ExecContext::host(), {})->wait();
+        EXPECT_EQ(v, 6);
+      },
+      -1, 2);
+  w.join(30s);
 }
 
 // Every rank of 4 stopped at once for twice the 500 ms peer timeout (as a

@@ -725,7 +725,9 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   auto comm = std::make_shared<EngineCommunicator>(
       eng, eng->add_lane(comms, {}, rank, 0, {}, options.tunables), provisional, nullptr);
   auto nodes = std::make_shared<NodeLayoutMap>();
+  comms->endpoints->creating(Clock::now() + options.timeout);
   const Handshake handshake = comm->handshake(options.timeout, options.creator);
+  comms->endpoints->created();
   nodes->node = nodes_of(handshake.hosts);
   nodes->ranks_per_node = options.tunables.ranks_per_node;
   if (!options.share_engine_with) {

@@ -179,6 +179,7 @@ void Engine::count_direct(Lane& lane, const DirectExchange& x, int k) {
   const uint64_t bytes = r.send ? r.bytes : x.received(k);
   LaneCounters::add(r.send ? c.bytes_sent : c.bytes_received, bytes);
   LaneCounters::add(r.send ? c.sent_to[x.peer] : c.received_from[x.peer], bytes);
+  if (!r.send) lane.comms_->endpoints->heard_from(lane.comm_rank(x.peer));
 }
 
 void Engine::adopt_direct(const std::shared_ptr<Operation>& op, DirectExchange& x,

@@ -1,15 +1,23 @@
 // Heartbeat: the liveness check of the peers of one endpoint set, the same
-// for every wing. Each rank sends a small message to every other rank of the
-// set every RELAXCC_PEER_TIMEOUT_MS / 4, on heartbeat_tag(max_tag) of the
-// collective space (no protocol uses it), and takes the others' with one
-// receive per peer (a message that a stopped peer left half-sent blocks its
-// own receive, not the others'). A peer silent for RELAXCC_PEER_TIMEOUT_MS is declared
+// for every wing. Each rank sends a beat to every other rank of the set
+// every RELAXCC_PEER_TIMEOUT_MS / 4 over a LivenessChannel
+// (liveness_channel.h): the wing's own (UCX: a UDP socket per set, so beats
+// never queue behind bulk data) or the transport's tagged messages on
+// heartbeat_tag(max_tag) of the collective space (no protocol uses it),
+// taken with one receive per peer (a message that a stopped peer left
+// half-sent blocks its own receive, not the others'). A peer silent for
+// RELAXCC_PEER_TIMEOUT_MS is declared
 // lost: Endpoints::fail_peer, which reports it as a PeerError (the engine
 // then fails and poisons the lanes with that peer and sends their poison
-// notices). Silence counts from its latest heartbeat, or, for a peer never
-// heard from, from this set's first poll (a set starts with its
-// communicator's creation handshake, once every rank published its address:
-// its peers start theirs at about the same time). Only watched silence
+// notices). Word from a peer is its heartbeat or any receive of the engine's
+// from it that completed (Endpoints::heard_count, looked at every step): a
+// peer whose heartbeats queue behind its bulk data on a slow link is alive
+// as long as that data arrives. Silence counts from its latest word, or, for a peer never
+// heard from, from this set's first poll, or, when its creator announced a
+// creation handshake (Endpoints::creating), from the poll after the
+// handshake; while the handshake runs such a peer has until one timeout
+// before the handshake's deadline (a slow creator is not lost; a stopped
+// one is named before the handshake's Timeout). Only watched silence
 // counts: when this rank itself did not poll for half the timeout (it was
 // descheduled or stopped), that gap is not held against its peers.
 // A rank whose set is released (its communicators are gone) tells its peers
@@ -18,9 +26,10 @@
 //
 // Cost: the engine's poll of poison notices runs it (Engine::poll_notices:
 // every millisecond while operations run, every kIdleNoticePoll when idle);
-// each poll tests its receives (as the notices' one), and every step
-// (kHeartbeatStep) it sends what is due and judges: size - 1 messages of 8
-// bytes per period, nothing per operation.
+// each poll takes the beats that arrived, and every step (kHeartbeatStep)
+// it sends what is due and judges: size - 1 beats per period, nothing per
+// operation (but a relaxed load and store per completed receive, the
+// evidence above).
 //
 // Token holder only, like the rest of the engine's progress.
 #pragma once
@@ -32,6 +41,7 @@
 #include <vector>
 
 #include "src/engine/clock.h"
+#include "src/engine/liveness_channel.h"
 #include "src/engine/transport.h"
 
 namespace relaxcc::engine {
@@ -48,7 +58,9 @@ inline constexpr auto kHeartbeatStep = std::chrono::milliseconds(10);
 class Heartbeat {
  public:
   // For `endpoints` (at least 2 ranks), with a peer timeout of `timeout`
-  // (positive). Posts its receives at the first poll().
+  // (positive). Its beats go over the endpoints' own liveness channel
+  // (Endpoints::liveness_channel) or, when they offer none, as tagged
+  // messages of the transport. Starts listening at the first poll().
   Heartbeat(std::shared_ptr<Endpoints> endpoints, std::chrono::milliseconds timeout);
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -60,44 +72,40 @@ class Heartbeat {
   // heartbeats to it, no verdict on it.
   void forget(int rank);
   // Tells the peers this rank leaves and takes their heartbeats until each
-  // answered or left too (at most until `deadline`), then cancels the
-  // receives. False when one is still posted: then this object (its
-  // buffers) must never be freed.
+  // answered or left too (at most until `deadline`), then stops listening.
+  // False when a receive is still posted: then this object (its buffers)
+  // must never be freed.
   bool release(Clock::time_point deadline);
 
  private:
   struct Peer {
-    Clock::time_point heard{};  // the latest heartbeat (epoch: none yet)
-    Request send;               // the heartbeat in flight to it (null: none)
+    Clock::time_point heard{};  // the latest word from it (epoch: none yet)
+    uint64_t received = 0;      // Endpoints::heard_count when last looked at
     bool lost = false;          // no heartbeats to it, no verdict on it
     bool done = false;          // it left, or answered this rank's leaving
-    // Its receive's buffer (receives_[r]).
-    std::unique_ptr<uint64_t> received = std::make_unique<uint64_t>(0);
   };
-  void post_receive(size_t r);
-  // For every peer not lost, not done and without one.
-  void post_receives();
   void take_heartbeats(Clock::time_point now);
-  void test_sends();
-  // To every peer not lost and without one in flight.
-  void send_heartbeats(const uint64_t* payload);
-  // `payload` to rank `r`: its send request, or detached.
-  void send_to(size_t r, const uint64_t* payload, bool detached);
+  void on_beat(int rank, Beat beat, Clock::time_point now);
+  // The engine's receives that completed since the last step: word from
+  // their senders too.
+  void take_evidence(Clock::time_point now);
+  // When a peer never heard from is lost: one timeout after the first poll
+  // (after the creation handshake when the set announced one:
+  // Endpoints::creating), or while that handshake runs, one timeout before
+  // its deadline if that is later.
+  Clock::time_point never_heard_deadline() const;
 
   const std::shared_ptr<Endpoints> endpoints_;
-  Transport& transport_;
+  const std::unique_ptr<LivenessChannel> channel_;
   const std::chrono::milliseconds timeout_;
   const Clock::duration period_;
-  const int tag_;
   std::vector<Peer> peers_;
   Clock::time_point started_{};    // the first poll
   Clock::time_point last_poll_{};  // the latest poll
   Clock::time_point next_step_{};
   Clock::time_point next_send_{};
-  std::vector<Request> receives_;  // per peer: its posted receive (null: none)
-  std::vector<int> indices_;       // test_some's output
-  std::vector<Completion> completions_;
   bool leaving_ = false;  // release() began
+  bool created_ = false;  // Endpoints::is_created() was seen
 };
 
 }  // namespace relaxcc::engine

@@ -81,7 +81,9 @@ void Engine::test_requests(bool& progressed) {
 
 void Engine::complete_request(const Pending& p, const Completion& completion) {
   if (p.recv && completion.error == 0 && !completion.cancelled) {
-    LaneCounters& c = p.op->lane_->counters_;
+    Lane& lane = *p.op->lane_;
+    lane.comms_->endpoints->heard_from(lane.comm_rank(p.peer));
+    LaneCounters& c = lane.counters_;
     LaneCounters::add(c.bytes_received, completion.bytes);
     LaneCounters::add(c.received_from[p.peer], completion.bytes);
   }

@@ -31,9 +31,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "src/engine/clock.h"
+#include "src/engine/liveness_channel.h"
 
 namespace relaxcc::engine {
 
@@ -86,7 +90,11 @@ struct PeerError {
 class Endpoints {
  public:
   Endpoints(std::shared_ptr<Transport> transport, int rank, int size, int max_tag)
-      : transport_(std::move(transport)), rank_(rank), size_(size), max_tag_(max_tag) {}
+      : transport_(std::move(transport)),
+        rank_(rank),
+        size_(size),
+        max_tag_(max_tag),
+        heard_(std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(size))) {}
   virtual ~Endpoints() = default;
   Endpoints(const Endpoints&) = delete;
   Endpoints& operator=(const Endpoints&) = delete;
@@ -122,11 +130,48 @@ class Endpoints {
   // thread.
   virtual void fail_peer(int rank, const std::string& reason);
 
+  // The channel of this set's heartbeats when the wing has one of its own
+  // (liveness_channel.h); null: the heartbeats go as tagged messages of the
+  // transport. Called once, by the engine's heartbeat of this set.
+  virtual std::unique_ptr<LivenessChannel> liveness_channel() { return nullptr; }
+
+  // Evidence of life for the engine's heartbeats (heartbeat.h): the engine
+  // counts every receive from `rank` that completed with its data
+  // (heard_from, token holder: one relaxed load and store), and the
+  // heartbeat takes a change of the count (heard_count) as word from it.
+  void heard_from(int rank) {
+    std::atomic<uint64_t>& n = heard_[static_cast<size_t>(rank)];
+    n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  uint64_t heard_count(int rank) const {
+    return heard_[static_cast<size_t>(rank)].load(std::memory_order_relaxed);
+  }
+  // The creation handshake of this set's communicator (its creator calls
+  // creating() before and created() once every rank answered; any thread):
+  // while it runs, a peer never heard from is given until shortly before
+  // `deadline`, the creation's own timeout (a slow peer is not lost, a stopped
+  // one is named before the handshake gives up); after it, the heartbeat
+  // times such a peer from then.
+  void creating(Clock::time_point deadline) {
+    creation_deadline_.store(deadline.time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  void created() { created_.store(true, std::memory_order_release); }
+  bool is_created() const { return created_.load(std::memory_order_acquire); }
+  // The deadline given to creating(), or nullopt when none was.
+  std::optional<Clock::time_point> creation_deadline() const {
+    const Clock::rep d = creation_deadline_.load(std::memory_order_relaxed);
+    if (d == 0) return std::nullopt;
+    return Clock::time_point(Clock::duration(d));
+  }
+
  private:
   const std::shared_ptr<Transport> transport_;
   const int rank_;
   const int size_;
   const int max_tag_;
+  const std::unique_ptr<std::atomic<uint64_t>[]> heard_;  // per rank: receives completed
+  std::atomic<Clock::rep> creation_deadline_{0};          // 0: none
+  std::atomic<bool> created_{false};
 };
 
 // What the engine calls for requests of any of a wing's endpoint sets: one

@@ -15,7 +15,7 @@ namespace relaxcc::ucx {
 namespace {
 
 constexpr uint32_t kMagic = 0x43555852;  // "RXUC"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 
 uint64_t namespace_inode(const char* name) {
   struct stat st {};
@@ -117,6 +117,9 @@ Blob PeerBlob::encode() const {
   w.put(host.ipc_ns);
   w.put(static_cast<int64_t>(process.pid));
   w.put(process.start_time);
+  w.put(liveness.port);
+  w.put(static_cast<uint16_t>(liveness.hosts.size()));
+  for (uint32_t address : liveness.hosts) w.put(address);
   w.put(static_cast<uint64_t>(worker_address.size()));
   w.put_bytes(worker_address.data(), worker_address.size());
   return w.take();
@@ -137,6 +140,12 @@ PeerBlob PeerBlob::decode(const Blob& blob, int rank) {
   b.host.ipc_ns = r.get<uint64_t>();
   b.process.pid = static_cast<pid_t>(r.get<int64_t>());
   b.process.start_time = r.get<uint64_t>();
+  b.liveness.port = r.get<uint16_t>();
+  const auto hosts = r.get<uint16_t>();
+  if (hosts > engine::UdpSocket::kMaxHosts)
+    RELAXCC_THROW(CorruptPayload, "the UCX address blob of rank ", rank, " lists ", hosts,
+                  " liveness addresses (at most ", engine::UdpSocket::kMaxHosts, ")");
+  for (uint16_t i = 0; i < hosts; ++i) b.liveness.hosts.push_back(r.get<uint32_t>());
   const auto n = r.get<uint64_t>();
   if (n == 0 || n != r.left())
     RELAXCC_THROW(CorruptPayload, "the UCX address blob of rank ", rank, " holds ", r.left(),

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "src/engine/udp_channel.h"
+
 namespace relaxcc::ucx {
 
 using Blob = std::vector<std::byte>;
@@ -42,6 +44,9 @@ struct ProcessIdentity {
 struct PeerBlob {
   HostIdentity host;
   ProcessIdentity process;
+  // The UDP socket of the endpoint set's heartbeats (engine/udp_channel.h);
+  // port 0: none (heartbeats go over UCX).
+  engine::UdpAddress liveness;
   std::vector<std::byte> worker_address;
 
   Blob encode() const;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/logging.h"
 #include "src/communicator/engine_communicator.h"
 #include "src/engine/clock.h"
 #include "src/engine/tunables_check.h"
@@ -41,6 +42,19 @@ std::string net_devices(const UcxCommunicatorOptions& options) {
 std::chrono::milliseconds left(Clock::time_point deadline) {
   return std::max(std::chrono::milliseconds(1),
                   std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+// The UDP socket of an endpoint set's heartbeats (src/engine/udp_channel.h);
+// null when heartbeats are off, or when the kernel refuses one (then they go
+// over UCX, as for every set where some rank has none).
+std::shared_ptr<engine::UdpSocket> liveness_socket(const Tunables& tunables) {
+  if (tunables.peer_timeout_ms <= 0) return nullptr;
+  try {
+    return std::make_shared<engine::UdpSocket>();
+  } catch (const Error& e) {
+    RELAXCC_LOG(warn, "heartbeats go over UCX: ", e.message());
+    return nullptr;
+  }
 }
 
 }  // namespace
@@ -75,7 +89,9 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
   auto worker =
       shared ? shared->worker()
              : std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(net_devices(options)));
-  const ucx::Blob own = worker->blob();
+  // This set's heartbeat socket: its address goes out with the worker's.
+  auto liveness = liveness_socket(options.tunables);
+  const ucx::Blob own = worker->blob(liveness.get());
   std::vector<uint8_t> blob(own.size());
   for (size_t i = 0; i < own.size(); ++i) blob[i] = static_cast<uint8_t>(own[i]);
   RendezvousResult met;
@@ -95,6 +111,7 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
   ucx::EndpointOptions e;
   e.generation = static_cast<uint32_t>(r.generation);
   e.share_memory = options.share_memory;
+  e.liveness = std::move(liveness);
   ucx::UcxConnection c;
   if (shared) {
     c.transport = shared;

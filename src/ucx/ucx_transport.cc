@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 
 namespace relaxcc::ucx {
 
@@ -399,6 +400,21 @@ UcxEndpoints::UcxEndpoints(std::shared_ptr<UcxTransport> transport, const std::v
   const PeerBlob self = PeerBlob::decode(blobs[static_cast<size_t>(rank)], rank);
   RELAXCC_ENFORCE(self.process == ProcessIdentity::of_this_process(), InvalidArgument,
                   "UcxEndpoints: blob ", rank, " is not this process's (rank ", rank, ")");
+  if (options_.liveness) {
+    Fnv1a token;
+    for (size_t r = 0; r < blobs.size(); ++r) {
+      const PeerBlob b = PeerBlob::decode(blobs[r], static_cast<int>(r));
+      for (std::byte c : blobs[r]) token.byte(static_cast<unsigned char>(c));
+      // Beats to a peer in this network namespace go to the loopback address.
+      const bool same_namespace =
+          b.host.boot_id == self.host.boot_id && b.host.net_ns == self.host.net_ns;
+      liveness_.push_back({b.liveness, same_namespace});
+    }
+    liveness_token_ = token.value();
+    if (std::any_of(liveness_.begin(), liveness_.end(),
+                    [](const engine::UdpChannel::Peer& p) { return p.address.port == 0; }))
+      liveness_.clear();
+  }
   std::unique_lock<std::mutex> lock(ucx_->mutex_);
   peers_.resize(blobs.size());
   try {
@@ -655,6 +671,12 @@ std::string UcxEndpoints::endpoint_info(int peer) const {
   std::string out(text, length);
   std::free(text);
   return out;
+}
+
+std::unique_ptr<engine::LivenessChannel> UcxEndpoints::liveness_channel() {
+  if (liveness_.empty()) return nullptr;
+  return std::make_unique<engine::UdpChannel>(options_.liveness, rank(), liveness_,
+                                              liveness_token_);
 }
 
 UcxConnection connect(std::shared_ptr<Worker> worker, const std::vector<Blob>& blobs, int rank,

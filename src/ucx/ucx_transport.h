@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "src/engine/transport.h"
+#include "src/engine/udp_channel.h"
 #include "src/ucx/peer_blob.h"
 #include "src/ucx/tag_layout.h"
 #include "src/ucx/worker.h"
@@ -161,6 +162,10 @@ struct EndpointOptions {
   // How long the destructor lets its endpoints flush before it closes them
   // by force.
   std::chrono::milliseconds close_timeout{1000};
+  // The UDP socket of this set's heartbeats, published in this rank's blob
+  // (Worker::blob(*liveness)); null, or a peer without one: heartbeats go
+  // over UCX.
+  std::shared_ptr<engine::UdpSocket> liveness;
 };
 
 class UcxEndpoints final : public engine::Endpoints {
@@ -183,6 +188,8 @@ class UcxEndpoints final : public engine::Endpoints {
   // requests, closes its endpoint by force, reports a PeerError. Later
   // requests for it fail at once.
   void fail_peer(int peer, const std::string& reason) override;
+  // A UdpChannel over options.liveness when every rank published one.
+  std::unique_ptr<engine::LivenessChannel> liveness_channel() override;
   PeerState peer_state(int peer) const;
   bool same_host(int peer) const;
   // ucp's description of the endpoint to `peer`: its lanes and transports.
@@ -214,6 +221,10 @@ class UcxEndpoints final : public engine::Endpoints {
   UcxTransport* ucx_;
   EndpointOptions options_;
   std::vector<Peer> peers_;
+  // Every rank's liveness socket (empty: not every rank has one) and the
+  // set's token (a hash of every blob).
+  std::vector<engine::UdpChannel::Peer> liveness_;
+  uint64_t liveness_token_ = 0;
 };
 
 // The transport and the endpoint set of one rank, from every rank's blob.

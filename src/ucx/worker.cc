@@ -1,5 +1,6 @@
 #include "src/ucx/worker.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "relaxcc/errors.h"
@@ -20,6 +21,14 @@ Context::Context(const std::string& net_devices) {
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucs_status_t status = UCS_OK;
   if (!net_devices.empty()) status = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+  // UCX's own keepalive rides the data's connection, so on a slow link it
+  // queues behind bulk transfers and fails live endpoints ("Endpoint
+  // timeout"); the engine's heartbeats (their own UDP socket) judge silent
+  // peers instead. The user's UCX_KEEPALIVE_INTERVAL wins; a UCX without
+  // the setting keeps its own.
+  const char* keepalive = std::getenv("UCX_KEEPALIVE_INTERVAL");
+  if (keepalive == nullptr || *keepalive == '\0')
+    static_cast<void>(ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf"));
   if (status == UCS_OK) status = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   check_ucs(status, net_devices.empty() ? std::string("ucp_init")
@@ -59,8 +68,11 @@ Worker::~Worker() {
   ucp_worker_destroy(worker_);
 }
 
-Blob Worker::blob() const {
-  return self_.encode();
+Blob Worker::blob(const engine::UdpSocket* liveness) const {
+  if (liveness == nullptr) return self_.encode();
+  PeerBlob b = self_;
+  b.liveness = liveness->address();
+  return b.encode();
 }
 
 bool Worker::arm() {

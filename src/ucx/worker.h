@@ -46,8 +46,9 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   ucp_worker_h get() const { return worker_; }
-  // What peers need to reach this worker (PeerBlob::encode()).
-  Blob blob() const;
+  // What peers need to reach this worker (PeerBlob::encode()), with
+  // `liveness`'s address when given (an endpoint set's heartbeat socket).
+  Blob blob(const engine::UdpSocket* liveness = nullptr) const;
   // One round of ucp progress; the number of events it handled.
   unsigned progress() { return ucp_worker_progress(worker_); }
   // The worker's event fd: readable when ucp has work for progress().
