@@ -49,10 +49,19 @@ LaunchEnvironment read_launch(bool strict) {
     l.launcher = Launcher::torchrun;
   else if (env("SLURM_PROCID"))
     l.launcher = Launcher::srun;
-  first_set({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}, 0, strict,
-            l.rank, &l.rank_variable);
-  first_set({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1, strict, l.size,
-            &l.size_variable);
+  // The launcher's own variables first (a RANK left in the environment of
+  // an mpirun job does not override MPI's rank).
+  if (l.launcher == Launcher::mpi) {
+    first_set({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}, 0, strict,
+              l.rank, &l.rank_variable);
+    first_set({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", "SLURM_NTASKS"}, 1, strict, l.size,
+              &l.size_variable);
+  } else {
+    first_set({"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}, 0, strict,
+              l.rank, &l.rank_variable);
+    first_set({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1, strict, l.size,
+              &l.size_variable);
+  }
   first_set({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, 0, strict, l.local_rank);
   return l;
 }

@@ -1254,8 +1254,15 @@ TEST(Groups, TenThousandGroupAllreducesOverChangingMembers) {
   const auto after = threads_and_rss_kib();
   EXPECT_EQ(after.first, before.first) << "threads";
   bound_kib = 8 * 1024;
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer's allocator returns freed memory to the system and
+  // faults it back in (after a test that held 4096 operations in flight):
+  // its resident size measures no leak. The ci build asserts the bound.
+  static_cast<void>(bound_kib);
+#else
   EXPECT_LT(after.second - before.second, bound_kib)
       << "resident memory grew by " << after.second - before.second << " KiB";
+#endif
 }
 
 // A communicator created to share another's engine adds no thread, and the

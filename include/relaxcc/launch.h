@@ -27,7 +27,8 @@ struct LaunchEnvironment {
   // - rank: RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID;
   // - size: WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS;
   // - local_rank: LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID
-  // (torchrun's first: torchrun under srun sets them for its workers).
+  // (torchrun's first: torchrun under srun sets them for its workers; under
+  // an MPI launcher its rank and size variables come first instead).
   int rank = -1;
   int size = -1;
   int local_rank = -1;

@@ -218,8 +218,14 @@ class EngineCommunicator final : public Communicator {
   // token to the right neighbour and waits for the one from the left, then
   // answers to the left and waits for the right's answer; a rank's figure is
   // its fastest round (later rounds start in step, so the first's skew
-  // drops out). Collective; Timeout when a rank does not take part.
-  int64_t measure_round_trip(std::chrono::milliseconds timeout, const std::string& creator) {
+  // drops out). Collective, done by `deadline`; Timeout when a rank does not
+  // take part.
+  int64_t measure_round_trip(Clock::time_point deadline, const std::string& creator) {
+    const auto timeout = [deadline] {
+      return std::max(
+          std::chrono::milliseconds(1),
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    };
     const int n = size(), r = rank(), right = (r + 1) % n, left = (r - 1 + n) % n;
     auto tokens = std::make_shared<std::array<uint8_t, 4>>();
     auto token = [&tokens](size_t i) {
@@ -232,10 +238,10 @@ class EngineCommunicator final : public Communicator {
       const auto start = std::chrono::steady_clock::now();
       point_to_point({P2POp::send(right, token(0), 0), P2POp::recv(left, token(1), 0)},
                      ExecContext::host(), o)
-          ->wait(timeout);
+          ->wait(timeout());
       point_to_point({P2POp::send(left, token(2), 1), P2POp::recv(right, token(3), 1)},
                      ExecContext::host(), o)
-          ->wait(timeout);
+          ->wait(timeout());
       fastest = std::min<int64_t>(fastest, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                std::chrono::steady_clock::now() - start)
                                                .count());
@@ -244,7 +250,7 @@ class EngineCommunicator final : public Communicator {
     AllreduceOptions a;
     a.op = ReduceOp::max;
     a.label = creator + " round-trip probe: the largest";
-    allreduce(TensorView::host(agreed.get(), 1, agreed), ExecContext::host(), a)->wait(timeout);
+    allreduce(TensorView::host(agreed.get(), 1, agreed), ExecContext::host(), a)->wait(timeout());
     return *agreed;
   }
 
@@ -725,7 +731,8 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   auto comm = std::make_shared<EngineCommunicator>(
       eng, eng->add_lane(comms, {}, rank, 0, {}, options.tunables), provisional, nullptr);
   auto nodes = std::make_shared<NodeLayoutMap>();
-  comms->endpoints->creating(Clock::now() + options.timeout);
+  const Clock::time_point deadline = Clock::now() + options.timeout;
+  comms->endpoints->creating(deadline);
   const Handshake handshake = comm->handshake(options.timeout, options.creator);
   comms->endpoints->created();
   nodes->node = nodes_of(handshake.hosts);
@@ -748,7 +755,7 @@ CommunicatorPtr create_engine_communicator(std::shared_ptr<Transport> transport,
   // Only a window sized to the path across nodes needs the round trip.
   const Tunables& t = options.tunables;
   if (!one_node && t.pipeline_depth == 0 && t.link_mbit > 0) {
-    comm->set_round_trip_ns(comm->measure_round_trip(options.timeout, options.creator));
+    comm->set_round_trip_ns(comm->measure_round_trip(deadline, options.creator));
     RELAXCC_LOG(info, options.creator, ": rank ", rank, ": agreed round trip ",
                 static_cast<double>(comm->stats().round_trip_ns) * 1e-6, " ms; ring window ",
                 comm->stats().pipeline_depth, " segments");

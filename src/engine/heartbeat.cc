@@ -173,8 +173,12 @@ void Heartbeat::poll(Clock::time_point now) {
   if (started_ == Clock::time_point{}) started_ = now;
   // Silence this rank did not watch is not its peers': after a gap of half
   // the timeout between two polls (this process descheduled or stopped, its
-  // engine thread held up), every peer's clock moves on by the gap.
-  if (last_poll_ != Clock::time_point{} && now - last_poll_ > timeout_ / 2) {
+  // engine thread held up), every peer's clock moves on by the gap; at most
+  // one gap per timeout, so that a rank whose polls keep stalling still
+  // judges its peers.
+  if (last_poll_ != Clock::time_point{} && now - last_poll_ > timeout_ / 2 &&
+      (last_forgiven_ == Clock::time_point{} || now - last_forgiven_ > timeout_)) {
+    last_forgiven_ = now;
     const Clock::duration gap = now - last_poll_;
     started_ += gap;
     for (Peer& p : peers_)

@@ -19,7 +19,8 @@
 // before the handshake's deadline (a slow creator is not lost; a stopped
 // one is named before the handshake's Timeout). Only watched silence
 // counts: when this rank itself did not poll for half the timeout (it was
-// descheduled or stopped), that gap is not held against its peers.
+// descheduled or stopped), that gap is not held against its peers (one such
+// gap per timeout).
 // A rank whose set is released (its communicators are gone) tells its peers
 // it leaves and takes what they sent until each answered (or left too):
 // they stop timing it and sending to it, and no heartbeat stays unreceived.
@@ -100,8 +101,9 @@ class Heartbeat {
   const std::chrono::milliseconds timeout_;
   const Clock::duration period_;
   std::vector<Peer> peers_;
-  Clock::time_point started_{};    // the first poll
-  Clock::time_point last_poll_{};  // the latest poll
+  Clock::time_point started_{};        // the first poll
+  Clock::time_point last_poll_{};      // the latest poll
+  Clock::time_point last_forgiven_{};  // the latest poll after a forgiven gap
   Clock::time_point next_step_{};
   Clock::time_point next_send_{};
   bool leaving_ = false;  // release() began

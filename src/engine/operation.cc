@@ -180,9 +180,14 @@ void Engine::fail_waiting(const Lane* lane, const std::string& reason) {
   });
   for (auto failed = it; failed != waiting_.end(); ++failed) {
     Operation& op = **failed;
-    op.set_error(std::make_exception_ptr(
-        CommunicationError(detail::concat(op.name(), " #", op.seq(), " did not start: ", reason),
-                           __FILE__, __LINE__)));
+    int lost = -1;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lost = op.lane_->lost_peer_;
+    }
+    const std::string what = detail::concat(op.name(), " #", op.seq(), " did not start: ", reason);
+    op.set_error(lost >= 0 ? std::make_exception_ptr(PeerLost(lost, what, __FILE__, __LINE__))
+                           : std::make_exception_ptr(CommunicationError(what, __FILE__, __LINE__)));
     op.work_->complete(op.error());
   }
   waiting_.erase(it, waiting_.end());

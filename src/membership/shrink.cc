@@ -48,7 +48,13 @@ ShrinkResult shrink(Communicator& comm, const MembershipView& current,
     } catch (const PeerMismatch&) {
       throw;
     } catch (const CommunicationError& e) {
-      // A member of `view` failed after the decision: agree again from it.
+      // A member of `view` failed after the decision: agree again from it,
+      // with the member the creation named lost (a rank of `view`) as this
+      // process's evidence.
+      const auto* named = dynamic_cast<const PeerLost*>(&e);
+      if (named != nullptr && named->peer() >= 0 && named->peer() < view.size() &&
+          view.members[named->peer()] != self)
+        lost.push_back(view.members[named->peer()]);
       RELAXCC_ENFORCE(std::chrono::steady_clock::now() < deadline, Timeout, "shrink of ",
                       current.describe(), ": the communicator of ", view.describe(),
                       " was not created (", e.what(), ") and ShrinkOptions::timeout of ",

@@ -86,9 +86,9 @@ CommunicatorPtr create_ucx_communicator(const UcxCommunicatorOptions& options) {
     RELAXCC_ENFORCE(shared != nullptr, InvalidArgument,
                     "create_ucx_communicator: share_engine_with is not a UCX communicator");
   }
-  auto worker =
-      shared ? shared->worker()
-             : std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(net_devices(options)));
+  auto worker = shared ? shared->worker()
+                       : std::make_shared<ucx::Worker>(std::make_shared<ucx::Context>(
+                             net_devices(options), options.tunables.peer_timeout_ms > 0));
   // This set's heartbeat socket: its address goes out with the worker's.
   auto liveness = liveness_socket(options.tunables);
   const ucx::Blob own = worker->blob(liveness.get());

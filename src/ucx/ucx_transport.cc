@@ -402,18 +402,40 @@ UcxEndpoints::UcxEndpoints(std::shared_ptr<UcxTransport> transport, const std::v
                   "UcxEndpoints: blob ", rank, " is not this process's (rank ", rank, ")");
   if (options_.liveness) {
     Fnv1a token;
+    std::vector<PeerBlob> all;
     for (size_t r = 0; r < blobs.size(); ++r) {
-      const PeerBlob b = PeerBlob::decode(blobs[r], static_cast<int>(r));
+      all.push_back(PeerBlob::decode(blobs[r], static_cast<int>(r)));
       for (std::byte c : blobs[r]) token.byte(static_cast<unsigned char>(c));
-      // Beats to a peer in this network namespace go to the loopback address.
-      const bool same_namespace =
-          b.host.boot_id == self.host.boot_id && b.host.net_ns == self.host.net_ns;
-      liveness_.push_back({b.liveness, same_namespace});
+    }
+    // Beats to a peer in the sender's network namespace go to the loopback
+    // address; to another, to those of its addresses that are not also the
+    // sender's (172.17.0.1 of docker0 is on every host). Every rank decides
+    // from the same blobs: the set beats over UDP only when every pair of
+    // ranks can, else over the transport.
+    const auto same_namespace = [](const PeerBlob& a, const PeerBlob& b) {
+      return a.host.boot_id == b.host.boot_id && a.host.net_ns == b.host.net_ns;
+    };
+    const auto reachable = [&](const PeerBlob& from, const PeerBlob& to) {
+      std::vector<uint32_t> hosts;
+      if (!same_namespace(from, to))
+        for (uint32_t h : to.liveness.hosts)
+          if (std::find(from.liveness.hosts.begin(), from.liveness.hosts.end(), h) ==
+              from.liveness.hosts.end())
+            hosts.push_back(h);
+      return hosts;
+    };
+    bool usable = true;
+    for (const PeerBlob& from : all)
+      for (const PeerBlob& to : all)
+        usable = usable && to.liveness.port != 0 &&
+                 (same_namespace(from, to) || !reachable(from, to).empty());
+    for (const PeerBlob& b : all) {
+      engine::UdpAddress address = b.liveness;
+      address.hosts = reachable(self, b);
+      liveness_.push_back({address, same_namespace(self, b)});
     }
     liveness_token_ = token.value();
-    if (std::any_of(liveness_.begin(), liveness_.end(),
-                    [](const engine::UdpChannel::Peer& p) { return p.address.port == 0; }))
-      liveness_.clear();
+    if (!usable) liveness_.clear();
   }
   std::unique_lock<std::mutex> lock(ucx_->mutex_);
   peers_.resize(blobs.size());

@@ -12,7 +12,7 @@ void check_ucs(ucs_status_t status, std::string_view what) {
     RELAXCC_THROW(CommunicationError, what, " failed: ", ucs_status_string(status));
 }
 
-Context::Context(const std::string& net_devices) {
+Context::Context(const std::string& net_devices, bool heartbeats) {
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -27,7 +27,7 @@ Context::Context(const std::string& net_devices) {
   // peers instead. The user's UCX_KEEPALIVE_INTERVAL wins; a UCX without
   // the setting keeps its own.
   const char* keepalive = std::getenv("UCX_KEEPALIVE_INTERVAL");
-  if (keepalive == nullptr || *keepalive == '\0')
+  if (heartbeats && (keepalive == nullptr || *keepalive == '\0'))
     static_cast<void>(ucp_config_modify(config, "KEEPALIVE_INTERVAL", "inf"));
   if (status == UCS_OK) status = ucp_init(&params, config, &context_);
   ucp_config_release(config);

@@ -20,7 +20,9 @@ class Context {
  public:
   // `net_devices`: UCX_NET_DEVICES for this context ("": UCX's default or the
   // user's variable); the caller decides whether the user's variables win.
-  explicit Context(const std::string& net_devices = {});
+  // `heartbeats`: the engine's heartbeats judge silent peers, so UCX's own
+  // keepalive is off unless the user's UCX_KEEPALIVE_INTERVAL sets it.
+  explicit Context(const std::string& net_devices = {}, bool heartbeats = true);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
