@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "relaxcc/errors.h"
@@ -415,23 +416,26 @@ UcxEndpoints::UcxEndpoints(std::shared_ptr<UcxTransport> transport, const std::v
     const auto same_namespace = [](const PeerBlob& a, const PeerBlob& b) {
       return a.host.boot_id == b.host.boot_id && a.host.net_ns == b.host.net_ns;
     };
-    const auto reachable = [&](const PeerBlob& from, const PeerBlob& to) {
-      std::vector<uint32_t> hosts;
-      if (!same_namespace(from, to))
-        for (uint32_t h : to.liveness.hosts)
-          if (std::find(from.liveness.hosts.begin(), from.liveness.hosts.end(), h) ==
-              from.liveness.hosts.end())
-            hosts.push_back(h);
-      return hosts;
+    // An address of `to` that is not also one of `from`'s.
+    const auto foreign = [](const PeerBlob& from) {
+      return [&from](uint32_t h) {
+        return std::find(from.liveness.hosts.begin(), from.liveness.hosts.end(), h) ==
+               from.liveness.hosts.end();
+      };
     };
-    bool usable = true;
-    for (const PeerBlob& from : all)
-      for (const PeerBlob& to : all)
-        usable = usable && to.liveness.port != 0 &&
-                 (same_namespace(from, to) || !reachable(from, to).empty());
+    const bool usable = std::all_of(all.begin(), all.end(), [&](const PeerBlob& from) {
+      return std::all_of(all.begin(), all.end(), [&](const PeerBlob& to) {
+        return to.liveness.port != 0 &&
+               (same_namespace(from, to) ||
+                std::any_of(to.liveness.hosts.begin(), to.liveness.hosts.end(), foreign(from)));
+      });
+    });
     for (const PeerBlob& b : all) {
       engine::UdpAddress address = b.liveness;
-      address.hosts = reachable(self, b);
+      address.hosts.clear();
+      if (!same_namespace(self, b))
+        std::copy_if(b.liveness.hosts.begin(), b.liveness.hosts.end(),
+                     std::back_inserter(address.hosts), foreign(self));
       liveness_.push_back({address, same_namespace(self, b)});
     }
     liveness_token_ = token.value();
