@@ -113,10 +113,14 @@ class DirectExchangeTest : public ::testing::Test {
   }
 
   // A polling budget of 100 ms without progress: the peer's header message
-  // arrives well within it, the held-back part well after it.
+  // arrives well within it, the held-back part well after it. No
+  // heartbeats: rank 1 has no engine to take them, and a message left
+  // unreceived would reach the next test's communicator (MPI reuses a freed
+  // communicator's id).
   Tunables tunables_ = [] {
     Tunables t = Tunables::from_env();
     t.spin_us = 100'000;
+    t.peer_timeout_ms = 0;
     return t;
   }();
   int size_ = 1, rank_ = 0;
