@@ -45,8 +45,11 @@
 #include "fashion_mnist.h"
 #include "relaxcc/create_communicator.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/membership.h"
+#include "relaxcc/rendezvous.h"
 #include "relaxcc/torch/ddp.h"
 #include "relaxcc/traffic_counter.h"
+#include "relaxcc/ucx_communicator.h"
 
 namespace {
 
@@ -80,6 +83,7 @@ struct Options {
   int threads = 1;
   std::string json, curve, init_out;
   std::string transport = "mpi";  // the wing: mpi or ucx (create_communicator.h)
+  bool elastic = false;           // go on without lost members (ucx)
   // --compare
   bool compare = false;
   int ranks = 2;
@@ -99,9 +103,10 @@ struct Options {
                "usage: mpirun -n N relaxcc-train [--algorithm NAME] [--model mlp|cnn] "
                "[--epochs E] [--batch B] [--lr LR] [--momentum M] [--seed S] [--max-steps N] "
                "[--evals-per-epoch K] [--threads T] [--data DIR] [--json PATH] [--curve PATH] "
-               "[--init-out PATH] [--transport mpi|ucx]\n"
+               "[--init-out PATH] [--transport mpi|ucx] [--elastic]\n"
                "       (ucx: RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or RELAXCC_RENDEZVOUS, "
-               "with or without mpirun)\n"
+               "with or without mpirun; --elastic: ucx, gradient_allreduce, bytegrad or qadam, "
+               "the survivors of a lost process go on)\n"
                "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
                "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
                "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd "
@@ -157,6 +162,8 @@ Options parse(int argc, char** argv) {
       o.init_out = value();
     else if (a == "--transport")
       o.transport = value();
+    else if (a == "--elastic")
+      o.elastic = true;
     else if (a == "--compare")
       o.compare = true;
     else if (a == "--ranks")
@@ -323,17 +330,38 @@ template <typename Model>
 int train(const Options& o, Model model) {
   using relaxcc::TensorView;
   torch::set_num_threads(o.threads);
-  // Counts what the algorithm's groups and splits send too.
-  const auto counter =
-      std::make_shared<relaxcc::TrafficCounter>(relaxcc::create_communicator(o.transport));
-  const relaxcc::CommunicatorPtr comm = counter;
-  const int rank = comm->rank(), ranks = comm->size();
+  relaxcc::torch::DdpOptions ddp_options;
+  relaxcc::CommunicatorPtr world;
+  if (o.elastic) {
+    RELAXCC_ENFORCE(o.transport == "ucx", InvalidArgument,
+                    "relaxcc-train: --elastic needs --transport ucx (a view change creates a UCX "
+                    "communicator on the rendezvous store)");
+    // The rendezvous store stays open for the agreements on later views.
+    relaxcc::UcxCommunicatorOptions u;
+    u.store = relaxcc::open_rendezvous_store(u.rendezvous);
+    world = relaxcc::create_ucx_communicator(u);
+    relaxcc::ElasticOptions e;
+    for (int m = 0; m < world->size(); ++m) e.view.members.push_back(m);
+    e.shrink.store = u.store;
+    e.shrink.job = u.rendezvous.job + "/elastic";
+    ddp_options.reducer.elastic = e;
+  } else {
+    world = relaxcc::create_communicator(o.transport);
+  }
+  // Counts what the algorithm's groups and splits send too (on the first
+  // view's communicator).
+  const auto counter = std::make_shared<relaxcc::TrafficCounter>(world);
   const relaxcc::train::FashionMnist data = relaxcc::train::load_fashion_mnist(o.data);
 
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
-  relaxcc::torch::DistributedDataParallel ddp(comm, *model, sgd, make_algorithm(o.algorithm, o));
+  relaxcc::torch::DistributedDataParallel ddp(counter, *model, sgd, make_algorithm(o.algorithm, o),
+                                              ddp_options);
+  // The communicator of the current view (elastic: the survivors'), its
+  // rank and size.
+  const auto comm = [&ddp] { return ddp.communicator(); };
+  const int rank0 = comm()->rank();
 
-  if (rank == 0 && !o.init_out.empty()) {
+  if (rank0 == 0 && !o.init_out.empty()) {
     // The initial weights (rank 0's, now every rank's) for the peer, as f32
     // in parameter order.
     std::string weights;
@@ -344,7 +372,7 @@ int train(const Options& o, Model model) {
 
   auto all_sum = [&](double v) {
     auto box = std::make_shared<double>(v);
-    comm->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host())->wait();
+    comm()->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host())->wait();
     return *box;
   };
   // Exact average of the models, then the test set split across ranks.
@@ -355,6 +383,7 @@ int train(const Options& o, Model model) {
       model->eval();
       std::vector<int64_t> order(static_cast<size_t>(data.test.count));
       for (int64_t i = 0; i < data.test.count; ++i) order[i] = i;
+      const int rank = comm()->rank(), ranks = comm()->size();
       const int64_t per = (data.test.count + ranks - 1) / ranks;
       const int64_t first = std::min<int64_t>(data.test.count, rank * per);
       const int64_t count = std::min<int64_t>(data.test.count - first, per);
@@ -367,7 +396,7 @@ int train(const Options& o, Model model) {
     return all_sum(correct) / static_cast<double>(data.test.count);
   };
 
-  const int64_t global_batch = static_cast<int64_t>(o.batch) * ranks;
+  const int64_t global_batch = static_cast<int64_t>(o.batch) * comm()->size();
   int64_t steps_per_epoch = data.train.count / global_batch;
   if (o.max_steps > 0) steps_per_epoch = std::min(steps_per_epoch, o.max_steps);
   const int64_t eval_every = std::max<int64_t>(1, steps_per_epoch / o.evals_per_epoch);
@@ -386,6 +415,9 @@ int train(const Options& o, Model model) {
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
       const uint64_t sent0 = counter->bytes_sent();
       const auto t0 = Clock::now();
+      // Each view splits the step's global batch among its members.
+      const int rank = comm()->rank(), ranks = comm()->size();
+      const uint64_t epoch0 = ddp.reducer().view().epoch;
       auto [x, y] = batch(data.train, order, (s * ranks + rank) * o.batch, o.batch);
       sgd.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
@@ -394,10 +426,15 @@ int train(const Options& o, Model model) {
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       bytes += counter->bytes_sent() - sent0;
       train_s += ms / 1e3;
+      if (ddp.reducer().view().epoch != epoch0 && comm()->rank() == 0)
+        std::fprintf(stderr,
+                     "\nrelaxcc-train: step %lld went on without lost members: %s, the step "
+                     "took %.0f ms\n",
+                     static_cast<long long>(s), ddp.reducer().view().describe().c_str(), ms);
       step_ms.push_back(ms);
       loss_sum += loss.template item<float>();
       ++loss_count;
-      if (rank == 0 &&
+      if (comm()->rank() == 0 &&
           (s % std::max<int64_t>(1, steps_per_epoch / 50) == 0 || s + 1 == steps_per_epoch)) {
         const int width = 30;
         const int filled = static_cast<int>(width * (s + 1) / steps_per_epoch);
@@ -410,10 +447,10 @@ int train(const Options& o, Model model) {
       }
       if ((s + 1) % eval_every == 0 || s + 1 == steps_per_epoch) {
         const double accuracy = evaluate();
-        curve.push_back({train_s, all_sum(static_cast<double>(bytes)) / ranks, accuracy});
+        curve.push_back({train_s, all_sum(static_cast<double>(bytes)) / comm()->size(), accuracy});
       }
     }
-    if (rank == 0) std::fprintf(stderr, "  test accuracy %.4f\n", curve.back().accuracy);
+    if (comm()->rank() == 0) std::fprintf(stderr, "  test accuracy %.4f\n", curve.back().accuracy);
   }
   ddp.finish();
 
@@ -426,24 +463,27 @@ int train(const Options& o, Model model) {
   auto box = std::make_shared<double>(median);
   relaxcc::AllreduceOptions mx;
   mx.op = relaxcc::ReduceOp::max;
-  comm->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host(), mx)->wait();
+  comm()->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host(), mx)->wait();
   const double step = *box;
+  const int rank = comm()->rank(), ranks = comm()->size();
   const double wall = curve.back().wall_s;
   const double bytes_per_rank = curve.back().bytes;
   const double accuracy = curve.back().accuracy;
   if (rank == 0) {
     std::printf(
         "relaxcc-train %s %s: %d ranks, %d epochs, %lld steps: test accuracy %.4f, wall %.2f s, "
-        "step %.2f ms (median), %.1f MB sent per rank\n",
+        "step %.2f ms (median), %.1f MB sent per rank%s\n",
         o.algorithm.c_str(), o.model.c_str(), ranks, o.epochs,
-        static_cast<long long>(step_ms.size()), accuracy, wall, step, bytes_per_rank / 1e6);
+        static_cast<long long>(step_ms.size()), accuracy, wall, step, bytes_per_rank / 1e6,
+        o.elastic ? (", view " + ddp.reducer().view().describe()).c_str() : "");
     if (!o.json.empty()) {
       std::ostringstream j;
       j << "{\"algorithm\": \"" << o.algorithm << "\", \"model\": \"" << o.model
         << "\", \"ranks\": " << ranks << ", \"epochs\": " << o.epochs << ", \"seed\": " << o.seed
         << ", \"steps\": " << step_ms.size() << ", \"test_accuracy\": " << accuracy
         << ", \"wall_s\": " << wall << ", \"step_ms\": " << step
-        << ", \"bytes_sent_per_rank\": " << static_cast<uint64_t>(bytes_per_rank) << "}\n";
+        << ", \"bytes_sent_per_rank\": " << static_cast<uint64_t>(bytes_per_rank)
+        << ", \"view_epoch\": " << ddp.reducer().view().epoch << "}\n";
       write_checked(o.json, j.str(), "JSON summary (--json)");
     }
     if (!o.curve.empty()) {

@@ -15,15 +15,17 @@ ByteGrad::ByteGrad(ByteGradOptions options) : options_(options) {
 AlgorithmCapabilities ByteGrad::capabilities() const {
   AlgorithmCapabilities c;
   c.depends_on_bucket_boundaries = true;  // a chunk's scale spans its bucket's values
+  c.survives_view_change = true;          // BucketFeedback::rebind
   return c;
 }
 
 void ByteGrad::init(const AlgorithmContext& ctx) {
-  ctx_ = ctx;
-  if (options_.hierarchical && !have_hierarchy_) {
+  // Built once per communicator (a view change brings another one).
+  if (options_.hierarchical && (!have_hierarchy_ || ctx.comm != ctx_.comm)) {
     hierarchy_ = build_hierarchy(*ctx.comm, ctx.tunables);
     have_hierarchy_ = true;
   }
+  ctx_ = ctx;
   // On one node the hierarchy would quantize nothing: the flat compressed
   // allreduce runs there (the layout is the same on every rank).
   use_hierarchy_ = have_hierarchy_ && hierarchy_.layout.num_nodes > 1;

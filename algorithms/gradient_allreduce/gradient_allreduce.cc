@@ -5,11 +5,12 @@
 namespace relaxcc::algorithms {
 
 void GradientAllreduce::init(const AlgorithmContext& ctx) {
-  ctx_ = ctx;
-  if (options_.hierarchical && !have_hierarchy_) {
+  // Built once per communicator (a view change brings another one).
+  if (options_.hierarchical && (!have_hierarchy_ || ctx.comm != ctx_.comm)) {
     hierarchy_ = build_hierarchy(*ctx.comm, ctx.tunables);
     have_hierarchy_ = true;
   }
+  ctx_ = ctx;
 }
 
 WorkPtr GradientAllreduce::on_bucket_ready(const StepInfo&, int bucket, const TensorView& data) {

@@ -29,6 +29,7 @@ AlgorithmCapabilities QAdam::capabilities() const {
   c.depends_on_bucket_boundaries = true;  // chunk scales span a bucket's values
   c.owns_optimizer_step = true;
   c.takes_learning_rate = true;
+  c.survives_view_change = true;  // BucketFeedback::rebind; load_state_dict drops dispatches
   return c;
 }
 
@@ -133,6 +134,7 @@ StateDict QAdam::state_dict() const {
 }
 
 void QAdam::load_state_dict(const StateDict& state) {
+  dispatched_.clear();  // a state is of a step's start: nothing dispatched yet
   m_.clear();
   v_.clear();
   const auto read = [&state](const std::string& prefix, std::map<int64_t, std::vector<float>>& to) {

@@ -29,6 +29,11 @@ struct AlgorithmCapabilities {
   // That optimizer step takes the frontend optimizer's learning rate
   // (set_learning_rate; Q-Adam), so the frontend's schedule drives it.
   bool takes_learning_rate = false;
+  // init() accepts a communicator of another size (an elastic Reducer's view
+  // change, reducer.h): state carries over as docs/algorithms.md states, and
+  // load_state_dict() of a state saved at a step's start undoes that step's
+  // partial effects (the step is then run again).
+  bool survives_view_change = false;
 };
 
 // What an algorithm sees of the job. `flat_offset[i]` is tensor i's offset

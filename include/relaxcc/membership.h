@@ -147,4 +147,19 @@ struct ShrinkResult {
 ShrinkResult shrink(Communicator& comm, const MembershipView& current,
                     const ShrinkOptions& options);
 
+// ---- Elastic training ----------------------------------------------------------
+
+// What a Reducer needs to go on without lost members (ReducerOptions::elastic,
+// reducer.h): the view its communicator runs on and how to shrink it.
+struct ElasticOptions {
+  // Communicator rank r is process view.members[r].
+  MembershipView view;
+  // The store, timeouts and UCX settings of each shrink; lost_ranks is
+  // filled in from the PeerLost that the step failed with.
+  ShrinkOptions shrink;
+  // Views changed within one iteration before the Reducer gives up and
+  // rethrows the step's PeerLost.
+  int max_view_changes_per_iteration = 3;
+};
+
 }  // namespace relaxcc

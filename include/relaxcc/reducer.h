@@ -88,6 +88,23 @@
 // agreements exchange host values over comm->host_communicator(). The host
 // optimizers of optimizer.h refuse device tensors (Unsupported).
 //
+// Elastic membership (ReducerOptions::elastic, membership.h). A step whose
+// communication fails because a member was lost (PeerLost, on any rank
+// concerned) is not lost with it: synchronize() shrinks the communicator to
+// the survivors (relaxcc::shrink: revoke, agreement on the next view, a new
+// UCX communicator), installs the same plan on new bucket memory, restores
+// the algorithm's state as it was when the iteration began and runs the
+// iteration again on the new view from the same gradients, so averages are
+// over the survivors. Nothing is asked of the caller: synchronize() returns
+// as after a healthy iteration (iteration() counts each attempt). Needs
+// copied gradients on the host (results are copied back only once every
+// bucket completed, so a failed attempt leaves the gradients as computed)
+// and an algorithm whose capabilities().survives_view_change. A rank left
+// out of the view gets Excluded; a step that changes views more than
+// ElasticOptions::max_view_changes_per_iteration times rethrows its
+// PeerLost. The algorithm's state is saved at every iteration's start (a
+// copy of its state_dict()).
+//
 // Errors of the Reducer's own collectives (plan agreement, bucket memory,
 // unused tensors, tuning, rebuild) and of the waits on bucket and algorithm
 // Works keep their type and name what they were for: their OpOptions::label
@@ -103,12 +120,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "relaxcc/algorithm.h"
 #include "relaxcc/bucket_tuner.h"
+#include "relaxcc/membership.h"
 
 namespace relaxcc {
 
@@ -125,6 +144,8 @@ struct ReducerOptions {
   bool gradient_as_bucket_view = false;
   bool rebuild_after_first_step = true;
   std::chrono::milliseconds timeout{-1};  // negative: RELAXCC_TIMEOUT_MS
+  // Set: the Reducer goes on without lost members (see above).
+  std::optional<ElasticOptions> elastic;
 };
 
 class Reducer {
@@ -190,6 +211,10 @@ class Reducer {
   // Iterations (backward passes) ended (see above).
   int64_t iteration() const;
   Algorithm& algorithm() { return *algorithm_; }
+  // The communicator the buckets use now: another one after a view change.
+  CommunicatorPtr communicator() const;
+  // The view it runs on (elastic), else epoch 0 of every rank.
+  MembershipView view() const;
   // Seconds since construction at which each bucket of the last step was
   // handed to the algorithm (for overlap measurements and tests).
   const std::vector<double>& dispatch_times() const { return dispatch_times_; }
@@ -199,6 +224,19 @@ class Reducer {
  private:
   // Starts a step; `implicit` (mark_ready, synchronize) is a no-op inside one.
   void start_step(bool implicit);
+  // One iteration's synchronize(); ends the iteration however it leaves.
+  void synchronize_iteration();
+  // Ends the iteration in progress (restores what the buckets wrote over).
+  void end_iteration();
+  // Elastic, after a PeerLost in an iteration: shrinks comm_ to the
+  // survivors, agrees with them whether the iteration stands (true: its
+  // results are copied out) or runs again (its algorithm state is restored),
+  // and installs the new rank 0's plan and the algorithm on the new
+  // communicator.
+  bool change_view();
+  // Elastic: the last collective of an iteration; then its buckets are
+  // copied out.
+  void commit(const std::string& of_iteration);
   void install_plan(BucketPlan plan);
   // Bucket memory for `plan`: one arena from comm_->allocate (node-shared on
   // one node, so allreduce reads the neighbour's bucket in place), or
@@ -239,6 +277,14 @@ class Reducer {
 
   CommunicatorPtr comm_;
   CommunicatorPtr side_;  // agreement traffic, never interleaved with buckets
+  // Elastic: the view comm_ runs on, the algorithm's state at the
+  // iteration's start, iterations committed, and how far the iteration in
+  // progress got (stage_ under mutex_: the copy thread reads it).
+  MembershipView view_;
+  StateDict step_state_;
+  int64_t committed_ = 0;
+  enum class Stage : int8_t { reducing, committing, committed };
+  Stage stage_ = Stage::reducing;
   std::vector<TensorSpec> tensors_;
   AlgorithmPtr algorithm_;
   ExecContext exec_;

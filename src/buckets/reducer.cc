@@ -127,6 +127,27 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
           context_.flat_offset.push_back(flat);
           flat += t.view.numel;
         }
+        if (options_.elastic) {
+          const ElasticOptions& e = *options_.elastic;
+          RELAXCC_ENFORCE(!options_.gradient_as_bucket_view, InvalidArgument,
+                          "Reducer: elastic needs copied gradients (gradient_as_bucket_view off): "
+                          "a step run again on a new view starts from the gradients as computed");
+          RELAXCC_ENFORCE(algorithm_->capabilities().survives_view_change, Unsupported,
+                          "Reducer: elastic with ", algorithm_->name(),
+                          ", which does not survive a view change (gradient_allreduce, bytegrad "
+                          "and qadam do)");
+          RELAXCC_ENFORCE(e.shrink.store != nullptr, InvalidArgument,
+                          "Reducer: elastic without a store (ElasticOptions::shrink.store)");
+          RELAXCC_ENFORCE_EQ(e.view.size(), comm_->size(), InvalidArgument,
+                             "Reducer: elastic: the view ", e.view.describe(),
+                             " and the communicator differ in size");
+          RELAXCC_ENFORCE(e.max_view_changes_per_iteration >= 1, InvalidArgument,
+                          "Reducer: elastic: max_view_changes_per_iteration is ",
+                          e.max_view_changes_per_iteration, " (at least 1)");
+          RELAXCC_ENFORCE(!device.is_cuda(), Unsupported,
+                          "Reducer: elastic with device tensors (a view change creates a UCX "
+                          "communicator, which moves host memory)");
+        }
         if (device.is_cuda()) {
           // Checked before any CUDA call.
           RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ",
@@ -147,6 +168,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
     // communicator of a device communicator (NCCL's bootstrap).
     side_ = (host ? host : comm_)->split(0, comm_->rank());
   });
+  if (options_.elastic) view_ = options_.elastic->view;
   warned_.assign(tensors_.size(), 0);
   accumulated_.assign(tensors_.size(), 0);
   used_in_step_.assign(tensors_.size(), 0);
@@ -346,6 +368,10 @@ void Reducer::start_step(bool implicit) {
   ready_order_.clear();
   dispatch_times_.clear();
   if (!no_sync_) {
+    if (options_.elastic) {
+      step_state_ = algorithm_->state_dict();
+      stage_ = Stage::reducing;
+    }
     if (WorkPtr w = algorithm_->on_step_begin(StepInfo{step_})) step_works_.push_back(std::move(w));
     dispatch_ready_buckets_locked();  // empty buckets
   }
@@ -434,6 +460,9 @@ void Reducer::copy_in_next(std::unique_lock<std::mutex>& lock) {
 }
 
 void Reducer::copy_out_completed(std::unique_lock<std::mutex>& lock) {
+  // Elastic: the gradients stay as computed until the iteration committed,
+  // for an iteration that runs again on a new view.
+  if (options_.elastic && stage_ != Stage::committed) return;
   while (next_copy_out_ < next_dispatch_) {
     const WorkPtr& w = works_[next_copy_out_];
     if (w && (!w->is_completed() || w->exception())) return;
@@ -470,6 +499,164 @@ void Reducer::dispatch_ready_buckets_locked() {
 }
 
 void Reducer::synchronize() {
+  if (!options_.elastic) return synchronize_iteration();
+  int changes = 0;
+  std::vector<int> marks;  // the iteration's, in ready order
+  for (;;) {
+    try {
+      if (changes > 0) {
+        start_step(false);
+        for (int i : marks) mark_ready(i);
+      }
+      synchronize_iteration();
+      return;
+    } catch (const PeerLost& e) {
+      if (++changes > options_.elastic->max_view_changes_per_iteration) throw;
+      bool open = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        open = in_step_;  // it failed before synchronize_iteration() started
+        if (changes == 1) marks = ready_order_;
+      }
+      if (open) end_iteration();
+      RELAXCC_LOG(warn, "Reducer: iteration ", iteration() - 1, " failed on ", view_.describe(),
+                  " (", e.message(), "): changing the view and running it again");
+      // A member lost while the view changes: change it again.
+      for (;;) {
+        try {
+          if (!change_view()) break;
+          return;  // the iteration stands
+        } catch (const PeerLost&) {
+          if (++changes > options_.elastic->max_view_changes_per_iteration) throw;
+        }
+      }
+    }
+  }
+}
+
+bool Reducer::change_view() {
+  ShrinkOptions o = options_.elastic->shrink;
+  o.lost_ranks.clear();
+  // This rank's evidence, as a rank of comm_: the rank its poisoning names
+  // (the PeerLost may come from an algorithm's group and name a rank of that
+  // group). Without it the agreement waits for the others' reports.
+  int peer = -1;
+  if (comm_->poisoned()) {
+    try {
+      comm_->barrier()->wait(std::chrono::milliseconds(0));
+    } catch (const PeerLost& named) {
+      peer = named.peer();
+    } catch (const Error&) {
+    }
+  }
+  if (peer >= 0 && peer < comm_->size() && peer != comm_->rank()) o.lost_ranks.push_back(peer);
+  const MembershipView from = view_;
+  ShrinkResult next = shrink(*comm_, view_, o);  // Excluded, Timeout: the caller's
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm_ = std::move(next.comm);
+    view_ = std::move(next.view);
+  }
+  side_ = comm_->split(0, comm_->rank());
+  context_.comm = comm_;
+  RELAXCC_LOG(warn, "Reducer: the view changed from ", from.describe(), " to ", view_.describe());
+
+  // Where each survivor stands: iterations committed, and how far it got in
+  // the one that failed. A commit completes on a rank only once every
+  // member reached it, so a survivor that never reached its commit means
+  // that nobody committed that iteration: whoever is at that count runs it
+  // again. Otherwise the iteration's results are complete on every survivor
+  // at that count, and it stands there (a survivor one count ahead has
+  // committed it).
+  const int n = comm_->size();
+  Stage stage = Stage::reducing;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stage = stage_;
+  }
+  auto mine = std::make_shared<std::array<int64_t, 2>>(
+      std::array<int64_t, 2>{committed_, static_cast<int64_t>(stage)});
+  auto all = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
+  // The plan of the new rank 0, so that every survivor packs alike (one may
+  // have rebuilt its plan after a commit that another missed).
+  const int count = static_cast<int>(tensors_.size());
+  auto order = std::make_shared<std::vector<int32_t>>(plan_.order().begin(), plan_.order().end());
+  order->push_back(rebuilt_ ? 1 : 0);
+  run_labeled(
+      "Reducer: where the survivors stand after the view change", [&](const std::string& label) {
+        AllgatherOptions a;
+        a.label = label;
+        return side_->allgather(TensorView::host(mine->data(), 2, mine),
+                                TensorView::host(all->data(), 2 * n, all), ExecContext::host(), a);
+      });
+  run_labeled("Reducer: rank 0's plan after the view change", [&](const std::string& label) {
+    BroadcastOptions b;
+    b.label = label;
+    return side_->broadcast(TensorView::host(order->data(), count + 1, order), ExecContext::host(),
+                            b);
+  });
+  bool unreached = false;  // a survivor at this rank's count never reached the commit
+  for (int r = 0; r < n; ++r)
+    if ((*all)[2 * r] == committed_ && (*all)[2 * r + 1] == static_cast<int64_t>(Stage::reducing))
+      unreached = true;
+  const bool stands = stage == Stage::committed || (stage == Stage::committing && !unreached);
+  if (stage == Stage::committing && stands) {
+    // Its results are complete: committed here too, then copied out of the
+    // old buckets.
+    ++committed_;
+    std::unique_lock<std::mutex> lock(mutex_);
+    stage_ = Stage::committed;
+    for (size_t b = 0; b < plan_.buckets().size(); ++b) copy_out(static_cast<int>(b));
+  }
+  // The algorithm's state as the iteration began, for an iteration that
+  // runs again (loaded before its plan or communicator changes: the state
+  // is of those).
+  if (!stands) algorithm_->load_state_dict(step_state_);
+  std::vector<int> agreed(order->begin(), order->begin() + count);
+  rebuilt_ = order->back() != 0;
+  install_plan(BucketPlan::build(tensors_, agreed, options_.plan));
+  ++plan_version_;
+  algorithm_->init(context_);
+  for (auto& cb : plan_callbacks_) cb();
+  return stands;
+}
+
+CommunicatorPtr Reducer::communicator() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return comm_;
+}
+
+MembershipView Reducer::view() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (options_.elastic) return view_;
+  MembershipView all;
+  for (int r = 0; r < comm_->size(); ++r) all.members.push_back(r);
+  return all;
+}
+
+void Reducer::end_iteration() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // A copy still running (after an error) finishes before the iteration ends.
+  copier_idle_cv_.wait(lock, [this] { return copier_idle(); });
+  // Tensors unused everywhere get their values back, however the iteration
+  // ended.
+  try {
+    for (const auto& [i, bytes] : std::exchange(kept_, {})) {
+      const auto [b, e] = plan_.locate(i);
+      const Bucket& bucket = plan_.buckets()[b];
+      memory_->write(detail::slot_ptr(storage_[b], bucket.entries[e], bucket.dtype), bytes);
+    }
+    // Work enqueued on the producer stream afterwards sees the results.
+    memory_->publish();
+  } catch (const std::exception& e) {
+    RELAXCC_LOG(error, "Reducer: ending the iteration: ", e.what());
+  }
+  next_copy_out_ = next_dispatch_;
+  in_step_ = false;
+  ++iteration_;
+}
+
+void Reducer::synchronize_iteration() {
   start_step(true);  // an iteration with no gradient at all on this rank starts here
   int64_t iteration = 0;
   {
@@ -481,31 +668,10 @@ void Reducer::synchronize() {
     }
     iteration = iteration_;
   }
-  // Ends the iteration however synchronize() leaves.
+  // Ends the iteration however synchronize_iteration() leaves.
   struct EndStep {
     Reducer* r;
-    ~EndStep() {
-      std::unique_lock<std::mutex> lock(r->mutex_);
-      // A copy still running (after an error) finishes before the iteration ends.
-      r->copier_idle_cv_.wait(lock, [this] { return r->copier_idle(); });
-      // Tensors unused everywhere get their values back, however the
-      // iteration ended.
-      try {
-        for (const auto& [i, bytes] : std::exchange(r->kept_, {})) {
-          const auto [b, e] = r->plan_.locate(i);
-          const Bucket& bucket = r->plan_.buckets()[b];
-          r->memory_->write(detail::slot_ptr(r->storage_[b], bucket.entries[e], bucket.dtype),
-                            bytes);
-        }
-        // Work enqueued on the producer stream afterwards sees the results.
-        r->memory_->publish();
-      } catch (const std::exception& e) {
-        RELAXCC_LOG(error, "Reducer: ending the iteration: ", e.what());
-      }
-      r->next_copy_out_ = r->next_dispatch_;
-      r->in_step_ = false;
-      ++r->iteration_;
-    }
+    ~EndStep() { r->end_iteration(); }
   } end_step{this};
   const std::string of_iteration = detail::concat(" of iteration ", iteration);
   {
@@ -553,12 +719,34 @@ void Reducer::synchronize() {
     wait_copier_idle(lock);
   }
   if (first_error) std::rethrow_exception(first_error);
-  if (WorkPtr w = algorithm_->on_backward_end(StepInfo{step_})) {
-    wait_labeled(w, timeout(), "Reducer: the algorithm's on_backward_end work" + of_iteration);
+  const WorkPtr end = algorithm_->on_backward_end(StepInfo{step_});
+  if (end)
+    wait_labeled(end, timeout(), "Reducer: the algorithm's on_backward_end work" + of_iteration);
+  if (options_.elastic) {
+    commit(of_iteration);  // copies every bucket out
+  } else if (end) {
     for (size_t b = 0; b < works.size(); ++b)
       copy_out(static_cast<int>(b));  // it may have changed buckets
   }
   if (options_.rebuild_after_first_step && !rebuilt_) rebuild_from_ready_order();
+}
+
+void Reducer::commit(const std::string& of_iteration) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stage_ = Stage::committing;
+  }
+  auto flag = std::make_shared<int32_t>(1);
+  run_labeled("Reducer: commit" + of_iteration, [&](const std::string& label) {
+    AllreduceOptions o;
+    o.op = ReduceOp::min;
+    o.label = label;
+    return side_->allreduce(TensorView::host(flag.get(), 1, flag), ExecContext::host(), o);
+  });
+  ++committed_;
+  std::unique_lock<std::mutex> lock(mutex_);
+  stage_ = Stage::committed;
+  copy_out_completed(lock);
 }
 
 void Reducer::copy_out(int b) {

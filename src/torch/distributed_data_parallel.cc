@@ -349,7 +349,7 @@ void DistributedDataParallel::broadcast(const std::vector<Tensor>& tensors,
 void DistributedDataParallel::check_even(bool has_data) {
   const int n = comm_->size();
   const std::vector<int64_t> all = allgather_ints(
-      *check_comm_, {steps(), has_data}, "DistributedDataParallel: uneven-input check", timeout());
+      check_comm(), {steps(), has_data}, "DistributedDataParallel: uneven-input check", timeout());
   std::vector<int> finished, going;
   std::string steps;
   for (int r = 0; r < n; ++r) {
@@ -365,7 +365,7 @@ void DistributedDataParallel::check_even(bool has_data) {
 
 void DistributedDataParallel::on_gradient_ready(int param) {
   if (!in_backward_) {
-    if (!no_sync_ && options_.check_uneven_inputs) check_even(true);
+    if (!no_sync_ && checks_uneven_inputs()) check_even(true);
     in_backward_ = true;
     backward_since_step_ = true;
     ::torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
@@ -391,6 +391,22 @@ void DistributedDataParallel::end_backward() {
   } reset{in_backward_};
   reducer_->synchronize();
   if (!no_sync_) synced_since_step_ = true;
+  follow_view();
+}
+
+bool DistributedDataParallel::checks_uneven_inputs() const {
+  return options_.check_uneven_inputs && !options_.reducer.elastic;
+}
+
+void DistributedDataParallel::follow_view() {
+  if (reducer_->communicator() == comm_) return;
+  comm_ = reducer_->communicator();
+  check_comm_ = nullptr;  // split again when next needed (collective)
+}
+
+Communicator& DistributedDataParallel::check_comm() {
+  if (!check_comm_) check_comm_ = comm_->split(0, comm_->rank());
+  return *check_comm_;
 }
 
 void DistributedDataParallel::step() {
@@ -404,15 +420,16 @@ void DistributedDataParallel::step() {
                     "the step outside no_sync()");
     // No gradient reached this rank in this step's backward: join the
     // others' end of backward.
-    if (options_.check_uneven_inputs) check_even(true);
+    if (checks_uneven_inputs()) check_even(true);
     reducer_->synchronize();
+    follow_view();
   }
   if (algorithm_->need_reset(StepInfo{reducer_->step()})) optimizer_.state().clear();
   pass_learning_rate();
   reducer_->optimizer_step(*torch_step_);
   synced_since_step_ = false;
   backward_since_step_ = false;
-  if (options_.broadcast_buffers && !buffers_.empty())
+  if (options_.broadcast_buffers && !options_.reducer.elastic && !buffers_.empty())
     broadcast(buffers_, "buffers from rank 0 after a step");
 }
 
@@ -431,7 +448,7 @@ DistributedDataParallel::NoSync::~NoSync() {
 }
 
 void DistributedDataParallel::finish() {
-  check_even(false);
+  if (checks_uneven_inputs()) check_even(false);
 }
 
 void DistributedDataParallel::with_averaged_model(const std::function<void()>& fn) {
@@ -603,10 +620,10 @@ void DistributedDataParallel::load(const std::string& prefix) {
   // ranks fail at once (collective_setup.h). The errors thrown after an
   // agreement are raised by every rank together.
   auto alone = [&](auto&& fn) -> decltype(auto) {
-    return poison_on_error({comm_.get(), check_comm_.get()}, fn);
+    return poison_on_error({comm_.get(), &check_comm()}, fn);
   };
   const std::vector<int64_t> all = alone([&] {
-    return allgather_ints(*check_comm_, {saved_world, error.empty() ? 1 : 0, plan ? 1 : 0},
+    return allgather_ints(check_comm(), {saved_world, error.empty() ? 1 : 0, plan ? 1 : 0},
                           "DistributedDataParallel: checkpoint agreement", timeout());
   });
   std::string other_count;
@@ -689,7 +706,7 @@ void DistributedDataParallel::load(const std::string& prefix) {
                        ": cannot restore the state in checkpoint '", path, "': ", e.what());
   }
   const std::vector<int64_t> loaded = alone([&] {
-    return allgather_ints(*check_comm_, {load_error.empty() ? 1 : 0},
+    return allgather_ints(check_comm(), {load_error.empty() ? 1 : 0},
                           "DistributedDataParallel: checkpoint restored", timeout());
   });
   std::vector<int> refused;

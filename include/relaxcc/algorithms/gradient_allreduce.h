@@ -19,7 +19,11 @@ class GradientAllreduce final : public Algorithm {
  public:
   explicit GradientAllreduce(GradientAllreduceOptions options = {}) : options_(options) {}
   std::string name() const override { return "gradient_allreduce"; }
-  AlgorithmCapabilities capabilities() const override { return {}; }
+  AlgorithmCapabilities capabilities() const override {
+    AlgorithmCapabilities c;
+    c.survives_view_change = true;  // stateless: averages over the new view
+    return c;
+  }
   void init(const AlgorithmContext& ctx) override;
   WorkPtr on_bucket_ready(const StepInfo& step, int bucket, const TensorView& data) override;
 

@@ -126,12 +126,16 @@
 namespace relaxcc::torch {
 
 struct DdpOptions {
-  // Bucket caps, gradient_as_bucket_view, plan rebuild, timeout.
+  // Bucket caps, gradient_as_bucket_view, plan rebuild, timeout, and
+  // elastic membership (reducer.h): with reducer.elastic set, training goes
+  // on without lost members, and communicator() follows the Reducer's view.
   ReducerOptions reducer;
   // Broadcast buffers (batch-norm statistics) from rank 0 after every step.
+  // Not with reducer.elastic (a collective outside the Reducer's iteration,
+  // which a view change could leave done on some survivors only).
   bool broadcast_buffers = true;
   // One 16-byte allgather per synchronized backward that turns uneven inputs
-  // into InvalidArgument (see above).
+  // into InvalidArgument (see above). Not with reducer.elastic (as above).
   bool check_uneven_inputs = true;
 };
 
@@ -187,6 +191,7 @@ class DistributedDataParallel {
 
   Algorithm& algorithm();
   const Reducer& reducer() const { return *reducer_; }
+  // The Reducer's communicator as of the last synchronized backward.
   const CommunicatorPtr& communicator() const { return comm_; }
   // Optimizer steps taken (resumed checkpoints included).
   int64_t steps() const;
@@ -202,6 +207,13 @@ class DistributedDataParallel {
   void end_backward();
   // The uneven-input check: allgather of (steps, has data).
   void check_even(bool has_data);
+  bool checks_uneven_inputs() const;
+  // After a synchronized backward: comm_ becomes the Reducer's communicator
+  // (another one after a view change).
+  void follow_view();
+  // The communicator of the checks and checkpoint agreements, split from
+  // comm_ when first needed after a view change (collective).
+  Communicator& check_comm();
   // param.grad of every parameter points at the memory the Reducer uses.
   void point_gradients();
   void broadcast(const std::vector<::torch::Tensor>& tensors, const std::string& what);
