@@ -4,19 +4,7 @@
 #   test_bench_without_mpirun.sh <relaxcc-bench>
 set -u
 bench=$1
-# A free port below the ephemeral range (32768 and up): no outgoing
-# connection takes it before rank 0's store binds it.
-port=$(/usr/bin/python3 -c '
-import random, socket
-while True:
-    p = random.randrange(20000, 32000)
-    with socket.socket() as s:
-        try:
-            s.bind(("", p))
-        except OSError:
-            continue
-    print(p)
-    break')
+port=$("$(dirname "$0")/../scripts/free-port") || exit 1
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 args=(allreduce -b 8 -e 1M -f 32 -n 20 -w 2 --impl relaxcc --transport ucx)
