@@ -203,6 +203,7 @@ AlgorithmPtr make_gradient_allreduce() {
 AlgorithmPtr make_bytegrad() {
   algorithms::ByteGradOptions o;
   o.error_feedback = true;
+  o.hierarchical = false;
   return std::make_shared<algorithms::ByteGrad>(o);
 }
 
@@ -317,8 +318,9 @@ TEST_F(Elastic, SurvivorsAgreeOnEveryStepWhenAMemberDiesAtARandomMoment) {
 }
 
 // What an elastic Reducer refuses, on every rank, before it communicates:
-// bucket views, an algorithm that does not survive a view change, no store,
-// a view of another size.
+// bucket views, an algorithm that does not survive a view change (local
+// SGD, hierarchical gradient allreduce), no store, a view of another size,
+// bucket tuning.
 TEST_F(Elastic, RefusesWhatCannotChangeViews) {
   std::vector<ChildRun> members;
   members.push_back(fork_child([port = server_.port()]() -> std::string {
@@ -353,6 +355,12 @@ TEST_F(Elastic, RefusesWhatCannotChangeViews) {
     ReducerOptions wide = good;
     wide.elastic->view.members.push_back(1);
     attempt("view of 2", wide, make_gradient_allreduce());
+    ReducerOptions tuned = good;
+    tuned.auto_tune_buckets = true;
+    attempt("bucket tuning", tuned, make_gradient_allreduce());
+    algorithms::GradientAllreduceOptions h;
+    h.hierarchical = true;
+    attempt("hierarchical", good, std::make_shared<algorithms::GradientAllreduce>(h));
     attempt("good", good, make_gradient_allreduce());
     return out.str();
   }));
@@ -360,7 +368,8 @@ TEST_F(Elastic, RefusesWhatCannotChangeViews) {
   ASSERT_TRUE(WIFEXITED(members[0].status) && WEXITSTATUS(members[0].status) == 0);
   EXPECT_EQ(members[0].text,
             "bucket views: InvalidArgument\nlocal_sgd: Unsupported\nno store: "
-            "InvalidArgument\nview of 2: InvalidArgument\ngood: accepted\n");
+            "InvalidArgument\nview of 2: InvalidArgument\nbucket tuning: InvalidArgument\n"
+            "hierarchical: Unsupported\ngood: accepted\n");
 }
 
 }  // namespace

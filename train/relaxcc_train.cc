@@ -106,7 +106,7 @@ struct Options {
                "[--init-out PATH] [--transport mpi|ucx] [--elastic]\n"
                "       (ucx: RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or RELAXCC_RENDEZVOUS, "
                "with or without mpirun; --elastic: ucx, gradient_allreduce, bytegrad or qadam, "
-               "the survivors of a lost process go on)\n"
+               "the survivors of a lost process go on; bytes sent count the first view only)\n"
                "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
                "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
                "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd "
@@ -412,17 +412,20 @@ int train(const Options& o, Model model) {
   int64_t loss_count = 0;
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     const std::vector<int64_t> order = permutation(data.train.count, o.seed, epoch);
+    // Samples of `order` handed out so far: each step takes a batch per
+    // member of the view it ends on (an epoch keeps its number of steps;
+    // after a view change it covers fewer samples, none twice).
+    int64_t taken = 0;
     for (int64_t s = 0; s < steps_per_epoch; ++s) {
       const uint64_t sent0 = counter->bytes_sent();
       const auto t0 = Clock::now();
-      // Each view splits the step's global batch among its members.
-      const int rank = comm()->rank(), ranks = comm()->size();
       const uint64_t epoch0 = ddp.reducer().view().epoch;
-      auto [x, y] = batch(data.train, order, (s * ranks + rank) * o.batch, o.batch);
+      auto [x, y] = batch(data.train, order, taken + comm()->rank() * o.batch, o.batch);
       sgd.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
       loss.backward();
       ddp.step();
+      taken += comm()->size() * static_cast<int64_t>(o.batch);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       bytes += counter->bytes_sent() - sent0;
       train_s += ms / 1e3;

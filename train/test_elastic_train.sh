@@ -12,7 +12,7 @@ trap 'kill -9 "${pids[@]}" 2>/dev/null; rm -rf "$out"' EXIT
 export RELAXCC_RENDEZVOUS=127.0.0.1:$port WORLD_SIZE=4 RELAXCC_TIMEOUT_MS=30000 UCX_NET_DEVICES=lo
 unset OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE PMIX_RANK PMI_RANK
 for r in 0 1 2 3; do
-  RANK=$r "$train" --transport ucx --elastic --epochs 2 --batch 16 --evals-per-epoch 2 \
+  RANK=$r "$train" --transport ucx --elastic --epochs 2 --batch 16 --evals-per-epoch 1 \
     >"$out/$r" 2>"$out/$r.err" &
   pids+=($!)
 done

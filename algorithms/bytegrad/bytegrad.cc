@@ -14,8 +14,8 @@ ByteGrad::ByteGrad(ByteGradOptions options) : options_(options) {
 
 AlgorithmCapabilities ByteGrad::capabilities() const {
   AlgorithmCapabilities c;
-  c.depends_on_bucket_boundaries = true;  // a chunk's scale spans its bucket's values
-  c.survives_view_change = true;          // BucketFeedback::rebind
+  c.depends_on_bucket_boundaries = true;            // a chunk's scale spans its bucket's values
+  c.survives_view_change = !options_.hierarchical;  // BucketFeedback::rebind; as gradient_allreduce
   return c;
 }
 

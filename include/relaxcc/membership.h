@@ -155,7 +155,9 @@ struct ElasticOptions {
   // Communicator rank r is process view.members[r].
   MembershipView view;
   // The store, timeouts and UCX settings of each shrink; lost_ranks is
-  // filled in from the PeerLost that the step failed with.
+  // filled in from the rank that the poisoned communicator names lost.
+  // shrink.agreement.timeout must exceed a step's compute time: a survivor
+  // joins the agreement when it reaches synchronize().
   ShrinkOptions shrink;
   // Views changed within one iteration before the Reducer gives up and
   // rethrows the step's PeerLost.

@@ -88,22 +88,28 @@
 // agreements exchange host values over comm->host_communicator(). The host
 // optimizers of optimizer.h refuse device tensors (Unsupported).
 //
-// Elastic membership (ReducerOptions::elastic, membership.h). A step whose
-// communication fails because a member was lost (PeerLost, on any rank
-// concerned) is not lost with it: synchronize() shrinks the communicator to
-// the survivors (relaxcc::shrink: revoke, agreement on the next view, a new
-// UCX communicator), installs the same plan on new bucket memory, restores
-// the algorithm's state as it was when the iteration began and runs the
-// iteration again on the new view from the same gradients, so averages are
-// over the survivors. Nothing is asked of the caller: synchronize() returns
-// as after a healthy iteration (iteration() counts each attempt). Needs
-// copied gradients on the host (results are copied back only once every
-// bucket completed, so a failed attempt leaves the gradients as computed)
-// and an algorithm whose capabilities().survives_view_change. A rank left
-// out of the view gets Excluded; a step that changes views more than
-// ElasticOptions::max_view_changes_per_iteration times rethrows its
-// PeerLost. The algorithm's state is saved at every iteration's start (a
-// copy of its state_dict()).
+// Elastic membership (ReducerOptions::elastic, membership.h). An iteration
+// whose communication in synchronize() fails because a member was lost
+// (PeerLost, or another communication error on a communicator that the loss
+// or a survivor's revoke poisoned) is not lost with it: synchronize()
+// shrinks the communicator to the survivors (relaxcc::shrink: revoke,
+// agreement on the next view, a new UCX communicator), agrees with them
+// whether the iteration stands (every member had reached its commit, the
+// last collective of an elastic iteration) or runs again, installs the new
+// rank 0's plan on new bucket memory, and, to run it again, restores the
+// algorithm's state and the unused-tensor bookkeeping as they were when the
+// iteration began and reduces the same gradients over the survivors
+// (docs/architecture.md, "The elastic Reducer"). Nothing is asked of the
+// caller: synchronize() returns as after a healthy iteration (iteration()
+// counts the attempts this rank ran). Needs copied gradients on the host
+// (results are copied back only after the commit, so a failed attempt
+// leaves the gradients as computed), no bucket tuning, and an algorithm whose
+// capabilities().survives_view_change. A loss seen outside synchronize()
+// (begin_step, mark_ready, optimizer_step) reaches the caller. A rank left
+// out of the view gets Excluded; an iteration that changes views more than
+// ElasticOptions::max_view_changes_per_iteration times rethrows its error.
+// Costs: a copy of the algorithm's state_dict() at every iteration's start,
+// and one 4-byte allreduce (the commit) per iteration.
 //
 // Errors of the Reducer's own collectives (plan agreement, bucket memory,
 // unused tensors, tuning, rebuild) and of the waits on bucket and algorithm
@@ -237,6 +243,13 @@ class Reducer {
   // Elastic: the last collective of an iteration; then its buckets are
   // copied out.
   void commit(const std::string& of_iteration);
+  // Elastic: whether an iteration's failure comes from a lost member (a
+  // PeerLost, or another communication error on a communicator that a loss
+  // or a survivor's revoke poisoned; not Excluded, Timeout or PeerMismatch).
+  bool lost_a_member(const CommunicationError& e) const;
+  // Elastic, when an iteration begins: what an iteration that runs again
+  // restores.
+  void save_iteration_start();
   void install_plan(BucketPlan plan);
   // Bucket memory for `plan`: one arena from comm_->allocate (node-shared on
   // one node, so allreduce reads the neighbour's bucket in place), or
@@ -277,11 +290,14 @@ class Reducer {
 
   CommunicatorPtr comm_;
   CommunicatorPtr side_;  // agreement traffic, never interleaved with buckets
-  // Elastic: the view comm_ runs on, the algorithm's state at the
-  // iteration's start, iterations committed, and how far the iteration in
-  // progress got (stage_ under mutex_: the copy thread reads it).
+  // Elastic: the view comm_ runs on, iterations committed, and how far the
+  // iteration in progress got (stage_ under mutex_: the copy thread reads it).
   MembershipView view_;
-  StateDict step_state_;
+  // What an iteration that runs again restores (save_iteration_start).
+  struct IterationStart {
+    StateDict algorithm;
+    std::vector<char> accumulated, used_in_step, warned;
+  } iteration_start_;
   int64_t committed_ = 0;
   enum class Stage : int8_t { reducing, committing, committed };
   Stage stage_ = Stage::reducing;

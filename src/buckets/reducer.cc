@@ -134,8 +134,8 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
                           "a step run again on a new view starts from the gradients as computed");
           RELAXCC_ENFORCE(algorithm_->capabilities().survives_view_change, Unsupported,
                           "Reducer: elastic with ", algorithm_->name(),
-                          ", which does not survive a view change (gradient_allreduce, bytegrad "
-                          "and qadam do)");
+                          ", which does not survive a view change (gradient_allreduce and "
+                          "bytegrad without hierarchical, and qadam do)");
           RELAXCC_ENFORCE(e.shrink.store != nullptr, InvalidArgument,
                           "Reducer: elastic without a store (ElasticOptions::shrink.store)");
           RELAXCC_ENFORCE_EQ(e.view.size(), comm_->size(), InvalidArgument,
@@ -144,6 +144,9 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
           RELAXCC_ENFORCE(e.max_view_changes_per_iteration >= 1, InvalidArgument,
                           "Reducer: elastic: max_view_changes_per_iteration is ",
                           e.max_view_changes_per_iteration, " (at least 1)");
+          RELAXCC_ENFORCE(!options_.auto_tune_buckets, InvalidArgument,
+                          "Reducer: elastic with auto_tune_buckets (survivors that run an "
+                          "iteration again would tune from other samples than those that keep it)");
           RELAXCC_ENFORCE(!device.is_cuda(), Unsupported,
                           "Reducer: elastic with device tensors (a view change creates a UCX "
                           "communicator, which moves host memory)");
@@ -352,6 +355,7 @@ void Reducer::start_step(bool implicit) {
                     ", which synchronize() has not ended (iterations count backward passes since "
                     "construction, "
                     "from 0)");
+    stage_ = Stage::reducing;
   }
   if (tuner_ && !tuner_->done() && !no_sync_) tune_at_step_boundary();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -368,10 +372,7 @@ void Reducer::start_step(bool implicit) {
   ready_order_.clear();
   dispatch_times_.clear();
   if (!no_sync_) {
-    if (options_.elastic) {
-      step_state_ = algorithm_->state_dict();
-      stage_ = Stage::reducing;
-    }
+    if (options_.elastic) save_iteration_start();
     if (WorkPtr w = algorithm_->on_step_begin(StepInfo{step_})) step_works_.push_back(std::move(w));
     dispatch_ready_buckets_locked();  // empty buckets
   }
@@ -510,8 +511,8 @@ void Reducer::synchronize() {
       }
       synchronize_iteration();
       return;
-    } catch (const PeerLost& e) {
-      if (++changes > options_.elastic->max_view_changes_per_iteration) throw;
+    } catch (const CommunicationError& e) {
+      if (!lost_a_member(e) || ++changes > options_.elastic->max_view_changes_per_iteration) throw;
       bool open = false;
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -519,15 +520,20 @@ void Reducer::synchronize() {
         if (changes == 1) marks = ready_order_;
       }
       if (open) end_iteration();
-      RELAXCC_LOG(warn, "Reducer: iteration ", iteration() - 1, " failed on ", view_.describe(),
-                  " (", e.message(), "): changing the view and running it again");
-      // A member lost while the view changes: change it again.
+      RELAXCC_LOG(warn, "Reducer: an iteration of optimizer step ", step_, " failed on ",
+                  view_.describe(), " (", e.message(), "): changing the view");
+      // A member lost while the view changes (or another survivor's revoke
+      // of the new communicator): change it again. shrink's own errors
+      // (Excluded, Timeout) reach the caller.
       for (;;) {
         try {
           if (!change_view()) break;
           return;  // the iteration stands
-        } catch (const PeerLost&) {
-          if (++changes > options_.elastic->max_view_changes_per_iteration) throw;
+        } catch (const CommunicationError& again) {
+          if ((dynamic_cast<const PeerLost*>(&again) == nullptr &&
+               dynamic_cast<const CommunicatorPoisoned*>(&again) == nullptr) ||
+              ++changes > options_.elastic->max_view_changes_per_iteration)
+            throw;
         }
       }
     }
@@ -608,15 +614,26 @@ bool Reducer::change_view() {
     stage_ = Stage::committed;
     for (size_t b = 0; b < plan_.buckets().size(); ++b) copy_out(static_cast<int>(b));
   }
-  // The algorithm's state as the iteration began, for an iteration that
-  // runs again (loaded before its plan or communicator changes: the state
-  // is of those).
-  if (!stands) algorithm_->load_state_dict(step_state_);
+  if (!stands) {
+    // As the iteration began: the algorithm's state (loaded before its plan
+    // or communicator changes: the state is of those) and what the
+    // unused-tensor agreement keeps.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stage_ = Stage::reducing;
+      accumulated_ = iteration_start_.accumulated;
+      used_in_step_ = iteration_start_.used_in_step;
+      warned_ = iteration_start_.warned;
+    }
+    algorithm_->load_state_dict(iteration_start_.algorithm);
+  }
   std::vector<int> agreed(order->begin(), order->begin() + count);
   rebuilt_ = order->back() != 0;
   install_plan(BucketPlan::build(tensors_, agreed, options_.plan));
   ++plan_version_;
   algorithm_->init(context_);
+  // A further view change within this iteration restores this state.
+  if (!stands) iteration_start_.algorithm = algorithm_->state_dict();
   for (auto& cb : plan_callbacks_) cb();
   return stands;
 }
@@ -747,6 +764,23 @@ void Reducer::commit(const std::string& of_iteration) {
   std::unique_lock<std::mutex> lock(mutex_);
   stage_ = Stage::committed;
   copy_out_completed(lock);
+  wait_copier_idle(lock);  // the plan may change next (the rebuild after the first step)
+}
+
+bool Reducer::lost_a_member(const CommunicationError& e) const {
+  if (dynamic_cast<const PeerLost*>(&e) != nullptr) return true;
+  if (dynamic_cast<const Excluded*>(&e) != nullptr || dynamic_cast<const Timeout*>(&e) != nullptr ||
+      dynamic_cast<const PeerMismatch*>(&e) != nullptr)
+    return false;
+  // A notice of another survivor's revoke, a stage after a failed one.
+  return comm_->poisoned() || side_->poisoned();
+}
+
+void Reducer::save_iteration_start() {
+  iteration_start_.algorithm = algorithm_->state_dict();
+  iteration_start_.accumulated = accumulated_;
+  iteration_start_.used_in_step = used_in_step_;
+  iteration_start_.warned = warned_;
 }
 
 void Reducer::copy_out(int b) {

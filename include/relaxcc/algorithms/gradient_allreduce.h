@@ -21,7 +21,9 @@ class GradientAllreduce final : public Algorithm {
   std::string name() const override { return "gradient_allreduce"; }
   AlgorithmCapabilities capabilities() const override {
     AlgorithmCapabilities c;
-    c.survives_view_change = true;  // stateless: averages over the new view
+    // Stateless: averages over the new view. Not hierarchical: a loss across
+    // nodes leaves the node groups without it unpoisoned.
+    c.survives_view_change = !options_.hierarchical;
     return c;
   }
   void init(const AlgorithmContext& ctx) override;
