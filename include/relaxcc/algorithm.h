@@ -32,7 +32,9 @@ struct AlgorithmCapabilities {
   // init() accepts a communicator of another size (an elastic Reducer's view
   // change, reducer.h): state carries over as docs/algorithms.md states, and
   // load_state_dict() of a state saved at a step's start undoes that step's
-  // partial effects (the step is then run again).
+  // partial effects (the step is then run again). Such an algorithm
+  // communicates only in on_bucket_ready and on_backward_end, inside the
+  // Reducer's synchronize(), where a view change happens.
   bool survives_view_change = false;
 };
 

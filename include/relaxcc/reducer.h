@@ -104,8 +104,9 @@
 // counts the attempts this rank ran). Needs copied gradients on the host
 // (results are copied back only after the commit, so a failed attempt
 // leaves the gradients as computed), no bucket tuning, and an algorithm whose
-// capabilities().survives_view_change. A loss seen outside synchronize()
-// (begin_step, mark_ready, optimizer_step) reaches the caller. A rank left
+// capabilities().survives_view_change (such an algorithm communicates only
+// in on_bucket_ready and on_backward_end: a loss during the caller's own
+// collectives reaches the caller). A rank left
 // out of the view gets Excluded; an iteration that changes views more than
 // ElasticOptions::max_view_changes_per_iteration times rethrows its error.
 // Costs: a copy of the algorithm's state_dict() at every iteration's start,
