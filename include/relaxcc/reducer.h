@@ -106,8 +106,8 @@
 // leaves the gradients as computed), no bucket tuning, and an algorithm whose
 // capabilities().survives_view_change (such an algorithm communicates only
 // in on_bucket_ready and on_backward_end: a loss during the caller's own
-// collectives reaches the caller). A rank left
-// out of the view gets Excluded; an iteration that changes views more than
+// collectives reaches the caller). A rank left out of the view gets
+// Excluded; an iteration that changes views more than
 // ElasticOptions::max_view_changes_per_iteration times rethrows its error.
 // Costs: a copy of the algorithm's state_dict() at every iteration's start,
 // and one 4-byte allreduce (the commit) per iteration.
