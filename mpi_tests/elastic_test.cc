@@ -95,6 +95,40 @@ float average(const std::vector<int>& members, int s, int t, int64_t i) {
   return static_cast<float>(sum / static_cast<double>(members.size()));
 }
 
+// A member's tensors as a Reducer takes them: gradients of `sizes`
+// (registered first, tensor t's parameter is tensor sizes.size() + t) and
+// their parameters. Not moved once built: the specs point into it.
+struct Tensors {
+  explicit Tensors(std::vector<int64_t> sizes_) : sizes(std::move(sizes_)) {
+    for (int64_t size : sizes) {
+      grads.emplace_back(static_cast<size_t>(size));
+      params.emplace_back(static_cast<size_t>(size), 0.0f);
+    }
+    for (size_t t = 0; t < sizes.size(); ++t)
+      specs.push_back({"g" + std::to_string(t), TensorView::host(grads[t].data(), sizes[t]),
+                       TensorRole::gradient, static_cast<int>(sizes.size() + t)});
+    for (size_t t = 0; t < sizes.size(); ++t)
+      specs.push_back({"p" + std::to_string(t), TensorView::host(params[t].data(), sizes[t]),
+                       TensorRole::parameter, -1});
+  }
+  Tensors(const Tensors&) = delete;
+  Tensors& operator=(const Tensors&) = delete;
+  // Member r's gradients at step s.
+  void fill(int r, int s) {
+    for (size_t t = 0; t < sizes.size(); ++t)
+      for (int64_t i = 0; i < sizes[t]; ++i)
+        grads[t][static_cast<size_t>(i)] = gradient(r, s, static_cast<int>(t), i);
+  }
+  // Marks every gradient ready, the last registered first.
+  void mark_all(Reducer& reducer) const {
+    for (int t = static_cast<int>(sizes.size()) - 1; t >= 0; --t) reducer.mark_ready(t);
+  }
+
+  std::vector<int64_t> sizes;
+  std::vector<std::vector<float>> grads, params;
+  std::vector<TensorSpec> specs;
+};
+
 // n members train kSteps steps of `algorithm` (a maker, called in the child);
 // member n-1 dies after marking step kKillStep's gradients. Each survivor
 // reports, per step, its view and how far its results are from the exact
@@ -107,33 +141,20 @@ std::vector<ChildRun> train_with_a_kill(uint16_t port, int n, const std::string&
     members.push_back(fork_child([port, n, r, job, make]() -> std::string {
       auto store = client(port);
       CommunicatorPtr comm = ucx_comm(store, r, n, job);
-      std::vector<std::vector<float>> grads, params;
-      std::vector<TensorSpec> specs;
-      for (size_t t = 0; t < kSizes.size(); ++t) {
-        grads.emplace_back(static_cast<size_t>(kSizes[t]));
-        params.emplace_back(static_cast<size_t>(kSizes[t]), 0.0f);
-      }
-      for (size_t t = 0; t < kSizes.size(); ++t) {
-        specs.push_back({"g" + std::to_string(t), TensorView::host(grads[t].data(), kSizes[t]),
-                         TensorRole::gradient, static_cast<int>(kSizes.size() + t)});
-      }
-      for (size_t t = 0; t < kSizes.size(); ++t)
-        specs.push_back({"p" + std::to_string(t), TensorView::host(params[t].data(), kSizes[t]),
-                         TensorRole::parameter, -1});
+      Tensors x(kSizes);
+      const auto& grads = x.grads;
       ReducerOptions ro;
       ro.elastic = elastic_options(store, n, job);
       ro.plan.cap_bytes = 8 << 10;  // several buckets
       ro.plan.first_cap_bytes = 4 << 10;
-      Reducer reducer(comm, specs, make(), ExecContext::host(), ro);
+      Reducer reducer(comm, x.specs, make(), ExecContext::host(), ro);
       std::ostringstream out;
       double checksum = 0;
       for (int s = 0; s < kSteps; ++s) {
-        for (size_t t = 0; t < kSizes.size(); ++t)
-          for (int64_t i = 0; i < kSizes[t]; ++i)
-            grads[t][static_cast<size_t>(i)] = gradient(r, s, static_cast<int>(t), i);
+        x.fill(r, s);
         reducer.begin_step();
         // Registered first, ready last (the plan is rebuilt after step 0).
-        for (int t = static_cast<int>(kSizes.size()) - 1; t >= 0; --t) reducer.mark_ready(t);
+        x.mark_all(reducer);
         if (r == n - 1 && s == kKillStep) ::raise(SIGKILL);
         reducer.synchronize();
         const MembershipView view = reducer.view();
@@ -240,24 +261,14 @@ std::vector<ChildRun> train_with_a_random_kill(uint16_t port, int n, const std::
     members.push_back(fork_child([port, n, r, job, kill_after_ms]() -> std::string {
       auto store = client(port);
       CommunicatorPtr comm = ucx_comm(store, r, n, job);
-      const std::vector<int64_t> sizes = {3000, 7000};
-      std::vector<std::vector<float>> grads, params;
-      std::vector<TensorSpec> specs;
-      for (int64_t size : sizes) {
-        grads.emplace_back(static_cast<size_t>(size));
-        params.emplace_back(static_cast<size_t>(size), 0.0f);
-      }
-      for (size_t t = 0; t < sizes.size(); ++t)
-        specs.push_back({"g" + std::to_string(t), TensorView::host(grads[t].data(), sizes[t]),
-                         TensorRole::gradient, static_cast<int>(sizes.size() + t)});
-      for (size_t t = 0; t < sizes.size(); ++t)
-        specs.push_back({"p" + std::to_string(t), TensorView::host(params[t].data(), sizes[t]),
-                         TensorRole::parameter, -1});
+      Tensors x({3000, 7000});
+      const auto& sizes = x.sizes;
+      const auto& grads = x.grads;
       ReducerOptions ro;
       ro.elastic = elastic_options(store, n, job);
       ro.plan.cap_bytes = 16 << 10;
       ro.plan.first_cap_bytes = 8 << 10;
-      Reducer reducer(comm, specs, make_gradient_allreduce(), ExecContext::host(), ro);
+      Reducer reducer(comm, x.specs, make_gradient_allreduce(), ExecContext::host(), ro);
       if (r == n - 1)
         std::thread([kill_after_ms] {
           std::this_thread::sleep_for(milliseconds(kill_after_ms));
@@ -270,12 +281,10 @@ std::vector<ChildRun> train_with_a_random_kill(uint16_t port, int n, const std::
       }
       std::ostringstream out;
       for (int s = 0; s < kManySteps; ++s) {
-        for (size_t t = 0; t < sizes.size(); ++t)
-          for (int64_t i = 0; i < sizes[t]; ++i)
-            grads[t][static_cast<size_t>(i)] = gradient(r, s, static_cast<int>(t), i);
+        x.fill(r, s);
         std::this_thread::sleep_for(milliseconds(1));  // compute
         reducer.begin_step();
-        for (int t = static_cast<int>(sizes.size()) - 1; t >= 0; --t) reducer.mark_ready(t);
+        x.mark_all(reducer);
         reducer.synchronize();
         const auto over = [&](const std::vector<int>& m) {
           for (size_t t = 0; t < sizes.size(); ++t)
