@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -22,8 +24,11 @@
 #include "relaxcc/algorithms/bytegrad.h"
 #include "relaxcc/algorithms/gradient_allreduce.h"
 #include "relaxcc/algorithms/local_sgd.h"
+#include "relaxcc/algorithms/qadam.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/membership.h"
+#include "relaxcc/optimizer.h"
 #include "relaxcc/reducer.h"
 #include "relaxcc/store.h"
 #include "relaxcc/ucx_communicator.h"
@@ -74,11 +79,11 @@ CommunicatorPtr ucx_comm(const std::shared_ptr<Store>& store, int rank, int size
 ElasticOptions elastic_options(const std::shared_ptr<Store>& store, int n, const std::string& job) {
   ElasticOptions e;
   for (int m = 0; m < n; ++m) e.view.members.push_back(m);
-  e.shrink.store = store;
-  e.shrink.agreement.timeout = milliseconds(3000);
-  e.shrink.agreement.key_prefix = job + "/agreement";
-  e.shrink.job = job + "/shrink";
-  e.shrink.net_devices = "lo";
+  e.view_change.store = store;
+  e.view_change.agreement.timeout = milliseconds(3000);
+  e.view_change.agreement.key_prefix = job + "/agreement";
+  e.view_change.job = job + "/shrink";
+  e.view_change.net_devices = "lo";
   return e;
 }
 
@@ -221,6 +226,11 @@ void expect_survived(const std::vector<ChildRun>& members, bool exact) {
 AlgorithmPtr make_gradient_allreduce() {
   return std::make_shared<algorithms::GradientAllreduce>();
 }
+AlgorithmPtr make_qadam() {
+  algorithms::QAdamOptions o;
+  o.warmup_steps = 2;  // compressed momentum from step 2 on
+  return std::make_shared<algorithms::QAdam>(o);
+}
 AlgorithmPtr make_bytegrad() {
   algorithms::ByteGradOptions o;
   o.error_feedback = true;
@@ -330,6 +340,166 @@ TEST_F(Elastic, SurvivorsAgreeOnEveryStepWhenAMemberDiesAtARandomMoment) {
 // bucket views, an algorithm that does not survive a view change (local
 // SGD, hierarchical gradient allreduce), no store, a view of another size,
 // bucket tuning.
+// ---- newcomers ----
+
+constexpr int kAdmitAfter = 2;  // members admit the newcomer at this step's end
+
+// A member's application state: the next step, the parameters and the
+// optimizer's state (the same bytes on every member that trained alike).
+std::vector<uint8_t> save_app(int next_step, const Tensors& x, const Optimizer& opt) {
+  std::vector<uint8_t> out(sizeof(int32_t));
+  std::memcpy(out.data(), &next_step, sizeof(int32_t));
+  for (const auto& p : x.params) {
+    const auto* b = reinterpret_cast<const uint8_t*>(p.data());
+    out.insert(out.end(), b, b + p.size() * sizeof(float));
+  }
+  for (std::byte b : opt.state_dict().serialize()) out.push_back(static_cast<uint8_t>(b));
+  return out;
+}
+
+void load_app(const std::vector<uint8_t>& in, int& next_step, Tensors& x, Optimizer& opt) {
+  size_t at = sizeof(int32_t);
+  std::memcpy(&next_step, in.data(), sizeof(int32_t));
+  for (auto& p : x.params) {
+    std::memcpy(p.data(), in.data() + at, p.size() * sizeof(float));
+    at += p.size() * sizeof(float);
+  }
+  std::vector<std::byte> dict(in.size() - at);
+  std::memcpy(dict.data(), in.data() + at, dict.size());
+  opt.load_state_dict(StateDict::deserialize(dict));
+}
+
+// FNV-1a of every parameter's bytes.
+uint64_t params_hash(const Tensors& x) {
+  Fnv1a h;
+  for (const auto& p : x.params)
+    h.bytes(std::string_view(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float)));
+  return h.value();
+}
+
+// Three members train kSteps steps of SGD with momentum over `make`'s
+// algorithm; a fourth process joins. Rank 0 waits for its ticket before step
+// kAdmitAfter (so the admission comes at that step's end). With `diverge`,
+// member 2's parameters differ from the others' at the admission: it is
+// resynced. Each process reports per step its view and the largest error of
+// its averaged gradients against the exact average over that view, then the
+// hash of its final parameters.
+std::vector<ChildRun> train_with_a_newcomer(uint16_t port, const std::string& job,
+                                            AlgorithmPtr (*make)(), bool diverge,
+                                            bool averages = true) {
+  const auto body = [port, job, make, diverge, averages](int r) -> std::string {
+    auto store = client(port);
+    Tensors x(kSizes);
+    SgdOptions so;
+    so.lr = 1e-7f;
+    so.momentum = 0.9f;
+    Sgd sgd(so);
+    int next_step = 0;
+    ReducerOptions ro;
+    ro.elastic = elastic_options(store, 3, job);
+    ElasticOptions& e = *ro.elastic;
+    e.admit = true;
+    e.admission_interval = milliseconds(0);
+    e.save_state = [&] { return save_app(next_step, x, sgd); };
+    e.load_state = [&](const std::vector<uint8_t>& bytes) { load_app(bytes, next_step, x, sgd); };
+    CommunicatorPtr comm;
+    if (r < 3) {
+      comm = ucx_comm(store, r, 3, job);
+    } else {
+      store->wait({job + "/come"}, milliseconds(20000));
+      ViewChangeResult admitted = join(e.view_change, milliseconds(20000));
+      comm = std::move(admitted.comm);
+      e.view = std::move(admitted.view);
+      e.newcomer = true;
+    }
+    ro.plan.cap_bytes = 8 << 10;
+    ro.plan.first_cap_bytes = 4 << 10;
+    Reducer reducer(comm, x.specs, make(), ExecContext::host(), ro);
+    std::ostringstream out;
+    for (int s = next_step; s < kSteps; ++s) {
+      const int self = reducer.view().members[static_cast<size_t>(reducer.communicator()->rank())];
+      x.fill(self, s);
+      if (r == 0 && s == kAdmitAfter) {
+        store->set(job + "/come", {1});
+        while (pending_joiners(e.view_change) < 1) std::this_thread::sleep_for(milliseconds(5));
+      }
+      reducer.begin_step();
+      x.mark_all(reducer);
+      reducer.synchronize();
+      const MembershipView view = reducer.view();
+      double worst = 0;
+      for (size_t t = 0; averages && t < kSizes.size(); ++t)
+        for (int64_t i = 0; i < kSizes[t]; ++i) {
+          const double want = average(view.members, s, static_cast<int>(t), i);
+          const double got = x.grads[t][static_cast<size_t>(i)];
+          worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
+        }
+      out << "step " << s << ": " << view.describe() << " error "
+          << (worst == 0     ? "0"
+              : worst < 0.02 ? "<2%"
+                             : "LARGE(" + std::to_string(worst) + ")")
+          << "\n";
+      if (diverge && r == 2 && s == kAdmitAfter) x.params[0][0] += 1.0f;
+      next_step = s + 1;
+      reducer.optimizer_step(sgd);
+    }
+    out << "params " << params_hash(x);
+    return out.str();
+  };
+  std::vector<ChildRun> runs;
+  for (int r = 0; r < 4; ++r) runs.push_back(fork_child([body, r] { return body(r); }));
+  test::collect_children(runs, kCollectTimeout);
+  return runs;
+}
+
+// Every process's report: three members up to the admission, four after it
+// (the newcomer from its first step), exact (or within 2%) averages, and the
+// same final parameters everywhere.
+void expect_admitted(const std::vector<ChildRun>& runs, bool exact) {
+  std::string params;
+  for (int r = 0; r < 4; ++r) {
+    const ChildRun& c = runs[static_cast<size_t>(r)];
+    ASSERT_TRUE(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)
+        << "process " << r << ": " << c.text;
+    std::istringstream lines(c.text);
+    std::string line;
+    for (int s = r < 3 ? 0 : kAdmitAfter + 1; s < kSteps; ++s) {
+      ASSERT_TRUE(std::getline(lines, line)) << c.text;
+      const std::string want = "step " + std::to_string(s) + ": " +
+                               (s <= kAdmitAfter ? "epoch 0 {0,1,2}" : "epoch 1 {0,1,2,3}") +
+                               " error ";
+      if (exact)
+        EXPECT_EQ(line, want + "0") << "process " << r;
+      else
+        EXPECT_TRUE(line == want + "0" || line == want + "<2%") << "process " << r << ": " << line;
+    }
+    ASSERT_TRUE(std::getline(lines, line)) << c.text;
+    if (params.empty()) params = line;
+    EXPECT_EQ(line, params) << "process " << r << " ends with other parameters than process 0";
+  }
+}
+
+TEST_F(Elastic, ANewcomerIsAdmittedWithTheTrainingState) {
+  expect_admitted(train_with_a_newcomer(server_.port(), "admit-ga", make_gradient_allreduce, false),
+                  true);
+}
+
+// Member 2's parameters differ at the admission: the state sync resyncs it
+// with the newcomer, so all four end alike.
+TEST_F(Elastic, AMemberWhoseStateDiffersIsResynced) {
+  expect_admitted(
+      train_with_a_newcomer(server_.port(), "admit-resync", make_gradient_allreduce, true), true);
+}
+
+// Q-Adam's moments are replicated state: the newcomer receives them, and its
+// steps after the admission are bit-identical to the members'.
+TEST_F(Elastic, QAdamNewcomerReceivesTheMoments) {
+  // Q-Adam's buckets carry its momentum, not the averaged gradients: only
+  // the views and the final parameters are compared.
+  expect_admitted(train_with_a_newcomer(server_.port(), "admit-qadam", make_qadam, false, false),
+                  true);
+}
+
 TEST_F(Elastic, RefusesWhatCannotChangeViews) {
   std::vector<ChildRun> members;
   members.push_back(fork_child([port = server_.port()]() -> std::string {
@@ -359,7 +529,7 @@ TEST_F(Elastic, RefusesWhatCannotChangeViews) {
     attempt("bucket views", views, make_gradient_allreduce());
     attempt("local_sgd", good, std::make_shared<algorithms::LocalSgd>());
     ReducerOptions no_store = good;
-    no_store.elastic->shrink.store = nullptr;
+    no_store.elastic->view_change.store = nullptr;
     attempt("no store", no_store, make_gradient_allreduce());
     ReducerOptions wide = good;
     wide.elastic->view.members.push_back(1);

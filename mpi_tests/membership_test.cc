@@ -195,7 +195,7 @@ TEST_F(Agreement, SigkilledProcessesDuringAgreement) {
 // encodes rank and index exactly on the view they get, which each reports.
 // With `die_in_creation`, member n-2 takes part in the agreement and is
 // SIGKILLed before the new communicator exists. `shrink_timeout` is
-// ShrinkOptions::timeout.
+// ViewChangeOptions::timeout.
 constexpr int kFirst = 10;
 
 std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creation,
@@ -221,7 +221,7 @@ std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creati
       for (int m = 0; m < n; ++m) view.members.push_back(kFirst + m);
       std::vector<int32_t> data(1000);
       const TensorView x(data.data(), 1000, DType::i32);
-      ShrinkOptions o;
+      ViewChangeOptions o;
       o.store = store;
       try {
         // Every member is past its creation once this completes, so the
@@ -245,7 +245,7 @@ std::vector<ChildRun> shrink_after_kill(uint16_t port, int n, bool die_in_creati
         agree_next_view(*store, view, view.members[r], {view.members[n - 1]}, o.agreement);
         ::raise(SIGKILL);
       }
-      ShrinkResult s = shrink(*comm, view, o);
+      ViewChangeResult s = shrink(*comm, view, o);
       for (int i = 0; i < 1000; ++i) data[i] = s.comm->rank() * 1000 + i;
       s.comm->allreduce(x, ExecContext::host())->wait();
       const int m = s.comm->size();
@@ -317,7 +317,7 @@ TEST_F(Agreement, ShrinkTakesItsRanksFromTheCommunicator) {
     u.net_devices = "lo";
     CommunicatorPtr comm = create_ucx_communicator(u);
     const MembershipView view{4, {7}};
-    ShrinkOptions o;
+    ViewChangeOptions o;
     o.store = store;
     o.agreement.key_prefix = "alone/agreement";
     o.net_devices = "lo";
@@ -331,7 +331,7 @@ TEST_F(Agreement, ShrinkTakesItsRanksFromTheCommunicator) {
       }
     }
     o.lost_ranks.clear();
-    const ShrinkResult s = shrink(*comm, view, o);
+    const ViewChangeResult s = shrink(*comm, view, o);
     return out + s.view.describe() + " rank " + std::to_string(s.comm->rank()) + " of " +
            std::to_string(s.comm->size());
   }));
@@ -339,6 +339,178 @@ TEST_F(Agreement, ShrinkTakesItsRanksFromTheCommunicator) {
   EXPECT_EQ(members[0].text,
             "lost rank 1 refused; lost rank 0 refused; lost rank -1 refused; epoch 5 {7} rank 0 "
             "of 1");
+}
+
+// ---- join, grow and the state transfer ----
+
+std::shared_ptr<TcpStore> client_of(uint16_t port) {
+  TcpStoreOptions o;
+  o.port = port;
+  o.timeout = milliseconds(10000);
+  return std::make_shared<TcpStore>(o);
+}
+
+ViewChangeOptions view_change_options(std::shared_ptr<Store> store, const std::string& job) {
+  ViewChangeOptions o;
+  o.store = std::move(store);
+  o.agreement.key_prefix = job + "/agreement";
+  o.job = job + "/views";
+  o.net_devices = "lo";
+  return o;
+}
+
+// The training state of the test: `bytes` bytes that encode their index.
+std::vector<uint8_t> test_state(size_t bytes) {
+  std::vector<uint8_t> state(bytes);
+  for (size_t i = 0; i < bytes; ++i) state[i] = static_cast<uint8_t>((i * 131 + i / 251) & 0xff);
+  return state;
+}
+
+// Sums of rank-coded data over `comm`, exact, and the state sync's outcome.
+std::string after_admission(const ViewChangeResult& v, const std::vector<uint8_t>& state,
+                            bool holds) {
+  Communicator& comm = *v.comm;
+  std::vector<int32_t> data(1000);
+  for (int i = 0; i < 1000; ++i) data[i] = comm.rank() * 1000 + i;
+  comm.allreduce(TensorView::host(data.data(), 1000), ExecContext::host())->wait();
+  const int m = comm.size();
+  bool exact = true;
+  for (int i = 0; i < 1000; ++i) exact = exact && data[i] == 1000 * m * (m - 1) / 2 + m * i;
+  const StateSyncResult s = sync_state(comm, state, holds);
+  std::string sources, receivers;
+  for (int r : s.sources) sources += std::to_string(r);
+  for (int r : s.receivers) receivers += std::to_string(r);
+  const bool same = s.state == test_state(state.empty() ? 300001 : state.size());
+  return v.view.describe() + (exact ? " exact" : " wrong sums") + "; state from " + sources +
+         " to " + receivers + (same ? " identical" : " differs");
+}
+
+// Until rank 0 of `comm` sees `n` newcomers waiting: it tells the other
+// members in an allreduce, so that every member calls grow at the same
+// point (a grow changes what pending_joiners reads).
+void wait_for_newcomers(Communicator& comm, const ViewChangeOptions& o, int n) {
+  int32_t waiting = 0;
+  for (const auto deadline = Clock::now() + milliseconds(20000); waiting < n;) {
+    waiting = comm.rank() == 0 ? static_cast<int32_t>(pending_joiners(o)) : 0;
+    AllreduceOptions ao;
+    ao.op = ReduceOp::max;
+    comm.allreduce(TensorView::host(&waiting, 1), ExecContext::host(), ao)->wait();
+    RELAXCC_ENFORCE(Clock::now() < deadline, Timeout, "the newcomers never came");
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+}
+
+// Three members run on view {10,11,12}; two newcomers join. Rank 0 watches
+// the store and tells the others when both wait (an allreduce: every member
+// calls grow at the same point); the five then share a state of 300001
+// bytes, which member 12 holds corrupted (one byte): it is resynced with the
+// newcomers from shares of members 10 and 11.
+TEST_F(Agreement, GrowAdmitsNewcomersAndSyncsTheirState) {
+  const uint16_t port = server_.port();
+  std::vector<ChildRun> runs;
+  for (int r = 0; r < 3; ++r)
+    runs.push_back(fork_child([port, r]() -> std::string {
+      auto store = client_of(port);
+      UcxCommunicatorOptions u;
+      u.store = store;
+      u.rendezvous.rank = r;
+      u.rendezvous.size = 3;
+      u.rendezvous.job = "grow-test/first";
+      u.timeout = milliseconds(10000);
+      u.net_devices = "lo";
+      CommunicatorPtr comm = create_ucx_communicator(u);
+      const ViewChangeOptions o = view_change_options(store, "grow-test");
+      wait_for_newcomers(*comm, o, 2);
+      const ViewChangeResult v = grow(*comm, MembershipView{0, {10, 11, 12}}, o);
+      std::vector<uint8_t> state = test_state(300001);
+      if (r == 2) state[150000] ^= 1;
+      std::string out = after_admission(v, state, true);
+      try {
+        sync_state(*v.comm, {}, false);
+        out += "; a sync without holders passed";
+      } catch (const InvalidArgument&) {
+      }
+      return out;
+    }));
+  for (int j = 0; j < 2; ++j)
+    runs.push_back(fork_child([port]() -> std::string {
+      auto store = client_of(port);
+      const ViewChangeResult v = join(view_change_options(store, "grow-test"), milliseconds(20000));
+      std::string out = after_admission(v, {}, false);
+      try {
+        sync_state(*v.comm, {}, false);
+        out += "; a sync without holders passed";
+      } catch (const InvalidArgument&) {
+      }
+      return out;
+    }));
+  test::collect_children(runs, kCollectTimeout);
+  for (const ChildRun& run : runs)
+    EXPECT_EQ(run.text, "epoch 1 {10,11,12,13,14} exact; state from 01 to 234 identical");
+}
+
+// A newcomer whose wait runs out withdraws its ticket: the members' next
+// grow leaves it out (no communicator: they keep theirs), and a grow after
+// that admits the next newcomer with the next process rank.
+TEST_F(Agreement, AWithdrawnNewcomerIsLeftOut) {
+  const uint16_t port = server_.port();
+  {
+    auto store = client_of(port);
+    const auto start = Clock::now();
+    try {
+      join(view_change_options(store, "withdraw-test"), milliseconds(300));
+      ADD_FAILURE() << "join was admitted by nobody";
+    } catch (const Timeout& e) {
+      EXPECT_NE(std::string(e.what()).find("ticket 1 "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("withdrawn"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - start, milliseconds(5000));
+    EXPECT_EQ(pending_joiners(view_change_options(store, "withdraw-test")), 1);
+  }
+  std::vector<ChildRun> runs;
+  for (int r = 0; r < 2; ++r)
+    runs.push_back(fork_child([port, r]() -> std::string {
+      auto store = client_of(port);
+      UcxCommunicatorOptions u;
+      u.store = store;
+      u.rendezvous.rank = r;
+      u.rendezvous.size = 2;
+      u.rendezvous.job = "withdraw-test/first";
+      u.timeout = milliseconds(10000);
+      u.net_devices = "lo";
+      CommunicatorPtr comm = create_ucx_communicator(u);
+      const ViewChangeOptions o = view_change_options(store, "withdraw-test");
+      const ViewChangeResult none = grow(*comm, MembershipView{0, {0, 1}}, o);
+      const std::string out = none.view.describe() + (none.comm ? " new" : " kept");
+      // The next newcomer comes after that grow; both members grow again
+      // once rank 0 saw it waiting.
+      wait_for_newcomers(*comm, o, 1);
+      const ViewChangeResult two = grow(*comm, none.view, o);
+      return out + "; " + after_admission(two, test_state(300001), true);
+    }));
+  runs.push_back(fork_child([port]() -> std::string {
+    auto store = client_of(port);
+    const ViewChangeOptions o = view_change_options(store, "withdraw-test");
+    // After the members' first grow (it stores where the next one starts).
+    while (!store->check({"withdraw-test/agreement/join/next"}))
+      std::this_thread::sleep_for(milliseconds(10));
+    return after_admission(join(o, milliseconds(20000)), {}, false);
+  }));
+  test::collect_children(runs, kCollectTimeout);
+  const std::string admitted = "epoch 2 {0,1,3} exact; state from 01 to 2 identical";
+  EXPECT_EQ(runs[0].text, "epoch 1 {0,1} kept; " + admitted);
+  EXPECT_EQ(runs[1].text, "epoch 1 {0,1} kept; " + admitted);
+  EXPECT_EQ(runs[2].text, admitted);
+}
+
+TEST_F(Agreement, GrowAndJoinRejectBadArguments) {
+  ViewChangeOptions o;
+  EXPECT_THROW(pending_joiners(o), InvalidArgument);
+  EXPECT_THROW(join(o, milliseconds(10)), InvalidArgument);
+  o.store = client_of(server_.port());
+  EXPECT_THROW(join(o, milliseconds(-1)), InvalidArgument);
+  o.create_timeout = milliseconds(0);
+  EXPECT_THROW(join(o, milliseconds(10)), InvalidArgument);
 }
 
 TEST_F(Agreement, ASlowMemberIsWaitedFor) {

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -83,7 +84,9 @@ struct Options {
   int threads = 1;
   std::string json, curve, init_out;
   std::string transport = "mpi";  // the wing: mpi or ucx (create_communicator.h)
-  bool elastic = false;           // go on without lost members (ucx)
+  bool elastic = false;           // go on without lost members, admit newcomers (ucx)
+  bool join = false;              // a newcomer to a running --elastic job
+  int64_t join_wait_ms = 60000;   // how long a newcomer waits for its admission
   // --compare
   bool compare = false;
   int ranks = 2;
@@ -103,10 +106,13 @@ struct Options {
                "usage: mpirun -n N relaxcc-train [--algorithm NAME] [--model mlp|cnn] "
                "[--epochs E] [--batch B] [--lr LR] [--momentum M] [--seed S] [--max-steps N] "
                "[--evals-per-epoch K] [--threads T] [--data DIR] [--json PATH] [--curve PATH] "
-               "[--init-out PATH] [--transport mpi|ucx] [--elastic]\n"
+               "[--init-out PATH] [--transport mpi|ucx] [--elastic] [--join [--join-wait MS]]\n"
                "       (ucx: RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT or RELAXCC_RENDEZVOUS, "
                "with or without mpirun; --elastic: ucx, gradient_allreduce, bytegrad or qadam, "
-               "the survivors of a lost process go on; bytes sent count the first view only)\n"
+               "the survivors of a lost process go on and newcomers are admitted at step ends; "
+               "--join: a newcomer to a running --elastic job (same options and store "
+               "address; no RANK/WORLD_SIZE), admitted within --join-wait ms; bytes sent count "
+               "the first view only)\n"
                "       relaxcc-train --compare [--ranks N] [--results DIR] [--seeds 1,2,3] "
                "[--only a,b] [--rate MBIT] [--no-peers] [the options above]\n"
                "algorithms: gradient_allreduce bytegrad qadam cocktail_sgd "
@@ -164,6 +170,10 @@ Options parse(int argc, char** argv) {
       o.transport = value();
     else if (a == "--elastic")
       o.elastic = true;
+    else if (a == "--join")
+      o.join = o.elastic = true;
+    else if (a == "--join-wait")
+      o.join_wait_ms = static_cast<int64_t>(number());
     else if (a == "--compare")
       o.compare = true;
     else if (a == "--ranks")
@@ -326,24 +336,130 @@ relaxcc::AlgorithmPtr make_algorithm(const std::string& name, const Options& o) 
   usage("unknown algorithm " + name);
 }
 
+// Where a run stands: the next step to run (an epoch ends at
+// steps_per_epoch), the samples of the epoch's order handed out before it,
+// and the schedule, which a newcomer takes from the members.
+struct Position {
+  int64_t epoch = 0, step = 0, taken = 0;
+  int64_t steps_per_epoch = 0, eval_every = 1;
+  // The members evaluate after the step in which a newcomer is admitted:
+  // the newcomer evaluates with them first.
+  int64_t evaluate_first = 0;
+};
+
+// The parameters' and buffers' data, then each parameter's SGD momentum
+// buffer (a flag, then its data), after the position: the same bytes on
+// every member of a synchronous run.
+std::vector<uint8_t> save_training_state(const Position& at, torch::nn::Module& model,
+                                         torch::optim::SGD& sgd) {
+  std::vector<uint8_t> out;
+  const auto put = [&out](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  const int64_t fields[] = {at.epoch,           at.step,       at.taken,
+                            at.steps_per_epoch, at.eval_every, at.evaluate_first};
+  put(fields, sizeof(fields));
+  for (const auto& t : model.parameters()) put(t.data_ptr(), t.nbytes());
+  for (const auto& t : model.buffers()) put(t.data_ptr(), t.nbytes());
+  for (const auto& p : model.parameters()) {
+    const auto it = sgd.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    const uint8_t has =
+        it != sgd.state().end() &&
+        static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined();
+    put(&has, 1);
+    if (has) {
+      const torch::Tensor m =
+          static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().contiguous();
+      put(m.data_ptr(), m.nbytes());
+    }
+  }
+  return out;
+}
+
+void load_training_state(const std::vector<uint8_t>& in, Position& at, torch::nn::Module& model,
+                         torch::optim::SGD& sgd) {
+  size_t at_byte = 0;
+  const auto get = [&](void* p, size_t n) {
+    RELAXCC_ENFORCE(at_byte + n <= in.size(), CorruptPayload,
+                    "relaxcc-train: the training state received ends at byte ", in.size(),
+                    " before its field at byte ", at_byte, " (the members run another model?)");
+    std::memcpy(p, in.data() + at_byte, n);
+    at_byte += n;
+  };
+  int64_t fields[6];
+  get(fields, sizeof(fields));
+  at = Position{fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]};
+  torch::NoGradGuard no_grad;
+  for (auto& t : model.parameters()) get(t.data_ptr(), t.nbytes());
+  for (auto& t : model.buffers()) get(t.data_ptr(), t.nbytes());
+  for (const auto& p : model.parameters()) {
+    uint8_t has = 0;
+    get(&has, 1);
+    const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    if (!has) {
+      sgd.state().erase(key);
+      continue;
+    }
+    torch::Tensor m = torch::empty_like(p);
+    get(m.data_ptr(), m.nbytes());
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    state->momentum_buffer(m);
+    sgd.state()[key] = std::move(state);
+  }
+  RELAXCC_ENFORCE(at_byte == in.size(), CorruptPayload,
+                  "relaxcc-train: the training state received has ", in.size() - at_byte,
+                  " bytes more than this model's (the members run another model?)");
+}
+
 template <typename Model>
 int train(const Options& o, Model model) {
   using relaxcc::TensorView;
   torch::set_num_threads(o.threads);
   relaxcc::torch::DdpOptions ddp_options;
   relaxcc::CommunicatorPtr world;
+  // Loaded first: a newcomer is ready for its admission when it asks.
+  const relaxcc::train::FashionMnist data = relaxcc::train::load_fashion_mnist(o.data);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  Position start;  // where this process's loop starts (a newcomer: the members' next step)
+  Position next;   // the step after the one in progress, for the newcomers
   if (o.elastic) {
     RELAXCC_ENFORCE(o.transport == "ucx", InvalidArgument,
                     "relaxcc-train: --elastic needs --transport ucx (a view change creates a UCX "
                     "communicator on the rendezvous store)");
     // The rendezvous store stays open for the agreements on later views.
     relaxcc::UcxCommunicatorOptions u;
-    u.store = relaxcc::open_rendezvous_store(u.rendezvous);
-    world = relaxcc::create_ucx_communicator(u);
     relaxcc::ElasticOptions e;
-    for (int m = 0; m < world->size(); ++m) e.view.members.push_back(m);
-    e.shrink.store = u.store;
-    e.shrink.job = u.rendezvous.job + "/elastic";
+    if (o.join) {
+      // A client of the running job's store: rank and size come with the
+      // admission.
+      relaxcc::TcpStoreOptions so;
+      so.host = u.rendezvous.host;
+      so.port = u.rendezvous.port;
+      so.timeout = u.rendezvous.timeout;
+      u.store = std::make_shared<relaxcc::TcpStore>(so);
+    } else {
+      u.store = relaxcc::open_rendezvous_store(u.rendezvous);
+    }
+    e.view_change.store = u.store;
+    e.view_change.job = u.rendezvous.job + "/elastic";
+    if (o.join) {
+      relaxcc::ViewChangeResult admitted =
+          relaxcc::join(e.view_change, std::chrono::milliseconds(o.join_wait_ms));
+      world = std::move(admitted.comm);
+      e.view = std::move(admitted.view);
+      e.newcomer = true;
+      std::fprintf(stderr, "relaxcc-train: admitted to %s as rank %d\n", e.view.describe().c_str(),
+                   world->rank());
+    } else {
+      world = relaxcc::create_ucx_communicator(u);
+      for (int m = 0; m < world->size(); ++m) e.view.members.push_back(m);
+    }
+    e.admit = true;
+    e.save_state = [&] { return save_training_state(next, *model, sgd); };
+    e.load_state = [&](const std::vector<uint8_t>& bytes) {
+      load_training_state(bytes, start, *model, sgd);
+    };
     ddp_options.reducer.elastic = e;
   } else {
     world = relaxcc::create_communicator(o.transport);
@@ -351,11 +467,18 @@ int train(const Options& o, Model model) {
   // Counts what the algorithm's groups and splits send too (on the first
   // view's communicator).
   const auto counter = std::make_shared<relaxcc::TrafficCounter>(world);
-  const relaxcc::train::FashionMnist data = relaxcc::train::load_fashion_mnist(o.data);
+  if (!o.join) {
+    const int64_t global_batch = static_cast<int64_t>(o.batch) * world->size();
+    start.steps_per_epoch = data.train.count / global_batch;
+    if (o.max_steps > 0) start.steps_per_epoch = std::min(start.steps_per_epoch, o.max_steps);
+    start.eval_every = std::max<int64_t>(1, start.steps_per_epoch / o.evals_per_epoch);
+  }
 
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+  // A newcomer's construction loads the members' state into `start`.
   relaxcc::torch::DistributedDataParallel ddp(counter, *model, sgd, make_algorithm(o.algorithm, o),
                                               ddp_options);
+  const int64_t steps_per_epoch = start.steps_per_epoch;
+  const int64_t eval_every = start.eval_every;
   // The communicator of the current view (elastic: the survivors'), its
   // rank and size.
   const auto comm = [&ddp] { return ddp.communicator(); };
@@ -396,49 +519,70 @@ int train(const Options& o, Model model) {
     return all_sum(correct) / static_cast<double>(data.test.count);
   };
 
-  const int64_t global_batch = static_cast<int64_t>(o.batch) * comm()->size();
-  int64_t steps_per_epoch = data.train.count / global_batch;
-  if (o.max_steps > 0) steps_per_epoch = std::min(steps_per_epoch, o.max_steps);
-  const int64_t eval_every = std::max<int64_t>(1, steps_per_epoch / o.evals_per_epoch);
-
   struct Point {
     double wall_s, bytes, accuracy;
   };
-  std::vector<Point> curve{{0, 0, evaluate()}};
+  std::vector<Point> curve;
   std::vector<double> step_ms;
   double train_s = 0;
   uint64_t bytes = 0;  // sent by this rank while training
+  // An evaluation and the bytes sent so far (collective).
+  const auto record = [&] {
+    const double accuracy = evaluate();
+    curve.push_back({train_s, all_sum(static_cast<double>(bytes)) / comm()->size(), accuracy});
+  };
+  // A newcomer's curve starts at its first evaluation with the members.
+  if (!o.join) curve.push_back({0, 0, evaluate()});
+  if (start.evaluate_first != 0) record();
   double loss_sum = 0;
   int64_t loss_count = 0;
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  for (int epoch = static_cast<int>(start.epoch); epoch < o.epochs; ++epoch) {
     const std::vector<int64_t> order = permutation(data.train.count, o.seed, epoch);
     // Samples of `order` handed out so far: each step takes a batch per
-    // member of the view it ends on (an epoch keeps its number of steps;
-    // after a view change it covers fewer samples, none twice).
-    int64_t taken = 0;
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+    // member of the view its backward ends on (an epoch keeps its number of
+    // steps; after a view change it covers fewer or more samples, none
+    // twice).
+    const bool resumed = epoch == start.epoch;
+    int64_t taken = resumed ? start.taken : 0;
+    // The epoch ends after steps_per_epoch steps, or earlier when the
+    // samples left do not make a batch per member (after newcomers came).
+    const auto fits = [&](int64_t at) {
+      return at + comm()->size() * static_cast<int64_t>(o.batch) <= data.train.count;
+    };
+    for (int64_t s = resumed ? start.step : 0; s < steps_per_epoch && fits(taken); ++s) {
       const uint64_t sent0 = counter->bytes_sent();
       const auto t0 = Clock::now();
-      const uint64_t epoch0 = ddp.reducer().view().epoch;
+      const int size0 = comm()->size();
       auto [x, y] = batch(data.train, order, taken + comm()->rank() * o.batch, o.batch);
       sgd.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
       loss.backward();
-      ddp.step();
-      taken += comm()->size() * static_cast<int64_t>(o.batch);
+      const int size1 = comm()->size();  // the view the step's backward ended on
+      taken += size1 * static_cast<int64_t>(o.batch);
+      // Decided on the view the backward ended on, the same on every
+      // member, and handed to the newcomers admitted at the step's end.
+      const bool last = s + 1 == steps_per_epoch || !fits(taken);
+      const bool evaluates = (s + 1) % eval_every == 0 || last;
+      next = !last ? Position{epoch, s + 1, taken, steps_per_epoch, eval_every, evaluates}
+                   : Position{epoch + 1, 0, 0, steps_per_epoch, eval_every, evaluates};
+      ddp.step();  // newcomers may be admitted at its end
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       bytes += counter->bytes_sent() - sent0;
       train_s += ms / 1e3;
-      if (ddp.reducer().view().epoch != epoch0 && comm()->rank() == 0)
+      if (comm()->rank() == 0 && size1 < size0)
         std::fprintf(stderr,
                      "\nrelaxcc-train: step %lld went on without lost members: %s, the step "
                      "took %.0f ms\n",
                      static_cast<long long>(s), ddp.reducer().view().describe().c_str(), ms);
+      if (comm()->rank() == 0 && comm()->size() > size1)
+        std::fprintf(stderr,
+                     "\nrelaxcc-train: newcomers admitted after step %lld: %s, the step took "
+                     "%.0f ms\n",
+                     static_cast<long long>(s), ddp.reducer().view().describe().c_str(), ms);
       step_ms.push_back(ms);
       loss_sum += loss.template item<float>();
       ++loss_count;
-      if (comm()->rank() == 0 &&
-          (s % std::max<int64_t>(1, steps_per_epoch / 50) == 0 || s + 1 == steps_per_epoch)) {
+      if (comm()->rank() == 0 && (s % std::max<int64_t>(1, steps_per_epoch / 50) == 0 || last)) {
         const int width = 30;
         const int filled = static_cast<int>(width * (s + 1) / steps_per_epoch);
         std::fprintf(stderr, "\r%s epoch %d/%d [%s%s] %lld/%lld loss %.4f", o.algorithm.c_str(),
@@ -448,10 +592,7 @@ int train(const Options& o, Model model) {
         loss_sum = 0;
         loss_count = 0;
       }
-      if ((s + 1) % eval_every == 0 || s + 1 == steps_per_epoch) {
-        const double accuracy = evaluate();
-        curve.push_back({train_s, all_sum(static_cast<double>(bytes)) / comm()->size(), accuracy});
-      }
+      if (evaluates) record();
     }
     if (comm()->rank() == 0) std::fprintf(stderr, "  test accuracy %.4f\n", curve.back().accuracy);
   }
@@ -469,9 +610,11 @@ int train(const Options& o, Model model) {
   comm()->allreduce(TensorView::host(box.get(), 1, box), relaxcc::ExecContext::host(), mx)->wait();
   const double step = *box;
   const int rank = comm()->rank(), ranks = comm()->size();
-  const double wall = curve.back().wall_s;
-  const double bytes_per_rank = curve.back().bytes;
-  const double accuracy = curve.back().accuracy;
+  // A newcomer admitted after the last evaluation has none.
+  const Point last = curve.empty() ? Point{0, 0, 0} : curve.back();
+  const double wall = last.wall_s;
+  const double bytes_per_rank = last.bytes;
+  const double accuracy = last.accuracy;
   if (rank == 0) {
     std::printf(
         "relaxcc-train %s %s: %d ranks, %d epochs, %lld steps: test accuracy %.4f, wall %.2f s, "

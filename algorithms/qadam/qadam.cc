@@ -125,16 +125,14 @@ void QAdam::optimizer_step(const StepInfo& step, Optimizer&) {
   dispatched_.clear();
 }
 
-StateDict QAdam::state_dict() const {
+StateDict QAdam::replicated_state_dict() const {
   StateDict sd;
   for (const auto& [key, m] : m_) sd.put_floats("qadam/m@" + std::to_string(key), m);
   for (const auto& [key, v] : v_) sd.put_floats("qadam/v@" + std::to_string(key), v);
-  feedback_.save(sd, "qadam/feedback/");
   return sd;
 }
 
-void QAdam::load_state_dict(const StateDict& state) {
-  dispatched_.clear();  // a state is of a step's start: nothing dispatched yet
+void QAdam::load_replicated_state_dict(const StateDict& state) {
   m_.clear();
   v_.clear();
   const auto read = [&state](const std::string& prefix, std::map<int64_t, std::vector<float>>& to) {
@@ -144,6 +142,17 @@ void QAdam::load_state_dict(const StateDict& state) {
   };
   read("qadam/m@", m_);
   read("qadam/v@", v_);
+}
+
+StateDict QAdam::state_dict() const {
+  StateDict sd = replicated_state_dict();
+  feedback_.save(sd, "qadam/feedback/");
+  return sd;
+}
+
+void QAdam::load_state_dict(const StateDict& state) {
+  dispatched_.clear();  // a state is of a step's start: nothing dispatched yet
+  load_replicated_state_dict(state);
   feedback_.load(state, "qadam/feedback/");
 }
 

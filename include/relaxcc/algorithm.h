@@ -98,6 +98,13 @@ class Algorithm {
   virtual void shutdown(std::chrono::milliseconds timeout) { drain(timeout); }
   virtual StateDict state_dict() const { return {}; }
   virtual void load_state_dict(const StateDict&) {}
+  // The part of the state that every rank holds alike (optimizer moments
+  // computed from averaged gradients, say), which a newcomer receives when an
+  // elastic Reducer admits it (reducer.h); per-rank state such as a worker's
+  // error-feedback residual is not in it (a newcomer starts without one).
+  // Loaded into a newcomer's algorithm before its init(). Default: none.
+  virtual StateDict replicated_state_dict() const { return {}; }
+  virtual void load_replicated_state_dict(const StateDict&) {}
 };
 
 using AlgorithmPtr = std::shared_ptr<Algorithm>;

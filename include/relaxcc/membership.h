@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,7 +101,10 @@ MembershipView agree_next_view(Store& store, const MembershipView& current, int 
 
 // ---- shrink (shaped as ncclCommRevoke + ncclCommShrink) ----------------------
 
-struct ShrinkOptions {
+// How a view changes (shrink, grow, join): the store, the keys and the new
+// view's UCX communicator. Members and newcomers of one job pass the same
+// store, agreement.key_prefix and job.
+struct ViewChangeOptions {
   // The job's rendezvous store (the agreement's and the new rendezvous').
   std::shared_ptr<Store> store;
   // Ranks of the communicator being shrunk that this process saw lost
@@ -121,7 +125,7 @@ struct ShrinkOptions {
   std::string net_devices = "auto";
 };
 
-struct ShrinkResult {
+struct ViewChangeResult {
   MembershipView view;
   CommunicatorPtr comm;
 };
@@ -139,13 +143,96 @@ struct ShrinkResult {
 // from that view, where the member that never came is left out at
 // agreement.timeout, and creates that view's communicator: the returned
 // view's epoch may be more than current.epoch + 1. It stops retrying once
-// ShrinkOptions::timeout has passed: Timeout naming the last view decided
+// ViewChangeOptions::timeout has passed: Timeout naming the last view decided
 // and the creation's error. Throws Excluded when this process was left out
 // of a view (it must rejoin); InvalidArgument when comm and current differ
 // in size or a lost rank is not a peer's rank of comm; PeerMismatch as
 // agree_next_view; Unsupported without the UCX wing.
-ShrinkResult shrink(Communicator& comm, const MembershipView& current,
-                    const ShrinkOptions& options);
+ViewChangeResult shrink(Communicator& comm, const MembershipView& current,
+                        const ViewChangeOptions& options);
+
+// ---- join and grow (shaped as ncclCommGrow) -------------------------------------
+//
+// A newcomer takes a ticket in the store and waits (join); the members of the
+// running view, at a point where all of them agreed to admit (a step
+// boundary: the elastic Reducer's commit), call grow together. The first
+// member to decide stores the next view: the current members and every
+// ticket taken by then, each newcomer getting the next process rank never
+// used in the job. Each admitted ticket is claimed in the store before the
+// newcomer is told its view; a newcomer that gave up first (its wait ran
+// out: it withdrew its ticket) is left out of the view by every member
+// alike. Then members and newcomers create the new view's UCX communicator.
+// Keys: <agreement.key_prefix>/join/{tickets, next, ticket/<t>,
+// admitted/<t>} and <agreement.key_prefix>/<fingerprint>/epoch<E>/grow.
+// Protocol and failure cases: docs/architecture.md, "Join".
+
+// How many newcomers wait for admission in options.store (tickets taken and
+// not yet decided on). One store call or two; local, not collective.
+int64_t pending_joiners(const ViewChangeOptions& options);
+
+// Collective over the members of `current`, the view `comm` runs on (comm
+// rank r is process current.members[r]), each calling it at the same point
+// of its run. Returns the next view (epoch current.epoch + 1: the members
+// and the newcomers admitted, ascending) and its communicator (rank = the
+// position in view.members); comm itself stays usable until the caller drops
+// it. All or nothing: the first member or newcomer whose creation of that
+// communicator ended stores whether it succeeded, and everyone follows it.
+// When no newcomer was admitted (none waited, every one withdrew, or the
+// creation failed: a newcomer that never came, a member lost meanwhile), the
+// view is epoch current.epoch + 1 of current's members and comm is null: the
+// caller keeps comm (a lost member then fails its next operation, as
+// always). Throws Excluded when this member's creation failed where the
+// others' succeeded (it must rejoin); InvalidArgument when comm and current
+// differ in size or the options are out of range; CorruptPayload for a
+// record in the store that is not grow's; Unsupported without the UCX wing;
+// the store's errors.
+ViewChangeResult grow(Communicator& comm, const MembershipView& current,
+                      const ViewChangeOptions& options);
+
+// A newcomer: takes a ticket and waits up to `wait` for the members to admit
+// it (grow), then creates its communicator with them. Returns the view that
+// admitted it, with this process's new process rank in it
+// (view.members[comm->rank()]), and the communicator. Throws Timeout when no
+// grow admitted it within `wait` (its ticket is withdrawn: no later grow
+// counts on it); CommunicationError when the admission's creation failed
+// (here or, first, elsewhere: then the members went on without it), after
+// which it may join again; InvalidArgument for options out of range.
+ViewChangeResult join(const ViewChangeOptions& options, std::chrono::milliseconds wait);
+
+// ---- State transfer ---------------------------------------------------------
+
+struct StateSyncOptions {
+  // Bounds each of the transfer's collectives.
+  std::chrono::milliseconds timeout{60000};
+  // Names the collectives in errors and traces.
+  std::string label = "state sync";
+};
+
+struct StateSyncResult {
+  // The agreed state: a holder's own, or what it received.
+  std::vector<uint8_t> state;
+  // Its FNV-1a hash (hash.h), which every rank checked.
+  uint64_t hash = 0;
+  // Ranks of the communicator that sent a share (ascending) and that received
+  // the state (newcomers and holders whose state differed).
+  std::vector<int> sources;
+  std::vector<int> receivers;
+};
+
+// Collective over `comm`: makes every rank hold the same training state, as
+// PCCL does. A rank that holds a state passes it (`state`, with `holds`
+// true); a newcomer passes holds false. The ranks exchange (hash, size); the
+// pair held by the most holders (of a tie, the one the lowest rank holds)
+// is the agreed state, and the holders that hold it are the sources. Every
+// other rank (a newcomer, or a holder whose state differs: it is resynced,
+// with a warning naming it) receives the state in shares, one contiguous
+// share from each source at once (one alltoallv), and checks the hash of
+// what it assembled; all ranks then learn every receiver's check. Errors, on
+// every rank alike: InvalidArgument when no rank holds a state; CorruptPayload
+// naming the receivers whose assembled state fails the hash; what the
+// collectives throw (PeerLost, Timeout after options.timeout).
+StateSyncResult sync_state(Communicator& comm, const std::vector<uint8_t>& state, bool holds,
+                           const StateSyncOptions& options = {});
 
 // ---- Elastic training ----------------------------------------------------------
 
@@ -156,12 +243,34 @@ struct ElasticOptions {
   MembershipView view;
   // The store, timeouts and UCX settings of each shrink; lost_ranks is
   // filled in from the rank that the poisoned communicator names lost.
-  // shrink.agreement.timeout must exceed a step's compute time: a survivor
+  // view_change.agreement.timeout must exceed a step's compute time: a survivor
   // joins the agreement when it reaches synchronize().
-  ShrinkOptions shrink;
+  ViewChangeOptions view_change;
   // Views changed within one iteration before the Reducer gives up and
   // rethrows the step's PeerLost.
   int max_view_changes_per_iteration = 3;
+
+  // Admit newcomers (join()) at step boundaries. Rank 0 looks for waiting
+  // newcomers in the store at most every admission_interval; its finding
+  // rides on the iteration's commit, and at the end of that step's
+  // optimizer_step() the members grow the view and hand the newcomers the
+  // plan and the training state (sync_state: save_state()'s bytes, the
+  // algorithm's replicated state, the step).
+  bool admit = false;
+  std::chrono::milliseconds admission_interval{100};
+  // The application's part of the training state (model, optimizer state,
+  // data position, RNG positions), as torchft's Manager takes it: save_state
+  // on the members at the step boundary, load_state on a newcomer (and on a
+  // member whose state differed from the others'). Needed with admit or
+  // newcomer; save_state must give the same bytes on every member.
+  std::function<std::vector<uint8_t>()> save_state;
+  std::function<void(const std::vector<uint8_t>&)> load_state;
+  // This process is a newcomer: view and the Reducer's communicator come
+  // from join(), and the Reducer's construction is its half of the
+  // admission (the members' optimizer_step() runs the other): no
+  // construction agreement; it receives rank 0's plan, verifies it
+  // (PeerMismatch) and loads the state.
+  bool newcomer = false;
 };
 
 }  // namespace relaxcc

@@ -110,7 +110,21 @@
 // Excluded; an iteration that changes views more than
 // ElasticOptions::max_view_changes_per_iteration times rethrows its error.
 // Costs: a copy of the algorithm's state_dict() at every iteration's start,
-// and one 4-byte allreduce (the commit) per iteration.
+// and one 8-byte allreduce (the commit) per iteration.
+//
+// Newcomers (ElasticOptions::admit): rank 0 looks for processes waiting in
+// join() (membership.h) at most every admission_interval and says so in the
+// commit; at the end of that step's optimizer_step() the members grow the
+// view (relaxcc::grow) and, over the new communicator, hand the newcomers
+// rank 0's plan (verified: PeerMismatch) and the training state in shares
+// from every member (relaxcc::sync_state: ElasticOptions::save_state's bytes,
+// the algorithm's replicated_state_dict(), the step), which each newcomer
+// checks against the agreed hash and loads (load_state); a member whose
+// state differed from the others' loads it too. A newcomer constructs its
+// Reducer on join()'s communicator and view with ElasticOptions::newcomer:
+// that construction is its half of the admission, after which it runs the
+// next step with the members. A loss during the admission poisons the new
+// communicator and the next iteration changes the view.
 //
 // Errors of the Reducer's own collectives (plan agreement, bucket memory,
 // unused tensors, tuning, rebuild) and of the waits on bucket and algorithm
@@ -241,6 +255,16 @@ class Reducer {
   // and installs the new rank 0's plan and the algorithm on the new
   // communicator.
   bool change_view();
+  // Elastic, at the end of the optimizer_step() whose iteration's commit
+  // found newcomers waiting: grows the view and runs the members' half of
+  // admission_exchange on the new communicator. A loss meanwhile poisons it
+  // (the next iteration changes the view).
+  void admit_newcomers();
+  // Collective over the new view, members and newcomers: rank 0's plan,
+  // installed and verified, then sync_state of the training state, which a
+  // newcomer (or a member whose state differed) loads; then the algorithm's
+  // init on the new communicator.
+  void admission_exchange(bool newcomer);
   // Elastic: the last collective of an iteration; then its buckets are
   // copied out.
   void commit(const std::string& of_iteration);
@@ -300,6 +324,10 @@ class Reducer {
     std::vector<char> accumulated, used_in_step, warned;
   } iteration_start_;
   int64_t committed_ = 0;
+  // Elastic with admit: a commit saw newcomers waiting (admitted at the end
+  // of the step's optimizer_step); rank 0's latest look at the store.
+  bool admission_due_ = false;
+  std::chrono::steady_clock::time_point last_admission_check_{};
   enum class Stage : int8_t { reducing, committing, committed };
   Stage stage_ = Stage::reducing;
   std::vector<TensorSpec> tensors_;

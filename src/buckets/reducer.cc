@@ -106,65 +106,75 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   // once too.
   const CommunicatorPtr host = comm_->host_communicator();
   Device device = Device::host();
-  agree_on_checks(
-      *(host ? host : comm_), "Reducer construction",
-      [&] {
-        std::set<std::string> names;
-        int64_t flat = 0;
-        // Every tensor on one device: the first one's.
-        device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
-        for (size_t i = 0; i < tensors_.size(); ++i) {
-          const TensorSpec& t = tensors_[i];
-          t.view.check_valid(t.name.c_str());
-          RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
-                          "' is on ", t.view.device, " but tensor '", tensors_.front().name,
-                          "' is on ", device, ": every tensor of a Reducer lives on one device");
-          RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '",
-                          t.name, "' registered twice");
-          RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
-                          "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
-                          tensors_.size());
-          context_.flat_offset.push_back(flat);
-          flat += t.view.numel;
-        }
-        if (options_.elastic) {
-          const ElasticOptions& e = *options_.elastic;
-          RELAXCC_ENFORCE(!options_.gradient_as_bucket_view, InvalidArgument,
-                          "Reducer: elastic needs copied gradients (gradient_as_bucket_view off): "
-                          "a step run again on a new view starts from the gradients as computed");
-          RELAXCC_ENFORCE(algorithm_->capabilities().survives_view_change, Unsupported,
-                          "Reducer: elastic with ", algorithm_->name(),
-                          ", which does not survive a view change (gradient_allreduce and "
-                          "bytegrad without hierarchical, and qadam do)");
-          RELAXCC_ENFORCE(e.shrink.store != nullptr, InvalidArgument,
-                          "Reducer: elastic without a store (ElasticOptions::shrink.store)");
-          RELAXCC_ENFORCE_EQ(e.view.size(), comm_->size(), InvalidArgument,
-                             "Reducer: elastic: the view ", e.view.describe(),
-                             " and the communicator differ in size");
-          RELAXCC_ENFORCE(e.max_view_changes_per_iteration >= 1, InvalidArgument,
-                          "Reducer: elastic: max_view_changes_per_iteration is ",
-                          e.max_view_changes_per_iteration, " (at least 1)");
-          RELAXCC_ENFORCE(!options_.auto_tune_buckets, InvalidArgument,
-                          "Reducer: elastic with auto_tune_buckets (survivors that run an "
-                          "iteration again would tune from other samples than those that keep it)");
-          RELAXCC_ENFORCE(!device.is_cuda(), Unsupported,
-                          "Reducer: elastic with device tensors (a view change creates a UCX "
-                          "communicator, which moves host memory)");
-        }
-        if (device.is_cuda()) {
-          // Checked before any CUDA call.
-          RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ",
-                          device, " but the ExecContext is on ", exec_.device,
-                          " (its stream is the one their gradients are computed on)");
-          const Device moves = comm_->allocate(0, DType::u8).device;
-          RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
-                          "'s tensors are on ", device, " but its communicator moves memory on ",
-                          moves,
-                          ": device tensors need a communicator that moves device memory (an NCCL "
-                          "communicator, relaxcc/nccl_communicator.h)");
-        }
-      },
-      options_.timeout);
+  const bool newcomer = options_.elastic && options_.elastic->newcomer;
+  const auto checks = [&] {
+    std::set<std::string> names;
+    int64_t flat = 0;
+    // Every tensor on one device: the first one's.
+    device = tensors_.empty() ? Device::host() : tensors_.front().view.device;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const TensorSpec& t = tensors_[i];
+      t.view.check_valid(t.name.c_str());
+      RELAXCC_ENFORCE(t.view.device == device, InvalidArgument, "Reducer: tensor '", t.name,
+                      "' is on ", t.view.device, " but tensor '", tensors_.front().name, "' is on ",
+                      device, ": every tensor of a Reducer lives on one device");
+      RELAXCC_ENFORCE(names.insert(t.name).second, InvalidArgument, "Reducer: tensor name '",
+                      t.name, "' registered twice");
+      RELAXCC_ENFORCE(t.partner < static_cast<int>(tensors_.size()), InvalidArgument,
+                      "Reducer: tensor '", t.name, "' has partner ", t.partner, " of ",
+                      tensors_.size());
+      context_.flat_offset.push_back(flat);
+      flat += t.view.numel;
+    }
+    if (options_.elastic) {
+      const ElasticOptions& e = *options_.elastic;
+      RELAXCC_ENFORCE(!options_.gradient_as_bucket_view, InvalidArgument,
+                      "Reducer: elastic needs copied gradients (gradient_as_bucket_view off): "
+                      "a step run again on a new view starts from the gradients as computed");
+      RELAXCC_ENFORCE(algorithm_->capabilities().survives_view_change, Unsupported,
+                      "Reducer: elastic with ", algorithm_->name(),
+                      ", which does not survive a view change (gradient_allreduce and "
+                      "bytegrad without hierarchical, and qadam do)");
+      RELAXCC_ENFORCE(e.view_change.store != nullptr, InvalidArgument,
+                      "Reducer: elastic without a store (ElasticOptions::view_change.store)");
+      RELAXCC_ENFORCE_EQ(e.view.size(), comm_->size(), InvalidArgument,
+                         "Reducer: elastic: the view ", e.view.describe(),
+                         " and the communicator differ in size");
+      RELAXCC_ENFORCE(e.max_view_changes_per_iteration >= 1, InvalidArgument,
+                      "Reducer: elastic: max_view_changes_per_iteration is ",
+                      e.max_view_changes_per_iteration, " (at least 1)");
+      RELAXCC_ENFORCE(!options_.auto_tune_buckets, InvalidArgument,
+                      "Reducer: elastic with auto_tune_buckets (survivors that run an "
+                      "iteration again would tune from other samples than those that keep it)");
+      RELAXCC_ENFORCE(!device.is_cuda(), Unsupported,
+                      "Reducer: elastic with device tensors (a view change creates a UCX "
+                      "communicator, which moves host memory)");
+      RELAXCC_ENFORCE(!(e.admit || e.newcomer) || (e.save_state && e.load_state), InvalidArgument,
+                      "Reducer: elastic with admit or newcomer needs save_state and "
+                      "load_state (the application's part of the training state)");
+      RELAXCC_ENFORCE(e.admission_interval >= std::chrono::milliseconds(0), InvalidArgument,
+                      "Reducer: elastic: admission_interval is negative (",
+                      e.admission_interval.count(), " ms)");
+    }
+    if (device.is_cuda()) {
+      // Checked before any CUDA call.
+      RELAXCC_ENFORCE(exec_.device == device, InvalidArgument, "Reducer: the tensors are on ",
+                      device, " but the ExecContext is on ", exec_.device,
+                      " (its stream is the one their gradients are computed on)");
+      const Device moves = comm_->allocate(0, DType::u8).device;
+      RELAXCC_ENFORCE(moves == device, Unsupported, "Reducer: rank ", comm_->rank(),
+                      "'s tensors are on ", device, " but its communicator moves memory on ", moves,
+                      ": device tensors need a communicator that moves device memory (an NCCL "
+                      "communicator, relaxcc/nccl_communicator.h)");
+    }
+  };
+  // A newcomer's members are past their construction: its checks are its
+  // own, and a plan that differs from theirs fails the admission's
+  // verification.
+  if (newcomer)
+    checks();
+  else
+    agree_on_checks(*(host ? host : comm_), "Reducer construction", checks, options_.timeout);
   poison_on_error({comm_.get()}, [&] {
     memory_ = buckets::bucket_memory(exec_, device, tensors_.size());
     // The Reducer's own agreements exchange host values: over the host
@@ -179,6 +189,12 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   context_.tensors = &tensors_;
   context_.tunables = tunables_;
   context_.exec = memory_->bucket_context();
+  if (newcomer) {
+    // Its half of the admission: rank 0's plan, verified, then the state.
+    admission_exchange(true);
+    copier_ = std::thread([this] { copier_loop(); });
+    return;
+  }
   // The plan, its verification and the algorithm's init, agreed on as the
   // checks above: an algorithm that refuses its context on every rank (a
   // configuration error) fails every rank alike.
@@ -541,7 +557,7 @@ void Reducer::synchronize() {
 }
 
 bool Reducer::change_view() {
-  ShrinkOptions o = options_.elastic->shrink;
+  ViewChangeOptions o = options_.elastic->view_change;
   o.lost_ranks.clear();
   // This rank's evidence, as a rank of comm_: the rank its poisoning names
   // (the PeerLost may come from an algorithm's group and name a rank of that
@@ -557,7 +573,7 @@ bool Reducer::change_view() {
   }
   if (peer >= 0 && peer < comm_->size() && peer != comm_->rank()) o.lost_ranks.push_back(peer);
   const MembershipView from = view_;
-  ShrinkResult next = shrink(*comm_, view_, o);  // Excluded, Timeout: the caller's
+  ViewChangeResult next = shrink(*comm_, view_, o);  // Excluded, Timeout: the caller's
   {
     std::lock_guard<std::mutex> lock(mutex_);
     comm_ = std::move(next.comm);
@@ -753,13 +769,22 @@ void Reducer::commit(const std::string& of_iteration) {
     std::lock_guard<std::mutex> lock(mutex_);
     stage_ = Stage::committing;
   }
-  auto flag = std::make_shared<int32_t>(1);
+  // {1, minus the newcomers rank 0 saw waiting}, reduced by min.
+  auto flag = std::make_shared<std::array<int32_t, 2>>(std::array<int32_t, 2>{1, 0});
+  const ElasticOptions& e = *options_.elastic;
+  const auto now = std::chrono::steady_clock::now();
+  if (e.admit && comm_->rank() == 0 && now - last_admission_check_ >= e.admission_interval) {
+    last_admission_check_ = now;
+    (*flag)[1] = -static_cast<int32_t>(
+        std::min<int64_t>(pending_joiners(e.view_change), std::numeric_limits<int32_t>::max()));
+  }
   run_labeled("Reducer: commit" + of_iteration, [&](const std::string& label) {
     AllreduceOptions o;
     o.op = ReduceOp::min;
     o.label = label;
-    return side_->allreduce(TensorView::host(flag.get(), 1, flag), ExecContext::host(), o);
+    return side_->allreduce(TensorView::host(flag->data(), 2, flag), ExecContext::host(), o);
   });
+  if ((*flag)[1] < 0) admission_due_ = true;
   ++committed_;
   std::unique_lock<std::mutex> lock(mutex_);
   stage_ = Stage::committed;
@@ -972,6 +997,113 @@ void Reducer::optimizer_step(Optimizer& optimizer) {
         w, timeout(),
         detail::concat("Reducer: the algorithm's after_optimizer_step work of step ", step_));
   ++step_;
+  if (admission_due_) admit_newcomers();
+}
+
+void Reducer::admit_newcomers() {
+  admission_due_ = false;
+  const MembershipView from = view_;
+  // Excluded (this member's creation failed where the others' succeeded):
+  // the caller's.
+  ViewChangeResult next = grow(*comm_, view_, options_.elastic->view_change);
+  if (!next.comm) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    view_ = std::move(next.view);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comm_ = std::move(next.comm);
+    view_ = std::move(next.view);
+  }
+  RELAXCC_LOG(info, "Reducer: newcomers admitted at step ", step_, ": the view changed from ",
+              from.describe(), " to ", view_.describe());
+  try {
+    side_ = comm_->split(0, comm_->rank());
+    admission_exchange(false);
+  } catch (const CommunicationError& e) {
+    // A member or newcomer lost during the admission: the next iteration
+    // fails on the poisoned communicator and shrinks the view.
+    RELAXCC_LOG(warn, "Reducer: the admission into ", view_.describe(), " failed (", e.message(),
+                "); the next iteration changes the view");
+    comm_->poison(
+        detail::concat("the admission into ", view_.describe(), " failed: ", e.message()));
+  }
+}
+
+void Reducer::admission_exchange(bool newcomer) {
+  const ElasticOptions& e = *options_.elastic;
+  context_.comm = comm_;
+  // Rank 0's plan (rank 0 is a member: newcomers take the highest process
+  // ranks), installed on the new communicator and verified across ranks.
+  const int count = static_cast<int>(tensors_.size());
+  auto order = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count) + 1, 0);
+  if (!newcomer) {
+    std::copy(plan_.order().begin(), plan_.order().end(), order->begin());
+    order->back() = rebuilt_ ? 1 : 0;
+  }
+  run_labeled("Reducer: rank 0's plan for the newcomers", [&](const std::string& label) {
+    BroadcastOptions b;
+    b.label = label;
+    return side_->broadcast(TensorView::host(order->data(), count + 1, order), ExecContext::host(),
+                            b);
+  });
+  const std::vector<int> agreed(order->begin(), order->begin() + count);
+  for (int i : agreed)
+    RELAXCC_ENFORCE(i >= 0 && i < count, PeerMismatch, "Reducer: rank 0's plan names tensor #", i,
+                    " of ", count);
+  rebuilt_ = order->back() != 0;
+  install_plan(BucketPlan::build(tensors_, agreed, options_.plan));
+  verify_plan_across_ranks();
+  ++plan_version_;
+
+  // The training state: the application's bytes (their count first, 8
+  // bytes), then a StateDict of the Reducer's step and commit count, the
+  // warnings given and the algorithm's replicated state.
+  std::vector<uint8_t> mine;
+  if (!newcomer) {
+    StateDict held = algorithm_->replicated_state_dict();
+    held.put_ints("reducer/admission/counts", {step_, committed_});
+    held.put_ints("reducer/admission/warned", std::vector<int64_t>(warned_.begin(), warned_.end()));
+    const std::vector<uint8_t> app = e.save_state();
+    const std::vector<std::byte> dict = held.serialize();
+    const uint64_t app_bytes = app.size();
+    mine.resize(sizeof(app_bytes) + app.size() + dict.size());
+    std::memcpy(mine.data(), &app_bytes, sizeof(app_bytes));
+    std::memcpy(mine.data() + sizeof(app_bytes), app.data(), app.size());
+    std::memcpy(mine.data() + sizeof(app_bytes) + app.size(), dict.data(), dict.size());
+  }
+  StateSyncOptions so;
+  so.timeout = timeout();
+  so.label = "Reducer: the training state for the newcomers";
+  const StateSyncResult synced = sync_state(*side_, mine, !newcomer, so);
+  if (newcomer || synced.state != mine) {
+    const std::vector<uint8_t>& got = synced.state;
+    uint64_t app_bytes = 0;
+    if (got.size() >= sizeof(app_bytes)) std::memcpy(&app_bytes, got.data(), sizeof(app_bytes));
+    RELAXCC_ENFORCE(got.size() >= sizeof(app_bytes) && app_bytes <= got.size() - sizeof(app_bytes),
+                    CorruptPayload, "Reducer: the training state received (", got.size(),
+                    " bytes) does not hold the application's ", app_bytes, " bytes");
+    const uint8_t* app = got.data() + sizeof(app_bytes);
+    const auto* dict = reinterpret_cast<const std::byte*>(app + app_bytes);
+    const StateDict held = StateDict::deserialize(
+        std::vector<std::byte>(dict, reinterpret_cast<const std::byte*>(got.data() + got.size())));
+    const std::vector<int64_t> counts = held.get_ints("reducer/admission/counts");
+    const std::vector<int64_t> warned = held.get_ints("reducer/admission/warned");
+    RELAXCC_ENFORCE(counts.size() == 2 && warned.size() == warned_.size(), CorruptPayload,
+                    "Reducer: the training state received has ", counts.size(), " counts and ",
+                    warned.size(), " warning flags for ", warned_.size(), " tensors");
+    if (!newcomer)
+      RELAXCC_LOG(warn, "Reducer: rank ", comm_->rank(),
+                  "'s training state differed from the other members'; it loads theirs");
+    e.load_state(std::vector<uint8_t>(app, app + app_bytes));
+    algorithm_->load_replicated_state_dict(held);
+    step_ = counts[0];
+    committed_ = counts[1];
+    std::copy(warned.begin(), warned.end(), warned_.begin());
+  }
+  algorithm_->init(context_);
+  for (auto& cb : plan_callbacks_) cb();
 }
 
 int64_t Reducer::iteration() const {

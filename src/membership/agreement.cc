@@ -12,28 +12,19 @@
 #include "relaxcc/hash.h"
 #include "relaxcc/membership.h"
 #include "relaxcc/store.h"
+#include "src/membership/view_records.h"
 
 namespace relaxcc {
+
+using membership::decode;
+using membership::encode;
+using membership::joined;
 
 int MembershipView::rank_of(int process_rank) const {
   const auto it = std::lower_bound(members.begin(), members.end(), process_rank);
   if (it == members.end() || *it != process_rank) return -1;
   return static_cast<int>(it - members.begin());
 }
-
-namespace {
-
-// "a,b,c".
-std::string joined(const std::vector<int>& members) {
-  std::string out;
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (i > 0) out += ',';
-    out += std::to_string(members[i]);
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string MembershipView::describe() const {
   return "epoch " + std::to_string(epoch) + " {" + joined(members) + '}';
@@ -50,40 +41,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-// "<epoch>:<m>,<m>,..." (members ascending): a decision (the view) or a
-// proposal (the epoch and the members its proposer reports lost).
-std::vector<uint8_t> encode(const MembershipView& view) {
-  const std::string text = std::to_string(view.epoch) + ':' + joined(view.members);
-  return {text.begin(), text.end()};
-}
-
-MembershipView decode(const std::vector<uint8_t>& bytes, const std::string& key) {
-  const std::string text(bytes.begin(), bytes.end());
-  MembershipView view;
-  const char* p = text.data();
-  const char* end = p + text.size();
-  auto r = std::from_chars(p, end, view.epoch);
-  RELAXCC_ENFORCE(r.ec == std::errc() && r.ptr != end && *r.ptr == ':', CorruptPayload,
-                  "membership record '", text, "' under key ", key, " has no epoch");
-  p = r.ptr + 1;
-  while (p != end) {
-    int member = 0;
-    r = std::from_chars(p, end, member);
-    RELAXCC_ENFORCE(r.ec == std::errc() && member >= 0 &&
-                        (view.members.empty() || member > view.members.back()),
-                    CorruptPayload, "membership record '", text, "' under key ", key,
-                    " has a bad member list");
-    view.members.push_back(member);
-    p = r.ptr;
-    if (p != end) {
-      RELAXCC_ENFORCE(*p == ',' && p + 1 != end, CorruptPayload, "membership record '", text,
-                      "' under key ", key, " has a bad separator");
-      ++p;
-    }
-  }
-  return view;
-}
 
 // A record read under the keys of `current`'s agreement must be one of it:
 // epoch current.epoch + 1, members (or accused members) of `current`.

@@ -7,14 +7,14 @@
 
 #include "relaxcc/errors.h"
 #include "relaxcc/membership.h"
-#include "relaxcc/ucx_communicator.h"
+#include "src/membership/view_records.h"
 
 namespace relaxcc {
 
-ShrinkResult shrink(Communicator& comm, const MembershipView& current,
-                    const ShrinkOptions& options) {
+ViewChangeResult shrink(Communicator& comm, const MembershipView& current,
+                        const ViewChangeOptions& options) {
   RELAXCC_ENFORCE(options.store != nullptr, InvalidArgument, "shrink of ", current.describe(),
-                  ": ShrinkOptions::store is null");
+                  ": ViewChangeOptions::store is null");
   RELAXCC_ENFORCE_EQ(comm.size(), current.size(), InvalidArgument, "shrink of ", current.describe(),
                      ": the communicator's size differs from the view's");
   const int self = current.members[comm.rank()];
@@ -33,18 +33,8 @@ ShrinkResult shrink(Communicator& comm, const MembershipView& current,
     // A member of `view` that fails before its communicator exists is left
     // out by the next agreement, at its timeout.
     lost.clear();
-    UcxCommunicatorOptions o;
-    o.store = options.store;
-    o.rendezvous.rank = view.rank_of(self);
-    o.rendezvous.size = view.size();
-    o.rendezvous.job = detail::concat(options.job, '/', view.fingerprint());
-    o.rendezvous.generation = view.epoch;
-    o.tunables = options.tunables;
-    o.timeout = options.create_timeout;
-    o.share_memory = options.share_memory;
-    o.net_devices = options.net_devices;
     try {
-      return ShrinkResult{view, create_ucx_communicator(o)};
+      return ViewChangeResult{view, membership::create_view_communicator(view, self, options)};
     } catch (const PeerMismatch&) {
       throw;
     } catch (const CommunicationError& e) {
@@ -57,7 +47,7 @@ ShrinkResult shrink(Communicator& comm, const MembershipView& current,
         lost.push_back(view.members[named->peer()]);
       RELAXCC_ENFORCE(std::chrono::steady_clock::now() < deadline, Timeout, "shrink of ",
                       current.describe(), ": the communicator of ", view.describe(),
-                      " was not created (", e.what(), ") and ShrinkOptions::timeout of ",
+                      " was not created (", e.what(), ") and ViewChangeOptions::timeout of ",
                       options.timeout.count(), " ms has passed");
     }
   }

@@ -184,6 +184,10 @@ class DistributedDataParallel::WithTorchStep final : public Algorithm {
   void shutdown(std::chrono::milliseconds t) override { inner_->shutdown(t); }
   StateDict state_dict() const override { return inner_->state_dict(); }
   void load_state_dict(const StateDict& s) override { inner_->load_state_dict(s); }
+  StateDict replicated_state_dict() const override { return inner_->replicated_state_dict(); }
+  void load_replicated_state_dict(const StateDict& s) override {
+    inner_->load_replicated_state_dict(s);
+  }
 
  private:
   std::shared_ptr<algorithms::StepOffset> inner_;
@@ -221,36 +225,38 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
   // it on one rank alone poisons the communicator, so the others fail at
   // once too (collective_setup.h).
   const CommunicatorPtr host = comm_->host_communicator();
-  agree_on_checks(
-      *(host ? host : comm_), "DistributedDataParallel construction",
-      [&] {
-        for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
-          check_host_contiguous(p, name, "parameter");
-          all_params_.push_back(p);
-          if (!p.requires_grad()) continue;
-          RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
-                          "DistributedDataParallel: parameter '", name, "' is ",
-                          c10::toString(p.scalar_type()),
-                          "; only float32 parameters are supported");
-          std::shared_ptr<::torch::autograd::Node> acc =
-              ::torch::autograd::impl::grad_accumulator(p);
-          RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '",
-                          name, "' is not a leaf tensor");
-          for (const auto& hook : acc->post_hooks())
-            RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
-                            "DistributedDataParallel: the module is wrapped already: parameter '",
-                            name,
-                            "' carries the readiness hook of another live DistributedDataParallel");
-          names_.push_back(name);
-          params_.push_back(p);
-          accumulators_.push_back(std::move(acc));
-        }
-        for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
-          check_host_contiguous(b, name, "buffer");
-          buffers_.push_back(b);
-        }
-      },
-      timeout());
+  // An elastic newcomer's members are past their construction: its checks
+  // are its own, and the admission gives it the members' parameters.
+  const bool newcomer = options_.reducer.elastic && options_.reducer.elastic->newcomer;
+  const auto checks = [&] {
+    for (const auto& [name, p] : unique_named(module_.named_parameters(/*recurse=*/true))) {
+      check_host_contiguous(p, name, "parameter");
+      all_params_.push_back(p);
+      if (!p.requires_grad()) continue;
+      RELAXCC_ENFORCE(p.scalar_type() == ::torch::kFloat32, Unsupported,
+                      "DistributedDataParallel: parameter '", name, "' is ",
+                      c10::toString(p.scalar_type()), "; only float32 parameters are supported");
+      std::shared_ptr<::torch::autograd::Node> acc = ::torch::autograd::impl::grad_accumulator(p);
+      RELAXCC_ENFORCE(acc != nullptr, InvalidArgument, "DistributedDataParallel: parameter '", name,
+                      "' is not a leaf tensor");
+      for (const auto& hook : acc->post_hooks())
+        RELAXCC_ENFORCE(dynamic_cast<const ReadyHook*>(hook.get()) == nullptr, InvalidArgument,
+                        "DistributedDataParallel: the module is wrapped already: parameter '", name,
+                        "' carries the readiness hook of another live DistributedDataParallel");
+      names_.push_back(name);
+      params_.push_back(p);
+      accumulators_.push_back(std::move(acc));
+    }
+    for (const auto& [name, b] : unique_named(module_.named_buffers(/*recurse=*/true))) {
+      check_host_contiguous(b, name, "buffer");
+      buffers_.push_back(b);
+    }
+  };
+  if (newcomer)
+    checks();
+  else
+    agree_on_checks(*(host ? host : comm_), "DistributedDataParallel construction", checks,
+                    timeout());
   {
     ::torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -277,11 +283,12 @@ DistributedDataParallel::DistributedDataParallel(CommunicatorPtr comm, ::torch::
                                        std::make_shared<WithTorchStep>(algorithm_, *torch_step_),
                                        ExecContext::host(), options_.reducer);
   poison_on_error({comm_.get()}, [&] {
-    check_comm_ = comm_->split(0, comm_->rank());
-
-    std::vector<Tensor> everything = all_params_;
-    everything.insert(everything.end(), buffers_.begin(), buffers_.end());
-    broadcast(everything, "parameters and buffers from rank 0 at construction");
+    if (!newcomer) {
+      check_comm_ = comm_->split(0, comm_->rank());
+      std::vector<Tensor> everything = all_params_;
+      everything.insert(everything.end(), buffers_.begin(), buffers_.end());
+      broadcast(everything, "parameters and buffers from rank 0 at construction");
+    }
 
     if (options_.reducer.gradient_as_bucket_view) {
       point_gradients();
@@ -427,6 +434,7 @@ void DistributedDataParallel::step() {
   if (algorithm_->need_reset(StepInfo{reducer_->step()})) optimizer_.state().clear();
   pass_learning_rate();
   reducer_->optimizer_step(*torch_step_);
+  follow_view();  // newcomers admitted at the step's end
   synced_since_step_ = false;
   backward_since_step_ = false;
   if (options_.broadcast_buffers && !options_.reducer.elastic && !buffers_.empty())

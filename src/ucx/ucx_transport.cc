@@ -242,6 +242,11 @@ void UcxTransport::check_liveness(bool now) {
       t + (polled_peers_ > 0 || held_ > 0 ? kProcCheckPeriod : kPidfdCheckPeriod);
   epoll_event events[16];
   const int n = epoll_wait(liveness_fd_, events, 16, 0);
+  // What an ended process wrote before it ended is delivered first (its
+  // last sends of a collective that it completed).
+  if (n > 0)
+    while (worker_->progress() != 0) {
+    }
   for (int i = 0; i < n; ++i) {
     auto& p = *static_cast<UcxEndpoints::Peer*>(events[i].data.ptr);
     p.owner->lose(p, process_ended(p.process));

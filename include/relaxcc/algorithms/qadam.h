@@ -68,6 +68,9 @@ class QAdam final : public Algorithm {
   }
   StateDict state_dict() const override;
   void load_state_dict(const StateDict& state) override;
+  // The Adam moments (the same on every rank).
+  StateDict replicated_state_dict() const override;
+  void load_replicated_state_dict(const StateDict& state) override;
   // Throws InvalidArgument for lr <= 0.
   void set_learning_rate(float lr) override;
   float lr() const { return options_.adam.lr; }

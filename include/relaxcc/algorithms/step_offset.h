@@ -44,6 +44,15 @@ class StepOffset final : public Algorithm {
   void shutdown(std::chrono::milliseconds t) override { inner_->shutdown(t); }
   StateDict state_dict() const override { return inner_->state_dict(); }
   void load_state_dict(const StateDict& s) override { inner_->load_state_dict(s); }
+  StateDict replicated_state_dict() const override {
+    StateDict s = inner_->replicated_state_dict();
+    s.put_int("step_offset", offset_);
+    return s;
+  }
+  void load_replicated_state_dict(const StateDict& s) override {
+    offset_ = s.get_int("step_offset");
+    inner_->load_replicated_state_dict(s);
+  }
 
  private:
   StepInfo at(const StepInfo& s) const { return StepInfo{s.step + offset_}; }

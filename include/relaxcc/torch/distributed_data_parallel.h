@@ -128,7 +128,13 @@ namespace relaxcc::torch {
 struct DdpOptions {
   // Bucket caps, gradient_as_bucket_view, plan rebuild, timeout, and
   // elastic membership (reducer.h): with reducer.elastic set, training goes
-  // on without lost members, and communicator() follows the Reducer's view.
+  // on without lost members, newcomers are admitted at step ends (admit),
+  // and communicator() follows the Reducer's view. A newcomer's construction
+  // (elastic->newcomer) is its half of the admission: no construction
+  // agreement, no broadcast from rank 0 (its parameters come with the
+  // training state, which elastic->load_state loads; save_state and
+  // load_state are the application's: the module's parameters and buffers,
+  // the optimizer's state, the data position).
   ReducerOptions reducer;
   // Broadcast buffers (batch-norm statistics) from rank 0 after every step.
   // Not with reducer.elastic (a collective outside the Reducer's iteration,
