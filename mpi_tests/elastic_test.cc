@@ -455,7 +455,9 @@ std::vector<ChildRun> train_with_a_newcomer(uint16_t port, const std::string& jo
 // Every process's report: three members up to the admission, four after it
 // (the newcomer from its first step), exact (or within 2%) averages, and the
 // same final parameters everywhere.
-void expect_admitted(const std::vector<ChildRun>& runs, bool exact) {
+// `params` (when given) gets the final parameters' line.
+void expect_admitted(const std::vector<ChildRun>& runs, bool exact,
+                     std::string* params_out = nullptr) {
   std::string params;
   for (int r = 0; r < 4; ++r) {
     const ChildRun& c = runs[static_cast<size_t>(r)];
@@ -477,6 +479,7 @@ void expect_admitted(const std::vector<ChildRun>& runs, bool exact) {
     if (params.empty()) params = line;
     EXPECT_EQ(line, params) << "process " << r << " ends with other parameters than process 0";
   }
+  if (params_out != nullptr) *params_out = params;
 }
 
 TEST_F(Elastic, ANewcomerIsAdmittedWithTheTrainingState) {
@@ -487,8 +490,15 @@ TEST_F(Elastic, ANewcomerIsAdmittedWithTheTrainingState) {
 // Member 2's parameters differ at the admission: the state sync resyncs it
 // with the newcomer, so all four end alike.
 TEST_F(Elastic, AMemberWhoseStateDiffersIsResynced) {
+  std::string plain, resynced;
   expect_admitted(
-      train_with_a_newcomer(server_.port(), "admit-resync", make_gradient_allreduce, true), true);
+      train_with_a_newcomer(server_.port(), "admit-plain", make_gradient_allreduce, false), true,
+      &plain);
+  expect_admitted(
+      train_with_a_newcomer(server_.port(), "admit-resync", make_gradient_allreduce, true), true,
+      &resynced);
+  // The members' state won, not member 2's.
+  EXPECT_EQ(resynced, plain);
 }
 
 // Q-Adam's moments are replicated state: the newcomer receives them, and its

@@ -10,6 +10,10 @@
 // Every caller that returns gets the same view; a caller that is not in it
 // (reported lost while alive) gets Excluded and must rejoin. The protocol and
 // its failure cases are in docs/architecture.md ("Membership agreement").
+//
+// shrink, grow and join change views (a new UCX communicator per view);
+// sync_state gives newcomers the training state; ElasticOptions is what an
+// elastic Reducer (reducer.h) needs to do all of it by itself.
 #pragma once
 
 #include <chrono>
@@ -163,11 +167,12 @@ ViewChangeResult shrink(Communicator& comm, const MembershipView& current,
 // out: it withdrew its ticket) is left out of the view by every member
 // alike. Then members and newcomers create the new view's UCX communicator.
 // Keys: <agreement.key_prefix>/join/{tickets, next, ticket/<t>,
-// admitted/<t>} and <agreement.key_prefix>/<fingerprint>/epoch<E>/grow.
+// admitted/<t>} and <agreement.key_prefix>/<fingerprint>/epoch<E>/grow<t>.
 // Protocol and failure cases: docs/architecture.md, "Join".
 
 // How many newcomers wait for admission in options.store (tickets taken and
-// not yet decided on). One store call or two; local, not collective.
+// not yet decided on). Two or three store calls; local, not collective: one
+// member reads it and tells the others (a grow changes what it reads).
 int64_t pending_joiners(const ViewChangeOptions& options);
 
 // Collective over the members of `current`, the view `comm` runs on (comm
@@ -179,13 +184,14 @@ int64_t pending_joiners(const ViewChangeOptions& options);
 // communicator ended stores whether it succeeded, and everyone follows it.
 // When no newcomer was admitted (none waited, every one withdrew, or the
 // creation failed: a newcomer that never came, a member lost meanwhile), the
-// view is epoch current.epoch + 1 of current's members and comm is null: the
-// caller keeps comm (a lost member then fails its next operation, as
-// always). Throws Excluded when this member's creation failed where the
-// others' succeeded (it must rejoin); InvalidArgument when comm and current
-// differ in size or the options are out of range; CorruptPayload for a
-// record in the store that is not grow's; Unsupported without the UCX wing;
-// the store's errors.
+// view is `current` and comm is null: the caller keeps comm (a lost member
+// then fails its next operation, as always). Rank 0 of comm reads the store
+// and broadcasts the tickets to decide on over comm: a failure of comm
+// there is a CommunicationError (and that broadcast's Timeout after
+// options.create_timeout). Throws Excluded when this member's creation failed
+// where the others' succeeded (it must rejoin); InvalidArgument when comm and current differ in
+// size or the options are out of range; CorruptPayload for a record in the store that is not
+// grow's; Unsupported without the UCX wing; the store's errors.
 ViewChangeResult grow(Communicator& comm, const MembershipView& current,
                       const ViewChangeOptions& options);
 
@@ -194,7 +200,8 @@ ViewChangeResult grow(Communicator& comm, const MembershipView& current,
 // admitted it, with this process's new process rank in it
 // (view.members[comm->rank()]), and the communicator. Throws Timeout when no
 // grow admitted it within `wait` (its ticket is withdrawn: no later grow
-// counts on it); CommunicationError when the admission's creation failed
+// counts on it), or Timeout from the store when a grow claimed the ticket
+// but its record never came; CommunicationError when the admission's creation failed
 // (here or, first, elsewhere: then the members went on without it), after
 // which it may join again; InvalidArgument for options out of range.
 ViewChangeResult join(const ViewChangeOptions& options, std::chrono::milliseconds wait);

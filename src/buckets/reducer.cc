@@ -172,7 +172,7 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   // own, and a plan that differs from theirs fails the admission's
   // verification.
   if (newcomer)
-    checks();
+    poison_on_error({comm_.get()}, checks);
   else
     agree_on_checks(*(host ? host : comm_), "Reducer construction", checks, options_.timeout);
   poison_on_error({comm_.get()}, [&] {
@@ -190,8 +190,9 @@ Reducer::Reducer(CommunicatorPtr comm, std::vector<TensorSpec> tensors, Algorith
   context_.tunables = tunables_;
   context_.exec = memory_->bucket_context();
   if (newcomer) {
-    // Its half of the admission: rank 0's plan, verified, then the state.
-    admission_exchange(true);
+    // Its half of the admission: rank 0's plan, verified, then the state. A
+    // failure here fails the members' admission at once.
+    poison_on_error({comm_.get()}, [&] { admission_exchange(true); });
     copier_ = std::thread([this] { copier_loop(); });
     return;
   }
@@ -557,6 +558,7 @@ void Reducer::synchronize() {
 }
 
 bool Reducer::change_view() {
+  admission_due_ = false;  // the new view's commits look for newcomers again
   ViewChangeOptions o = options_.elastic->view_change;
   o.lost_ranks.clear();
   // This rank's evidence, as a rank of comm_: the rank its poisoning names
@@ -775,8 +777,13 @@ void Reducer::commit(const std::string& of_iteration) {
   const auto now = std::chrono::steady_clock::now();
   if (e.admit && comm_->rank() == 0 && now - last_admission_check_ >= e.admission_interval) {
     last_admission_check_ = now;
-    (*flag)[1] = -static_cast<int32_t>(
-        std::min<int64_t>(pending_joiners(e.view_change), std::numeric_limits<int32_t>::max()));
+    // A store that fails here delays the admission, never the commit.
+    try {
+      (*flag)[1] = -static_cast<int32_t>(
+          std::min<int64_t>(pending_joiners(e.view_change), std::numeric_limits<int32_t>::max()));
+    } catch (const Error& error) {
+      RELAXCC_LOG(warn, "Reducer: cannot look for newcomers: ", error.message());
+    }
   }
   run_labeled("Reducer: commit" + of_iteration, [&](const std::string& label) {
     AllreduceOptions o;
@@ -1002,15 +1009,26 @@ void Reducer::optimizer_step(Optimizer& optimizer) {
 
 void Reducer::admit_newcomers() {
   admission_due_ = false;
+  if (comm_->poisoned() || side_->poisoned()) return;  // the next iteration changes the view
   const MembershipView from = view_;
+  const CommunicatorPtr old_comm = comm_, old_side = side_;
   // Excluded (this member's creation failed where the others' succeeded):
-  // the caller's.
-  ViewChangeResult next = grow(*comm_, view_, options_.elastic->view_change);
-  if (!next.comm) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    view_ = std::move(next.view);
+  // the caller's. Other errors (comm_ failed before the decision: a member
+  // lost, or one that failed in the commit and changes the view) wait for
+  // the next iteration's view change.
+  ViewChangeResult next;
+  try {
+    next = grow(*comm_, view_, options_.elastic->view_change);
+  } catch (const Excluded&) {
+    throw;
+  } catch (const CommunicationError& e) {
+    RELAXCC_LOG(warn, "Reducer: no admission on ", view_.describe(), " (", e.message(),
+                "); the next iteration changes the view");
+    comm_->poison(detail::concat("no admission on ", view_.describe(), ": ", e.message()));
+    side_->poison(detail::concat("no admission on ", view_.describe(), ": ", e.message()));
     return;
   }
+  if (!next.comm) return;  // nobody admitted: the view stays
   {
     std::lock_guard<std::mutex> lock(mutex_);
     comm_ = std::move(next.comm);
@@ -1021,13 +1039,17 @@ void Reducer::admit_newcomers() {
   try {
     side_ = comm_->split(0, comm_->rank());
     admission_exchange(false);
-  } catch (const CommunicationError& e) {
-    // A member or newcomer lost during the admission: the next iteration
-    // fails on the poisoned communicator and shrinks the view.
+  } catch (const Error& e) {
+    // A member or newcomer lost during the admission, or a state that did
+    // not load: every communicator this member may still use fails, so
+    // that the next iteration fails on every member and changes the view
+    // from the new one.
     RELAXCC_LOG(warn, "Reducer: the admission into ", view_.describe(), " failed (", e.message(),
                 "); the next iteration changes the view");
-    comm_->poison(
-        detail::concat("the admission into ", view_.describe(), " failed: ", e.message()));
+    const std::string reason =
+        detail::concat("the admission into ", view_.describe(), " failed: ", e.message());
+    for (Communicator* c : {comm_.get(), side_.get(), old_comm.get(), old_side.get()})
+      c->poison(reason);
   }
 }
 

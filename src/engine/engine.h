@@ -339,6 +339,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void send_notices(const Lane& lane);
   // Cancels the listeners of endpoint sets no lane uses any more (every one: all).
   void release_listeners(bool all);
+  // A listener (notice receive and heartbeat) for each set in to_listen_.
+  void listen_to_new_sets();
 
   Tunables tunables_;
   const std::chrono::milliseconds peer_timeout_;  // RELAXCC_PEER_TIMEOUT_MS (0: no heartbeats)
@@ -409,6 +411,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::unique_ptr<Heartbeat> heartbeat;  // the liveness check of its peers (heartbeat.h)
   };
   std::vector<std::unique_ptr<Listener>> listeners_;
+  // Listeners of released sets whose peers have not all answered the
+  // leaving beat yet (heartbeat.h): polled at each poll_notices until they
+  // did or `deadline` (a peer timeout) passed, then finished; the set, and
+  // its transport communicator, live until then.
+  struct Releasing {
+    std::unique_ptr<Listener> listener;
+    Clock::time_point deadline;
+  };
+  std::vector<Releasing> releasing_;
+  // Stops a released listener: closes its heartbeat and cancels its notice
+  // receive, by `deadline`; a receive that did not cancel leaks its buffers.
+  void finish_listener(std::unique_ptr<Listener> listener, Clock::time_point deadline);
+  // Polls releasing_ (non-blocking), finishing those done or expired.
+  void poll_releasing(Clock::time_point now);
   struct NoticeSend {
     std::shared_ptr<PoisonNotice> notice;  // one per peer (its window differs)
     Request request;

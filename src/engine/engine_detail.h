@@ -15,6 +15,9 @@ namespace relaxcc::engine {
 
 // How long an idle engine keeps pushing out its own poison notices.
 constexpr auto kNoticeSendLimit = std::chrono::seconds(10);
+// How long a released endpoint set waits for its peers' answers to its
+// leaving beat (at most a peer timeout; Engine::releasing_).
+constexpr auto kMaxReleaseWait = std::chrono::seconds(10);
 // How often poison notices are looked for.
 constexpr auto kNoticePoll = std::chrono::milliseconds(1);
 // How often an idle engine thread looks for the peers' poison notices.

@@ -258,21 +258,23 @@ void Heartbeat::forget(int rank) {
   channel_->lost(rank);
 }
 
-bool Heartbeat::release(Clock::time_point deadline) {
+void Heartbeat::begin_release() {
   // Leaving: every peer still here gets a leaving beat and answers it (or is
   // leaving too), so that it stops timing this rank and no beat of its stays
   // unreceived.
+  if (leaving_) return;
   leaving_ = true;
   for (size_t r = 0; r < peers_.size(); ++r)
     if (!peers_[r].lost) channel_->send(static_cast<int>(r), Beat::leaving);
-  for (;;) {
-    take_heartbeats(Clock::now());
-    const bool answered =
-        std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.done; });
-    if (answered || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  return channel_->close(deadline + std::chrono::milliseconds(50));
+}
+
+bool Heartbeat::released(Clock::time_point now) {
+  take_heartbeats(now);
+  return std::all_of(peers_.begin(), peers_.end(), [](const Peer& p) { return p.lost || p.done; });
+}
+
+bool Heartbeat::close(Clock::time_point deadline) {
+  return channel_->close(deadline);
 }
 
 }  // namespace relaxcc::engine

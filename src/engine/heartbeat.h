@@ -23,7 +23,8 @@
 // gap per timeout).
 // A rank whose set is released (its communicators are gone) tells its peers
 // it leaves and takes what they sent until each answered (or left too):
-// they stop timing it and sending to it, and no heartbeat stays unreceived.
+// they stop timing it and sending to it, and no heartbeat stays unreceived
+// (the engine keeps the set, and its transport communicator, until then).
 //
 // Cost: the engine's poll of poison notices runs it (Engine::poll_notices:
 // every millisecond while operations run, every kIdleNoticePoll when idle);
@@ -72,11 +73,19 @@ class Heartbeat {
   // `rank` was lost by other means (a transport's PeerError): no more
   // heartbeats to it, no verdict on it.
   void forget(int rank);
-  // Tells the peers this rank leaves and takes their heartbeats until each
-  // answered or left too (at most until `deadline`), then stops listening.
-  // False when a receive is still posted: then this object (its buffers)
-  // must never be freed.
-  bool release(Clock::time_point deadline);
+  // Leaving, in three calls: begin_release() tells the peers this rank
+  // leaves; released() takes their heartbeats and says whether each one
+  // answered or left too (poll it until true or until the caller gives up,
+  // without blocking); close() stops listening by `deadline`, false when a
+  // receive is still posted: then this object (its buffers) must never be
+  // freed. A set closed before its peers answered may leave their beats
+  // unreceived (MPI delivers them to a later communicator that reuses the
+  // context id), so the engine keeps polling a released set in the
+  // background (Engine::releasing_) until it answered or a peer timeout
+  // passed.
+  void begin_release();
+  bool released(Clock::time_point now);
+  bool close(Clock::time_point deadline);
 
  private:
   struct Peer {

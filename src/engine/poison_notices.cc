@@ -97,9 +97,7 @@ bool post_listener(Listener& l) {
 }
 }  // namespace
 
-void Engine::poll_notices() {
-  last_notice_poll_ = Clock::now();
-  notices_polled_at_.store(last_notice_poll_.time_since_epoch().count(), std::memory_order_relaxed);
+void Engine::listen_to_new_sets() {
   std::vector<std::shared_ptr<EndpointSet>> fresh;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -115,6 +113,12 @@ void Engine::poll_notices() {
       listener->heartbeat = std::make_unique<Heartbeat>(listener->comms->endpoints, peer_timeout_);
     if (post_listener(*listener)) listeners_.push_back(std::move(listener));
   }
+}
+
+void Engine::poll_notices() {
+  last_notice_poll_ = Clock::now();
+  notices_polled_at_.store(last_notice_poll_.time_since_epoch().count(), std::memory_order_relaxed);
+  listen_to_new_sets();
   for (auto& l : listeners_) {
     if (l->heartbeat) l->heartbeat->poll(last_notice_poll_);
     // Several notices may be waiting.
@@ -141,6 +145,7 @@ void Engine::poll_notices() {
       post_listener(*l);
     }
   }
+  poll_releasing(last_notice_poll_);
   test_notice_sends();
   if (transport_->peer_errors_pending()) on_peer_errors();
 }
@@ -149,6 +154,8 @@ void Engine::on_peer_errors() {
   for (const PeerError& e : transport_->take_peer_errors()) {
     for (auto& l : listeners_)
       if (l->heartbeat && l->comms->endpoints.get() == e.endpoints) l->heartbeat->forget(e.rank);
+    for (auto& r : releasing_)
+      if (r.listener->comms->endpoints.get() == e.endpoints) r.listener->heartbeat->forget(e.rank);
     std::vector<std::shared_ptr<Lane>> hit;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -244,47 +251,92 @@ void Engine::send_notices(const Lane& lane) {
   }
 }
 
+void Engine::finish_listener(std::unique_ptr<Listener> listener, Clock::time_point deadline) {
+  Listener& l = *listener;
+  const bool heartbeat_closed = !l.heartbeat || l.heartbeat->close(deadline);
+  bool done = !l.posted;
+  if (l.posted) {
+    transport_->cancel(l.request);
+    Completion completion;
+    int failure = 0;
+    while (!(done = transport_->test(l.request, completion, failure)) && failure == 0 &&
+           Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (!done || !heartbeat_closed) {
+    RELAXCC_LOG(warn,
+                "a poison-notice or heartbeat receive did not cancel; its buffer is kept (leaked)");
+    static_cast<void>(listener.release());  // intentional leak: the transport may still write it
+  }
+}
+
+void Engine::poll_releasing(Clock::time_point now) {
+  if (releasing_.empty() || transport_->closed()) return;  // closed: release_listeners leaks them
+  for (auto it = releasing_.begin(); it != releasing_.end();) {
+    Listener& l = *it->listener;
+    // A notice to a set that left is taken and dropped: none stays
+    // unreceived.
+    Completion completion;
+    int failure = 0;
+    if (l.posted && transport_->test(l.request, completion, failure)) post_listener(l);
+    if (l.heartbeat->released(now) || now >= it->deadline) {
+      finish_listener(std::move(it->listener), now + std::chrono::milliseconds(50));
+      it = releasing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void Engine::release_listeners(bool all) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     lanes_.erase(
         std::remove_if(lanes_.begin(), lanes_.end(), [](const auto& w) { return w.expired(); }),
         lanes_.end());
-    if (all) to_listen_.clear();
   }
+  // A set never listened to yet is listened to now, so that it takes its
+  // peers' beats and tells them it leaves like every other set: a peer
+  // whose engine listened to it sent beats that would otherwise stay
+  // unreceived.
+  if (all && !transport_->closed()) listen_to_new_sets();
   if (transport_->closed()) {
     // Communicators that outlived their transport (MPI finalized: the
     // application's error): no call any more; the buffers stay (leaked).
     if (all) {
       new std::vector<std::unique_ptr<Listener>>(std::move(listeners_));
+      new std::vector<Releasing>(std::move(releasing_));
       new std::vector<NoticeSend>(std::move(notice_sends_));
     }
     return;
   }
-  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+  const auto now = Clock::now();
+  const auto deadline = now + std::chrono::milliseconds(200);
   auto unused = std::stable_partition(listeners_.begin(), listeners_.end(), [&](const auto& l) {
     return !all && l->comms.use_count() > 1;
   });
   for (auto it = unused; it != listeners_.end(); ++it) {
-    Listener& l = **it;
-    const bool heartbeat_released = !l.heartbeat || l.heartbeat->release(deadline);
-    bool done = !l.posted;
-    if (l.posted) {
-      transport_->cancel(l.request);
-      Completion completion;
-      int failure = 0;
-      while (!(done = transport_->test(l.request, completion, failure)) && failure == 0 &&
-             Clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if (!done || !heartbeat_released) {
-      RELAXCC_LOG(
-          warn, "a poison-notice or heartbeat receive did not cancel; its buffer is kept (leaked)");
-      new std::unique_ptr<Listener>(
-          std::move(*it));  // intentional leak: the transport may still write it
-    }
+    Heartbeat* heartbeat = (*it)->heartbeat.get();
+    if (heartbeat) heartbeat->begin_release();
+    if (heartbeat && !heartbeat->released(now))
+      releasing_.push_back(Releasing{
+          std::move(*it), now + std::min<Clock::duration>(peer_timeout_, kMaxReleaseWait)});
+    else
+      finish_listener(std::move(*it), deadline);
   }
   listeners_.erase(unused, listeners_.end());
+  if (all) {
+    // The engine ends: the released sets get a bounded wait for their peers'
+    // answers (a peer that already left answers at once).
+    const auto wait = std::clamp<Clock::duration>(peer_timeout_ / 2, std::chrono::milliseconds(200),
+                                                  std::chrono::milliseconds(2000));
+    const auto until = now + wait;
+    for (Releasing& r : releasing_) r.deadline = std::min(r.deadline, until);
+    while (!releasing_.empty() && !transport_->closed()) {
+      poll_releasing(Clock::now());
+      if (!releasing_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   if (all) {
     while (!notice_sends_.empty() && Clock::now() < deadline) {
       test_notice_sends();

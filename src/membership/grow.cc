@@ -4,6 +4,7 @@
 // create the new view's communicator with the newcomers (protocol and failure
 // cases: docs/architecture.md, "Join").
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <string>
 #include <vector>
@@ -157,7 +158,8 @@ void check_options(const ViewChangeOptions& o, const char* call) {
 int64_t pending_joiners(const ViewChangeOptions& options) {
   check_options(options, "pending_joiners");
   Store& store = *options.store;
-  return read_count(store, join_key(options, "tickets")) - read_next(store, options).taken;
+  const int64_t taken = read_next(store, options).taken;
+  return read_count(store, join_key(options, "tickets")) - taken;
 }
 
 ViewChangeResult grow(Communicator& comm, const MembershipView& current,
@@ -168,23 +170,34 @@ ViewChangeResult grow(Communicator& comm, const MembershipView& current,
   Store& store = *options.store;
   const int self = current.members[comm.rank()];
   const uint64_t epoch = current.epoch + 1;
-  const std::string decision_key = detail::concat(options.agreement.key_prefix, '/',
-                                                  current.fingerprint(), "/epoch", epoch, "/grow");
 
-  // 1. Decide: every member proposes the tickets taken since the last
-  // decision; the first proposal stored is the decision for everyone.
-  const Next next = read_next(store, options);
-  Decision candidate;
-  candidate.first = next.taken + 1;
-  candidate.last = read_count(store, join_key(options, "tickets"));
-  candidate.highest = std::max<int64_t>(next.highest, current.members.back());
+  // 1. Decide: rank 0 reads the tickets taken since the last decision and
+  // broadcasts them, so that every member proposes the same (no member
+  // reads the store after another wrote this grow's records); the first
+  // proposal stored is the decision. The key names the first ticket, so
+  // that a grow that admitted nobody leaves the view as it was and the next
+  // grow on it decides anew.
+  auto proposal = std::make_shared<std::array<int64_t, 3>>();
+  if (comm.rank() == 0) {
+    const Next next = read_next(store, options);
+    *proposal = {next.taken + 1, read_count(store, join_key(options, "tickets")),
+                 std::max<int64_t>(next.highest, current.members.back())};
+  }
+  BroadcastOptions b;
+  b.label = detail::concat("grow of ", current.describe(), ": the tickets to decide on");
+  comm.broadcast(TensorView::host(proposal->data(), 3, proposal), ExecContext::host(), b)
+      ->wait(options.create_timeout);
+  const Decision candidate{(*proposal)[0], (*proposal)[1], (*proposal)[2]};
+  const std::string decision_key =
+      detail::concat(options.agreement.key_prefix, '/', current.fingerprint(), "/epoch", epoch,
+                     "/grow", candidate.first);
   const Decision d =
       decode_decision(store.compare_set(decision_key, {}, encode(candidate)), decision_key);
 
   // 2. Claim each ticket decided on, with a value of this decision: a
-  // newcomer that withdrew first is left out, and so is a ticket that an
-  // earlier decision claimed (read from a stale record); the results are
-  // final, so every member leaves out the same ones.
+  // newcomer that withdrew first is left out (and so would be a ticket that
+  // another decision claimed); the results are final, so every member
+  // leaves out the same ones.
   const std::vector<uint8_t> claim = bytes_of("claimed by " + decision_key);
   MembershipView view{epoch, current.members};
   std::vector<int64_t> admitted;
@@ -199,7 +212,7 @@ ViewChangeResult grow(Communicator& comm, const MembershipView& current,
   store.set(join_key(options, "next"),
             bytes_of(detail::concat(std::max(d.last, d.first - 1), ',',
                                     d.highest + std::max<int64_t>(d.last - d.first + 1, 0))));
-  if (admitted.empty()) return ViewChangeResult{view, nullptr};
+  if (admitted.empty()) return ViewChangeResult{current, nullptr};
 
   // 3. Tell each newcomer its view and process rank, then create the view's
   // communicator with them. All or nothing: the first creation to end
@@ -227,7 +240,7 @@ ViewChangeResult grow(Communicator& comm, const MembershipView& current,
   if (failure.empty()) failure = "another member's or newcomer's creation failed";
   RELAXCC_LOG(warn, "grow of ", current.describe(), ": the communicator of ", view.describe(),
               " was not created (", failure, "); the members go on without the newcomers");
-  return ViewChangeResult{MembershipView{epoch, current.members}, nullptr};
+  return ViewChangeResult{current, nullptr};
 }
 
 ViewChangeResult join(const ViewChangeOptions& options, milliseconds wait) {

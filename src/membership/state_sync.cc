@@ -1,7 +1,6 @@
 // sync_state (membership.h): the holders agree on one (hash, size), and the
 // ranks without it receive it in shares from every holder of it at once.
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string_view>
@@ -47,14 +46,19 @@ StateSyncResult sync_state(Communicator& comm, const std::vector<uint8_t>& state
   wait(comm.allgather(TensorView::host(mine->data(), 3, mine),
                       TensorView::host(table->data(), 3 * n, table), ExecContext::host(), ag));
 
-  // 2. The agreed pair: held by the most holders; of a tie, the lowest rank's.
+  // 2. The agreed pair: held by the most holders; of a tie, the one the
+  // lowest rank holds.
   std::map<std::pair<int64_t, int64_t>, int> votes;
+  for (int r = 0; r < n; ++r) {
+    const int64_t* row = table->data() + 3 * r;
+    if (row[0] != 0) ++votes[{row[1], row[2]}];
+  }
   std::pair<int64_t, int64_t> agreed{0, -1};
   int best = 0;
   for (int r = 0; r < n; ++r) {
     const int64_t* row = table->data() + 3 * r;
     if (row[0] == 0) continue;
-    const int v = ++votes[{row[1], row[2]}];
+    const int v = votes[{row[1], row[2]}];
     if (v > best) {
       best = v;
       agreed = {row[1], row[2]};

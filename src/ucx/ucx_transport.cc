@@ -253,10 +253,15 @@ void UcxTransport::check_liveness(bool now) {
   }
   if (held_ > 0) check_held();
   if (polled_peers_ == 0) return;
+  std::vector<std::pair<UcxEndpoints*, UcxEndpoints::Peer*>> ended;
   for (UcxEndpoints* set : polled_sets_)
     for (auto& p : set->peers_)
       if (p.polled && p.lost == 0 && !process_status(p.process.pid).runs(p.process))
-        set->lose(p, process_ended(p.process));
+        ended.emplace_back(set, &p);
+  if (ended.empty()) return;
+  while (worker_->progress() != 0) {  // what they wrote first, as above
+  }
+  for (auto [set, p] : ended) set->lose(*p, process_ended(p->process));
 }
 
 void UcxTransport::progress() {
