@@ -40,12 +40,14 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
 #include "fashion_mnist.h"
 #include "relaxcc/create_communicator.h"
 #include "relaxcc/errors.h"
+#include "relaxcc/hash.h"
 #include "relaxcc/membership.h"
 #include "relaxcc/rendezvous.h"
 #include "relaxcc/torch/ddp.h"
@@ -597,6 +599,16 @@ int train(const Options& o, Model model) {
     if (comm()->rank() == 0) std::fprintf(stderr, "  test accuracy %.4f\n", curve.back().accuracy);
   }
   ddp.finish();
+  if (o.elastic) {
+    // Every process's model, comparable across processes (a synchronous
+    // algorithm keeps them bit-identical, newcomers included).
+    relaxcc::Fnv1a h;
+    for (const auto& p : model->parameters())
+      h.bytes(std::string_view(static_cast<const char*>(p.data_ptr()), p.nbytes()));
+    std::fprintf(stderr, "relaxcc-train: %s: model hash %llu\n",
+                 ddp.reducer().view().describe().c_str(),
+                 static_cast<unsigned long long>(h.value()));
+  }
 
   // Median step time after 10 warm-up steps.
   std::vector<double> steady(step_ms.begin() + std::min<size_t>(10, step_ms.size() / 2),
