@@ -350,6 +350,19 @@ std::shared_ptr<TcpStore> client_of(uint16_t port) {
   return std::make_shared<TcpStore>(o);
 }
 
+// Rank r of `size` on the UCX wing over `store` (the job's first view).
+CommunicatorPtr first_view_comm(std::shared_ptr<Store> store, int r, int size,
+                                const std::string& job) {
+  UcxCommunicatorOptions u;
+  u.store = std::move(store);
+  u.rendezvous.rank = r;
+  u.rendezvous.size = size;
+  u.rendezvous.job = job;
+  u.timeout = milliseconds(10000);
+  u.net_devices = "lo";
+  return create_ucx_communicator(u);
+}
+
 ViewChangeOptions view_change_options(std::shared_ptr<Store> store, const std::string& job) {
   ViewChangeOptions o;
   o.store = std::move(store);
@@ -412,14 +425,7 @@ TEST_F(Agreement, GrowAdmitsNewcomersAndSyncsTheirState) {
   for (int r = 0; r < 3; ++r)
     runs.push_back(fork_child([port, r]() -> std::string {
       auto store = client_of(port);
-      UcxCommunicatorOptions u;
-      u.store = store;
-      u.rendezvous.rank = r;
-      u.rendezvous.size = 3;
-      u.rendezvous.job = "grow-test/first";
-      u.timeout = milliseconds(10000);
-      u.net_devices = "lo";
-      CommunicatorPtr comm = create_ucx_communicator(u);
+      CommunicatorPtr comm = first_view_comm(store, r, 3, "grow-test/first");
       const ViewChangeOptions o = view_change_options(store, "grow-test");
       wait_for_newcomers(*comm, o, 2);
       const ViewChangeResult v = grow(*comm, MembershipView{0, {10, 11, 12}}, o);
@@ -472,14 +478,7 @@ TEST_F(Agreement, AWithdrawnNewcomerIsLeftOut) {
   for (int r = 0; r < 2; ++r)
     runs.push_back(fork_child([port, r]() -> std::string {
       auto store = client_of(port);
-      UcxCommunicatorOptions u;
-      u.store = store;
-      u.rendezvous.rank = r;
-      u.rendezvous.size = 2;
-      u.rendezvous.job = "withdraw-test/first";
-      u.timeout = milliseconds(10000);
-      u.net_devices = "lo";
-      CommunicatorPtr comm = create_ucx_communicator(u);
+      CommunicatorPtr comm = first_view_comm(store, r, 2, "withdraw-test/first");
       const ViewChangeOptions o = view_change_options(store, "withdraw-test");
       const ViewChangeResult none = grow(*comm, MembershipView{0, {0, 1}}, o);
       const std::string out = none.view.describe() + (none.comm ? " new" : " kept");

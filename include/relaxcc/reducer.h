@@ -144,6 +144,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "relaxcc/algorithm.h"
@@ -265,6 +266,9 @@ class Reducer {
   // newcomer (or a member whose state differed) loads; then the algorithm's
   // init on the new communicator.
   void admission_exchange(bool newcomer);
+  // Collective over side_: rank 0's plan order and whether its rebuild after
+  // the first step happened (a view change's survivors, a newcomer).
+  std::pair<std::vector<int>, bool> rank0_plan(const std::string& label);
   // Elastic: the last collective of an iteration; then its buckets are
   // copied out.
   void commit(const std::string& of_iteration);

@@ -601,11 +601,6 @@ bool Reducer::change_view() {
   auto mine = std::make_shared<std::array<int64_t, 2>>(
       std::array<int64_t, 2>{committed_, static_cast<int64_t>(stage)});
   auto all = std::make_shared<std::vector<int64_t>>(2 * static_cast<size_t>(n));
-  // The plan of the new rank 0, so that every survivor packs alike (one may
-  // have rebuilt its plan after a commit that another missed).
-  const int count = static_cast<int>(tensors_.size());
-  auto order = std::make_shared<std::vector<int32_t>>(plan_.order().begin(), plan_.order().end());
-  order->push_back(rebuilt_ ? 1 : 0);
   run_labeled(
       "Reducer: where the survivors stand after the view change", [&](const std::string& label) {
         AllgatherOptions a;
@@ -613,12 +608,9 @@ bool Reducer::change_view() {
         return side_->allgather(TensorView::host(mine->data(), 2, mine),
                                 TensorView::host(all->data(), 2 * n, all), ExecContext::host(), a);
       });
-  run_labeled("Reducer: rank 0's plan after the view change", [&](const std::string& label) {
-    BroadcastOptions b;
-    b.label = label;
-    return side_->broadcast(TensorView::host(order->data(), count + 1, order), ExecContext::host(),
-                            b);
-  });
+  // The plan of the new rank 0, so that every survivor packs alike (one may
+  // have rebuilt its plan after a commit that another missed).
+  const auto [agreed, rank0_rebuilt] = rank0_plan("Reducer: rank 0's plan after the view change");
   bool unreached = false;  // a survivor at this rank's count never reached the commit
   for (int r = 0; r < n; ++r)
     if ((*all)[2 * r] == committed_ && (*all)[2 * r + 1] == static_cast<int64_t>(Stage::reducing))
@@ -645,8 +637,7 @@ bool Reducer::change_view() {
     }
     algorithm_->load_state_dict(iteration_start_.algorithm);
   }
-  std::vector<int> agreed(order->begin(), order->begin() + count);
-  rebuilt_ = order->back() != 0;
+  rebuilt_ = rank0_rebuilt;
   install_plan(BucketPlan::build(tensors_, agreed, options_.plan));
   ++plan_version_;
   algorithm_->init(context_);
@@ -1053,28 +1044,31 @@ void Reducer::admit_newcomers() {
   }
 }
 
+std::pair<std::vector<int>, bool> Reducer::rank0_plan(const std::string& label) {
+  const size_t count = tensors_.size();
+  auto order = std::make_shared<std::vector<int32_t>>(count + 1, 0);
+  std::copy(plan_.order().begin(), plan_.order().end(), order->begin());  // a newcomer's: none
+  order->back() = rebuilt_ ? 1 : 0;
+  run_labeled(label, [&](const std::string& l) {
+    BroadcastOptions b;
+    b.label = l;
+    return side_->broadcast(TensorView::host(order->data(), static_cast<int64_t>(count) + 1, order),
+                            ExecContext::host(), b);
+  });
+  return {std::vector<int>(order->begin(), order->end() - 1), order->back() != 0};
+}
+
 void Reducer::admission_exchange(bool newcomer) {
   const ElasticOptions& e = *options_.elastic;
   context_.comm = comm_;
   // Rank 0's plan (rank 0 is a member: newcomers take the highest process
   // ranks), installed on the new communicator and verified across ranks.
   const int count = static_cast<int>(tensors_.size());
-  auto order = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(count) + 1, 0);
-  if (!newcomer) {
-    std::copy(plan_.order().begin(), plan_.order().end(), order->begin());
-    order->back() = rebuilt_ ? 1 : 0;
-  }
-  run_labeled("Reducer: rank 0's plan for the newcomers", [&](const std::string& label) {
-    BroadcastOptions b;
-    b.label = label;
-    return side_->broadcast(TensorView::host(order->data(), count + 1, order), ExecContext::host(),
-                            b);
-  });
-  const std::vector<int> agreed(order->begin(), order->begin() + count);
+  const auto [agreed, rank0_rebuilt] = rank0_plan("Reducer: rank 0's plan for the newcomers");
   for (int i : agreed)
     RELAXCC_ENFORCE(i >= 0 && i < count, PeerMismatch, "Reducer: rank 0's plan names tensor #", i,
                     " of ", count);
-  rebuilt_ = order->back() != 0;
+  rebuilt_ = rank0_rebuilt;
   install_plan(BucketPlan::build(tensors_, agreed, options_.plan));
   verify_plan_across_ranks();
   ++plan_version_;
